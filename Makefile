@@ -1,0 +1,40 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (everything CI runs).
+# Both create .venv on first use with plain pip: torch==2.13.0 first (a CPU wheel on this
+# machine's disk), then the core and every plugin as editable installs in one pip call, so the
+# plugins' `wtcore` requirement resolves to the local core.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PLUGINS := $(wildcard plugins/*/pyproject.toml)
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck pytest clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e . $(addprefix -e ,$(dir $(PLUGINS)))
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/wtcore demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check wtcore
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# pytest exits 5 when it collected no test; that is not a failure of the checks above.
+pytest: $(STAMP)
+	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info plugins/*/*.egg-info

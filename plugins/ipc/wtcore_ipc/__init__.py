@@ -1,0 +1,3 @@
+"""wtcore-ipc: a wtcore plugin (work in progress)."""
+
+__all__: list[str] = []

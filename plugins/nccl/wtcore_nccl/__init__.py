@@ -1,0 +1,3 @@
+"""wtcore-nccl: a wtcore plugin (work in progress)."""
+
+__all__: list[str] = []

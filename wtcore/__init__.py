@@ -1,0 +1,76 @@
+"""wtcore: move freshly trained weights from RL trainers into inference workers.
+
+``import wtcore`` is cheap: it imports neither torch nor any plugin. Engines and clients are
+found by name through entry points and imported only when used.
+"""
+
+from __future__ import annotations
+
+from wtcore._version import __version__
+from wtcore.buckets import Bucket, plan_buckets
+from wtcore.client import WeightSyncClient
+from wtcore.config import build_client, load_config, trainer_from_config
+from wtcore.digest import tensor_digest
+from wtcore.engine import WeightTransferConfig, WeightTransferEngine
+from wtcore.errors import (
+    MetadataMismatchError,
+    PayloadError,
+    PluginLoadError,
+    PluginNotFoundError,
+    ProtocolStateError,
+    ReceiverError,
+    ReceiverFailure,
+    TransferError,
+    TransferTimeoutError,
+    WtcoreError,
+)
+from wtcore.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+from wtcore.meta import ParamMeta, materialize_full_tensor
+from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES, Registry
+from wtcore.sink import ModuleSink, ReadableSink, WeightSink
+from wtcore.source import ModuleSource, TensorSource, WeightSource
+from wtcore.stats import TransferStats
+from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+from wtcore.worker import WeightSyncWorker, WorkerState
+
+__all__ = [
+    "CLIENTS",
+    "ENGINES",
+    "TRAINER_ENGINES",
+    "Bucket",
+    "MetadataMismatchError",
+    "ModuleSink",
+    "ModuleSource",
+    "ParamMeta",
+    "PayloadError",
+    "PluginLoadError",
+    "PluginNotFoundError",
+    "ProtocolStateError",
+    "ReadableSink",
+    "ReceiverError",
+    "ReceiverFailure",
+    "Registry",
+    "TensorSource",
+    "TrainerInitInfo",
+    "TrainerWeightTransferEngine",
+    "TransferError",
+    "TransferStats",
+    "TransferTimeoutError",
+    "WeightSink",
+    "WeightSource",
+    "WeightSyncClient",
+    "WeightSyncWorker",
+    "WeightTransferConfig",
+    "WeightTransferEngine",
+    "WeightTransferEngineFactory",
+    "WeightTransferTrainerFactory",
+    "WorkerState",
+    "WtcoreError",
+    "__version__",
+    "build_client",
+    "load_config",
+    "materialize_full_tensor",
+    "plan_buckets",
+    "tensor_digest",
+    "trainer_from_config",
+]

@@ -1,0 +1,113 @@
+"""Config by name: one dict (from JSON or TOML) builds a trainer engine and its client.
+
+Example::
+
+    {"backend": "nccl", "master_address": "10.0.0.1", "master_port": 29600, "world_size": 3,
+     "client": {"name": "http", "base_urls": ["http://10.0.0.2:8000"]}}
+
+Every key other than ``backend`` and ``client`` is a field of the backend's trainer init info;
+the client's keys other than ``name`` are its constructor's keyword arguments. Unknown keys
+are errors that list the valid ones, raised before anything is started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wtcore._parse import parse_dataclass
+from wtcore.errors import PayloadError
+from wtcore.registry import CLIENTS, TRAINER_ENGINES
+
+if TYPE_CHECKING:
+    from wtcore.client import WeightSyncClient
+    from wtcore.source import WeightSource
+    from wtcore.trainer import TrainerWeightTransferEngine
+
+__all__ = ["build_client", "load_config", "trainer_from_config"]
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a ``.json`` or ``.toml`` config file."""
+    p = Path(path)
+    if p.suffix == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - Python 3.10
+            import tomli as tomllib
+        data: Any = tomllib.loads(p.read_text())
+    elif p.suffix == ".json":
+        data = json.loads(p.read_text())
+    else:
+        raise ValueError(f"config file must end in .json or .toml, got {p.name!r}")
+    if not isinstance(data, dict):
+        raise PayloadError(
+            f"config: expected a table/object at the top of {p}, got {type(data).__name__}"
+        )
+    return data
+
+
+def build_client(spec: Mapping[str, Any]) -> WeightSyncClient:
+    """Build a client from ``{"name": ..., **kwargs}``."""
+    if not isinstance(spec, Mapping):
+        raise PayloadError(f"config.client: expected an object with a 'name', got {spec!r}")
+    kwargs = dict(spec)
+    name = kwargs.pop("name", None)
+    if not isinstance(name, str):
+        raise PayloadError(f"config.client.name: expected a client name, got {name!r}")
+    cls = CLIENTS.load(name)
+    params = inspect.signature(cls).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    valid = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown and not takes_any:
+        raise PayloadError(
+            f"config.client: unknown key(s) {', '.join(map(repr, unknown))} for client "
+            f"{name!r}; valid keys: name, {', '.join(valid)}"
+        )
+    try:
+        client: WeightSyncClient = cls(**kwargs)
+    except TypeError as e:
+        raise PayloadError(f"config.client: {e}") from e
+    return client
+
+
+def trainer_from_config(
+    config: Mapping[str, Any] | str | Path,
+    *,
+    rank: int = 0,
+    source: WeightSource | None = None,
+    client: WeightSyncClient | None = None,
+) -> TrainerWeightTransferEngine:
+    """Build the trainer engine named by ``config["backend"]`` and run its ``trainer_init``.
+
+    ``client`` overrides ``config["client"]`` (useful for the in-process client). Non-sender
+    ranks build no client.
+    """
+    from wtcore.factory import WeightTransferTrainerFactory
+
+    data = dict(load_config(config) if isinstance(config, (str, Path)) else config)
+    backend = data.pop("backend", None)
+    if not isinstance(backend, str):
+        raise PayloadError(f"config.backend: expected a backend name, got {backend!r}")
+    engine_cls = TRAINER_ENGINES.load(backend)
+    info_cls = engine_cls.init_info_cls
+    client_spec = data.pop("client", None)
+    fields = [f.name for f in dataclasses.fields(info_cls) if f.init and f.name != "rank"]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise PayloadError(
+            f"config: unknown key(s) {', '.join(map(repr, unknown))} for backend {backend!r}; "
+            f"valid keys: backend, client, {', '.join(fields)}"
+        )
+    init_info = parse_dataclass(info_cls, {**data, "rank": rank}, what="config")
+    if client is None and init_info.is_sender:
+        if client_spec is None:
+            raise PayloadError("config.client: missing; the sender (rank 0) needs a client")
+        client = build_client(client_spec)
+    return WeightTransferTrainerFactory.trainer_init(init_info, client=client, source=source)

@@ -1,0 +1,60 @@
+"""Build engines by name, through the registries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from wtcore.engine import WeightTransferConfig, WeightTransferEngine
+from wtcore.registry import ENGINES, TRAINER_ENGINES
+from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+
+if TYPE_CHECKING:
+    from wtcore.client import WeightSyncClient
+    from wtcore.sink import WeightSink
+    from wtcore.source import WeightSource
+
+__all__ = ["WeightTransferEngineFactory", "WeightTransferTrainerFactory"]
+
+
+class WeightTransferEngineFactory:
+    """Creates worker engines from a :class:`WeightTransferConfig` or a backend name."""
+
+    @staticmethod
+    def create_engine(
+        config: WeightTransferConfig | str | Mapping[str, Any],
+        *,
+        sink: WeightSink,
+        device: str = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> WeightTransferEngine[Any, Any]:
+        cfg = WeightTransferConfig.coerce(config)
+        cls = ENGINES.load(cfg.backend)
+        engine: WeightTransferEngine[Any, Any] = cls(
+            cfg, sink=sink, device=device, rank=rank, world_size=world_size
+        )
+        return engine
+
+
+class WeightTransferTrainerFactory:
+    """Dispatches ``trainer_init`` on ``init_info.backend``."""
+
+    @staticmethod
+    def trainer_init(
+        init_info: TrainerInitInfo,
+        *,
+        client: WeightSyncClient | None,
+        source: WeightSource | None = None,
+    ) -> TrainerWeightTransferEngine:
+        cls = TRAINER_ENGINES.load(init_info.backend)
+        expected = getattr(cls, "init_info_cls", None)
+        if expected is not None and not isinstance(init_info, expected):
+            raise TypeError(
+                f"trainer engine {init_info.backend!r} expects {expected.__name__}, "
+                f"got {type(init_info).__name__}"
+            )
+        engine: TrainerWeightTransferEngine = cls.trainer_init(
+            init_info, client=client, source=source
+        )
+        return engine

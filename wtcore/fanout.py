@@ -1,0 +1,60 @@
+"""Call every receiver concurrently and report all failures in one error.
+
+Shared by the in-process, HTTP and Ray clients: a data-parallel trainer must know *which*
+replicas failed, and a dead one must cost one timeout, not one per replica.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from wtcore.concurrency import BackgroundCall
+from wtcore.errors import ReceiverError, ReceiverFailure
+
+__all__ = ["failure_of", "fan_out"]
+
+T = TypeVar("T")
+
+
+def failure_of(receiver: str, error: BaseException) -> ReceiverFailure:
+    """A :class:`ReceiverFailure` for ``error``, keeping a ``status`` attribute if it has one."""
+    status = getattr(error, "status", None)
+    return ReceiverFailure(
+        receiver=receiver,
+        message=str(error) or repr(error),
+        status=status if isinstance(status, int) else None,
+        error_type=type(error).__name__,
+    )
+
+
+def fan_out(
+    call: str, targets: Sequence[tuple[str, Callable[[], T]]], *, timeout_s: float
+) -> list[T]:
+    """Run each ``(label, fn)`` concurrently; return results in order or raise ReceiverError.
+
+    One receiver is called inline (no thread) unless it could block past the timeout, which
+    it can always do, so every call runs on a helper thread; the waits share one deadline.
+    """
+    calls = [BackgroundCall(fn, name=f"{call}@{label}") for label, fn in targets]
+    deadline = time.monotonic() + timeout_s
+    failures: list[ReceiverFailure] = []
+    results: list[T] = []
+    for (label, _), bg in zip(targets, calls, strict=True):
+        if not bg.wait(max(0.0, deadline - time.monotonic())):
+            failures.append(
+                ReceiverFailure(
+                    label,
+                    f"no answer within {timeout_s:g} s",
+                    error_type="TransferTimeoutError",
+                )
+            )
+            continue
+        if bg.error is not None:
+            failures.append(failure_of(label, bg.error))
+            continue
+        results.append(bg.result(0))
+    if failures:
+        raise ReceiverError(call, failures, total=len(targets))
+    return results

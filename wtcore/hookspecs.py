@@ -1,0 +1,39 @@
+"""The 1:N hooks (pluggy project ``wtcore``, entry-point group ``wtcore.hooks``).
+
+Observers of each update, for metrics and logging, and CLI commands contributed by plugins.
+Selecting an engine is never a hook: that is the registries' job.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import argparse
+
+    from wtcore.stats import TransferStats
+
+hookspec = pluggy.HookspecMarker("wtcore")
+hookimpl = pluggy.HookimplMarker("wtcore")
+
+
+@hookspec
+def wtcore_update_started(engine: Any, weight_version: str | None) -> None:
+    """A trainer engine's sender starts a round."""
+
+
+@hookspec
+def wtcore_update_finished(engine: Any, stats: TransferStats) -> None:
+    """A round finished: every receiver loaded it."""
+
+
+@hookspec
+def wtcore_update_failed(engine: Any, weight_version: str | None, error: BaseException) -> None:
+    """A round failed with ``error`` (re-raised to the caller after the hooks ran)."""
+
+
+@hookspec
+def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``wtcore`` subcommands; set ``func`` (``args -> int``) with ``set_defaults``."""

@@ -1,0 +1,141 @@
+"""What one parameter looks like on the wire, and the dtype allow-list.
+
+Metadata travels on the control plane as JSON (``names``, ``dtype_names``, ``shapes``), so
+this module owns the only translation between ``torch.dtype`` and its wire name, and refuses
+every dtype that is not on the allow-list: a payload must never make a receiver look up an
+arbitrary attribute of ``torch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from wtcore.errors import PayloadError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "ALLOWED_DTYPE_NAMES",
+    "ParamMeta",
+    "dtype_from_name",
+    "dtype_name",
+    "materialize_full_tensor",
+    "metas_from_wire",
+    "metas_to_wire",
+]
+
+#: Wire names of every dtype a payload may carry.
+ALLOWED_DTYPE_NAMES: tuple[str, ...] = (
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The wire name of ``dtype``: ``str(dtype).split(".")[-1]`` (DESIGN §4)."""
+    return str(dtype).split(".")[-1]
+
+
+def dtype_from_name(name: object, *, field: str = "dtype_names") -> torch.dtype:
+    """Resolve a wire dtype name, accepting only names on the allow-list."""
+    import torch
+
+    if not isinstance(name, str) or name not in ALLOWED_DTYPE_NAMES:
+        raise PayloadError(
+            f"{field}: expected one of {', '.join(ALLOWED_DTYPE_NAMES)}, got {name!r}"
+        )
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):  # pragma: no cover - old torch without float8
+        raise PayloadError(f"{field}: dtype {name!r} is not supported by torch {torch.__version__}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    """One parameter as it travels: its name, wire dtype and full (unsharded) shape."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @classmethod
+    def of(cls, name: str, tensor: torch.Tensor) -> ParamMeta:
+        """The metadata of a (full) tensor."""
+        return cls(name, tensor.dtype, tuple(int(d) for d in tensor.shape))
+
+
+def metas_to_wire(metas: Sequence[ParamMeta]) -> dict[str, Any]:
+    """The JSON-safe ``names``/``dtype_names``/``shapes`` triple of DESIGN §4."""
+    return {
+        "names": [m.name for m in metas],
+        "dtype_names": [dtype_name(m.dtype) for m in metas],
+        "shapes": [list(m.shape) for m in metas],
+    }
+
+
+def metas_from_wire(names: object, dtype_names: object, shapes: object) -> list[ParamMeta]:
+    """Validate and decode the wire triple. Errors name the field and the bad index."""
+    for field, value in (("names", names), ("dtype_names", dtype_names), ("shapes", shapes)):
+        if not isinstance(value, list):
+            raise PayloadError(f"{field}: expected a list, got {type(value).__name__}")
+    assert isinstance(names, list) and isinstance(dtype_names, list) and isinstance(shapes, list)
+    if not (len(names) == len(dtype_names) == len(shapes)):
+        raise PayloadError(
+            "names, dtype_names and shapes must have the same length, got "
+            f"{len(names)}, {len(dtype_names)} and {len(shapes)}"
+        )
+    metas: list[ParamMeta] = []
+    seen: set[str] = set()
+    for i, (name, dname, shape) in enumerate(zip(names, dtype_names, shapes, strict=True)):
+        if not isinstance(name, str) or not name:
+            raise PayloadError(f"names[{i}]: expected a non-empty string, got {name!r}")
+        if name in seen:
+            raise PayloadError(f"names[{i}]: duplicate name {name!r}")
+        seen.add(name)
+        dtype = dtype_from_name(dname, field=f"dtype_names[{i}]")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise PayloadError(
+                f"shapes[{i}]: expected a list of non-negative integers, got {shape!r}"
+            )
+        metas.append(ParamMeta(name, dtype, tuple(shape)))
+    return metas
+
+
+def materialize_full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """Return the full tensor behind ``t``.
+
+    For a DTensor (an FSDP2 shard) this is ``t.full_tensor()``, a collective that every rank
+    of the mesh must call in the same order; for any other tensor it is ``t`` itself.
+    """
+    full = getattr(t, "full_tensor", None)
+    if callable(full):
+        result = full()
+        return result  # type: ignore[no-any-return]
+    return t

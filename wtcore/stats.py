@@ -1,0 +1,52 @@
+"""What one ``send_weights`` did, phase by phase."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["PHASES", "TransferStats"]
+
+#: The phases every engine accounts for. Time not spent in one of them is "other".
+PHASES: tuple[str, ...] = ("materialize", "pack", "wire", "load", "control")
+
+
+@dataclass
+class TransferStats:
+    """Bytes, tensors, buckets and seconds per phase of one transfer.
+
+    Engines add to the phase counters with :meth:`phase`; ``seconds`` is the wall time of the
+    whole ``send_weights`` call, so the phases may overlap (pipelining) or not add up.
+    """
+
+    weight_version: str | None = None
+    backend: str = ""
+    num_bytes: int = 0
+    num_tensors: int = 0
+    num_buckets: int = 0
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the time spent in the ``with`` block to phase ``name``."""
+        if name not in self.phase_seconds:
+            raise KeyError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_seconds[name] += time.perf_counter() - t0
+
+    @property
+    def gbps(self) -> float:
+        """Payload gigabytes (1e9 bytes) per second of wall time."""
+        return self.num_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gbps"] = self.gbps
+        return d

@@ -1,0 +1,40 @@
+"""Loopback ports and child processes that tests start and always stop."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["free_port", "spawned"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def spawned(
+    target: Callable[..., Any], *args: Any, join_timeout_s: float = 10.0, **kwargs: Any
+) -> Iterator[mp.process.BaseProcess]:
+    """Run ``target`` in a fresh (``spawn``) process; on exit, join it or kill it by PID.
+
+    ``spawn`` keeps the child free of the parent's threads and torch state, and the process
+    is always stopped, even when the test body fails.
+    """
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=target, args=args, kwargs=kwargs, daemon=True)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.join(join_timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        proc.close()

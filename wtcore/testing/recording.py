@@ -1,0 +1,58 @@
+"""A client that records every call, for tests that pin payloads or call order."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from wtcore.client import WeightSyncClient
+
+__all__ = ["RecordingClient"]
+
+
+class RecordingClient:
+    """Records ``(call, payload)`` pairs and forwards them to ``inner`` if given.
+
+    Every payload must survive ``json.loads(json.dumps(payload))`` unchanged: wtcore's control
+    plane is plain JSON over every transport, never pickle.
+    """
+
+    def __init__(self, inner: WeightSyncClient | None = None) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def _record(self, call: str, payload: Any) -> None:
+        try:
+            same = json.loads(json.dumps(payload)) == payload
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{call}: payload is not JSON-serializable: {e}") from e
+        if not same:
+            raise TypeError(f"{call}: payload changes in a JSON round trip: {payload!r}")
+        with self._lock:
+            self.calls.append((call, payload))
+
+    def names(self) -> list[str]:
+        """The sequence of call names so far."""
+        return [c for c, _ in self.calls]
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._record("init_weight_transfer_engine", init_info)
+        if self.inner is not None:
+            self.inner.init_weight_transfer_engine(init_info)
+
+    def start_weight_update(self) -> None:
+        self._record("start_weight_update", None)
+        if self.inner is not None:
+            self.inner.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self._record("update_weights", update_info)
+        if self.inner is not None:
+            self.inner.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._record("finish_weight_update", weight_version)
+        if self.inner is not None:
+            self.inner.finish_weight_update(weight_version)
