@@ -1,0 +1,137 @@
+"""The ``wtcore`` command line.
+
+Built-in subcommands: ``plugins`` (what is installed and whether it runs here) and ``demo`` (the
+in-process reference round trip). Plugins add more through the ``wtcore_add_commands`` hook,
+for example ``wtcore serve`` from wtcore-http-client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+
+def _size(text: str) -> int:
+    from wtcore.units import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from wtcore._version import __version__
+    from wtcore.hooks import get_plugin_manager
+
+    parser = argparse.ArgumentParser(
+        prog="wtcore", description="Move trained weights from RL trainers into inference workers."
+    )
+    parser.add_argument("--version", action="version", version=f"wtcore {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("plugins", help="list engines, clients and hook plugins")
+    p.set_defaults(func=_cmd_plugins)
+
+    d = sub.add_parser("demo", help="sync a synthetic model in-process and verify it bit for bit")
+    d.add_argument("--backend", default="local", help="engine name (default: local)")
+    d.add_argument("--size", type=_size, default=_size("64MiB"), help="model size (default 64MiB)")
+    d.add_argument("--tensors", type=int, default=100, help="number of tensors (default 100)")
+    d.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    d.add_argument("--rounds", type=int, default=3)
+    d.add_argument("--receivers", type=int, default=2)
+    d.set_defaults(func=_cmd_demo)
+
+    get_plugin_manager().hook.wtcore_add_commands(subparsers=sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        code = func(args)
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
+
+
+# ---------------------------------------------------------------------- plugins
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from wtcore.hooks import get_plugin_manager, hook_load_errors
+    from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES, Registry, autoload_disabled
+
+    if autoload_disabled():
+        print("plugin discovery is off (WTCORE_DISABLE_PLUGIN_AUTOLOAD is set)")
+    registry: Registry[Any]
+    for title, registry in (
+        ("engines", ENGINES),
+        ("trainer engines", TRAINER_ENGINES),
+        ("clients", CLIENTS),
+    ):
+        print(f"{title} ({registry.group}):")
+        names = registry.names()
+        if not names:
+            print("  (none)")
+        for name in names:
+            info = registry.info(name)
+            print(f"  {name:<10} {info.origin:<28} {_host_status(registry, name)}")
+    print("hook plugins (wtcore.hooks):")
+    pm = get_plugin_manager()
+    hook_names = [n for n, _ in pm.list_name_plugin() if n is not None]
+    dists = {n: f"{d.project_name} {d.version}" for n, d in _dist_info(pm)}
+    for name in hook_names:
+        print(f"  {name:<10} {dists.get(name, 'registered at runtime')}")
+    for err in hook_load_errors():
+        print(f"  BROKEN     {err}")
+    if not hook_names and not hook_load_errors():
+        print("  (none)")
+    return 0
+
+
+def _dist_info(pm: Any) -> list[tuple[str, Any]]:
+    try:
+        return [(pm.get_name(p), d) for p, d in pm.list_plugin_distinfo()]
+    except Exception:  # pragma: no cover - pluggy internals
+        return []
+
+
+def _host_status(registry: Any, name: str) -> str:
+    try:
+        cls = registry.load(name)
+    except Exception as e:
+        return f"BROKEN: {e}"
+    status = getattr(cls, "host_status", None)
+    if not callable(status):
+        return "available"
+    try:
+        return str(status())
+    except Exception as e:
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+# ---------------------------------------------------------------------- demo
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from wtcore.demo import run_demo
+
+    return run_demo(
+        backend=args.backend,
+        size_bytes=args.size,
+        num_tensors=args.tensors,
+        dtype=args.dtype,
+        rounds=args.rounds,
+        receivers=args.receivers,
+        out=sys.stdout,
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
