@@ -1,0 +1,48 @@
+"""The ``wtcore`` console script, run as a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WTCORE = [str(Path(sys.executable).with_name("wtcore"))]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WTCORE, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_plugins_lists_every_registry() -> None:
+    out = _run("plugins")
+    assert out.returncode == 0, out.stderr
+    for title in (
+        "engines (wtcore.engines):",
+        "trainer engines (wtcore.trainer_engines):",
+        "clients (wtcore.clients):",
+        "hook plugins (wtcore.hooks):",
+    ):
+        assert title in out.stdout
+    assert "local      wtcore 0.1.0" in out.stdout
+    assert "inproc" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_demo_verifies_bit_exact() -> None:
+    out = _run("demo", "--size", "2MiB", "--tensors", "30", "--rounds", "2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("verified 2/2") == 2
+    assert out.stdout.strip().endswith("OK: bit-exact")
+
+
+def test_bad_size_is_a_usage_error() -> None:
+    out = _run("demo", "--size", "lots")
+    assert out.returncode == 2
+    assert "expected a size such as 4096, 64MiB or 1GiB" in out.stderr
+
+
+def test_no_command_prints_help() -> None:
+    out = _run()
+    assert out.returncode == 2 and "plugins" in out.stdout

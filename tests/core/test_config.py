@@ -1,0 +1,124 @@
+"""Config by name: one dict (or JSON/TOML file) builds a trainer engine and its client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from wtcore import (
+    CLIENTS,
+    ModuleSink,
+    PayloadError,
+    PluginNotFoundError,
+    TensorSource,
+    WeightSyncWorker,
+    load_config,
+    trainer_from_config,
+)
+from wtcore.local import LocalTrainerEngine
+from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
+from wtcore.testing.contract import assert_state_equal
+
+
+class _WorkerClient(WeightSyncWorker):
+    """A client that is also the receiver, constructible from config keys."""
+
+    def __init__(self, buffer_note: str = "") -> None:
+        self.model = build_module(zeros_like_state(mixed_dtype_state()))
+        super().__init__("local", ModuleSink(self.model))
+
+
+@pytest.fixture
+def test_client() -> str:
+    CLIENTS.register("test-worker", _WorkerClient)
+    yield "test-worker"
+    CLIENTS.unregister("test-worker")
+
+
+def test_config_builds_engine_and_client(test_client: str) -> None:
+    state = mixed_dtype_state()
+    engine = trainer_from_config(
+        {"backend": "local", "buffer_size_bytes": 256, "client": {"name": test_client}},
+        source=TensorSource(state),
+    )
+    assert isinstance(engine, LocalTrainerEngine)
+    assert engine.init_info.buffer_size_bytes == 256  # type: ignore[attr-defined]
+    engine.send_weights(weight_version="cfg")
+    assert isinstance(engine.client, _WorkerClient)
+    assert_state_equal(engine.client.model, state)
+
+
+def test_unknown_key_lists_valid_keys(test_client: str) -> None:
+    with pytest.raises(PayloadError) as exc:
+        trainer_from_config({"backend": "local", "bufer_size": 1, "client": {"name": test_client}})
+    assert str(exc.value) == (
+        "config: unknown key(s) 'bufer_size' for backend 'local'; "
+        "valid keys: backend, client, buffer_size_bytes"
+    )
+
+
+def test_unknown_client_key_lists_valid_keys(test_client: str) -> None:
+    with pytest.raises(
+        PayloadError,
+        match=r"config.client: unknown key\(s\) 'urls' for client 'test-worker'; valid keys: name, buffer_note",
+    ):
+        trainer_from_config({"backend": "local", "client": {"name": test_client, "urls": []}})
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "message"),
+    [
+        ({"client": {}}, PayloadError, "config.backend: expected a backend name, got None"),
+        ({"backend": "local"}, PayloadError, "config.client: missing"),
+        (
+            {"backend": "local", "buffer_size_bytes": "big", "client": {"name": "x"}},
+            PayloadError,
+            "config.buffer_size_bytes: expected int, got str",
+        ),
+        (
+            {"backend": "local", "buffer_size_bytes": -1, "client": {"name": "x"}},
+            PayloadError,
+            "buffer_size_bytes: must be positive",
+        ),
+        ({"backend": "lokal", "client": {}}, PluginNotFoundError, "Did you mean 'local'"),
+        (
+            {"backend": "local", "client": {"name": "htp"}},
+            PluginNotFoundError,
+            "unknown client 'htp'",
+        ),
+    ],
+)
+def test_config_errors(config: dict[str, object], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        trainer_from_config(config)
+
+
+def test_non_sender_rank_needs_no_client() -> None:
+    engine = trainer_from_config(
+        {"backend": "local"}, rank=1, source=TensorSource({"w": torch.ones(2)})
+    )
+    assert engine.client is None
+    assert engine.send_weights().num_tensors == 1
+
+
+def test_json_and_toml_files(tmp_path: Path, test_client: str) -> None:
+    (tmp_path / "c.json").write_text(
+        json.dumps({"backend": "local", "client": {"name": test_client}})
+    )
+    (tmp_path / "c.toml").write_text(
+        f'backend = "local"\nbuffer_size_bytes = 4096\n[client]\nname = "{test_client}"\n'
+    )
+    assert load_config(tmp_path / "c.toml") == {
+        "backend": "local",
+        "buffer_size_bytes": 4096,
+        "client": {"name": test_client},
+    }
+    for name in ("c.json", "c.toml"):
+        engine = trainer_from_config(tmp_path / name)
+        assert isinstance(engine, LocalTrainerEngine)
+    (tmp_path / "c.yaml").write_text("")
+    with pytest.raises(ValueError, match=r"must end in .json or .toml, got 'c.yaml'"):
+        load_config(tmp_path / "c.yaml")

@@ -1,0 +1,26 @@
+"""``import wtcore`` and listing every registry import no heavy package and no plugin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+SCRIPT = """
+import json, sys
+import wtcore
+from wtcore import CLIENTS, ENGINES, TRAINER_ENGINES
+names = {"engines": ENGINES.names(), "trainer": TRAINER_ENGINES.names(), "clients": CLIENTS.names()}
+heavy = sorted(m for m in sys.modules
+               if m.split(".")[0] in {"torch", "ray", "requests", "numpy"} or m.startswith("wtcore_"))
+print(json.dumps({"heavy": heavy, "names": names}))
+"""
+
+
+def test_import_and_listing_import_nothing_heavy() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=True
+    )
+    result = json.loads(out.stdout)
+    assert result["heavy"] == []
+    assert "local" in result["names"]["engines"] and "inproc" in result["names"]["clients"]

@@ -1,0 +1,229 @@
+"""The receiver state machine: exact errors, versions, consistency, concurrency."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from wtcore import (
+    ModuleSink,
+    PayloadError,
+    ProtocolStateError,
+    TensorSource,
+    WeightSyncClient,
+    WeightSyncWorker,
+)
+from wtcore.digest import digest_named
+from wtcore.meta import metas_to_wire
+from wtcore.testing import build_module
+
+
+def _payload(state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A ``local`` update carrying ``state`` in one bucket."""
+    import base64
+
+    from wtcore.buckets import pack_bucket, plan_buckets
+
+    metas = TensorSource(state).metadata()
+    [bucket] = plan_buckets(metas, 1 << 20)
+    buf = torch.zeros(bucket.nbytes, dtype=torch.uint8)
+    pack_bucket(bucket, [state[m.name] for m in metas], buf)
+    return {**metas_to_wire(metas), "data": base64.b64encode(buf.numpy().tobytes()).decode()}
+
+
+@pytest.fixture
+def model() -> torch.nn.Module:
+    return build_module({"a.w": torch.zeros(4), "b.w": torch.zeros(2, 2)})
+
+
+@pytest.fixture
+def worker(model: torch.nn.Module) -> WeightSyncWorker:
+    w = WeightSyncWorker("local", ModuleSink(model))
+    yield w
+    w.shutdown()
+
+
+def _init(w: WeightSyncWorker) -> None:
+    w.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+
+
+def test_worker_is_a_client(worker: WeightSyncWorker) -> None:
+    assert isinstance(worker, WeightSyncClient)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            "start_weight_update",
+            "start_weight_update: not allowed in state 'uninitialized'; call init_weight_transfer_engine first",
+        ),
+        (
+            "finish_weight_update",
+            "finish_weight_update: not allowed in state 'uninitialized'; call start_weight_update first",
+        ),
+    ],
+)
+def test_calls_before_init(worker: WeightSyncWorker, call: str, message: str) -> None:
+    with pytest.raises(ProtocolStateError) as exc:
+        getattr(worker, call)()
+    assert str(exc.value) == message
+
+
+def test_update_before_init_and_before_start(worker: WeightSyncWorker) -> None:
+    with pytest.raises(
+        ProtocolStateError, match="update_weights: not allowed in state 'uninitialized'"
+    ):
+        worker.update_weights({})
+    _init(worker)
+    with pytest.raises(ProtocolStateError) as exc:
+        worker.update_weights({})
+    assert str(exc.value) == (
+        "update_weights: not allowed in state 'idle'; call start_weight_update first"
+    )
+
+
+def test_start_twice_and_finish_without_start(worker: WeightSyncWorker) -> None:
+    _init(worker)
+    with pytest.raises(ProtocolStateError) as exc:
+        worker.finish_weight_update("v")
+    assert str(exc.value) == (
+        "finish_weight_update: not allowed in state 'idle'; call start_weight_update first"
+    )
+    worker.start_weight_update()
+    with pytest.raises(ProtocolStateError) as exc:
+        worker.start_weight_update()
+    assert str(exc.value) == (
+        "start_weight_update: not allowed in state 'updating'; a round is already in progress "
+        "(start was called twice?)"
+    )
+
+
+def test_version_published_only_after_finish(
+    worker: WeightSyncWorker, model: torch.nn.Module
+) -> None:
+    _init(worker)
+    new = {"a.w": torch.arange(4.0), "b.w": torch.ones(2, 2)}
+    worker.start_weight_update()
+    worker.update_weights(_payload(new))
+    assert worker.weight_info()["weight_version"] is None
+    assert worker.weight_info()["state"] == "updating"
+    worker.finish_weight_update("step-1")
+    info = worker.weight_info()
+    assert (info["weight_version"], info["consistent"], info["state"]) == ("step-1", True, "idle")
+    assert worker.checksums() == digest_named(new.items())
+
+
+def test_bad_payload_applies_nothing_and_keeps_round_open(
+    worker: WeightSyncWorker, model: torch.nn.Module
+) -> None:
+    _init(worker)
+    before = digest_named(model.named_parameters())
+    worker.start_weight_update()
+    with pytest.raises(PayloadError, match="update_info.names: missing required field"):
+        worker.update_weights({"dtype_names": [], "shapes": [], "data": ""})
+    with pytest.raises(
+        PayloadError,
+        match=r"update_info: a list must hold one entry per worker rank, expected 1, got 2",
+    ):
+        worker.update_weights([{}, {}])
+    assert digest_named(model.named_parameters()) == before
+    assert worker.weight_info()["state"] == "updating"
+    worker.update_weights(_payload({"a.w": torch.ones(4)}))  # the round goes on
+    worker.finish_weight_update("ok")
+    assert worker.weight_info()["weight_version"] == "ok"
+
+
+def test_failed_round_reports_inconsistent_until_next_success(worker: WeightSyncWorker) -> None:
+    _init(worker)
+    worker.start_weight_update()
+    worker.update_weights(_payload({"a.w": torch.ones(4)}))
+    worker.finish_weight_update("v1")
+    worker.start_weight_update()
+    worker.update_weights(_payload({"a.w": torch.full((4,), 2.0)}))
+    with pytest.raises(PayloadError, match="unknown parameter name"):
+        worker.update_weights(_payload({"zzz": torch.ones(1)}))
+    info = worker.weight_info()
+    assert info["consistent"] is False
+    assert info["weight_version"] == "v1"  # the last good version
+    assert info["state"] == "idle" and "unknown parameter name" in info["last_error"]
+    worker.start_weight_update()
+    worker.update_weights(_payload({"a.w": torch.ones(4), "b.w": torch.ones(2, 2)}))
+    worker.finish_weight_update("v2")
+    assert worker.weight_info()["consistent"] is True
+
+
+def test_reinit_abandons_an_open_round(worker: WeightSyncWorker) -> None:
+    _init(worker)
+    worker.start_weight_update()
+    _init(worker)
+    info = worker.weight_info()
+    assert info["state"] == "idle" and info["consistent"] is False
+    worker.start_weight_update()  # a fresh round works without restarting anything
+
+
+def test_list_update_picks_this_ranks_entry(model: torch.nn.Module) -> None:
+    w = WeightSyncWorker("local", ModuleSink(model), rank=1, world_size=2)
+    try:
+        _init(w)
+        w.start_weight_update()
+        w.update_weights([{"garbage": True}, _payload({"a.w": torch.full((4,), 5.0)})])
+        w.finish_weight_update()
+        assert torch.equal(dict(model.named_parameters())["a.w"], torch.full((4,), 5.0))
+    finally:
+        w.shutdown()
+
+
+class _SlowSink(ModuleSink):
+    def __init__(self, module: torch.nn.Module, gate: threading.Event) -> None:
+        super().__init__(module)
+        self.gate = gate
+
+    def load_weights(self, weights: Any) -> None:
+        assert self.gate.wait(10)
+        super().load_weights(weights)
+
+
+@pytest.mark.timeout(30)
+def test_concurrent_call_rejected_and_info_never_blocks(model: torch.nn.Module) -> None:
+    gate = threading.Event()
+    w = WeightSyncWorker("local", _SlowSink(model, gate))
+    try:
+        _init(w)
+        w.start_weight_update()
+        t = threading.Thread(target=w.update_weights, args=(_payload({"a.w": torch.ones(4)}),))
+        t.start()
+        deadline = time.monotonic() + 5
+        while w.weight_info()["busy"] is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert w.weight_info()["busy"] == "update_weights"
+        with pytest.raises(
+            ProtocolStateError,
+            match="finish_weight_update: rejected, update_weights is still running",
+        ):
+            w.finish_weight_update()
+        gate.set()
+        t.join(10)
+        w.finish_weight_update("v")
+        assert w.weight_info()["weight_version"] == "v"
+    finally:
+        gate.set()
+        w.shutdown()
+
+
+def test_shutdown_is_final_and_idempotent(worker: WeightSyncWorker) -> None:
+    worker.shutdown()
+    worker.shutdown()
+    with pytest.raises(ProtocolStateError, match="state 'closed'"):
+        _init(worker)
+
+
+def test_bad_version_type(worker: WeightSyncWorker) -> None:
+    _init(worker)
+    worker.start_weight_update()
+    with pytest.raises(PayloadError, match="weight_version: expected a string or null, got 5"):
+        worker.finish_weight_update(5)  # type: ignore[arg-type]
