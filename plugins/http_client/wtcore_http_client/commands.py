@@ -1,0 +1,161 @@
+"""``wtcore serve``: host a model behind the receiver routes, contributed through the CLI hook.
+
+This module is loaded by ``wtcore``'s plugin manager on every ``wtcore`` command, so it imports
+nothing heavy at module level: torch and the server are imported when ``serve`` runs.
+
+The first line on stdout is machine-readable, for scripts and tests::
+
+    wtcore serve: listening on http://127.0.0.1:41234
+
+SIGTERM and SIGINT stop the server, shut the worker's engine down and exit with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from wtcore.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["LISTENING", "add_serve_arguments", "build_model", "run_serve", "wtcore_add_commands"]
+
+#: The prefix of the first stdout line; the URL follows it.
+LISTENING = "wtcore serve: listening on "
+_STOP_TIMEOUT_S = 10.0
+
+
+@hookimpl
+def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``wtcore serve``."""
+    p = subparsers.add_parser(
+        "serve",
+        help="run an HTTP weight receiver (the vLLM RL routes) hosting a model",
+        description="Run an HTTP weight receiver hosting a synthetic or safetensors model.",
+    )
+    add_serve_arguments(p)
+
+
+def _size(text: str) -> int:
+    from wtcore.units import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``wtcore serve`` (shared with ``python -m wtcore_http_client.server``)."""
+    p.add_argument("--backend", default="local", help="worker engine name (default: local)")
+    p.add_argument(
+        "--backend-options",
+        default="{}",
+        metavar="JSON",
+        help="worker-local engine options as a JSON object (default: {})",
+    )
+    p.add_argument("--rank", type=int, default=0, help="this worker's rank (default 0)")
+    p.add_argument("--world-size", type=int, default=1, help="number of workers (default 1)")
+    p.add_argument("--device", default="cpu", help="device of the hosted model (default cpu)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("WTCORE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $WTCORE_API_KEY); "
+        "needed to bind a non-loopback address",
+    )
+    p.add_argument(
+        "--max-body", type=_size, default=None, help="request body limit (default 64MiB)"
+    )
+    model = p.add_argument_group("model (synthetic unless --safetensors is given)")
+    model.add_argument("--safetensors", metavar="PATH", help="load the model from this file")
+    model.add_argument("--size", type=_size, default=_size("16MiB"), help="synthetic size")
+    model.add_argument("--tensors", type=int, default=30, help="synthetic tensor count")
+    model.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    model.add_argument("--seed", type=int, default=0, help="synthetic weights' seed")
+    p.set_defaults(func=run_serve)
+
+
+def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The hosted model: from ``--safetensors``, or synthetic of ``--size`` and ``--seed``."""
+    from wtcore.testing.sources import build_module, synthetic_state
+
+    if args.safetensors:
+        from wtcore_http_client.safetensors import load_safetensors
+
+        state = load_safetensors(args.safetensors)
+    else:
+        state = synthetic_state(args.size, args.tensors, args.dtype, args.seed)
+    return build_module(state).to(args.device)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT; 0 on a clean stop, 2 on bad options."""
+    from wtcore.sink import ModuleSink
+    from wtcore.worker import WeightSyncWorker
+    from wtcore_http_client.routes import DEFAULT_MAX_BODY_BYTES, ReceiverRoutes
+    from wtcore_http_client.server import ReceiverHTTPServer, check_bind
+
+    try:
+        options = json.loads(args.backend_options)
+        if not isinstance(options, dict):
+            raise ValueError("expected a JSON object")
+        check_bind(args.host, bool(args.api_key))
+    except ValueError as e:
+        print(f"wtcore serve: error: {e}", file=sys.stderr)
+        return 2
+    model = build_model(args)
+    worker = WeightSyncWorker(
+        {"backend": args.backend, **options},
+        ModuleSink(model),
+        device=args.device,
+        rank=args.rank,
+        world_size=args.world_size,
+    )
+    routes = ReceiverRoutes(
+        worker, api_key=args.api_key, max_body_bytes=args.max_body or DEFAULT_MAX_BODY_BYTES
+    )
+    server = ReceiverHTTPServer(routes, host=args.host, port=args.port)
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.start()
+        print(f"{LISTENING}{server.url}", flush=True)
+        print(
+            f"wtcore serve: backend={args.backend} rank={args.rank}/{args.world_size} "
+            f"tensors={sum(1 for _ in model.parameters())} auth={'on' if args.api_key else 'off'}",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        server.stop(_STOP_TIMEOUT_S)
+        _shutdown_worker(worker)
+    print("wtcore serve: stopped", flush=True)
+    return 0
+
+
+def _shutdown_worker(worker: Any) -> None:
+    """Release the engine, but never hang the exit on a data plane stuck on a dead peer."""
+    from wtcore.concurrency import BackgroundCall
+
+    call = BackgroundCall(worker.shutdown, name="worker-shutdown")
+    if not call.wait(_STOP_TIMEOUT_S):
+        print("wtcore serve: engine shutdown timed out; exiting anyway", file=sys.stderr)
+    elif call.error is not None:
+        print(f"wtcore serve: engine shutdown failed: {call.error}", file=sys.stderr)

@@ -1,0 +1,294 @@
+"""The receiver's HTTP routes, free of any web framework.
+
+:class:`ReceiverRoutes` turns ``(method, path, headers, body bytes)`` into ``(status, JSON
+object)``. The stdlib server in :mod:`wtcore_http_client.server` wraps it, and so can a
+FastAPI or Starlette app (see docs/http.md): the rules live here once.
+
+Every protocol call is delegated to a :class:`wtcore.WeightSyncWorker`, which owns the state
+rules; this module only checks the *envelope* (JSON, the one allowed key, auth, size) and maps
+errors onto statuses: :class:`~wtcore.errors.PayloadError` -> 400,
+:class:`~wtcore.errors.ProtocolStateError` -> 409, any other failure -> 500 with its text.
+Nothing is applied when a request is refused.
+
+:meth:`ReceiverRoutes.handle` blocks for as long as the call does (an ``update_weights`` waits
+for its broadcast): an async framework must run it in a thread pool. ``/health``,
+``/weight_info`` and ``/is_paused`` never wait for a running call.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs, urlsplit
+
+from wtcore.errors import PayloadError, ProtocolStateError
+from wtcore.worker import WeightSyncWorker
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ROUTES", "ReceiverRoutes", "Response"]
+
+log = logging.getLogger("wtcore_http_client.routes")
+
+#: Large enough for a 32 MiB ``local`` bucket in base64; control messages are tiny.
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+
+#: ``path -> (method, authenticated)``.
+ROUTES: dict[str, tuple[str, bool]] = {
+    "/health": ("GET", False),
+    "/weight_info": ("GET", True),
+    "/get_world_size": ("GET", True),
+    "/is_paused": ("GET", True),
+    "/init_weight_transfer_engine": ("POST", True),
+    "/start_weight_update": ("POST", True),
+    "/update_weights": ("POST", True),
+    "/finish_weight_update": ("POST", True),
+    "/pause": ("POST", True),
+    "/resume": ("POST", True),
+    "/weight_checksums": ("POST", True),
+}
+
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+class Response(NamedTuple):
+    """An HTTP status and its JSON body."""
+
+    status: int
+    body: dict[str, Any]
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, error_type: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+
+
+def _error(status: int, message: str, error_type: str) -> Response:
+    return Response(status, {"error": message, "error_type": error_type, "status": status})
+
+
+class ReceiverRoutes:
+    """The DESIGN §4 routes plus health, info, pause/resume and checksums, over one worker.
+
+    Args:
+        worker: the state machine every call is delegated to.
+        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
+        max_body_bytes: larger bodies are refused with 413 before they are parsed.
+        on_pause: called with ``(mode, clear_cache)`` by ``POST /pause``; an inference server
+            stops generating there. ``on_resume`` is its inverse.
+    """
+
+    def __init__(
+        self,
+        worker: WeightSyncWorker,
+        *,
+        api_key: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        on_pause: Callable[[str, bool], None] | None = None,
+        on_resume: Callable[[], None] | None = None,
+    ) -> None:
+        if api_key is not None and not api_key:
+            raise ValueError("api_key: expected a non-empty string or None")
+        if max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes: must be positive, got {max_body_bytes}")
+        self.worker = worker
+        self.max_body_bytes = max_body_bytes
+        self._token = api_key.encode() if api_key else None
+        self._on_pause = on_pause
+        self._on_resume = on_resume
+        self._pause_lock = threading.Lock()
+        self.paused = False
+        self.pause_mode: str | None = None
+
+    @property
+    def requires_auth(self) -> bool:
+        """Whether an API key guards every route but ``/health``."""
+        return self._token is not None
+
+    # ------------------------------------------------------------------ entry point
+    def handle(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes | bytearray
+    ) -> Response:
+        """Serve one request. ``path`` may carry a query string; header names any case."""
+        try:
+            return self._dispatch(method.upper(), path, headers, body)
+        except _HTTPError as e:
+            return _error(e.status, e.message, e.error_type)
+        except PayloadError as e:
+            return _error(400, str(e), type(e).__name__)
+        except ProtocolStateError as e:
+            return _error(409, str(e), type(e).__name__)
+        except Exception as e:
+            log.exception("%s %s failed", method, path)
+            return _error(500, f"{type(e).__name__}: {e}", type(e).__name__)
+
+    def check_auth(self, headers: Mapping[str, str]) -> None:
+        """Raise 401 unless the bearer token matches (constant-time comparison)."""
+        if self._token is None:
+            return
+        value = _header(headers, "authorization")
+        if value is None:
+            raise _HTTPError(401, "missing Authorization: Bearer <api key> header", "AuthError")
+        scheme, _, given = value.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), self._token
+        ):
+            raise _HTTPError(401, "invalid API key", "AuthError")
+
+    def check_size(self, content_length: int | None) -> None:
+        """Raise 413 if a declared body length is over the limit (call before reading it)."""
+        if content_length is not None and content_length > self.max_body_bytes:
+            raise _HTTPError(
+                413,
+                f"request body of {content_length} bytes is over the limit of "
+                f"{self.max_body_bytes} bytes",
+                "PayloadTooLarge",
+            )
+
+    def precheck(self, method: str, path: str, headers: Mapping[str, str]) -> Response | None:
+        """Route, auth and declared-size checks, before a server reads the body."""
+        try:
+            self._route(method.upper(), urlsplit(path).path, headers)
+            raw = _header(headers, "content-length")
+            if raw is not None:
+                try:
+                    length = int(raw)
+                except ValueError:
+                    raise _HTTPError(
+                        400, f"Content-Length: expected an integer, got {raw!r}", "PayloadError"
+                    ) from None
+                if length < 0:
+                    raise _HTTPError(400, f"Content-Length: negative ({length})", "PayloadError")
+                self.check_size(length)
+        except _HTTPError as e:
+            return _error(e.status, e.message, e.error_type)
+        return None
+
+    # ------------------------------------------------------------------ dispatch
+    def _route(self, method: str, path: str, headers: Mapping[str, str]) -> str:
+        spec = ROUTES.get(path)
+        if spec is None:
+            raise _HTTPError(
+                404, f"no route {path!r}; routes: {', '.join(sorted(ROUTES))}", "NotFound"
+            )
+        allowed, needs_auth = spec
+        if method != allowed:
+            raise _HTTPError(405, f"{path} accepts {allowed}, not {method}", "MethodNotAllowed")
+        if needs_auth:
+            self.check_auth(headers)
+        return path
+
+    def _dispatch(
+        self, method: str, target: str, headers: Mapping[str, str], body: bytes | bytearray
+    ) -> Response:
+        parts = urlsplit(target)
+        path = self._route(method, parts.path, headers)
+        self.check_size(len(body))
+        query = parse_qs(parts.query, keep_blank_values=True)
+        w = self.worker
+        if path != "/pause" and query:
+            raise PayloadError(f"{path}: takes no query parameters, got {sorted(query)}")
+        if path == "/health":
+            return Response(200, {"status": "ok"})
+        if path == "/weight_info":
+            return Response(200, {**w.weight_info(), "paused": self.paused})
+        if path == "/get_world_size":
+            return Response(200, {"world_size": w.world_size})
+        if path == "/is_paused":
+            return Response(200, {"is_paused": self.paused})
+        if path == "/init_weight_transfer_engine":
+            fields = _json_object(body, required=("init_info",))
+            init_info = fields["init_info"]
+            if not isinstance(init_info, dict):
+                raise PayloadError(f"init_info: expected a JSON object, got {_kind(init_info)}")
+            w.init_weight_transfer_engine(init_info)
+        elif path == "/start_weight_update":
+            _json_object(body)
+            w.start_weight_update()
+        elif path == "/update_weights":
+            fields = _json_object(body, required=("update_info",))
+            w.update_weights(fields["update_info"])  # the worker checks dict | list
+        elif path == "/finish_weight_update":
+            fields = _json_object(body, optional=("weight_version",))
+            version = fields.get("weight_version")
+            if version is not None and not isinstance(version, str):
+                raise PayloadError(
+                    f"weight_version: expected a string or null, got {_kind(version)}"
+                )
+            w.finish_weight_update(version)
+        elif path == "/pause":
+            _json_object(body)
+            self._pause(query)
+        elif path == "/resume":
+            _json_object(body)
+            with self._pause_lock:
+                if self._on_resume is not None:
+                    self._on_resume()
+                self.paused, self.pause_mode = False, None
+        elif path == "/weight_checksums":
+            _json_object(body)
+            return Response(200, {"checksums": w.checksums()})
+        return Response(200, {"status": "ok"})
+
+    def _pause(self, query: dict[str, list[str]]) -> None:
+        unknown = sorted(set(query) - {"mode", "clear_cache"})
+        if unknown:
+            raise PayloadError(
+                f"/pause: unknown query parameter(s) {unknown}; valid: mode, clear_cache"
+            )
+        mode = query.get("mode", ["abort"])[-1]
+        if mode not in PAUSE_MODES:
+            raise PayloadError(f"mode: expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        clear_raw = query.get("clear_cache", ["true"])[-1].lower()
+        if clear_raw not in ("true", "false", "1", "0"):
+            raise PayloadError(f"clear_cache: expected true or false, got {clear_raw!r}")
+        with self._pause_lock:
+            if self._on_pause is not None:
+                self._on_pause(mode, clear_raw in ("true", "1"))
+            self.paused, self.pause_mode = True, mode
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    for key, value in headers.items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+def _kind(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:57] + '...' if len(text) > 60 else text}"
+
+
+def _json_object(
+    body: bytes | bytearray, *, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Parse a body that must be a JSON object with exactly these keys (empty = ``{}``)."""
+    if not body.strip():
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(body)
+        except UnicodeDecodeError as e:
+            raise PayloadError(f"body: not UTF-8 ({e})") from None
+        except json.JSONDecodeError as e:
+            raise PayloadError(f"body: malformed JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise PayloadError(f"body: expected a JSON object, got {_kind(data)}")
+    valid = (*required, *optional)
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        listed = ", ".join(map(repr, unknown))
+        raise PayloadError(
+            f"body: unknown field(s) {listed}; "
+            + (f"valid fields: {', '.join(valid)}" if valid else "this route takes no body")
+        )
+    for name in required:
+        if name not in data:
+            raise PayloadError(f"body.{name}: missing required field")
+    return data
