@@ -1,0 +1,162 @@
+"""The receiver end: a plain class that serves one :class:`wtcore.WeightSyncWorker`.
+
+``WeightSyncActor`` does not import Ray and is not decorated, so users can
+
+* turn it into an actor: ``ray.remote(max_concurrency=4)(WeightSyncActor)`` (or use
+  :func:`wtcore_ray_client.launch_receivers`), or
+* mix it into their own inference actor and call :meth:`setup_weight_sync` once the model
+  exists, so the weights land in the model that actor serves.
+
+The sink is built *inside* the actor (from a factory), because the model lives there: a model
+object must never travel through the control plane. Every state rule (call order, what a bad
+payload or a failed load does to the round, when a version is published) is the core
+worker's; this class only forwards.
+
+Make the actor threaded (``max_concurrency`` >= 2): then :meth:`weight_info` answers while a
+long ``update_weights`` or a blocking rendezvous runs, which is how a trainer or an operator
+tells "busy" from "stuck". The core worker is thread-safe and refuses overlapping protocol
+calls with a clear ``ProtocolStateError``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Union
+
+from wtcore.engine import WeightTransferConfig
+from wtcore.errors import ProtocolStateError
+from wtcore.sink import WeightSink
+from wtcore.worker import WeightSyncWorker
+
+__all__ = ["SinkFactory", "WeightSyncActor"]
+
+#: A sink, or a zero-argument callable that builds one (called inside the actor).
+SinkFactory = Union[WeightSink, Callable[[], WeightSink]]
+
+
+def _build_sink(sink: SinkFactory) -> WeightSink:
+    if isinstance(sink, WeightSink):
+        return sink
+    if not callable(sink):
+        raise TypeError(
+            f"sink: expected a WeightSink or a zero-argument callable returning one, got {sink!r}"
+        )
+    built = sink()
+    if not isinstance(built, WeightSink):
+        raise TypeError(
+            f"sink factory {getattr(sink, '__name__', sink)!r} returned "
+            f"{type(built).__name__}, which has no load_weights(weights)"
+        )
+    return built
+
+
+class WeightSyncActor:
+    """One inference worker's control-plane endpoint, meant to run as (or in) a Ray actor.
+
+    ``rank`` and ``world_size`` place this worker among the inference workers; its rank in
+    the transfer group is ``rank_offset + rank``, where ``rank_offset`` comes from the
+    trainer's init info.
+    """
+
+    def __init__(
+        self,
+        config: WeightTransferConfig | str | Mapping[str, Any],
+        sink: SinkFactory,
+        *,
+        device: str = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
+        label: str | None = None,
+    ) -> None:
+        self.setup_weight_sync(
+            config, sink, device=device, rank=rank, world_size=world_size, label=label
+        )
+
+    def setup_weight_sync(
+        self,
+        config: WeightTransferConfig | str | Mapping[str, Any],
+        sink: SinkFactory,
+        *,
+        device: str = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
+        label: str | None = None,
+    ) -> None:
+        """Build the sink and the core worker; for mixins, call it once the model exists."""
+        if getattr(self, "_wtcore_worker", None) is not None:
+            raise ProtocolStateError("setup_weight_sync: already set up on this actor")
+        self._wtcore_label = label
+        self._wtcore_worker: WeightSyncWorker | None = WeightSyncWorker(
+            config, _build_sink(sink), device=device, rank=rank, world_size=world_size
+        )
+
+    @property
+    def weight_sync_worker(self) -> WeightSyncWorker:
+        """The core worker this actor serves (for code running inside the actor)."""
+        worker: WeightSyncWorker | None = getattr(self, "_wtcore_worker", None)
+        if worker is None:
+            raise ProtocolStateError(
+                f"{type(self).__name__}: call setup_weight_sync(config, sink, ...) first"
+            )
+        return worker
+
+    # ------------------------------------------------------------------ the protocol
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.weight_sync_worker.init_weight_transfer_engine(init_info)
+
+    def start_weight_update(self) -> None:
+        self.weight_sync_worker.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self.weight_sync_worker.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.weight_sync_worker.finish_weight_update(weight_version)
+
+    def abort_weight_update(self, reason: str = "aborted by caller") -> None:
+        """End an open round without publishing (the weights are reported inconsistent)."""
+        self.weight_sync_worker.abort_weight_update(reason)
+
+    # ------------------------------------------------------------------ introspection
+    def weight_info(self) -> dict[str, Any]:
+        """The core worker's ``weight_info()``; never waits for a running call."""
+        return self.weight_sync_worker.weight_info()
+
+    def checksums(self) -> dict[str, str]:
+        """``{name: digest}`` of what the sink holds (:func:`wtcore.digest.digest_named`)."""
+        return self.weight_sync_worker.checksums()
+
+    def get_world_size(self) -> int:
+        return self.weight_sync_worker.world_size
+
+    def identity(self) -> dict[str, Any]:
+        """Who and where this actor is: for error messages and multi-node debugging."""
+        worker = self.weight_sync_worker
+        ident: dict[str, Any] = {
+            "label": self._wtcore_label,
+            "rank": worker.rank,
+            "world_size": worker.world_size,
+            "backend": worker.config.backend,
+            "pid": os.getpid(),
+            "actor_id": None,
+            "name": None,
+            "node_ip": None,
+        }
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ctx = ray.get_runtime_context()
+                ident["actor_id"] = ctx.get_actor_id()
+                ident["name"] = ctx.get_actor_name() or None
+                ident["node_ip"] = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        except ImportError:  # used as a plain object, without Ray
+            pass
+        return ident
+
+    def shutdown_weight_sync(self) -> None:
+        """Release the data plane (idempotent). The actor process itself stays alive."""
+        worker = getattr(self, "_wtcore_worker", None)
+        if worker is not None:
+            worker.shutdown()

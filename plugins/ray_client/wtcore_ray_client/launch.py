@@ -1,0 +1,140 @@
+"""Start N receiver actors with resource options, and always stop them.
+
+A trainer usually needs three things about its receivers: their handles (for the client),
+their ranks in the transfer group (``rank_offset + i``; the trainer sender is rank 0), and a
+guarantee that they are gone afterwards. :class:`ReceiverGroup` gives all three and is a
+context manager. :func:`launch_receivers` waits until every actor has built its sink, so a
+broken sink factory fails here, naming the actor, instead of at the first update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from wtcore.engine import WeightTransferConfig
+from wtcore_ray_client.actor import SinkFactory, WeightSyncActor
+from wtcore_ray_client.client import DEFAULT_TIMEOUT_S, RayWeightSyncClient, actor_label
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+__all__ = ["ReceiverGroup", "launch_receivers"]
+
+
+@dataclass
+class ReceiverGroup:
+    """Handles of launched receiver actors, their ranks, and how to stop them."""
+
+    handles: list[ActorHandle[Any]]
+    #: Each actor's rank among the inference workers (0..n-1).
+    worker_ranks: list[int]
+    #: Each actor's rank in the transfer group (``rank_offset + worker rank``).
+    ranks: list[int]
+    names: list[str | None]
+    labels: list[str]
+    _closed: bool = field(default=False, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def client(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RayWeightSyncClient:
+        """A fan-out client over every actor of the group, labelled by rank and name."""
+        return RayWeightSyncClient(self.handles, timeout_s=timeout_s, labels=self.labels)
+
+    def shutdown(self, *, grace_s: float = 5.0) -> None:
+        """Release each actor's data plane (best effort, ``grace_s``), then kill it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        import ray
+
+        refs: list[Any] = []
+        for h in self.handles:
+            with contextlib.suppress(Exception):
+                refs.append(h.shutdown_weight_sync.remote())
+        if refs:
+            with contextlib.suppress(Exception):
+                ray.wait(refs, num_returns=len(refs), timeout=grace_s)
+        for h in self.handles:
+            with contextlib.suppress(Exception):
+                ray.kill(h, no_restart=True)
+
+    def __enter__(self) -> ReceiverGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def launch_receivers(
+    num_actors: int,
+    config: WeightTransferConfig | str | Mapping[str, Any],
+    sink: SinkFactory,
+    *,
+    rank_offset: int = 1,
+    device: str = "cpu",
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    resources: Mapping[str, float] | None = None,
+    max_concurrency: int = 4,
+    name_prefix: str | None = None,
+    namespace: str | None = None,
+    actor_cls: type[WeightSyncActor] = WeightSyncActor,
+    actor_options: Mapping[str, Any] | None = None,
+    per_actor_options: Sequence[Mapping[str, Any]] | None = None,
+    ready_timeout_s: float = 120.0,
+) -> ReceiverGroup:
+    """Start ``num_actors`` receiver actors (worker ranks 0..n-1) and wait until they are up.
+
+    ``sink`` is a zero-argument callable that builds the sink inside each actor (or a
+    picklable sink). ``actor_options`` go to ``.options()`` of every actor (for example
+    ``scheduling_strategy``, ``runtime_env``, ``lifetime``); ``per_actor_options[i]`` to actor
+    ``i`` only (for example a node affinity). With ``name_prefix`` the actors are named
+    ``f"{name_prefix}-{i}"``, so another driver can reach them by name. ``max_concurrency``
+    >= 2 lets ``weight_info`` answer while an update runs.
+    """
+    import ray
+
+    if not isinstance(num_actors, int) or num_actors < 1:
+        raise ValueError(f"num_actors: expected a positive int, got {num_actors!r}")
+    if not isinstance(rank_offset, int) or rank_offset < 0:
+        raise ValueError(f"rank_offset: expected a non-negative int, got {rank_offset!r}")
+    if per_actor_options is not None and len(per_actor_options) != num_actors:
+        raise ValueError(
+            f"per_actor_options: expected one mapping per actor ({num_actors}), "
+            f"got {len(per_actor_options)}"
+        )
+    base: dict[str, Any] = {"max_concurrency": max_concurrency, **(actor_options or {})}
+    if num_cpus is not None:
+        base["num_cpus"] = num_cpus
+    if num_gpus is not None:
+        base["num_gpus"] = num_gpus
+    if resources is not None:
+        base["resources"] = dict(resources)
+    if namespace is not None:
+        base["namespace"] = namespace
+    remote_cls = ray.remote(actor_cls)
+    group = ReceiverGroup([], [], [], [], [])
+    try:
+        for i in range(num_actors):
+            opts = {**base, **(per_actor_options[i] if per_actor_options else {})}
+            name = f"{name_prefix}-{i}" if name_prefix else opts.get("name")
+            if name:
+                opts["name"] = name
+            label_hint = f"rank={rank_offset + i}" + (f" name={name}" if name else "")
+            handle: Any = remote_cls.options(**opts).remote(  # type: ignore[attr-defined]
+                config, sink, device=device, rank=i, world_size=num_actors, label=label_hint
+            )
+            group.handles.append(handle)
+            group.worker_ranks.append(i)
+            group.ranks.append(rank_offset + i)
+            group.names.append(name)
+            group.labels.append(actor_label(handle, i, rank=rank_offset + i, name=name))
+        group.client(timeout_s=ready_timeout_s).identities()  # surfaces constructor errors
+    except BaseException:
+        group.shutdown(grace_s=0)
+        raise
+    return group
