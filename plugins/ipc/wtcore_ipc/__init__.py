@@ -1,3 +1,39 @@
-"""wtcore-ipc: a wtcore plugin (work in progress)."""
+"""wtcore-ipc: colocated weight handoff with no pickle.
 
-__all__: list[str] = []
+POSIX shared memory on CPU (tested), CUDA IPC handles encoded as JSON on GPU (untested on a
+GPU so far). Register names: ``ipc`` in ``wtcore.engines`` and ``wtcore.trainer_engines``.
+Importing this package imports neither torch nor pybase64; the engines do, when used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "IPCInitInfo",
+    "IPCTrainerEngine",
+    "IPCTrainerInitInfo",
+    "IPCUpdateInfo",
+    "IPCWorkerEngine",
+]
+
+if TYPE_CHECKING:
+    from wtcore_ipc.trainer import IPCTrainerEngine
+    from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo, IPCUpdateInfo
+    from wtcore_ipc.worker import IPCWorkerEngine
+
+_WHERE = {
+    "IPCInitInfo": "wtcore_ipc.wire",
+    "IPCTrainerInitInfo": "wtcore_ipc.wire",
+    "IPCUpdateInfo": "wtcore_ipc.wire",
+    "IPCTrainerEngine": "wtcore_ipc.trainer",
+    "IPCWorkerEngine": "wtcore_ipc.worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'wtcore_ipc' has no attribute {name!r}")

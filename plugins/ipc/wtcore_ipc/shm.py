@@ -1,0 +1,241 @@
+"""POSIX shared-memory segments: the trainer's staging buffers and the worker's read-only maps.
+
+Why not :class:`multiprocessing.shared_memory.SharedMemory`: on Python 3.10-3.12 it registers
+even an *attached* segment with the resource tracker, which then unlinks it (and warns about a
+"leak") when the attaching process exits, and a worker that unregisters again also removes the
+trainer's own registration when both share one tracker. We open ``/dev/shm/<name>`` ourselves
+with :func:`os.open` and :mod:`mmap` instead: no tracker, no hidden unlink, and full control of
+the open flags (``O_EXCL`` to create, ``O_NOFOLLOW`` plus a regular-file check to attach).
+
+Lifetime and liveness: the trainer takes an exclusive :func:`fcntl.flock` on its segment for as
+long as it owns it. The kernel drops that lock when the trainer exits, however it exits
+(SIGKILL included), so a worker can tell an *orphaned* segment from a live one without trusting
+PIDs (which PID namespaces and PID reuse make unreliable): if it can take the lock, the owner is
+gone, the contents are not to be trusted, and the worker unlinks the segment itself. The trainer
+unlinks its segments at shutdown, on errors, and at interpreter exit (a :func:`weakref.finalize`,
+which also runs at exit).
+
+Layout: ``num_slots`` slots, each a 64-byte header followed by ``capacity`` data bytes. The
+header holds a magic tag, the sequence number of the bucket the slot holds and its length; the
+trainer writes it after the data, the worker checks it before and after copying, so a stale,
+replayed or mis-addressed payload is an error instead of silently loading the wrong bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import re
+import secrets
+import stat
+import struct
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from wtcore.buckets import ALIGNMENT
+from wtcore.errors import PayloadError, TransferError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "HEADER_BYTES",
+    "SEGMENT_NAME_RE",
+    "SHM_DIR",
+    "SegmentReader",
+    "SlotHeader",
+    "StagingSegment",
+    "check_segment_name",
+    "segment_prefix",
+]
+
+#: Where Linux exposes POSIX shared memory.
+SHM_DIR = "/dev/shm"
+#: Every name a payload may carry; no slash, so a payload cannot point at another file.
+SEGMENT_NAME_RE = re.compile(r"^wtcore_[A-Za-z0-9_]{1,200}$")
+#: Bytes of the header in front of each slot (one alignment unit keeps data aligned).
+HEADER_BYTES = ALIGNMENT
+_MAGIC = b"WTCIPC01"
+_HEADER = struct.Struct("<8sQQ")  # magic, seq, length
+
+
+def _align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def segment_prefix(pid: int | None = None) -> str:
+    """The name prefix of every segment created by process ``pid`` (default: this one)."""
+    return f"wtcore_ipc_{os.getpid() if pid is None else pid}_"
+
+
+def check_segment_name(name: object, *, field: str = "segment") -> str:
+    if not isinstance(name, str) or not SEGMENT_NAME_RE.match(name):
+        raise PayloadError(
+            f"{field}: expected a segment name matching {SEGMENT_NAME_RE.pattern}, got {name!r}"
+        )
+    return name
+
+
+def _path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+@dataclass(frozen=True)
+class SlotHeader:
+    magic: bytes
+    seq: int
+    length: int
+
+    @property
+    def valid(self) -> bool:
+        return self.magic == _MAGIC
+
+
+class StagingSegment:
+    """A trainer-owned segment of ``num_slots`` reusable staging buffers.
+
+    Created once per engine (and again only when a bigger bucket needs more room), reused for
+    every bucket of every round.
+    """
+
+    def __init__(self, capacity: int, num_slots: int) -> None:
+        import torch
+
+        if capacity < 0 or num_slots < 1:
+            raise ValueError(f"bad segment shape: capacity={capacity}, num_slots={num_slots}")
+        self.capacity = _align(max(capacity, 1))
+        self.num_slots = num_slots
+        self.stride = HEADER_BYTES + self.capacity
+        self.size = self.stride * num_slots
+        self.name = f"{segment_prefix()}{secrets.token_hex(6)}"
+        self.path = _path(self.name)
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+        # From here on the file exists: make sure it goes away whatever happens next.
+        self._finalizer = weakref.finalize(self, _unlink_quietly, self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until close or process exit
+            os.ftruncate(fd, self.size)
+            self._mm: mmap.mmap | None = mmap.mmap(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            self._finalizer()
+            raise
+        self._fd: int | None = fd
+        self._buf: torch.Tensor | None = torch.frombuffer(self._mm, dtype=torch.uint8)
+
+    @property
+    def closed(self) -> bool:
+        return self._buf is None
+
+    def data_offset(self, slot: int) -> int:
+        return slot * self.stride + HEADER_BYTES
+
+    def slot(self, slot: int) -> torch.Tensor:
+        """The data area of ``slot`` as a flat ``uint8`` tensor (``capacity`` bytes)."""
+        if self._buf is None:
+            raise TransferError(f"segment {self.name} is closed")
+        off = self.data_offset(slot)
+        return self._buf[off : off + self.capacity]
+
+    def publish(self, slot: int, seq: int, length: int) -> None:
+        """Stamp ``slot``'s header once its data is written."""
+        assert self._mm is not None
+        _HEADER.pack_into(self._mm, slot * self.stride, _MAGIC, seq, length)
+
+    def close(self) -> None:
+        """Unlink and unmap. Idempotent; safe while a worker still maps the segment."""
+        self._finalizer()  # unlink first: nothing new can attach
+        self._buf = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a view escaped; the GC unmaps it with the last view
+                pass
+            self._mm = None
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
+
+
+class SegmentReader:
+    """A worker's read-only map of one trainer segment, kept across buckets and rounds."""
+
+    def __init__(self, name: str) -> None:
+        import torch
+
+        self.name = check_segment_name(name)
+        path = _path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise PayloadError(
+                f"segment: no shared-memory segment named {name!r} in {SHM_DIR} (it was "
+                "unlinked, or the trainer runs on another host or in another /dev/shm)"
+            ) from None
+        except OSError as e:
+            raise PayloadError(f"segment: cannot open {name!r}: {e}") from e
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise PayloadError(f"segment: {name!r} is not a regular shared-memory file")
+            if st.st_size <= 0:
+                raise PayloadError(f"segment: {name!r} is empty")
+            self.size = st.st_size
+            # ACCESS_COPY is a private mapping of a read-only fd: torch gets a "writable"
+            # buffer (no warning from frombuffer), we never write, so no page is ever copied
+            # and the trainer's later writes stay visible.
+            self._mm: mmap.mmap | None = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+        self._buf: torch.Tensor | None = torch.frombuffer(self._mm, dtype=torch.uint8)
+
+    def owner_alive(self) -> bool:
+        """False when no process holds the trainer's lock any more (an orphaned segment)."""
+        assert self._fd is not None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return False
+
+    def header(self, data_offset: int) -> SlotHeader:
+        assert self._mm is not None
+        magic, seq, length = _HEADER.unpack_from(self._mm, data_offset - HEADER_BYTES)
+        return SlotHeader(magic, seq, length)
+
+    def view(self, offset: int, length: int) -> torch.Tensor:
+        if self._buf is None:
+            raise TransferError(f"segment {self.name} is closed")
+        return self._buf[offset : offset + length]
+
+    def unlink_orphan(self) -> None:
+        """Unlink the segment if its owner is gone (the trainer was killed)."""
+        if self._fd is not None and not self.owner_alive():
+            _unlink_quietly(_path(self.name))
+
+    def close(self) -> None:
+        self._buf = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a sink kept a view; the GC unmaps it with the last one
+                pass
+            self._mm = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
