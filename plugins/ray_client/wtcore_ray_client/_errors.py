@@ -3,11 +3,14 @@
 An exception raised inside an actor method reaches the caller wrapped in a
 ``RayTaskError(<cls>)`` whose message is a remote traceback; the trainer wants the original
 error (``PayloadError: ... unknown parameter name``), so the cause is unwrapped. A dead actor
-raises ``ActorDiedError`` with a multi-line message; it is folded onto one line so that
-:class:`wtcore.ReceiverError` stays one line per receiver.
+raises ``ActorDiedError`` with a multi-line message; it is folded onto one line (or, when the
+actor's constructor failed, cut to the error's last line) so that :class:`wtcore.ReceiverError`
+stays one line per receiver.
 """
 
 from __future__ import annotations
+
+import re
 
 from wtcore.errors import ReceiverFailure
 from wtcore.fanout import failure_of
@@ -15,8 +18,11 @@ from wtcore.fanout import failure_of
 __all__ = ["failure_from_ray"]
 
 
-def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in _ANSI.sub("", text).splitlines() if line.strip()]
 
 
 def failure_from_ray(label: str, error: BaseException) -> ReceiverFailure:
@@ -28,6 +34,11 @@ def failure_from_ray(label: str, error: BaseException) -> ReceiverFailure:
         if isinstance(cause, BaseException) and not isinstance(cause, RayTaskError):
             return failure_of(label, cause)
     if isinstance(error, RayActorError):
-        f = failure_of(label, error)
-        return ReceiverFailure(f.receiver, _one_line(f.message), f.status, f.error_type)
+        lines = _lines(str(error))
+        if error.actor_init_failed and lines:
+            # The creation task's traceback ends with "ExcType: message": keep that line.
+            message = f"the actor's constructor failed: {lines[-1]}"
+        else:
+            message = "; ".join(lines) or repr(error)
+        return ReceiverFailure(label, message, error_type=type(error).__name__)
     return failure_of(label, error)

@@ -1,0 +1,199 @@
+"""Failures over Ray: a killed actor, a stuck actor, a misconfigured sink, bad calls.
+
+Each one must reach the trainer as one :class:`wtcore.ReceiverError` naming the failing actor,
+within the client's timeout, while the healthy actors report their state correctly.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from wtcore import PayloadError, ReceiverError, TensorSource, WeightSource
+from wtcore.buckets import max_bucket_nbytes, pack_source, plan_buckets
+from wtcore.digest import digest_named
+from wtcore.factory import WeightTransferTrainerFactory
+from wtcore.local import LocalTrainerInitInfo
+from wtcore.meta import ParamMeta, metas_to_wire
+from wtcore.stats import TransferStats
+from wtcore_ray_client import RayWeightSyncClient, launch_receivers
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+
+SEED = 5
+
+
+class KillingSource(WeightSource):
+    """Kills ``victim`` once ``after`` tensors have been handed out: a crash mid-round."""
+
+    def __init__(self, inner: WeightSource, victim: Any, after: int) -> None:
+        self.inner, self.victim, self.after = inner, victim, after
+
+    def metadata(self) -> list[ParamMeta]:
+        return self.inner.metadata()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        import ray
+
+        for i, item in enumerate(self.inner):
+            if i == self.after:
+                ray.kill(self.victim, no_restart=True)
+            yield item
+
+
+def test_actor_killed_mid_round(ray_cluster: None, kit: Any) -> None:
+    state = kit.make_state(SEED)
+    sink = functools.partial(kit.module_sink, SEED)
+    with launch_receivers(2, "local", sink, num_cpus=0, name_prefix="wtcore-kill") as group:
+        timeout_s = 20.0
+        client = group.client(timeout_s=timeout_s)
+        info = LocalTrainerInitInfo(buffer_size_bytes=4 << 10, rank=0)
+        with WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
+            trainer.send_weights(TensorSource(state), weight_version="good")
+            victim = group.handles[1]
+            t0 = time.monotonic()
+            with pytest.raises(ReceiverError) as ei:
+                trainer.send_weights(
+                    KillingSource(TensorSource(state), victim, after=5), weight_version="bad"
+                )
+            assert time.monotonic() - t0 < timeout_s
+        err = ei.value
+        assert err.call == "update_weights" and err.total == 2
+        [failure] = err.failures  # only the killed actor failed
+        assert failure.receiver == group.labels[1]
+        assert "rank=2" in failure.receiver and "name=wtcore-kill-1" in failure.receiver
+        assert failure.error_type == "ActorDiedError"
+        assert "ray.kill" in failure.message
+        assert "wtcore-kill-1" in str(err)
+
+        # The survivor: mid-round, still serving the last published version.
+        survivor = RayWeightSyncClient(group.handles[:1], timeout_s=timeout_s)
+        [s] = survivor.weight_info()
+        assert s["weight_version"] == "good"
+        assert s["state"] == "updating" and s["busy"] is None and s["rounds_ok"] == 1
+        # The trainer gives the round up; the survivor says its weights may be mixed ...
+        survivor.abort_weight_update("actor rank=2 died")
+        [s] = survivor.weight_info()
+        assert s["state"] == "idle" and s["consistent"] is False
+        assert s["weight_version"] == "good"
+        assert "actor rank=2 died" in s["last_error"]
+        # ... until a full round to the survivors publishes again.
+        with WeightTransferTrainerFactory.trainer_init(info, client=survivor) as trainer:
+            trainer.send_weights(TensorSource(state), weight_version="recovered")
+        [s] = survivor.weight_info()
+        assert s["weight_version"] == "recovered" and s["consistent"] is True
+        assert survivor.checksums() == [digest_named(state.items())]
+
+
+def test_stuck_actor_times_out_and_still_answers(ray_cluster: None, kit: Any) -> None:
+    """A load that hangs costs one timeout; the threaded actor still reports it is busy."""
+    state = kit.make_state(SEED)
+    sink = functools.partial(kit.BlockingSink, SEED, 60.0)
+    with launch_receivers(1, "local", sink, num_cpus=0, max_concurrency=4) as group:
+        client = group.client(timeout_s=3.0)
+        client.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+        client.start_weight_update()
+        payload = _local_payload(state)
+        t0 = time.monotonic()
+        with pytest.raises(ReceiverError) as ei:
+            client.update_weights(payload)
+        elapsed = time.monotonic() - t0
+        assert 3.0 <= elapsed < 15.0
+        assert ei.value.timed_out
+        assert ei.value.failures[0].receiver == group.labels[0]
+        assert "no answer within 3 s" in str(ei.value)
+        # weight_info is not blocked by the running update (max_concurrency > 1).
+        t0 = time.monotonic()
+        [info] = group.client(timeout_s=5.0).weight_info()
+        assert time.monotonic() - t0 < 5.0
+        assert info["busy"] == "update_weights" and info["state"] == "updating"
+        # An overlapping protocol call is refused by the core worker's rules.
+        with pytest.raises(ReceiverError, match="rejected, update_weights is still running"):
+            client.finish_weight_update("v1")
+
+
+def _local_payload(state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """One ``local``-engine bucket holding all of ``state`` (what its trainer would send)."""
+    src = TensorSource(state)
+    metas = src.metadata()
+    [bucket] = plan_buckets(metas, 1 << 20)
+    staging = torch.empty(max_bucket_nbytes([bucket]), dtype=torch.uint8)
+    [(_, filled)] = list(pack_source(src, metas, [bucket], lambda _b: staging, TransferStats()))
+    data = base64.b64encode(filled.numpy().tobytes()).decode("ascii")
+    return {**metas_to_wire(bucket.metas), "data": data}
+
+
+def test_misconfigured_sink_error_reaches_trainer(ray_cluster: None, kit: Any) -> None:
+    """Actor rank=2's model lacks a parameter: the trainer learns which actor and which name."""
+    state = kit.make_state(SEED)
+    missing = "layers.3.weight"
+    good = functools.partial(kit.module_sink, SEED)
+    bad = functools.partial(kit.module_sink, SEED, missing)
+    with (
+        launch_receivers(2, "local", good, num_cpus=0) as ok_group,
+        launch_receivers(1, "local", bad, num_cpus=0, rank_offset=3) as bad_group,
+    ):
+        handles = ok_group.handles + bad_group.handles
+        labels = ok_group.labels + bad_group.labels
+        # World size 1 per launch is fine for the local engine: it sends one dict to all.
+        client = RayWeightSyncClient(handles, timeout_s=30, labels=labels)
+        info = LocalTrainerInitInfo(buffer_size_bytes=1 << 20, rank=0)
+        trainer = WeightTransferTrainerFactory.trainer_init(info, client=client)
+        with trainer, pytest.raises(ReceiverError) as ei:
+            trainer.send_weights(TensorSource(state), weight_version="v1")
+        [failure] = ei.value.failures
+        assert failure.receiver == bad_group.labels[0] and "rank=3" in failure.receiver
+        assert failure.error_type == "PayloadError"
+        assert f"{missing!r}: unknown parameter name" in failure.message
+        assert "Traceback" not in str(ei.value)  # the cause, not Ray's remote traceback
+        infos = client.weight_info()
+        assert [i["consistent"] for i in infos] == [True, True, False]
+        assert missing in infos[2]["last_error"]
+        assert all(i["weight_version"] is None for i in infos)
+
+
+def test_bad_calls_are_named_errors(ray_cluster: None, kit: Any) -> None:
+    sink = functools.partial(kit.module_sink, SEED)
+    with launch_receivers(2, "local", sink, num_cpus=0) as group:
+        client = group.client(timeout_s=30)
+        # Out of order: both actors refuse, each named, with the core worker's message.
+        with pytest.raises(ReceiverError) as ei:
+            client.start_weight_update()
+        assert [f.receiver for f in ei.value.failures] == group.labels
+        assert all(f.error_type == "ProtocolStateError" for f in ei.value.failures)
+        assert "call init_weight_transfer_engine first" in str(ei.value)
+        # A malformed init payload: the field is named.
+        with pytest.raises(ReceiverError, match="buffer_size_bytes") as ei:
+            client.init_weight_transfer_engine({"buffer_size_bytes": "big"})
+        assert {f.error_type for f in ei.value.failures} == {"PayloadError"}
+        # Not JSON: refused in the driver, before anything is sent.
+        client.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+        client.start_weight_update()
+        with pytest.raises(PayloadError, match=r"update_info\['data'\].*torch\.Tensor"):
+            client.update_weights(
+                {"names": [], "dtype_names": [], "shapes": [], "data": torch.zeros(1)}
+            )
+        with pytest.raises(PayloadError, match="one entry per actor, expected 2, got 1"):
+            client.update_weights([{}])
+        assert [i["state"] for i in client.weight_info()] == ["updating", "updating"]
+
+
+def test_broken_sink_factory_fails_at_launch(ray_cluster: None) -> None:
+    def no_model() -> Any:
+        raise RuntimeError("model weights not found at /models/x")
+
+    with pytest.raises(ReceiverError) as ei:
+        launch_receivers(2, "local", no_model, num_cpus=0, ready_timeout_s=60)
+    assert len(ei.value.failures) == 2
+    assert all(f.error_type == "ActorDiedError" for f in ei.value.failures)
+    assert all(
+        f.message == "the actor's constructor failed: "
+        "RuntimeError: model weights not found at /models/x"
+        for f in ei.value.failures
+    )
