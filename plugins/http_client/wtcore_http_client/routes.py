@@ -273,9 +273,11 @@ def _json_object(
         data: Any = {}
     else:
         try:
-            data = json.loads(body)
+            text = bytes(body).decode("utf-8")  # JSON is UTF-8 (RFC 8259); no guessing
         except UnicodeDecodeError as e:
             raise PayloadError(f"body: not UTF-8 ({e})") from None
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise PayloadError(f"body: malformed JSON ({e})") from None
     if not isinstance(data, dict):
