@@ -1,0 +1,109 @@
+"""No pickle, no arbitrary files: what a payload can and cannot make the worker touch."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from wtcore import PayloadError, WeightSyncWorker
+from wtcore.sink import ModuleSink
+from wtcore.testing import build_module
+from wtcore_ipc.shm import SHM_DIR, SegmentReader, StagingSegment, check_segment_name
+
+PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "ipc" / "wtcore_ipc"
+FORBIDDEN = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve"}
+
+
+def test_no_module_of_the_plugin_imports_pickle() -> None:
+    files = sorted(PLUGIN.rglob("*.py"))
+    assert len(files) >= 5
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(), filename=str(f))):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for m in mods:
+                assert m.split(".")[0] not in FORBIDDEN, f"{f.name} imports {m}"
+                assert "reduction" not in m, f"{f.name} imports {m} (pickle-based)"
+
+
+@pytest.mark.parametrize(
+    "name", ["../etc/passwd", "wtcore_a/b", "other_prefix", "wtcore_", "wtcore_a.b", "", 7]
+)
+def test_segment_names_are_validated(name: object) -> None:
+    with pytest.raises(PayloadError, match="segment: expected a segment name"):
+        check_segment_name(name)
+
+
+def test_worker_refuses_symlinks(tmp_path: Path) -> None:
+    target = tmp_path / "secret"
+    target.write_bytes(b"x" * 4096)
+    name = f"wtcore_ipc_{os.getpid()}_symlinktest"
+    link = Path(SHM_DIR) / name
+    link.symlink_to(target)
+    try:
+        with pytest.raises(PayloadError, match="cannot open"):
+            SegmentReader(name)
+    finally:
+        link.unlink()
+
+
+def test_segment_lifecycle_and_orphan_detection() -> None:
+    seg = StagingSegment(1000, 2)
+    path = Path(SHM_DIR) / seg.name
+    try:
+        assert path.exists() and seg.capacity >= 1000 and seg.num_slots == 2
+        seg.slot(1)[:5].copy_(torch.arange(5, dtype=torch.uint8))
+        seg.publish(1, seq=9, length=5)
+        reader = SegmentReader(seg.name)
+        try:
+            assert reader.owner_alive(), "the trainer's lock is held"
+            head = reader.header(seg.data_offset(1))
+            assert head.valid and head.seq == 9 and head.length == 5
+            assert torch.equal(
+                reader.view(seg.data_offset(1), 5), torch.arange(5, dtype=torch.uint8)
+            )
+            seg.close()
+            assert not path.exists()
+            assert not reader.owner_alive(), "closing released the lock"
+        finally:
+            reader.close()
+    finally:
+        seg.close()
+    seg.close()  # idempotent
+
+
+def test_update_info_must_name_one_transport() -> None:
+    state = {"a": torch.zeros(3)}
+    worker = WeightSyncWorker("ipc", ModuleSink(build_module(state)))
+    try:
+        worker.init_weight_transfer_engine(
+            {"transport": "shm", "packed": True, "buffer_size_bytes": 1024, "num_buffers": 2}
+        )
+        worker.start_weight_update()
+        base = {
+            "names": ["a"],
+            "dtype_names": ["float32"],
+            "shapes": [[3]],
+            "sizes": [12],
+            "offset": 64,
+            "length": 12,
+            "seq": 1,
+        }
+        with pytest.raises(PayloadError, match="exactly one of 'segment'"):
+            worker.update_weights(base)
+        with pytest.raises(PayloadError, match="init_info.transport: 'cuda' needs a CUDA"):
+            worker.init_weight_transfer_engine(
+                {"transport": "cuda", "packed": True, "buffer_size_bytes": 1024, "num_buffers": 2}
+            )
+        json.dumps(base)
+    finally:
+        worker.shutdown()
