@@ -89,10 +89,10 @@ class BlockingSink:
 class InferenceActor(WeightSyncActor):
     """A user's own inference actor with the receiver mixed in (the model lives here)."""
 
-    def __init__(self, seed: int, *, rank: int, world_size: int, label: str | None = None) -> None:
+    def __init__(self, seed: int, backend: str, *, rank: int, world_size: int) -> None:
         self.model = module_sink(seed).module  # stands in for the served model
         self.setup_weight_sync(
-            "local", lambda: ModuleSink(self.model), rank=rank, world_size=world_size, label=label
+            backend, lambda: ModuleSink(self.model), rank=rank, world_size=world_size
         )
 
     def held_tensors(self) -> dict[str, tuple[str, list[int], bytes]]:

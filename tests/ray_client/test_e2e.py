@@ -8,11 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from wtcore import CLIENTS, ReceiverError, TensorSource, WeightSyncClient
+from wtcore import CLIENTS, ENGINES, TRAINER_ENGINES, ReceiverError, TensorSource, WeightSyncClient
 from wtcore.config import build_client, trainer_from_config
 from wtcore.digest import digest_named
-from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.local import LocalTrainerInitInfo
 from wtcore.testing import RecordingClient
 from wtcore_ray_client import RayWeightSyncClient, launch_receivers
 
@@ -30,24 +28,37 @@ def bump(state: dict[str, torch.Tensor], step: int) -> None:
             t.add_(step + 1)
 
 
-def test_two_actors_several_rounds_local_engine(ray_cluster: None, kit: Any) -> None:
+def _installed(backend: str) -> bool:
+    return backend in ENGINES.names() and backend in TRAINER_ENGINES.names()
+
+
+#: Engines that fit a trainer in the driver and receivers in actors on the same node, with a
+#: small buffer so that each round takes several ``update_weights`` calls (buckets).
+BACKENDS = {
+    "local": {"buffer_size_bytes": 8 << 10},
+    "ipc": {"packed_buffer_size_bytes": 8 << 10, "device": "cpu", "timeout_s": 60},
+}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_two_actors_several_rounds(ray_cluster: None, kit: Any, backend: str) -> None:
+    """The receivers are the user's own actor class with WeightSyncActor mixed in."""
     import ray
 
+    if not _installed(backend):
+        pytest.skip(f"wtcore-{backend} is not installed")
     state = kit.make_state(SEED)
     handles = [
         ray.remote(kit.InferenceActor)
         .options(num_cpus=0, max_concurrency=4)
-        .remote(SEED + 50, rank=i, world_size=2)
+        .remote(SEED + 50, backend, rank=i, world_size=2)
         for i in range(2)
     ]
     try:
         client = RecordingClient(RayWeightSyncClient(handles, timeout_s=60))
         assert isinstance(client.inner, WeightSyncClient)
-        # A small buffer: several update_weights calls (buckets) per round.
-        info = LocalTrainerInitInfo(buffer_size_bytes=8 << 10, rank=0)
-        with WeightTransferTrainerFactory.trainer_init(
-            info, client=client, source=TensorSource(state)
-        ) as trainer:
+        config = {"backend": backend, **BACKENDS[backend]}
+        with trainer_from_config(config, client=client, source=TensorSource(state)) as trainer:
             for step in range(3):
                 bump(state, step)
                 stats = trainer.send_weights(weight_version=f"step-{step}")
