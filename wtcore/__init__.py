@@ -22,6 +22,7 @@ from wtcore.errors import (
     ReceiverFailure,
     TransferError,
     TransferTimeoutError,
+    VerificationError,
     WtcoreError,
 )
 from wtcore.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
@@ -56,6 +57,7 @@ __all__ = [
     "TransferError",
     "TransferStats",
     "TransferTimeoutError",
+    "VerificationError",
     "WeightSink",
     "WeightSource",
     "WeightSyncClient",

@@ -22,6 +22,7 @@ __all__ = [
     "ReceiverFailure",
     "TransferError",
     "TransferTimeoutError",
+    "VerificationError",
     "WtcoreError",
 ]
 
@@ -44,6 +45,10 @@ class MetadataMismatchError(WtcoreError, ValueError):
 
 class TransferError(WtcoreError, RuntimeError):
     """The data plane failed (a peer died, a collective failed, a segment vanished)."""
+
+
+class VerificationError(TransferError):
+    """What a receiver holds differs from what the trainer sent (``send_weights(verify=True)``)."""
 
 
 class TransferTimeoutError(WtcoreError, TimeoutError):

@@ -6,7 +6,7 @@ dtypes) before it copies anything, so that a bad batch leaves the model exactly 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from wtcore.errors import PayloadError
@@ -15,7 +15,7 @@ from wtcore.meta import dtype_name
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ModuleSink", "ReadableSink", "WeightSink"]
+__all__ = ["ModuleSink", "ReadableSink", "WeightSink", "check_batch"]
 
 
 @runtime_checkable
@@ -53,25 +53,35 @@ class ModuleSink:
         import torch
 
         batch = list(weights)
-        problems: list[str] = []
-        for name, t in batch:
-            target = self._targets.get(name)
-            if target is None:
-                problems.append(f"{name!r}: unknown parameter name")
-            elif tuple(target.shape) != tuple(t.shape):
-                problems.append(
-                    f"{name!r}: shape mismatch, expected {list(target.shape)}, got {list(t.shape)}"
-                )
-            elif target.dtype != t.dtype:
-                problems.append(
-                    f"{name!r}: dtype mismatch, expected {dtype_name(target.dtype)}, "
-                    f"got {dtype_name(t.dtype)}"
-                )
-        if problems:
-            raise PayloadError(
-                f"ModuleSink rejected {len(problems)} of {len(batch)} tensors; nothing of this "
-                "batch was loaded:\n  - " + "\n  - ".join(problems)
-            )
+        check_batch(self._targets, batch, who="ModuleSink")
         with torch.no_grad():
             for name, t in batch:
                 self._targets[name].copy_(t)
+
+
+def check_batch(
+    targets: Mapping[str, torch.Tensor],
+    batch: Sequence[tuple[str, torch.Tensor]],
+    *,
+    who: str,
+) -> None:
+    """Raise one :class:`PayloadError` listing every name, shape or dtype that doesn't fit."""
+    problems: list[str] = []
+    for name, t in batch:
+        target = targets.get(name)
+        if target is None:
+            problems.append(f"{name!r}: unknown parameter name")
+        elif tuple(target.shape) != tuple(t.shape):
+            problems.append(
+                f"{name!r}: shape mismatch, expected {list(target.shape)}, got {list(t.shape)}"
+            )
+        elif target.dtype != t.dtype:
+            problems.append(
+                f"{name!r}: dtype mismatch, expected {dtype_name(target.dtype)}, "
+                f"got {dtype_name(t.dtype)}"
+            )
+    if problems:
+        raise PayloadError(
+            f"{who} rejected {len(problems)} of {len(batch)} tensors; nothing of this "
+            "batch was loaded:\n  - " + "\n  - ".join(problems)
+        )

@@ -86,9 +86,18 @@ class TrainerWeightTransferEngine(ABC):
         """Rendezvous with the workers and initialize them; called on every trainer rank."""
 
     def send_weights(
-        self, source: WeightSource | None = None, *, weight_version: str | None = None
+        self,
+        source: WeightSource | None = None,
+        *,
+        weight_version: str | None = None,
+        verify: bool = False,
     ) -> TransferStats:
-        """Run one round (start, updates, finish); returns when every receiver has loaded."""
+        """Run one round (start, updates, finish); returns when every receiver has loaded.
+
+        With ``verify=True`` every receiver's checksums are compared with digests of what was
+        sent before the round is finished (see :mod:`wtcore.verify`); the client must offer
+        ``checksums()``.
+        """
         from wtcore.hooks import notify
 
         if self._closed:
@@ -106,11 +115,20 @@ class TrainerWeightTransferEngine(ABC):
             stats.seconds = time.perf_counter() - t0
             return stats
         notify("wtcore_update_started", engine=self, weight_version=weight_version)
+        client = self.client
         try:
+            if verify:
+                from wtcore.verify import DigestingSource, VerifyingClient
+
+                assert client is not None, "the sender always has a client"
+                src = DigestingSource(src)
+                self.client = VerifyingClient(client, src)
             self._send(src, stats)
         except BaseException as e:
             notify("wtcore_update_failed", engine=self, weight_version=weight_version, error=e)
             raise
+        finally:
+            self.client = client
         stats.seconds = time.perf_counter() - t0
         notify("wtcore_update_finished", engine=self, stats=stats)
         return stats

@@ -9,7 +9,9 @@ rules live in one place:
   is received or applied, and the round stays open;
 * any other failure inside a round ends the round and marks the weights *inconsistent* (they
   may be mixed) until a later round finishes;
-* ``weight_version`` is published only by a successful finish.
+* ``weight_version`` is published only by a successful finish;
+* with ``transactional=True`` a round is staged and applied only at finish, so a failed round
+  leaves the old weights serving and the receiver consistent (see :mod:`wtcore.staging`).
 
 State reads (:meth:`weight_info`) never wait for a long call to end.
 """
@@ -25,7 +27,9 @@ from typing import Any
 from wtcore.digest import digest_named
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError
+from wtcore.guards import FiniteCheckSink
 from wtcore.sink import ReadableSink, WeightSink
+from wtcore.staging import StagingSink
 
 __all__ = ["WeightSyncWorker", "WorkerState"]
 
@@ -48,6 +52,8 @@ class WeightSyncWorker:
         device: str = "cpu",
         rank: int = 0,
         world_size: int = 1,
+        transactional: bool = False,
+        reject_nonfinite: bool = False,
     ) -> None:
         from wtcore.factory import WeightTransferEngineFactory
 
@@ -55,8 +61,17 @@ class WeightSyncWorker:
         self.sink = sink
         self.rank = rank
         self.world_size = world_size
+        self.transactional = transactional
+        self.reject_nonfinite = reject_nonfinite
+        # The engine loads into a chain: [finite check] -> [staging] -> the user's sink.
+        self._staging: StagingSink | None = None
+        engine_sink: WeightSink = sink
+        if transactional:
+            engine_sink = self._staging = StagingSink(sink)  # type: ignore[arg-type]
+        if reject_nonfinite:
+            engine_sink = FiniteCheckSink(engine_sink)
         self.engine: WeightTransferEngine[Any, Any] = WeightTransferEngineFactory.create_engine(
-            self.config, sink=sink, device=device, rank=rank, world_size=world_size
+            self.config, sink=engine_sink, device=device, rank=rank, world_size=world_size
         )
         self._state = WorkerState.UNINITIALIZED
         self._busy: str | None = None
@@ -90,9 +105,12 @@ class WeightSyncWorker:
             with self._lock:
                 self._busy = None
 
-    def _fail_round(self, name: str, error: BaseException) -> None:
+    def _fail_round(self, name: str, error: BaseException, *, sink_touched: bool = False) -> None:
         self._state = WorkerState.IDLE
-        self._consistent = False
+        if self._staging is not None and not sink_touched:
+            self._staging.rollback()  # the old weights keep serving, untouched
+        else:
+            self._consistent = False
         self._rounds_failed += 1
         self._last_error = f"{name}: {type(error).__name__}: {error}"
 
@@ -127,6 +145,8 @@ class WeightSyncWorker:
             else "a round is already in progress (start was called twice?)",
         ):
             self.engine.start_weight_update()
+            if self._staging is not None:
+                self._staging.begin()
             self._state = WorkerState.UPDATING
             self._updates_in_round = 0
 
@@ -159,6 +179,12 @@ class WeightSyncWorker:
             except BaseException as e:
                 self._fail_round("finish_weight_update", e)
                 raise
+            if self._staging is not None:
+                try:
+                    self._staging.commit()
+                except BaseException as e:
+                    self._fail_round("finish_weight_update (commit)", e, sink_touched=True)
+                    raise
             self._state = WorkerState.IDLE
             self._version = weight_version
             self._consistent = True
@@ -205,15 +231,23 @@ class WeightSyncWorker:
             "backend": self.config.backend,
             "rank": self.rank,
             "world_size": self.world_size,
+            "transactional": self.transactional,
         }
 
     def checksums(self) -> dict[str, str]:
-        """``{name: digest}`` of what the sink holds now (see :mod:`wtcore.digest`)."""
-        if not isinstance(self.sink, ReadableSink):
+        """``{name: digest}`` of what the sink holds (see :mod:`wtcore.digest`).
+
+        During a transactional round this is what ``finish`` would publish (staged tensors
+        over current ones), so a trainer can verify a round before finishing it.
+        """
+        readable: object = self.sink
+        if self._staging is not None and self._state is WorkerState.UPDATING:
+            readable = self._staging
+        if not isinstance(readable, ReadableSink):
             raise TypeError(
                 f"checksums need a sink with named_tensors(); {type(self.sink).__name__} has none"
             )
-        return digest_named(self.sink.named_tensors())
+        return digest_named(readable.named_tensors())
 
     def shutdown(self) -> None:
         """Release the engine. Idempotent; the worker cannot be used afterwards."""

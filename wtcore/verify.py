@@ -1,0 +1,93 @@
+"""End-to-end verification of a round: digests of what was sent against what was loaded.
+
+``send_weights(verify=True)`` wraps the source so that every tensor is digested as it is
+materialized (no second pass over the source, which for FSDP would mean a second gather), and
+wraps the client so that, just before ``finish_weight_update``, every receiver's
+``checksums()`` is compared with those digests. On a mismatch the round is *not* finished: no
+receiver publishes the version, and the error names the receivers and tensors that differ.
+
+The digest is BLAKE2b-128 over the raw bytes (:mod:`wtcore.digest`); ``docs/reliability.md``
+has its measured cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from wtcore.digest import tensor_digest
+from wtcore.errors import VerificationError
+from wtcore.meta import ParamMeta
+from wtcore.source import WeightSource
+
+if TYPE_CHECKING:
+    import torch
+
+    from wtcore.client import WeightSyncClient
+
+__all__ = ["DigestingSource", "VerifyingClient"]
+
+
+class DigestingSource(WeightSource):
+    """A pass-through source that records the digest of every tensor it yields."""
+
+    def __init__(self, inner: WeightSource) -> None:
+        self.inner = inner
+        self.digests: dict[str, str] = {}
+
+    def metadata(self) -> list[ParamMeta]:
+        return self.inner.metadata()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.digests = {}
+        for name, t in self.inner:
+            self.digests[name] = tensor_digest(t)
+            yield name, t
+
+
+class VerifyingClient:
+    """Forwards every call; checks receivers' checksums before forwarding the finish."""
+
+    def __init__(self, inner: WeightSyncClient, source: DigestingSource) -> None:
+        if not callable(getattr(inner, "checksums", None)):
+            raise TypeError(
+                f"verify=True needs a client with checksums(); {type(inner).__name__} has none"
+            )
+        self.inner = inner
+        self.source = source
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.inner.init_weight_transfer_engine(init_info)
+
+    def start_weight_update(self) -> None:
+        self.inner.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self.inner.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.check()
+        self.inner.finish_weight_update(weight_version)
+
+    def check(self) -> None:
+        """Raise :class:`VerificationError` unless every receiver holds what was sent."""
+        got = self.inner.checksums()  # type: ignore[attr-defined]
+        per_receiver: list[Mapping[str, str]] = [got] if isinstance(got, Mapping) else list(got)
+        expected = self.source.digests
+        problems: list[str] = []
+        for i, digests in enumerate(per_receiver):
+            bad = [n for n, d in expected.items() if digests.get(n) != d]
+            if bad:
+                shown = ", ".join(map(repr, bad[:5])) + (", ..." if len(bad) > 5 else "")
+                problems.append(
+                    f"receiver {i}: {len(bad)} of {len(expected)} tensors differ ({shown})"
+                )
+        if problems:
+            raise VerificationError(
+                "verification failed; the round was NOT finished and no receiver published the "
+                "new version (re-run trainer_init before the next round):\n  - "
+                + "\n  - ".join(problems)
+            )
