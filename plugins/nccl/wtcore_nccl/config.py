@@ -1,0 +1,183 @@
+"""The settings of the ``nccl`` engine pair: what the trainer owns and what it ships to workers.
+
+The trainer's :class:`NCCLTrainerInitInfo` is the only place where packing settings are
+chosen; :meth:`NCCLTrainerInitInfo.worker_init_info` derives the worker's
+:class:`NCCLInitInfo` from it, so the two ends cannot disagree on the bucket layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from wtcore.meta import ParamMeta, metas_from_wire
+from wtcore.trainer import TrainerInitInfo
+
+__all__ = [
+    "DEFAULT_BUFFER_SIZE",
+    "DEFAULT_TIMEOUT_S",
+    "TRANSPORTS",
+    "NCCLInitInfo",
+    "NCCLTrainerInitInfo",
+    "NCCLUpdateInfo",
+    "resolve_transport",
+]
+
+#: Default size of one packed bucket buffer (DESIGN §4).
+DEFAULT_BUFFER_SIZE = 1 << 30
+#: Default bound on every blocking wait (rendezvous, one broadcast, one control call).
+DEFAULT_TIMEOUT_S = 300.0
+#: ``auto`` picks NCCL for CUDA devices and gloo otherwise.
+TRANSPORTS: tuple[str, ...] = ("auto", "gloo", "nccl")
+
+
+def resolve_transport(transport: str, device: str) -> str:
+    """The concrete transport for ``device``: ``auto`` means NCCL on CUDA, gloo elsewhere."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if transport != "auto":
+        return transport
+    return "nccl" if str(device).startswith("cuda") else "gloo"
+
+
+def _check_common(
+    *,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    packed_buffer_size_bytes: int,
+    packed_num_buffers: int,
+    timeout_s: float,
+    transport: str,
+) -> None:
+    if not master_address:
+        raise ValueError("master_address: expected a host name or IP address, got ''")
+    if not 0 < master_port < 65536:
+        raise ValueError(f"master_port: expected a port in [1, 65535], got {master_port}")
+    if world_size < 2:
+        raise ValueError(
+            f"world_size: expected at least 2 (the sender plus one worker), got {world_size}"
+        )
+    if packed_buffer_size_bytes <= 0:
+        raise ValueError(
+            f"packed_buffer_size_bytes: expected a positive size, got {packed_buffer_size_bytes}"
+        )
+    if packed_num_buffers < 1:
+        raise ValueError(f"packed_num_buffers: expected at least 1, got {packed_num_buffers}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
+
+
+@dataclass
+class NCCLTrainerInitInfo(TrainerInitInfo):
+    """Trainer settings of the ``nccl`` engine.
+
+    ``world_size`` counts every rank of the transfer group: the sender (trainer rank 0) plus
+    every inference worker, which join as ranks ``1 .. world_size - 1``. ``device`` is where
+    the sender stages its buckets; with ``transport="auto"`` it also picks the transport
+    (NCCL for ``cuda*``, gloo otherwise). ``torch_num_threads``, when set, is applied with
+    ``torch.set_num_threads`` in the sender: on small hosts torch's busy-waiting worker
+    threads starve gloo's network threads (see PERF_NOTES), so transfer-only processes
+    should use 1. It is ``None`` (leave torch alone) by default because the trainer process
+    also trains.
+    """
+
+    backend: ClassVar[str] = "nccl"
+    master_address: str
+    master_port: int
+    world_size: int
+    packed: bool = True
+    packed_buffer_size_bytes: int = DEFAULT_BUFFER_SIZE
+    packed_num_buffers: int = 2
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    transport: str = "auto"
+    device: str = "cpu"
+    torch_num_threads: int | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_common(
+            master_address=self.master_address,
+            master_port=self.master_port,
+            world_size=self.world_size,
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+            packed_num_buffers=self.packed_num_buffers,
+            timeout_s=self.timeout_s,
+            transport=self.transport,
+        )
+        if self.torch_num_threads is not None and self.torch_num_threads < 1:
+            raise ValueError(
+                f"torch_num_threads: expected None or at least 1, got {self.torch_num_threads}"
+            )
+
+    @property
+    def resolved_transport(self) -> str:
+        return resolve_transport(self.transport, self.device)
+
+    def worker_init_info(self) -> NCCLInitInfo:
+        """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1)."""
+        return NCCLInitInfo(
+            master_address=self.master_address,
+            master_port=self.master_port,
+            rank_offset=1,
+            world_size=self.world_size,
+            packed=self.packed,
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+            packed_num_buffers=self.packed_num_buffers,
+            timeout_s=self.timeout_s,
+            transport=self.resolved_transport,
+        )
+
+
+@dataclass
+class NCCLInitInfo:
+    """The worker's init info (DESIGN §4 names, plus the timeout and the transport).
+
+    ``transport`` defaults to ``auto`` (NCCL if the worker's device is CUDA, else gloo) so a
+    third-party trainer that sends only the vLLM fields still works; the wtcore trainer
+    always sends the transport it resolved, so both ends use the same one.
+    """
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    packed: bool = True
+    packed_buffer_size_bytes: int = DEFAULT_BUFFER_SIZE
+    packed_num_buffers: int = 2
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    transport: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check_common(
+            master_address=self.master_address,
+            master_port=self.master_port,
+            world_size=self.world_size,
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+            packed_num_buffers=self.packed_num_buffers,
+            timeout_s=self.timeout_s,
+            transport=self.transport,
+        )
+        if self.rank_offset < 1:
+            raise ValueError(
+                f"rank_offset: expected at least 1 (rank 0 is the sender), got {self.rank_offset}"
+            )
+
+    def to_wire(self) -> dict[str, Any]:
+        """A JSON-safe dict, as shipped in ``init_weight_transfer_engine``."""
+        return asdict(self)
+
+
+@dataclass
+class NCCLUpdateInfo:
+    """All tensors of one round, in order (DESIGN §4 names); the bytes travel on the group."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    metas: list[ParamMeta] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metas = metas_from_wire(self.names, self.dtype_names, self.shapes)

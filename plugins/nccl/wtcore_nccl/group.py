@@ -1,0 +1,234 @@
+"""The transfer group: its own rendezvous store and process group, never the default group.
+
+Trainers already run FSDP/TP groups of their own, so the transfer group is built directly
+from a ``TCPStore`` (hosted by the sender at ``master_address:master_port``) and a
+``ProcessGroupGloo``/``ProcessGroupNCCL`` object; ``torch.distributed.init_process_group``
+is never called.
+
+Each (re)handshake is one *generation*: the sender bumps a counter in the store and every
+rank builds the group under the prefix of that generation, so a group torn down after a
+failed round never meets the new one. Before the process group is built, every rank records
+its arrival in the store; a rank that waits past the timeout reports which ranks arrived.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from wtcore.errors import TransferError, TransferTimeoutError
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = [
+    "ABORT_KEY",
+    "GENERATION_KEY",
+    "Group",
+    "connect_store",
+    "host_store",
+    "join_group",
+    "release_group",
+]
+
+#: Store key of the handshake counter; the sender bumps it before each handshake.
+GENERATION_KEY = "wtcore/nccl/generation"
+#: Key (under a generation's prefix) the sender sets when it abandons a round.
+ABORT_KEY = "abort"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_POLL_S = 0.01
+
+
+def _td(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+def host_store(address: str, port: int, world_size: int, timeout_s: float) -> Any:
+    """Host the rendezvous store on the sender; a port in use is a clear error."""
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            address, port, world_size, True, timeout=_td(timeout_s), wait_for_workers=False
+        )
+    except RuntimeError as e:
+        text = str(e)
+        if "EADDRINUSE" in text or "already in use" in text:
+            raise TransferError(
+                f"cannot host the nccl rendezvous store at {address}:{port}: the port is "
+                "already in use (pick another master_port)"
+            ) from e
+        raise TransferError(
+            f"cannot host the nccl rendezvous store at {address}:{port}: {text}"
+        ) from e
+
+
+def connect_store(address: str, port: int, timeout_s: float) -> Any:
+    """Connect a worker to the sender's store, waiting at most ``timeout_s``."""
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            address, port, None, False, timeout=_td(timeout_s)
+        )
+    except RuntimeError as e:
+        raise TransferTimeoutError(
+            f"could not reach the nccl rendezvous store at {address}:{port} within "
+            f"{timeout_s:g} s (is the trainer running and is master_address reachable?): {e}"
+        ) from e
+
+
+@dataclass
+class Group:
+    """One generation of the transfer group, as seen by one rank."""
+
+    pg: Any  # ProcessGroupGloo | ProcessGroupNCCL
+    store: Any  # the generation's PrefixStore
+    rank: int
+    world_size: int
+    transport: str
+    generation: int
+
+    def broadcast(self, tensor: torch.Tensor) -> dist.Work:
+        """Start an async broadcast of ``tensor`` from rank 0 (the sender)."""
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.rootTensor = 0
+        if self.pg is None:
+            raise TransferError("the nccl transfer group was closed")
+        work: dist.Work = self.pg.broadcast([tensor], opts)
+        return work
+
+    def set_abort(self, reason: str) -> None:
+        """Tell the other ranks (best effort) that this generation's round was abandoned."""
+        try:
+            self.store.set(ABORT_KEY, reason[:2000])
+        except Exception:  # the store may be gone with the trainer; the wire errors anyway
+            pass
+
+    def abort_reason(self) -> str | None:
+        """The sender's abort reason for this generation, if it set one."""
+        try:
+            if self.store.check([ABORT_KEY]):
+                return bytes(self.store.get(ABORT_KEY)).decode("utf-8", "replace")
+        except Exception:
+            return None
+        return None
+
+
+def _make_pg(
+    transport: str, store: Any, rank: int, world_size: int, address: str, timeout_s: float
+) -> Any:
+    import torch.distributed as dist
+
+    if transport == "gloo":
+        gloo = dist.ProcessGroupGloo
+        opts = gloo._Options()  # type: ignore[attr-defined]
+        opts._timeout = _td(timeout_s)
+        # On loopback, bind gloo to loopback too instead of whatever the hostname resolves to.
+        if address in _LOOPBACK:
+            opts._devices = [gloo.create_device(hostname="127.0.0.1")]
+        else:
+            opts._devices = [gloo.create_default_device()]
+        return gloo(store, rank, world_size, opts)
+    if transport == "nccl":  # pragma: no cover - needs CUDA
+        nccl = dist.ProcessGroupNCCL
+        nopts = nccl.Options()
+        nopts._timeout = _td(timeout_s)
+        return nccl(store, rank, world_size, nopts)
+    raise ValueError(f"transport: expected 'gloo' or 'nccl', got {transport!r}")
+
+
+def join_group(
+    store: Any,
+    *,
+    generation: int,
+    rank: int,
+    world_size: int,
+    transport: str,
+    address: str,
+    port: int,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+) -> Group:
+    """Record this rank's arrival, wait for all ranks, then build the process group.
+
+    ``poll`` runs between short waits (it raises to give up early: the sender uses it to
+    fail fast when the worker RPC was rejected, a worker to notice a shutdown).
+    """
+    import torch.distributed as dist
+
+    gstore = dist.PrefixStore(f"wtcore/nccl/g{generation}/", store)  # type: ignore[attr-defined]
+    if gstore.add(f"arrived/{rank}", 1) != 1:
+        raise TransferError(
+            f"rank {rank} joined the nccl transfer group at {address}:{port} twice "
+            "(two workers configured with the same rank?)"
+        )
+    keys = [f"arrived/{r}" for r in range(world_size)]
+    deadline = time.monotonic() + timeout_s
+    while not gstore.check(keys):
+        if poll is not None:
+            poll()
+        if time.monotonic() >= deadline:
+            arrived = [r for r in range(world_size) if gstore.check([f"arrived/{r}"])]
+            missing = sorted(set(range(world_size)) - set(arrived))
+            raise TransferTimeoutError(
+                f"nccl transfer group at {address}:{port} (world_size {world_size}) did not "
+                f"form within {timeout_s:g} s: ranks {arrived} arrived, ranks {missing} "
+                "never did (is world_size right, and did every worker get the init call?)"
+            )
+        time.sleep(_POLL_S)
+    try:
+        pg = _make_pg(
+            transport,
+            dist.PrefixStore("pg/", gstore),  # type: ignore[attr-defined]
+            rank,
+            world_size,
+            address,
+            timeout_s,
+        )
+    except RuntimeError as e:
+        raise TransferError(
+            f"building the {transport} process group at {address}:{port} "
+            f"(rank {rank} of {world_size}) failed: {e}"
+        ) from e
+    return Group(pg, gstore, rank, world_size, transport, generation)
+
+
+def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> None:
+    """Close ``group`` without blocking the caller.
+
+    gloo closes its connections only when the process group object *and* every ``Work`` of
+    it are gone, and destroying a group waits for its unfinished operations (up to the group
+    timeout). So this drops the group's reference at once when nothing is pending, and
+    otherwise hands the group and its ``pending`` work to a daemon thread that waits for the
+    work to end (when the peer drops its side, or at the group timeout) and then lets go.
+    Callers reach the process group only through :class:`Group`, so this reference is the
+    one that counts.
+    """
+    if group is None or group.pg is None:
+        return
+    pg, group.pg = group.pg, None
+    works = [w for w in pending if not w.is_completed()]
+    if not works:
+        del pg
+        return
+
+    def _reap(pg: Any = pg, works: list[dist.Work] = works) -> None:
+        for w in works:
+            try:
+                w.wait()
+            except Exception:  # the failure was already reported to the user
+                pass
+        works.clear()
+        del pg
+
+    del pg
+    threading.Thread(target=_reap, name="wtcore-nccl-reaper", daemon=True).start()

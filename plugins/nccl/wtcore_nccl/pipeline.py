@@ -1,0 +1,139 @@
+"""Reused bucket buffers and bounded waits on in-flight broadcasts.
+
+Both ends keep ``packed_num_buffers`` ring buffers for regular buckets plus one buffer for
+buckets larger than the buffer size (a tensor bigger than the buffer travels alone), so the
+memory a transfer holds is at most ``buffer size x num_buffers + largest tensor``. Buffers
+live as long as the engine: writing into fresh memory is about 5x slower than into reused
+memory on small hosts (PERF_NOTES).
+
+Each buffer remembers the broadcast that last used it; the next bucket that wants it waits
+for that broadcast first, which is what bounds the number of buckets in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from wtcore.buckets import Bucket
+from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.meta import ParamMeta
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = ["BufferPool", "Slot", "per_tensor_buckets", "wait_work"]
+
+_POLL_S = 0.05
+
+
+def wait_work(
+    work: dist.Work,
+    *,
+    what: str,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+) -> None:
+    """Wait for ``work`` at most ``timeout_s``, running ``poll`` every 50 ms while waiting.
+
+    The wait wakes as soon as the work completes (a future callback), so polling costs no
+    latency. ``poll`` raises to give up early (a rejected RPC, a shutdown).
+    """
+    if not work.is_completed():
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _f: done.set())
+        deadline = time.monotonic() + timeout_s
+        while not done.wait(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
+            if poll is not None:
+                poll()
+            if time.monotonic() >= deadline:
+                raise TransferTimeoutError(f"{what} did not complete within {timeout_s:g} s")
+    try:
+        work.wait()
+    except RuntimeError as e:
+        raise TransferError(f"{what} failed: {e}") from e
+
+
+def per_tensor_buckets(metas: Sequence[ParamMeta]) -> list[Bucket]:
+    """Unpacked mode: every tensor is a message of its own (no packing rule involved)."""
+    return [Bucket(i, (m,), (0,), m.nbytes) for i, m in enumerate(metas)]
+
+
+@dataclass
+class Slot:
+    """One reusable buffer and the broadcast that last used it."""
+
+    buf: torch.Tensor
+    work: dist.Work | None = None
+    label: str = ""
+
+    def view(self, nbytes: int) -> torch.Tensor:
+        return self.buf[:nbytes]
+
+
+@dataclass
+class BufferPool:
+    """``num_buffers`` ring buffers plus one oversize buffer, grown on demand, kept forever."""
+
+    num_buffers: int
+    buffer_size: int
+    device: str = "cpu"
+    ring: list[Slot] = field(default_factory=list)
+    large: Slot | None = None
+    last: Slot | None = None
+    _next: int = 0
+
+    def prepare(self, buckets: Sequence[Bucket]) -> None:
+        """Make sure the buffers fit this round's buckets (allocates only to grow)."""
+        import torch
+
+        regular = max((b.nbytes for b in buckets if b.nbytes <= self.buffer_size), default=0)
+        oversize = max((b.nbytes for b in buckets if b.nbytes > self.buffer_size), default=0)
+        if regular and (not self.ring or self.ring[0].buf.numel() < regular):
+            self.ring = [
+                Slot(torch.empty(regular, dtype=torch.uint8, device=self.device))
+                for _ in range(self.num_buffers)
+            ]
+        if oversize and (self.large is None or self.large.buf.numel() < oversize):
+            self.large = Slot(torch.empty(oversize, dtype=torch.uint8, device=self.device))
+        self._next = 0
+
+    def slot_for(self, bucket: Bucket) -> Slot:
+        """The buffer the next bucket uses (buckets must be asked for in order)."""
+        if bucket.nbytes > self.buffer_size:
+            assert self.large is not None, "prepare() was not called for this round"
+            slot = self.large
+        else:
+            slot = self.ring[self._next % len(self.ring)]
+            self._next += 1
+        self.last = slot
+        return slot
+
+    def slot_for_last(self) -> Slot:
+        """The slot handed out by the latest :meth:`slot_for`."""
+        assert self.last is not None
+        return self.last
+
+    def _slots(self) -> list[Slot]:
+        return [*self.ring, *([self.large] if self.large is not None else [])]
+
+    def busy_slots(self) -> list[Slot]:
+        """Slots whose last broadcast may still be running."""
+        return [s for s in self._slots() if s.work is not None]
+
+    def pending(self) -> list[dist.Work]:
+        """Broadcasts that may still use a buffer."""
+        return [s.work for s in self._slots() if s.work is not None]
+
+    def forget_work(self) -> None:
+        for s in self._slots():
+            s.work = None
+        self.last = None
+
+    def nbytes(self) -> int:
+        """Bytes held by the pool (for memory accounting)."""
+        return sum(s.buf.numel() for s in self._slots())

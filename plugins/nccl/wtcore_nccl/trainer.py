@@ -1,0 +1,316 @@
+"""The sender: packs buckets into reused buffers and broadcasts them, pipelined.
+
+DESIGN §5: every worker RPC (the init handshake and the round's single ``update_weights``)
+runs on a helper thread while this thread joins the group or broadcasts, because both block
+until the other side takes part. Every wait polls the RPC, so a rejected call fails the
+round at once; the helper thread is never joined on the error path.
+
+Any failure inside a round tears the group down (a half-finished sequence of broadcasts
+cannot be resumed safely) and the next ``send_weights`` runs the handshake again.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from wtcore.buckets import as_bytes, pack_source, plan_buckets
+from wtcore.concurrency import BackgroundCall
+from wtcore.errors import MetadataMismatchError, TransferError
+from wtcore.meta import metas_to_wire
+from wtcore.source import iter_checked
+from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+from wtcore_nccl.config import NCCLTrainerInitInfo
+from wtcore_nccl.group import GENERATION_KEY, Group, host_store, join_group, release_group
+from wtcore_nccl.pipeline import BufferPool, wait_work
+from wtcore_nccl.status import host_status
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from wtcore.buckets import Bucket
+    from wtcore.client import WeightSyncClient
+    from wtcore.meta import ParamMeta
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
+
+__all__ = ["NCCLTrainerEngine"]
+
+#: After a failure, how long the sender waits for the worker RPC to report its side.
+_ERROR_GRACE_S = 5.0
+
+
+def _fail_fast(rpc: BackgroundCall[Any]) -> Any:
+    def poll() -> None:
+        err = rpc.error
+        if err is not None:
+            raise err
+
+    return poll
+
+
+class NCCLTrainerEngine(TrainerWeightTransferEngine):
+    """Trainer half of the ``nccl`` engine (see the module docstring)."""
+
+    init_info_cls = NCCLTrainerInitInfo
+
+    def __init__(
+        self,
+        init_info: TrainerInitInfo,
+        *,
+        client: WeightSyncClient | None,
+        source: WeightSource | None,
+    ) -> None:
+        super().__init__(init_info, client=client, source=source)
+        assert isinstance(init_info, NCCLTrainerInitInfo)
+        self.info: NCCLTrainerInitInfo = init_info
+        self._store: Any = None
+        self._group: Group | None = None
+        self._pool = BufferPool(
+            init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, init_info.device
+        )
+
+    @classmethod
+    def host_status(cls) -> str:
+        return host_status()
+
+    @classmethod
+    def trainer_init(
+        cls,
+        init_info: TrainerInitInfo,
+        *,
+        client: WeightSyncClient | None,
+        source: WeightSource | None = None,
+    ) -> NCCLTrainerEngine:
+        if not isinstance(init_info, NCCLTrainerInitInfo):
+            raise TypeError(f"expected NCCLTrainerInitInfo, got {type(init_info).__name__}")
+        engine = cls(init_info, client=client, source=source)
+        if not init_info.is_sender:
+            return engine  # non-sender ranks never touch the client or the group
+        if client is None:
+            raise ValueError("trainer_init: the sender (rank 0) needs a client")
+        if init_info.torch_num_threads is not None:
+            import torch
+
+            torch.set_num_threads(init_info.torch_num_threads)
+        engine._store = host_store(
+            init_info.master_address,
+            init_info.master_port,
+            init_info.world_size,
+            init_info.timeout_s,
+        )
+        try:
+            engine._handshake()
+        except BaseException:
+            engine.shutdown()
+            raise
+        return engine
+
+    # ------------------------------------------------------------------ handshake
+    def _handshake(self) -> None:
+        """Start a new generation: ship the worker init info while joining the group."""
+        assert self.client is not None and self._store is not None
+        info = self.info
+        release_group(self._group)
+        self._group = None
+        generation = int(self._store.add(GENERATION_KEY, 1))
+        rpc = BackgroundCall(
+            self.client.init_weight_transfer_engine,
+            info.worker_init_info().to_wire(),
+            name="init_weight_transfer_engine",
+        )
+        group = join_group(
+            self._store,
+            generation=generation,
+            rank=0,
+            world_size=info.world_size,
+            transport=info.resolved_transport,
+            address=info.master_address,
+            port=info.master_port,
+            timeout_s=info.timeout_s,
+            poll=_fail_fast(rpc),
+        )
+        try:
+            rpc.result(info.timeout_s)
+        except BaseException:
+            release_group(group)
+            raise
+        self._group = group
+
+    # ------------------------------------------------------------------ one round
+    def _send(self, source: WeightSource, stats: TransferStats) -> None:
+        assert self.client is not None
+        if self._store is None:
+            raise RuntimeError("NCCLTrainerEngine: the sender was shut down")
+        if self._group is None:
+            with stats.phase("control"):
+                self._handshake()
+        group = self._group
+        assert group is not None
+        metas = source.metadata()
+        stats.num_tensors = len(metas)
+        stats.num_bytes = sum(m.nbytes for m in metas)
+        try:
+            with stats.phase("control"):
+                self.client.start_weight_update()
+            rpc = BackgroundCall(
+                self.client.update_weights, metas_to_wire(metas), name="update_weights"
+            )
+        except BaseException:
+            self._close_group(None)
+            raise
+        inflight: deque[tuple[dist.Work, str, Any]] = deque()
+        try:
+            if self.info.packed:
+                self._send_packed(group, source, metas, stats, _fail_fast(rpc))
+            else:
+                self._send_unpacked(group, source, metas, stats, _fail_fast(rpc), inflight)
+            with stats.phase("control"):
+                rpc.result(self.info.timeout_s)
+        except BaseException as e:
+            cause = self._abort(e, rpc, [w for w, _, _ in inflight])
+            inflight.clear()
+            if cause is not None:
+                raise cause from e
+            raise
+        with stats.phase("control"):
+            self.client.finish_weight_update(stats.weight_version)
+
+    def _send_packed(
+        self,
+        group: Group,
+        source: WeightSource,
+        metas: list[ParamMeta],
+        stats: TransferStats,
+        poll: Any,
+    ) -> None:
+        import torch
+
+        pool = self._pool
+        buckets = plan_buckets(metas, self.info.packed_buffer_size_bytes)
+        pool.prepare(buckets)
+        empty = torch.empty(0, dtype=torch.uint8, device=self.info.device)
+        timeout = self.info.timeout_s
+
+        def buffer_for(bucket: Bucket) -> torch.Tensor:
+            if bucket.nbytes == 0:
+                return empty
+            slot = pool.slot_for(bucket)
+            if slot.work is not None:
+                with stats.phase("wire"):
+                    wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
+                slot.work = None
+            return slot.buf
+
+        for bucket, filled in pack_source(source, metas, buckets, buffer_for, stats):
+            stats.num_buckets += 1
+            if bucket.nbytes == 0:
+                continue  # both ends skip empty buckets
+            slot = pool.slot_for_last()
+            with stats.phase("wire"):
+                slot.work = group.broadcast(filled)
+            slot.label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
+        with stats.phase("wire"):
+            for slot in pool.busy_slots():
+                assert slot.work is not None
+                wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
+                slot.work = None
+
+    def _send_unpacked(
+        self,
+        group: Group,
+        source: WeightSource,
+        metas: list[ParamMeta],
+        stats: TransferStats,
+        poll: Any,
+        inflight: deque[tuple[dist.Work, str, Any]],
+    ) -> None:
+        import torch
+
+        timeout = self.info.timeout_s
+        device = self.info.device
+        it = iter_checked(source, metas)
+        while True:
+            with stats.phase("materialize"):
+                item = next(it, None)
+            if item is None:
+                break
+            meta, t = item
+            stats.num_buckets += 1
+            if meta.nbytes == 0:
+                continue
+            t = t.detach()
+            data = as_bytes(t if t.device == torch.device(device) else t.to(device))
+            while len(inflight) >= self.info.packed_num_buffers:
+                with stats.phase("wire"):
+                    wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
+                inflight.popleft()
+            with stats.phase("wire"):
+                work = group.broadcast(data)
+            # The tensor must stay alive until its broadcast completes.
+            inflight.append((work, f"broadcast of {meta.name!r} ({meta.nbytes} bytes)", data))
+            del t, data
+        with stats.phase("wire"):
+            while inflight:
+                wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
+                inflight.popleft()
+
+    # ------------------------------------------------------------------ failure path
+    def _abort(
+        self, error: BaseException, rpc: BackgroundCall[Any], inflight: list[dist.Work]
+    ) -> BaseException | None:
+        """Drain what is in flight (bounded), tear the group down, find the root cause.
+
+        Returns the worker RPC's error when the local error is only its echo on the wire
+        (a worker rejected the update, so our broadcast failed), else ``None``.
+        """
+        group = self._group
+        self._group = None
+        if group is not None:
+            group.set_abort(f"{type(error).__name__}: {error}")
+        pending = [*inflight, *self._pool.pending()]
+        t0 = time.monotonic()
+
+        def give_up_when_rpc_ended() -> None:
+            if rpc.done() and time.monotonic() - t0 > 1.0:
+                raise TransferError("worker RPC ended; not draining further")
+
+        for work in pending:
+            try:
+                wait_work(
+                    work,
+                    what="draining",
+                    timeout_s=max(0.0, self.info.timeout_s - (time.monotonic() - t0)),
+                    poll=give_up_when_rpc_ended,
+                )
+            except Exception:
+                break
+        self._pool.forget_work()
+        release_group(group, pending)
+        del pending, group
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)  # drop frame refs to the group's work
+        # Let the workers end their side (they see the group close), so that when
+        # send_weights raises, every receiver has ended the round too.
+        rpc.wait(min(_ERROR_GRACE_S, self.info.timeout_s))
+        if (
+            not isinstance(error, MetadataMismatchError)
+            and rpc.error is not None
+            and rpc.error is not error
+        ):
+            return rpc.error
+        return None
+
+    def _close_group(self, pending: list[dist.Work] | None) -> None:
+        group, self._group = self._group, None
+        release_group(group, pending or self._pool.pending())
+        self._pool.forget_work()
+
+    def shutdown(self) -> None:
+        """Release the group, the store and the buffers. Idempotent."""
+        self._close_group(None)
+        self._store = None
+        super().shutdown()

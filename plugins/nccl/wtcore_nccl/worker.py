@@ -1,0 +1,240 @@
+"""The receiver: joins the transfer group, receives buckets into reused buffers, loads views.
+
+Receives are posted ahead, in bucket order, into ``packed_num_buffers`` reused buffers, so
+the next bucket is on the wire while the sink copies the current one. Every wait is bounded
+by the timeout and polls for a shutdown and for the sender's abort notice, so a trainer
+that abandons a round (a metadata mismatch, a crash) ends this worker's ``update_weights``
+with an error instead of leaving it blocked. After a failed round the group is dropped; the
+trainer runs the init handshake again before its next round.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from wtcore.buckets import plan_buckets, unpack_bucket
+from wtcore.engine import WeightTransferConfig, WeightTransferEngine
+from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
+from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group, release_group
+from wtcore_nccl.pipeline import BufferPool, Slot, per_tensor_buckets, wait_work
+from wtcore_nccl.status import host_status
+
+if TYPE_CHECKING:
+    from wtcore.sink import WeightSink
+
+__all__ = ["WORKER_OPTIONS", "NCCLWorkerEngine"]
+
+#: Worker-local options (``WeightTransferConfig.options``); nothing here must match the trainer.
+WORKER_OPTIONS: tuple[str, ...] = ("torch_num_threads",)
+#: How often (in polls of 50 ms) a waiting receiver asks the store whether the sender gave up.
+_ABORT_CHECK_EVERY = 4
+
+
+class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
+    """Worker half of the ``nccl`` engine (see the module docstring).
+
+    Option ``torch_num_threads`` (in the worker's config) calls ``torch.set_num_threads``
+    at init; 1 is best for transfer-only processes on small hosts (PERF_NOTES).
+    """
+
+    init_info_cls = NCCLInitInfo
+    update_info_cls = NCCLUpdateInfo
+
+    def __init__(
+        self,
+        config: WeightTransferConfig,
+        *,
+        sink: WeightSink,
+        device: str = "cpu",
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__(config, sink=sink, device=device, rank=rank, world_size=world_size)
+        unknown = sorted(set(config.options) - set(WORKER_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"nccl worker options: unknown {', '.join(map(repr, unknown))}; "
+                f"valid options: {', '.join(WORKER_OPTIONS)}"
+            )
+        threads = config.options.get("torch_num_threads")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"torch_num_threads: expected a positive int, got {threads!r}")
+        self._threads: int | None = threads
+        self._init: NCCLInitInfo | None = None
+        self._store: Any = None
+        self._group: Group | None = None
+        self._pool: BufferPool | None = None
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._receiving = False
+        self._polls = 0
+
+    @classmethod
+    def host_status(cls) -> str:
+        return host_status()
+
+    # ------------------------------------------------------------------ init
+    def init_transfer_engine(self, init_info: NCCLInitInfo) -> None:
+        group_rank = init_info.rank_offset + self.rank
+        if group_rank >= init_info.world_size:
+            raise PayloadError(
+                f"init_info.world_size: {init_info.world_size} is too small: worker rank "
+                f"{self.rank} at rank_offset {init_info.rank_offset} would be group rank "
+                f"{group_rank}"
+            )
+        transport = resolve_transport(init_info.transport, self.device)
+        if transport == "nccl" and not str(self.device).startswith("cuda"):
+            raise PayloadError(
+                f"init_info.transport: 'nccl' needs a CUDA device, this worker's device is "
+                f"{self.device!r}"
+            )
+        self._release()
+        self._closing.clear()
+        if self._threads is not None:
+            import torch
+
+            torch.set_num_threads(self._threads)
+        addr, port, timeout = init_info.master_address, init_info.master_port, init_info.timeout_s
+        store = connect_store(addr, port, timeout)
+        try:
+            generation = int(store.get(GENERATION_KEY))
+        except RuntimeError as e:
+            raise TransferTimeoutError(
+                f"the nccl rendezvous store at {addr}:{port} announced no handshake within "
+                f"{timeout:g} s: {e}"
+            ) from e
+        group = join_group(
+            store,
+            generation=generation,
+            rank=group_rank,
+            world_size=init_info.world_size,
+            transport=transport,
+            address=addr,
+            port=port,
+            timeout_s=timeout,
+            poll=self._check_closing,
+        )
+        self._store, self._group, self._init = store, group, init_info
+        self._pool = BufferPool(
+            init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, self.device
+        )
+
+    def _check_closing(self) -> None:
+        if self._closing.is_set():
+            raise TransferError("nccl worker engine was shut down")
+
+    def _poll(self) -> None:
+        """Between short waits: stop on shutdown, or when the sender abandoned the round."""
+        self._check_closing()
+        self._polls += 1
+        if self._polls % _ABORT_CHECK_EVERY == 0 and self._group is not None:
+            reason = self._group.abort_reason()
+            if reason is not None:
+                raise TransferError(f"the trainer abandoned the round: {reason}")
+
+    # ------------------------------------------------------------------ rounds
+    def start_weight_update(self) -> None:
+        if self._group is None:
+            raise TransferError(
+                "nccl worker has no transfer group (init_weight_transfer_engine was not "
+                "called, or a failed round dropped it); the trainer must re-initialize"
+            )
+
+    def receive_weights(self, update_info: NCCLUpdateInfo) -> None:
+        with self._lock:
+            group, pool, info = self._group, self._pool, self._init
+            if group is None or pool is None or info is None:
+                raise TransferError(
+                    "nccl worker has no transfer group; call init_weight_transfer_engine again"
+                )
+            self._receiving = True
+        try:
+            self._receive(group, pool, info, update_info)
+        except BaseException as e:
+            replacement = self._drop_after_failure(e)
+            if replacement is not None:
+                raise replacement from e
+            raise
+        finally:
+            with self._lock:
+                self._receiving = False
+            if self._closing.is_set():
+                self._release()
+
+    def _receive(
+        self, group: Group, pool: BufferPool, info: NCCLInitInfo, update: NCCLUpdateInfo
+    ) -> None:
+        import torch
+
+        metas = update.metas
+        if info.packed:
+            buckets = plan_buckets(metas, info.packed_buffer_size_bytes)
+        else:
+            buckets = per_tensor_buckets(metas)
+        pool.prepare(buckets)
+        slots: list[Slot | None] = [pool.slot_for(b) if b.nbytes else None for b in buckets]
+        empty = torch.empty(0, dtype=torch.uint8, device=self.device)
+        n, posted = len(buckets), 0
+        for i, bucket in enumerate(buckets):
+            # Post receives ahead, in bucket order, while the next bucket's buffer is free.
+            while posted < n:
+                nxt = slots[posted]
+                if nxt is not None:
+                    if nxt.work is not None:
+                        break
+                    nbytes = buckets[posted].nbytes
+                    nxt.work = group.broadcast(nxt.view(nbytes))
+                    nxt.label = f"receive of bucket {posted} ({nbytes} bytes)"
+                posted += 1
+            slot = slots[i]
+            buf = empty
+            if slot is not None:
+                assert slot.work is not None
+                wait_work(slot.work, what=slot.label, timeout_s=info.timeout_s, poll=self._poll)
+                buf = slot.buf
+            # The sink copies what it keeps (WeightSink contract), so the buffer is free after.
+            self.sink.load_weights(list(unpack_bucket(bucket, buf)))
+            if slot is not None:
+                slot.work = None
+
+    def _drop_after_failure(self, error: BaseException) -> BaseException | None:
+        """A half-received sequence cannot be resumed: drop the group (never blocking).
+
+        Returns a clearer error when the wire failed because the trainer gave up.
+        """
+        with self._lock:
+            group, self._group = self._group, None
+            pending = self._pool.pending() if self._pool is not None else []
+            if self._pool is not None:
+                self._pool.forget_work()
+        replacement: BaseException | None = None
+        if group is not None and isinstance(error, TransferError):
+            reason = group.abort_reason()
+            if reason is not None and "abandoned" not in str(error):
+                replacement = TransferError(f"the trainer abandoned the round: {reason}")
+        release_group(group, pending)
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)  # drop frame refs to the group's work
+        return replacement
+
+    # ------------------------------------------------------------------ teardown
+    def _release(self) -> None:
+        with self._lock:
+            group, self._group = self._group, None
+            pending = self._pool.pending() if self._pool is not None else []
+            if self._pool is not None:
+                self._pool.forget_work()
+            self._store = None
+        release_group(group, pending)
+
+    def shutdown(self) -> None:
+        """Drop the group and the store; a receive in progress ends with an error. Idempotent."""
+        self._closing.set()
+        with self._lock:
+            if self._receiving:
+                return  # the receiving thread sees the flag within 50 ms and releases
+        self._release()
+        self._pool = None
