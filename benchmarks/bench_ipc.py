@@ -203,8 +203,10 @@ def main() -> None:
     if not args.skip_file:
         results["file"] = bench_file(state, args.rounds)
     gbps = {k: nbytes / s / 1e9 for k, s in results.items()}
-    print(f"model: {nbytes / 2**30:.3f} GiB in {len(state)} tensors; ipc buffer {buffer} B "
-          f"x {args.num_buffers}; median of {args.rounds} rounds")
+    print(
+        f"model: {nbytes / 2**30:.3f} GiB in {len(state)} tensors; ipc buffer {buffer} B "
+        f"x {args.num_buffers}; median of {args.rounds} rounds"
+    )
     for k, v in gbps.items():
         print(f"  {k:7s} {v:7.2f} GB/s  ({results[k] * 1e3:8.1f} ms)")
     ratios = {"ipc_vs_memcpy": gbps["ipc"] / gbps["memcpy"]}
