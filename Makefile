@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e . $(addprefix -e ,$(dir $(PLUGINS)))
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e '.[bench]' $(addprefix -e ,$(dir $(PLUGINS)))
 	touch $(STAMP)
 
 demo: $(STAMP)

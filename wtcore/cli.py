@@ -46,6 +46,35 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--receivers", type=int, default=2)
     d.set_defaults(func=_cmd_demo)
 
+    b = sub.add_parser(
+        "bench",
+        help="sync a synthetic model to receivers it starts, verify, and measure against limits",
+    )
+    b.add_argument("--backend", default="local", help="engine name (default: local)")
+    b.add_argument("--client", default="inproc", help="inproc, http, ray (default: inproc)")
+    b.add_argument("--receivers", type=int, default=2, help="number of receivers (default 2)")
+    b.add_argument("--size", type=_size, default=_size("64MiB"), help="model size (default 64MiB)")
+    b.add_argument("--tensors", type=int, default=100, help="number of tensors (default 100)")
+    b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--rounds", type=int, default=3, help="rounds per configuration (default 3)")
+    b.add_argument(
+        "--buffer-size",
+        default="",
+        help="bucket buffer size, or a comma-separated list to sweep (default: the engine's)",
+    )
+    b.add_argument(
+        "--baselines",
+        default="auto",
+        choices=["auto", "all", "none"],
+        help="limits and naive baselines to measure (auto: those relevant to the backend)",
+    )
+    b.add_argument("--transactional", action="store_true", help="receivers stage each round")
+    b.add_argument("--timeout", type=float, default=300.0, help="seconds per call (default 300)")
+    b.add_argument("--json", metavar="PATH", help="write the full record as JSON")
+    b.add_argument("--plot", metavar="PATH", help="write a PNG of GB/s against buffer size")
+    b.add_argument("--corrupt-round", type=int, default=None, help=argparse.SUPPRESS)
+    b.set_defaults(func=_cmd_bench)
+
     get_plugin_manager().hook.wtcore_add_commands(subparsers=sub)
     return parser
 
@@ -57,10 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    from wtcore.errors import WtcoreError
+
     try:
         code = func(args)
     except KeyboardInterrupt:
         return 130
+    except WtcoreError as e:  # expected failures get one clear line, not a traceback
+        print(f"wtcore {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return int(code or 0)
 
 
@@ -116,6 +150,38 @@ def _host_status(registry: Any, name: str) -> str:
         return str(status())
     except Exception as e:
         return f"unknown ({type(e).__name__}: {e})"
+
+
+# ---------------------------------------------------------------------- bench
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from wtcore.bench import BenchOptions, run_bench
+    from wtcore.bench.report import print_table, write_json, write_plot
+
+    if args.receivers < 1 or args.rounds < 1:
+        print("wtcore bench: --receivers and --rounds must be at least 1", file=sys.stderr)
+        return 2
+    buffers = [_size(x) for x in args.buffer_size.split(",") if x.strip()]
+    opts = BenchOptions(
+        backend=args.backend,
+        client=args.client,
+        receivers=args.receivers,
+        size_bytes=args.size,
+        num_tensors=args.tensors,
+        dtype=args.dtype,
+        rounds=args.rounds,
+        buffer_sizes=buffers,
+        baselines=args.baselines,
+        transactional=args.transactional,
+        timeout_s=args.timeout,
+        corrupt_round=args.corrupt_round,
+    )
+    record = run_bench(opts)
+    print_table(record, sys.stdout)
+    if args.json:
+        write_json(record, args.json)
+    if args.plot:
+        write_plot(record, args.plot)
+    return 0 if record["ok"] else 1
 
 
 # ---------------------------------------------------------------------- demo

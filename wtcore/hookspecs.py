@@ -34,6 +34,19 @@ def wtcore_update_failed(engine: Any, weight_version: str | None, error: BaseExc
     """A round failed with ``error`` (re-raised to the caller after the hooks ran)."""
 
 
+@hookspec(firstresult=True)
+def wtcore_launch_receivers(
+    client: str, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
+) -> Any:
+    """Start ``count`` receivers reachable by client ``client`` for ``wtcore bench``.
+
+    Return a :class:`wtcore.bench.ReceiverFleet` (a ``client`` attribute with ``checksums()``,
+    ``pids()`` and ``close()``), or ``None`` if ``client`` is not yours. Each receiver hosts
+    ``model.build_zeros()`` with worker engine ``backend``, rank ``i`` of ``count``; ``options``
+    are extra ``WeightSyncWorker`` keyword arguments (e.g. ``transactional``).
+    """
+
+
 @hookspec
 def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``wtcore`` subcommands; set ``func`` (``args -> int``) with ``set_defaults``."""

@@ -1,0 +1,91 @@
+"""``wtcore bench`` end to end with in-process receivers: schema, verification, clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WTCORE = str(Path(sys.executable).with_name("wtcore"))
+
+
+def _shm_entries() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("wtcore-bench-")}
+
+
+def _bench(*args: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            WTCORE,
+            "bench",
+            "--size",
+            "1MiB",
+            "--tensors",
+            "30",
+            "--rounds",
+            "2",
+            "--json",
+            str(out_json),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    record = json.loads(out_json.read_text()) if out_json.exists() else {}
+    return proc, record
+
+
+@pytest.mark.timeout(300)
+def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
+    before = _shm_entries()
+    proc, record = _bench("--baselines", "all", "--buffer-size", "64KiB,256KiB", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert record["ok"] is True
+    assert set(record) >= {
+        "host",
+        "versions",
+        "settings",
+        "limits_gbps",
+        "runs",
+        "ratios",
+        "best_median_gbps",
+    }
+    assert record["versions"]["wtcore"] and record["versions"]["torch"].startswith("2.13")
+    assert record["settings"]["backend"] == "local" and record["settings"]["receivers"] == 2
+    assert set(record["limits_gbps"]) == {"memcpy", "file", "raw_gloo", "per_tensor", "shm_copy"}
+    assert all(v > 0 for v in record["limits_gbps"].values())
+    assert [r["buffer_size"] for r in record["runs"]] == [64 << 10, 256 << 10]
+    for run in record["runs"]:
+        assert len(run["rounds"]) == 2
+        for r in run["rounds"]:
+            assert r["verified"] is True and r["mismatched_tensors"] == [0, 0]
+            assert r["num_tensors"] == record["settings"]["model_tensors"]
+            assert set(r["phases"]) == {"materialize", "pack", "wire", "load", "control"}
+            assert r["gbps"] > 0 and r["num_buckets"] >= 1
+    assert run["rounds"][0]["num_buckets"] < record["runs"][0]["rounds"][0]["num_buckets"]
+    assert "OK: every receiver verified bit-exact" in proc.stdout
+    assert "raw gloo broadcast" in proc.stdout
+    assert _shm_entries() == before  # no segment left behind
+
+
+@pytest.mark.timeout(300)
+def test_corrupted_receiver_fails_the_run(tmp_path: Path) -> None:
+    proc, record = _bench("--baselines", "none", "--corrupt-round", "1", tmp_path=tmp_path)
+    assert proc.returncode == 1
+    assert record["ok"] is False
+    rounds = record["runs"][0]["rounds"]
+    assert rounds[0]["verified"] is True
+    assert rounds[1]["verified"] is False and rounds[1]["mismatched_tensors"] == [1, 0]
+    assert "FAILED: a receiver does not match the trainer" in proc.stdout
+
+
+def test_unknown_client_is_a_clear_error(tmp_path: Path) -> None:
+    proc, _ = _bench("--client", "htp", "--baselines", "none", tmp_path=tmp_path)
+    assert proc.returncode != 0
+    assert "unknown client 'htp'" in proc.stderr

@@ -1,0 +1,99 @@
+"""Print the bench record as a table, and write it as JSON or a PNG plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+from wtcore.stats import PHASES
+from wtcore.units import format_size
+
+__all__ = ["print_table", "write_json", "write_plot"]
+
+_LIMIT_LABELS = {
+    "memcpy": "single-thread memcpy",
+    "raw_gloo": "raw gloo broadcast",
+    "shm_copy": "one copy out of shared memory",
+    "per_tensor": "per-tensor broadcast + control call",
+    "file": "torch.save -> torch.load -> copy",
+}
+
+
+def _mib(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def print_table(record: dict[str, Any], out: TextIO) -> None:
+    s = record["settings"]
+    out.write(
+        f"wtcore bench: backend {s['backend']}, client {s['client']}, "
+        f"{s['receivers']} receiver(s), {format_size(s['model_bytes'])} in "
+        f"{s['model_tensors']} {s['dtype']} tensors, {s['rounds']} round(s)\n\n"
+    )
+    phase_cols = "".join(f"{p[:6]:>8}" for p in PHASES)
+    for run in record["runs"]:
+        buf = "engine default" if run["buffer_size"] is None else format_size(run["buffer_size"])
+        out.write(f"buffer: {buf}\n")
+        out.write(f"{'round':>5} {'seconds':>8} {'GB/s':>7}{phase_cols}")
+        out.write(f" {'trainer+MiB':>11} {'recv+MiB':>9}  verified\n")
+        for i, r in enumerate(run["rounds"]):
+            phases = "".join(f"{r['phases'][p]:8.3f}" for p in PHASES)
+            recv = max((m for m in r["receivers_extra_mib"] if m is not None), default=None)
+            verdict = "yes" if r["verified"] else f"NO: {r['mismatched_tensors']}"
+            out.write(f"{i:>5} {r['seconds']:8.3f} {r['gbps']:7.2f}{phases}")
+            out.write(f" {_mib(r['trainer_extra_mib']):>11} {_mib(recv):>9}  {verdict}\n")
+        out.write(f"{'median':>5} {run['median_seconds']:8.3f} {run['median_gbps']:7.2f}\n\n")
+    limits = record["limits_gbps"]
+    if limits:
+        out.write("measured in this run          GB/s   wtcore (best median) vs it\n")
+        for name, gbps in limits.items():
+            ratio = record["ratios"].get(name)
+            rel = (
+                "-"
+                if ratio is None
+                else (f"{ratio:.2f}x" if ratio < 1.5 else f"{ratio:.1f}x faster")
+            )
+            out.write(f"  {_LIMIT_LABELS.get(name, name):<36} {gbps:6.2f}   {rel}\n")
+    out.write(
+        "\nOK: every receiver verified bit-exact\n"
+        if record["ok"]
+        else "\nFAILED: a receiver does not match the trainer\n"
+    )
+
+
+def write_json(record: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def write_plot(record: dict[str, Any], path: str | Path) -> None:
+    """GB/s against buffer size (one point per ``--buffer-size``), with the limits as lines."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError("--plot needs matplotlib: pip install 'wtcore[plot]'") from e
+    runs = record["runs"]
+    xs = [r["buffer_size"] or 0 for r in runs]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(
+        [x / 2**20 for x in xs],
+        [r["median_gbps"] for r in runs],
+        "o-",
+        label=record["settings"]["backend"],
+    )
+    for name, gbps in record["limits_gbps"].items():
+        ax.axhline(gbps, linestyle="--", linewidth=1, label=_LIMIT_LABELS.get(name, name))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("buffer size (MiB)")
+    ax.set_ylabel("GB/s (median)")
+    settings = record["settings"]
+    ax.set_title(
+        f"wtcore bench: {format_size(settings['model_bytes'])}, {settings['receivers']} receiver(s)"
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
