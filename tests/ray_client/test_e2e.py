@@ -11,7 +11,7 @@ import torch
 from wtcore import CLIENTS, ENGINES, TRAINER_ENGINES, ReceiverError, TensorSource, WeightSyncClient
 from wtcore.config import build_client, trainer_from_config
 from wtcore.digest import digest_named
-from wtcore.testing import RecordingClient
+from wtcore.testing import RecordingClient, free_port
 from wtcore_ray_client import RayWeightSyncClient, launch_receivers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
@@ -37,7 +37,20 @@ def _installed(backend: str) -> bool:
 BACKENDS = {
     "local": {"buffer_size_bytes": 8 << 10},
     "ipc": {"packed_buffer_size_bytes": 8 << 10, "device": "cpu", "timeout_s": 60},
+    # gloo on CPU; the driver is rank 0 and hosts the rendezvous, the actors are ranks 1, 2.
+    "nccl": {"packed_buffer_size_bytes": 8 << 10, "world_size": 3, "timeout_s": 60},
 }
+
+
+def _config(backend: str) -> dict[str, Any]:
+    import ray
+
+    config = {"backend": backend, **BACKENDS[backend]}
+    if backend == "nccl":
+        # The multi-node recipe (docs/ray.md): the trainer node's IP as Ray sees it.
+        config["master_address"] = ray.util.get_node_ip_address()
+        config["master_port"] = free_port()
+    return config
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -57,8 +70,9 @@ def test_two_actors_several_rounds(ray_cluster: None, kit: Any, backend: str) ->
     try:
         client = RecordingClient(RayWeightSyncClient(handles, timeout_s=60))
         assert isinstance(client.inner, WeightSyncClient)
-        config = {"backend": backend, **BACKENDS[backend]}
-        with trainer_from_config(config, client=client, source=TensorSource(state)) as trainer:
+        with trainer_from_config(
+            _config(backend), client=client, source=TensorSource(state)
+        ) as trainer:
             for step in range(3):
                 bump(state, step)
                 stats = trainer.send_weights(weight_version=f"step-{step}")

@@ -17,11 +17,13 @@ import torch
 
 from wtcore import PayloadError, ReceiverError, TensorSource, WeightSource
 from wtcore.buckets import max_bucket_nbytes, pack_source, plan_buckets
+from wtcore.config import trainer_from_config
 from wtcore.digest import digest_named
 from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.local import LocalTrainerInitInfo
 from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.stats import TransferStats
+from wtcore.testing import free_port
 from wtcore_ray_client import RayWeightSyncClient, launch_receivers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
@@ -197,3 +199,50 @@ def test_broken_sink_factory_fails_at_launch(ray_cluster: None) -> None:
         "RuntimeError: model weights not found at /models/x"
         for f in ei.value.failures
     )
+
+
+def test_actor_killed_mid_broadcast_nccl_engine(ray_cluster: None, kit: Any) -> None:
+    """The gloo group loses a peer mid-round: the trainer learns it at once, naming the actor."""
+    import ray
+
+    from wtcore import ENGINES
+
+    if "nccl" not in ENGINES.names():
+        pytest.skip("wtcore-nccl is not installed")
+    state = kit.make_state(SEED)
+    sink = functools.partial(kit.module_sink, SEED)
+    with launch_receivers(2, "nccl", sink, num_cpus=0, name_prefix="wtcore-nkill") as group:
+        timeout_s = 30.0
+        config: dict[str, Any] = {
+            "backend": "nccl",
+            "master_address": ray.util.get_node_ip_address(),
+            "master_port": free_port(),
+            "world_size": 1 + len(group),
+            "packed_buffer_size_bytes": 4 << 10,
+            "timeout_s": 15,
+        }
+        with trainer_from_config(config, client=group.client(timeout_s=timeout_s)) as trainer:
+            trainer.send_weights(TensorSource(state), weight_version="good")
+            t0 = time.monotonic()
+            with pytest.raises(ReceiverError) as ei:
+                trainer.send_weights(
+                    KillingSource(TensorSource(state), group.handles[1], after=5),
+                    weight_version="bad",
+                )
+            assert time.monotonic() - t0 < timeout_s
+        by_actor = {f.receiver: f for f in ei.value.failures}
+        victim = by_actor[group.labels[1]]
+        assert victim.error_type == "ActorDiedError" and "ray.kill" in victim.message
+        assert "name=wtcore-nkill-1" in victim.receiver
+        # The survivor lost its round (the broadcast broke) and says so, keeping "good".
+        survivor = RayWeightSyncClient(group.handles[:1], timeout_s=timeout_s)
+        [s] = survivor.weight_info()
+        assert s["weight_version"] == "good" and s["state"] == "idle"
+        assert s["consistent"] is False and s["rounds_failed"] == 1
+        # Recovery: a new transfer group over the survivor alone.
+        config.update(world_size=2, master_port=free_port())
+        with trainer_from_config(config, client=survivor) as trainer:
+            trainer.send_weights(TensorSource(state), weight_version="recovered")
+        [s] = survivor.weight_info()
+        assert s["weight_version"] == "recovered" and s["consistent"] is True
+        assert survivor.checksums() == [digest_named(state.items())]
