@@ -13,7 +13,7 @@ import itertools
 import multiprocessing as mp
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -27,11 +27,14 @@ from wtcore.source import WeightSource
 
 __all__ = [
     "Fleet",
+    "Handlers",
     "KillingSource",
     "PipeClient",
     "RemoteError",
     "fleet",
     "make_state",
+    "serve",
+    "serve_worker",
     "spec_of",
     "wait_until",
 ]
@@ -63,36 +66,62 @@ def _decode(data: Mapping[str, tuple[str, list[int], bytes]]) -> dict[str, torch
     return out
 
 
+Handlers = dict[str, Callable[..., Any]]
+
+
+def serve(conn: Any, handlers: Handlers) -> None:
+    """Answer ``(id, method, args)`` requests from ``conn`` one at a time, until ``exit``."""
+    while True:
+        try:
+            req_id, method, args = conn.recv()
+        except EOFError:
+            return
+        if method == "exit":
+            conn.send((req_id, True, None))
+            return
+        try:
+            conn.send((req_id, True, handlers[method](*args)))
+        except BaseException as e:
+            conn.send((req_id, False, (type(e).__name__, str(e))))
+
+
 def serve_worker(
-    conn: Any, rank: int, world_size: int, spec: Spec, options: dict[str, Any]
+    conn: Any,
+    rank: int,
+    world_size: int,
+    spec: Spec,
+    options: dict[str, Any],
+    extra: Callable[[Any, torch.nn.Module], Handlers] | None = None,
 ) -> None:
-    """Main of a worker process: serve protocol calls from ``conn`` until told to exit."""
+    """Main of a worker process: a ``WeightSyncWorker`` over a zero model of ``spec``.
+
+    ``extra(worker, module)`` may add handlers (the benchmark adds its baselines).
+    """
     torch.set_num_threads(1)
     from wtcore import ModuleSink, WeightSyncWorker
     from wtcore.testing import build_module
 
     zeros = {n: torch.zeros(shape, dtype=dtype_from_name(d)) for n, d, shape in spec}
     module = build_module(zeros)
+    del zeros
     worker = WeightSyncWorker(
         {"backend": "nccl", **options}, ModuleSink(module), rank=rank, world_size=world_size
     )
+    handlers: Handlers = {
+        m: getattr(worker, m)
+        for m in (
+            "init_weight_transfer_engine",
+            "start_weight_update",
+            "update_weights",
+            "finish_weight_update",
+            "weight_info",
+        )
+    }
+    handlers["state"] = lambda: _encode(dict(module.named_parameters()))
+    if extra is not None:
+        handlers.update(extra(worker, module))
     try:
-        while True:
-            try:
-                req_id, method, args = conn.recv()
-            except EOFError:
-                return
-            if method == "exit":
-                conn.send((req_id, True, None))
-                return
-            try:
-                if method == "state":
-                    result: Any = _encode(dict(module.named_parameters()))
-                else:
-                    result = getattr(worker, method)(*args)
-                conn.send((req_id, True, result))
-            except BaseException as e:
-                conn.send((req_id, False, (type(e).__name__, str(e))))
+        serve(conn, handlers)
     finally:
         worker.shutdown()
 
@@ -189,7 +218,12 @@ class Fleet:
 
 @contextmanager
 def fleet(
-    num_workers: int, spec: Spec, *, timeout_s: float = 20.0, options: dict[str, Any] | None = None
+    num_workers: int,
+    spec: Spec,
+    *,
+    timeout_s: float = 20.0,
+    options: dict[str, Any] | None = None,
+    extra: Callable[[Any, torch.nn.Module], Handlers] | None = None,
 ) -> Iterator[Fleet]:
     """Start ``num_workers`` worker processes; on exit stop them, killing by PID if needed."""
     ctx = mp.get_context("spawn")
@@ -199,7 +233,14 @@ def fleet(
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=serve_worker,
-                args=(child, rank, num_workers, spec, dict(options or {"torch_num_threads": 1})),
+                args=(
+                    child,
+                    rank,
+                    num_workers,
+                    spec,
+                    dict(options or {"torch_num_threads": 1}),
+                    extra,
+                ),
                 daemon=True,
                 name=f"nccl-worker-{rank}",
             )

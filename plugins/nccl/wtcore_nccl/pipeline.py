@@ -12,7 +12,7 @@ for that broadcast first, which is what bounds the number of buckets in flight.
 
 from __future__ import annotations
 
-import threading
+import datetime
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BufferPool", "Slot", "per_tensor_buckets", "wait_work"]
 
-_POLL_S = 0.05
+_POLL_TD = datetime.timedelta(milliseconds=50)
 
 
 def wait_work(
@@ -40,22 +40,22 @@ def wait_work(
 ) -> None:
     """Wait for ``work`` at most ``timeout_s``, running ``poll`` every 50 ms while waiting.
 
-    The wait wakes as soon as the work completes (a future callback), so polling costs no
-    latency. ``poll`` raises to give up early (a rejected RPC, a shutdown).
+    The wait itself happens in C++ (``Work.wait`` with a short timeout, without the GIL), so
+    it wakes as soon as the work completes; ``poll`` raises to give up early (a rejected RPC,
+    a shutdown). A short wait that expires leaves the work running (gloo only reports it).
     """
-    if not work.is_completed():
-        done = threading.Event()
-        work.get_future().add_done_callback(lambda _f: done.set())
-        deadline = time.monotonic() + timeout_s
-        while not done.wait(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
-            if poll is not None:
-                poll()
-            if time.monotonic() >= deadline:
-                raise TransferTimeoutError(f"{what} did not complete within {timeout_s:g} s")
-    try:
-        work.wait()
-    except RuntimeError as e:
-        raise TransferError(f"{what} failed: {e}") from e
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            work.wait(_POLL_TD)
+            return
+        except RuntimeError as e:
+            if work.is_completed():  # it failed, rather than our short wait expiring
+                raise TransferError(f"{what} failed: {e}") from e
+        if poll is not None:
+            poll()
+        if time.monotonic() >= deadline:
+            raise TransferTimeoutError(f"{what} did not complete within {timeout_s:g} s")
 
 
 def per_tensor_buckets(metas: Sequence[ParamMeta]) -> list[Bucket]:
