@@ -18,11 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import ray
 
-ray = pytest.importorskip("ray")
-
-from wtcore.sink import ModuleSink  # noqa: E402
-from wtcore_ray_client import WeightSyncActor  # noqa: E402
+from wtcore.sink import ModuleSink
+from wtcore_ray_client import WeightSyncActor
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ broken sink factory fails here, naming the actor, instead of at the first update
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,8 @@ class ReceiverGroup:
         return RayWeightSyncClient(self.handles, timeout_s=timeout_s, labels=self.labels)
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:
-        """Release each actor's data plane (best effort, ``grace_s``), then kill it. Idempotent."""
+        """Release each actor's data plane (best effort, ``grace_s``), kill it, and wait until
+        it is gone (bounded). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -61,12 +63,42 @@ class ReceiverGroup:
         for h in self.handles:
             with contextlib.suppress(Exception):
                 ray.kill(h, no_restart=True)
+        _wait_dead(self.handles, timeout_s=max(grace_s, 10.0))
 
     def __enter__(self) -> ReceiverGroup:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _wait_dead(handles: Sequence[Any], *, timeout_s: float) -> None:
+    """Wait (bounded) until each killed actor refuses calls.
+
+    ``ray.kill`` is asynchronous: right after it, an actor may still answer. Returning only
+    once every actor is gone means its resources (GPU, ports, shared memory) are free for the
+    next group, and that "shut down" is a fact rather than a request.
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    alive = list(handles)
+    while alive and time.monotonic() < deadline:
+        still = []
+        for h in alive:
+            try:
+                ray.get(h.get_world_size.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except RayActorError:
+                continue  # dead, as asked
+            except GetTimeoutError:
+                pass
+            except Exception:
+                continue  # cannot be reached at all: nothing more to wait for
+            still.append(h)
+        alive = still
+        if alive:
+            time.sleep(0.05)
 
 
 def launch_receivers(
