@@ -131,3 +131,16 @@ def test_host_status_names_the_paths() -> None:
 def test_import_does_not_import_torch() -> None:
     code = "import sys, wtcore_nccl; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_non_sender_ranks_iterate_in_lockstep_without_client_or_group() -> None:
+    import torch
+
+    from wtcore import TensorSource
+    from wtcore.factory import WeightTransferTrainerFactory
+
+    state = {"a": torch.ones(3), "b": torch.zeros(2, dtype=torch.bfloat16)}
+    info = NCCLTrainerInitInfo(**BASE, rank=1)  # nothing listens on BASE's port: never contacted
+    with WeightTransferTrainerFactory.trainer_init(info, client=None) as trainer:
+        stats = trainer.send_weights(TensorSource(state))
+    assert stats.num_tensors == 2 and stats.num_bytes == 12 + 4
