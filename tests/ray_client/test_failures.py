@@ -246,3 +246,28 @@ def test_actor_killed_mid_broadcast_nccl_engine(ray_cluster: None, kit: Any) -> 
         [s] = survivor.weight_info()
         assert s["weight_version"] == "recovered" and s["consistent"] is True
         assert survivor.checksums() == [digest_named(state.items())]
+
+
+def test_one_failure_cuts_the_wait_for_the_others(ray_cluster: None, kit: Any) -> None:
+    """One actor rejects at once, one hangs: the trainer hears both after fail_fast_s."""
+    state = kit.make_state(SEED)
+    stuck = functools.partial(kit.BlockingSink, SEED, 60.0)
+    bad = functools.partial(kit.module_sink, SEED, "layers.0.weight")
+    with (
+        launch_receivers(1, "local", stuck, num_cpus=0) as g1,
+        launch_receivers(1, "local", bad, num_cpus=0, rank_offset=2) as g2,
+    ):
+        client = RayWeightSyncClient(
+            g1.handles + g2.handles, timeout_s=60, labels=g1.labels + g2.labels, fail_fast_s=1.0
+        )
+        client.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+        client.start_weight_update()
+        t0 = time.monotonic()
+        with pytest.raises(ReceiverError) as ei:
+            client.update_weights(_local_payload(state))
+        assert time.monotonic() - t0 < 20.0  # far below the 60 s timeout
+        hung, rejected = ei.value.failures
+        assert rejected.receiver == g2.labels[0] and rejected.error_type == "PayloadError"
+        assert "'layers.0.weight': unknown parameter name" in rejected.message
+        assert hung.receiver == g1.labels[0] and hung.error_type == "TransferTimeoutError"
+        assert "still running 1 s after another actor failed" in hung.message

@@ -13,6 +13,7 @@ pickled tensor or handle here, so the same trainer code works over HTTP. A large
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,7 +49,9 @@ class RayWeightSyncClient:
 
     ``handles`` are actor handles, or names of named actors (looked up in ``namespace``), so
     the client can also be built from a config file. ``labels`` overrides how failures name
-    each actor (:func:`launch_receivers` passes rank and name).
+    each actor (:func:`launch_receivers` passes rank and name). ``timeout_s`` bounds each
+    call; once an actor has failed, the others get ``fail_fast_s`` more (``None``: the full
+    timeout) before they are reported as still running.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class RayWeightSyncClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         namespace: str | None = None,
         labels: Sequence[str] | None = None,
+        fail_fast_s: float | None = 5.0,
     ) -> None:
         import ray
 
@@ -96,56 +100,69 @@ class RayWeightSyncClient:
             )
         self.labels = list(labels) if labels is not None else default_labels
         self.timeout_s = float(timeout_s)
+        if fail_fast_s is not None and not (
+            isinstance(fail_fast_s, (int, float)) and fail_fast_s >= 0
+        ):
+            raise ValueError(f"fail_fast_s: expected None or a number >= 0, got {fail_fast_s!r}")
+        self.fail_fast_s = None if fail_fast_s is None else float(fail_fast_s)
 
     # ------------------------------------------------------------------ fan-out
-    def _each(self, call: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """Call ``call`` on every actor; return results in order or raise ReceiverError."""
-        import ray
-        from ray.exceptions import GetTimeoutError
+    def _each(self, call: str, *args: Any) -> list[Any]:
+        """Call ``call`` on every actor; return results in order or raise ReceiverError.
 
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        refs = []
+        Once one actor has failed, the others get ``fail_fast_s`` more to answer rather than
+        the whole timeout: with a collective engine, a peer that rejected ``init`` or died
+        leaves the rest blocked until their own data-plane timeout, and the trainer should
+        hear about the real cause now.
+        """
+        import ray
+
+        deadline = time.monotonic() + self.timeout_s
+        cut_short = False
+        index: dict[Any, int] = {}
+        results: dict[int, Any] = {}
         failures: dict[int, ReceiverFailure] = {}
         for i, h in enumerate(self.handles):
             try:
-                refs.append(getattr(h, call).remote(*args))
-            except Exception as e:  # submission itself failed (e.g. Ray shut down)
-                refs.append(None)
+                index[getattr(h, call).remote(*args)] = i
+            except Exception as e:  # submission itself failed (no such method, Ray shut down)
                 failures[i] = failure_from_ray(self.labels[i], e)
-        pending = [r for r in refs if r is not None]
-        ready, _ = (
-            ray.wait(pending, num_returns=len(pending), timeout=timeout) if pending else ([], [])
-        )
-        ready_set = set(ready)
-        results: list[Any] = []
-        for i, ref in enumerate(refs):
-            if ref is None:
-                continue
-            if ref not in ready_set:
-                failures[i] = ReceiverFailure(
-                    self.labels[i],
-                    f"no answer within {timeout:g} s (the call may still be running in the actor)",
-                    error_type="TransferTimeoutError",
-                )
-                try:  # drop it if still queued; a running actor task is never interrupted
-                    ray.cancel(ref)
-                except Exception:
-                    pass
-                continue
-            try:
-                results.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic()) + 1.0))
-            except GetTimeoutError:
-                failures[i] = ReceiverFailure(
-                    self.labels[i],
-                    f"no answer within {timeout:g} s",
-                    error_type="TransferTimeoutError",
-                )
-            except Exception as e:
-                failures[i] = failure_from_ray(self.labels[i], e)
+        if failures and self.fail_fast_s is not None:
+            deadline, cut_short = min(deadline, time.monotonic() + self.fail_fast_s), True
+        remaining = list(index)
+        while remaining:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, remaining = ray.wait(remaining, num_returns=1, timeout=left)
+            for ref in ready:
+                i = index[ref]
+                try:
+                    results[i] = ray.get(ref, timeout=10.0)  # ready: no real wait
+                except Exception as e:
+                    failures[i] = failure_from_ray(self.labels[i], e)
+                    if self.fail_fast_s is not None and not cut_short:
+                        deadline = min(deadline, time.monotonic() + self.fail_fast_s)
+                        cut_short = True
+        for ref in remaining:
+            i = index[ref]
+            why = (
+                f"still running {self.fail_fast_s:g} s after another actor failed"
+                if cut_short
+                else f"no answer within {self.timeout_s:g} s"
+            )
+            failures[i] = ReceiverFailure(
+                self.labels[i],
+                f"{why} (the call may still be running in the actor)",
+                error_type="TransferTimeoutError",
+            )
+            with contextlib.suppress(Exception):  # drops it if queued; never interrupts it
+                ray.cancel(ref)
         if failures:
-            raise ReceiverError(call, [failures[i] for i in sorted(failures)], total=len(refs))
-        return results
+            raise ReceiverError(
+                call, [failures[i] for i in sorted(failures)], total=len(self.handles)
+            )
+        return [results[i] for i in range(len(self.handles))]
 
     # ------------------------------------------------------------------ the protocol
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:

@@ -41,9 +41,13 @@ class ReceiverGroup:
     def __len__(self) -> int:
         return len(self.handles)
 
-    def client(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> RayWeightSyncClient:
+    def client(
+        self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fail_fast_s: float | None = 5.0
+    ) -> RayWeightSyncClient:
         """A fan-out client over every actor of the group, labelled by rank and name."""
-        return RayWeightSyncClient(self.handles, timeout_s=timeout_s, labels=self.labels)
+        return RayWeightSyncClient(
+            self.handles, timeout_s=timeout_s, labels=self.labels, fail_fast_s=fail_fast_s
+        )
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:
         """Release each actor's data plane (best effort, ``grace_s``), kill it, and wait until
