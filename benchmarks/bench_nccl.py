@@ -22,6 +22,7 @@ through the pipe control plane of ``tests/nccl/nccl_e2e_kit.py``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
@@ -69,7 +70,15 @@ def _status_kib(field: str) -> int:
 
 
 def rss_reset() -> int:
-    """Reset the peak-RSS mark (Linux ``clear_refs`` 5) and return the current RSS in bytes."""
+    """Reset the peak-RSS mark (Linux ``clear_refs`` 5) and return the current RSS in bytes.
+
+    Freed heap memory is first handed back to the OS (``malloc_trim``), so that buffers of an
+    earlier run cannot hide the allocations of the next one.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
