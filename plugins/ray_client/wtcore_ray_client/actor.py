@@ -68,9 +68,16 @@ class WeightSyncActor:
         rank: int = 0,
         world_size: int = 1,
         label: str | None = None,
+        **worker_options: Any,
     ) -> None:
         self.setup_weight_sync(
-            config, sink, device=device, rank=rank, world_size=world_size, label=label
+            config,
+            sink,
+            device=device,
+            rank=rank,
+            world_size=world_size,
+            label=label,
+            **worker_options,
         )
 
     def setup_weight_sync(
@@ -82,13 +89,23 @@ class WeightSyncActor:
         rank: int = 0,
         world_size: int = 1,
         label: str | None = None,
+        **worker_options: Any,
     ) -> None:
-        """Build the sink and the core worker; for mixins, call it once the model exists."""
+        """Build the sink and the core worker; for mixins, call it once the model exists.
+
+        ``worker_options`` go to :class:`wtcore.WeightSyncWorker` (``transactional=True``,
+        ``reject_nonfinite=True``).
+        """
         if getattr(self, "_wtcore_worker", None) is not None:
             raise ProtocolStateError("setup_weight_sync: already set up on this actor")
         self._wtcore_label = label
         self._wtcore_worker: WeightSyncWorker | None = WeightSyncWorker(
-            config, _build_sink(sink), device=device, rank=rank, world_size=world_size
+            config,
+            _build_sink(sink),
+            device=device,
+            rank=rank,
+            world_size=world_size,
+            **worker_options,
         )
 
     @property

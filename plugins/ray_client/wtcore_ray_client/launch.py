@@ -122,6 +122,7 @@ def launch_receivers(
     actor_options: Mapping[str, Any] | None = None,
     per_actor_options: Sequence[Mapping[str, Any]] | None = None,
     ready_timeout_s: float = 120.0,
+    worker_options: Mapping[str, Any] | None = None,
 ) -> ReceiverGroup:
     """Start ``num_actors`` receiver actors (worker ranks 0..n-1) and wait until they are up.
 
@@ -130,7 +131,8 @@ def launch_receivers(
     ``scheduling_strategy``, ``runtime_env``, ``lifetime``); ``per_actor_options[i]`` to actor
     ``i`` only (for example a node affinity). With ``name_prefix`` the actors are named
     ``f"{name_prefix}-{i}"``, so another driver can reach them by name. ``max_concurrency``
-    >= 2 lets ``weight_info`` answer while an update runs.
+    >= 2 lets ``weight_info`` answer while an update runs. ``worker_options`` go to each
+    actor's :class:`wtcore.WeightSyncWorker` (e.g. ``{"transactional": True}``).
     """
     import ray
 
@@ -162,7 +164,13 @@ def launch_receivers(
                 opts["name"] = name
             label_hint = f"rank={rank_offset + i}" + (f" name={name}" if name else "")
             handle: Any = remote_cls.options(**opts).remote(  # type: ignore[attr-defined]
-                config, sink, device=device, rank=i, world_size=num_actors, label=label_hint
+                config,
+                sink,
+                device=device,
+                rank=i,
+                world_size=num_actors,
+                label=label_hint,
+                **dict(worker_options or {}),
             )
             group.handles.append(handle)
             group.worker_ranks.append(i)
