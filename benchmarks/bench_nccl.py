@@ -295,13 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in (int(x) for x in args.receivers.split(",")):
             with fleet(n, spec_of(state), timeout_s=TIMEOUT_S, extra=bench_handlers) as f:
                 rows: dict[str, dict[str, Any]] = {}
-                for b in buffers:
-                    rows[f"packed@{fmt_size(b)}"] = run_engine(
-                        f, args.num_buffers, state, n, packed=True, buffer=b, repeats=args.repeats
-                    )
-                    rows[f"packed@{fmt_size(b)}"]["target_rss"] = (
-                        args.num_buffers * min(b, total) + largest
-                    )
+                # Unpacked first: buffers freed by an earlier run could otherwise be reused
+                # by the allocator and hide this run's allocations from the RSS mark.
                 rows["unpacked"] = run_engine(
                     f,
                     args.num_buffers,
@@ -311,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
                     buffer=buffers[0],
                     repeats=args.repeats,
                 )
+                rows["unpacked"]["target_rss"] = args.num_buffers * largest + largest
+                for b in buffers:
+                    row = run_engine(
+                        f, args.num_buffers, state, n, packed=True, buffer=b, repeats=args.repeats
+                    )
+                    row["target_rss"] = args.num_buffers * min(b, total) + largest
+                    rows[f"packed@{fmt_size(b)}"] = row
                 plain = run_plain(f, state, n, args.repeats)
                 rows["raw"] = {"seconds": plain["raw"]}
                 rows["naive"] = {"seconds": plain["naive"]}

@@ -222,11 +222,11 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
 
     # ------------------------------------------------------------------ teardown
     def _release(self) -> None:
+        """Drop the group, the store and the buffers (a re-init may use other sizes)."""
         with self._lock:
             group, self._group = self._group, None
             pending = self._pool.pending() if self._pool is not None else []
-            if self._pool is not None:
-                self._pool.forget_work()
+            self._pool = None
             self._store = None
         release_group(group, pending)
 
@@ -237,4 +237,3 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             if self._receiving:
                 return  # the receiving thread sees the flag within 50 ms and releases
         self._release()
-        self._pool = None
