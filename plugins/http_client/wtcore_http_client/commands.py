@@ -75,6 +75,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-body", type=_size, default=None, help="request body limit (default 64MiB)"
     )
+    p.add_argument(
+        "--transactional",
+        action="store_true",
+        help="stage each round and apply it only at finish (one extra copy of the model)",
+    )
+    p.add_argument(
+        "--reject-nonfinite", action="store_true", help="refuse batches holding NaN or Inf"
+    )
     model = p.add_argument_group("model (synthetic unless --safetensors is given)")
     model.add_argument("--safetensors", metavar="PATH", help="load the model from this file")
     model.add_argument("--size", type=_size, default=_size("16MiB"), help="synthetic size")
@@ -119,6 +127,8 @@ def run_serve(args: argparse.Namespace) -> int:
         device=args.device,
         rank=args.rank,
         world_size=args.world_size,
+        transactional=args.transactional,
+        reject_nonfinite=args.reject_nonfinite,
     )
     routes = ReceiverRoutes(
         worker, api_key=args.api_key, max_body_bytes=args.max_body or DEFAULT_MAX_BODY_BYTES

@@ -1,0 +1,73 @@
+"""``wtcore bench --client http``: start the bench's receivers as ``wtcore serve`` processes.
+
+Implements the core's ``wtcore_launch_receivers`` hook: one real server process per receiver,
+each hosting the bench's synthetic model (same names, shapes and dtypes as the trainer's), all
+driven by one fan-out :class:`~wtcore_http_client.client.HTTPWeightSyncClient` and always
+stopped by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from wtcore.hookspecs import hookimpl
+
+__all__ = ["HTTPFleet", "wtcore_launch_receivers"]
+
+_FLAGS = {"transactional": "--transactional", "reject_nonfinite": "--reject-nonfinite"}
+
+
+class HTTPFleet:
+    """``count`` ``wtcore serve`` processes and the client that drives them."""
+
+    def __init__(
+        self, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
+    ) -> None:
+        from wtcore_http_client.client import HTTPWeightSyncClient
+        from wtcore_http_client.process import ServeProcess, launch_serve
+
+        unknown = sorted(set(options) - set(_FLAGS))
+        if unknown:
+            raise ValueError(f"options {unknown} are not supported by wtcore serve")
+        flags = [_FLAGS[k] for k, v in options.items() if v]
+        self.servers: list[ServeProcess] = []
+        try:
+            for rank in range(count):
+                self.servers.append(
+                    launch_serve(
+                        [
+                            "--backend", backend,
+                            "--rank", str(rank),
+                            "--world-size", str(count),
+                            "--size", str(model.size_bytes),
+                            "--tensors", str(model.num_tensors),
+                            "--dtype", model.dtype,
+                            "--seed", str(model.seed),
+                            "--max-body", "1GiB",
+                            *flags,
+                        ]
+                    )
+                )  # fmt: skip
+            self.client = HTTPWeightSyncClient([s.url for s in self.servers], timeout_s=timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.servers]
+
+    def close(self) -> None:
+        with contextlib.suppress(AttributeError):
+            self.client.close()
+        for server in self.servers:
+            server.stop(timeout_s=10)
+
+
+@hookimpl
+def wtcore_launch_receivers(
+    client: str, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
+) -> HTTPFleet | None:
+    if client != "http":
+        return None
+    return HTTPFleet(backend, count, model, timeout_s, options)
