@@ -106,7 +106,8 @@ class WeightSyncWorker:
                 self._busy = None
 
     def _fail_round(self, name: str, error: BaseException, *, sink_touched: bool = False) -> None:
-        self._state = WorkerState.IDLE
+        if self._state is not WorkerState.CLOSED:  # a shutdown mid-call stays final
+            self._state = WorkerState.IDLE
         if self._staging is not None and not sink_touched:
             self._staging.rollback()  # the old weights keep serving, untouched
         else:

@@ -63,8 +63,9 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
     assert [r["buffer_size"] for r in record["runs"]] == [64 << 10, 256 << 10]
     for run in record["runs"]:
         assert len(run["rounds"]) == 2
-        for r in run["rounds"]:
+        for i, r in enumerate(run["rounds"]):
             assert r["verified"] is True and r["mismatched_tensors"] == [0, 0]
+            assert r["receiver_versions"] == [f"bench-{i}"] * 2
             assert r["num_tensors"] == record["settings"]["model_tensors"]
             assert set(r["phases"]) == {"materialize", "pack", "wire", "load", "control"}
             assert r["gbps"] > 0 and r["num_buckets"] >= 1

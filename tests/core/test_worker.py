@@ -227,3 +227,29 @@ def test_bad_version_type(worker: WeightSyncWorker) -> None:
     worker.start_weight_update()
     with pytest.raises(PayloadError, match="weight_version: expected a string or null, got 5"):
         worker.finish_weight_update(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_shutdown_during_a_blocked_update_stays_closed(model: torch.nn.Module) -> None:
+    gate = threading.Event()
+    w = WeightSyncWorker("local", _SlowSink(model, gate))
+    _init(w)
+    w.start_weight_update()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.update_weights(_payload({"zzz": torch.ones(1)}))  # will fail once released
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 5
+    while w.weight_info()["busy"] is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    w.shutdown()
+    gate.set()
+    t.join(10)
+    assert errors and w.state.value == "closed"
+    assert w.weight_info()["consistent"] is False

@@ -140,6 +140,9 @@ def _run_engine(
                 got = fleet.client.checksums()
                 per = [got] if isinstance(got, Mapping) else list(got)
                 bad = [sum(d.get(n) != v for n, v in want.items()) for d in per]
+                infos = fleet.client.weight_info()
+                infos = [infos] if isinstance(infos, Mapping) else list(infos)
+                versions = [i.get("weight_version") for i in infos]
                 rounds.append(
                     {
                         **{
@@ -149,8 +152,11 @@ def _run_engine(
                         "phases": dict(stats.phase_seconds),
                         "trainer_extra_mib": mem[0],
                         "receivers_extra_mib": mem[1:] if len(mem) > 1 else mem[:1],
-                        "verified": all(b == 0 for b in bad) and len(per) == opts.receivers,
+                        "verified": all(b == 0 for b in bad)
+                        and len(per) == opts.receivers
+                        and versions == [f"bench-{r}"] * opts.receivers,
                         "mismatched_tensors": bad,
+                        "receiver_versions": versions,
                     }
                 )
                 if bar is not None:
