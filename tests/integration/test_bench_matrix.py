@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -24,20 +26,26 @@ def _ours_in_shm() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith(("wtcore", "wtcore-bench"))}
 
 
-def _children() -> set[int]:
-    """PIDs whose parent is this test process (servers and spawned helpers it started)."""
-    me = os.getpid()
-    out = set()
+def _marked(marker: str) -> set[int]:
+    """PIDs whose environment carries ``marker``: the bench and everything it started."""
+    needle = f"WTCORE_TEST_MARKER={marker}".encode()
+    found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == me:
-                    out.add(int(entry))
-            except (OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.add(int(entry))
+            except OSError:
                 pass
-    return out
+    return found
+
+
+def _wait_none_marked(marker: str, timeout_s: float = 15.0) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 @pytest.mark.slow
@@ -48,12 +56,14 @@ def test_bench_combination(backend: str, client: str, tmp_path: Path) -> None:
     if client == "ray":
         pytest.importorskip("ray")
     shm_before = _ours_in_shm()
+    marker = uuid.uuid4().hex
     out_json = tmp_path / "bench.json"
     proc = subprocess.run(
         [WTCORE, "bench", "--backend", backend, "--client", client, "--receivers", "2",
          "--size", "2MiB", "--tensors", "30", "--rounds", "2", "--buffer-size", "256KiB",
          "--baselines", "none", "--timeout", "120", "--json", str(out_json)],
         capture_output=True, text=True, timeout=280,
+        env={**os.environ, "WTCORE_TEST_MARKER": marker},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads(out_json.read_text())
@@ -63,4 +73,4 @@ def test_bench_combination(backend: str, client: str, tmp_path: Path) -> None:
     assert all(r["mismatched_tensors"] == [0, 0] for r in rounds)
     assert all(r["num_buckets"] > 1 for r in rounds)
     assert _ours_in_shm() <= shm_before
-    assert _children() == set()
+    assert _wait_none_marked(marker) == set()  # every process the bench started has stopped
