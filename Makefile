@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` (the main job) and `make test` (everything CI runs).
+# The two commands of the README: `make demo` (the main job, `wtcore bench`) and `make test`
+# (everything CI runs).
 # Both create .venv on first use with plain pip: torch==2.13.0 first (a CPU wheel on this
 # machine's disk), then the core and every plugin as editable installs in one pip call, so the
 # plugins' `wtcore` requirement resolves to the local core.
@@ -21,7 +22,7 @@ $(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/wtcore demo
+	$(BIN)/wtcore bench --backend nccl --client http --receivers 2 --size 256MiB --tensors 300
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

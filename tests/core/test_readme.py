@@ -28,3 +28,12 @@ def test_readme_names_the_two_commands_and_ci_runs_the_test_one() -> None:
     assert "make demo" in text and "make test" in text
     ci = (README.parent / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def test_readme_describes_the_demo_the_makefile_runs() -> None:
+    makefile = (README.parent / "Makefile").read_text()
+    demo = makefile.split("\ndemo:", 1)[1].splitlines()[1].strip()
+    assert demo.startswith("$(BIN)/wtcore bench ")
+    args = demo.removeprefix("$(BIN)/")
+    flat = " ".join(README.read_text().split())
+    assert f"`{args}`" in flat, args
