@@ -1,13 +1,16 @@
 """Per-tensor digests, used for checksums and end-to-end verification.
 
-BLAKE2b over the dtype, the shape and the raw bytes: hashlib releases the GIL on large
-buffers, needs no extra dependency, and a digest of what the trainer sent can be compared with
-a digest of what a receiver holds, bit for bit.
+CRC-32 (``zlib.crc32``) over the dtype name, the shape and the raw bytes. It guards against
+the failures a weight sync can actually have (a torn, stale, truncated or misaddressed buffer),
+not against an adversary; for that, the transports authenticate their peers. The choice is
+speed: measured here on 1 GiB, CRC-32 runs at ~6.9 GB/s against ~2.1 for SHA-1 and ~1.4 for
+BLAKE2b, so verifying costs a fraction of the transfer instead of more than it. ``zlib``
+releases the GIL on large buffers and is in the standard library.
 """
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -20,15 +23,14 @@ __all__ = ["digest_named", "tensor_digest"]
 
 
 def tensor_digest(t: torch.Tensor) -> str:
-    """Hex BLAKE2b-128 digest of ``t``'s dtype, shape and bytes."""
+    """``"crc32:<8 hex digits>"`` of ``t``'s dtype, shape and bytes."""
     import torch
 
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{dtype_name(t.dtype)}{list(t.shape)}".encode())
+    crc = zlib.crc32(f"{dtype_name(t.dtype)}{list(t.shape)}".encode())
     flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
     if flat.numel():
-        h.update(memoryview(flat.numpy()))  # type: ignore[arg-type]
-    return h.hexdigest()
+        crc = zlib.crc32(memoryview(flat.numpy()), crc)  # type: ignore[arg-type]
+    return f"crc32:{crc:08x}"
 
 
 def digest_named(items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:

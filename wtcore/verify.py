@@ -6,7 +6,7 @@ wraps the client so that, just before ``finish_weight_update``, every receiver's
 ``checksums()`` is compared with those digests. On a mismatch the round is *not* finished: no
 receiver publishes the version, and the error names the receivers and tensors that differ.
 
-The digest is BLAKE2b-128 over the raw bytes (:mod:`wtcore.digest`); ``docs/reliability.md``
+The digest is CRC-32 over dtype, shape and raw bytes (:mod:`wtcore.digest`); ``docs/reliability.md``
 has its measured cost.
 """
 
