@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---------------------------------------------------------------------- plugins
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from wtcore.hooks import get_plugin_manager, hook_load_errors
+    from wtcore.hooks import get_plugin_manager, hook_load_errors, hook_plugin_origins
     from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES, Registry, autoload_disabled
 
     if autoload_disabled():
@@ -121,7 +121,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     print("hook plugins (wtcore.hooks):")
     pm = get_plugin_manager()
     hook_names = [n for n, _ in pm.list_name_plugin() if n is not None]
-    dists = {n: f"{d.project_name} {d.version}" for n, d in _dist_info(pm)}
+    dists = hook_plugin_origins()
     for name in hook_names:
         print(f"  {name:<10} {dists.get(name, 'registered at runtime')}")
     for err in hook_load_errors():
@@ -129,13 +129,6 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     if not hook_names and not hook_load_errors():
         print("  (none)")
     return 0
-
-
-def _dist_info(pm: Any) -> list[tuple[str, Any]]:
-    try:
-        return [(pm.get_name(p), d) for p, d in pm.list_plugin_distinfo()]
-    except Exception:  # pragma: no cover - pluggy internals
-        return []
 
 
 def _host_status(registry: Any, name: str) -> str:

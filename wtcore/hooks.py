@@ -16,7 +16,14 @@ import pluggy
 from wtcore.errors import PluginLoadError
 from wtcore.registry import autoload_disabled
 
-__all__ = ["get_plugin_manager", "hook_load_errors", "notify", "register_hooks", "unregister_hooks"]
+__all__ = [
+    "get_plugin_manager",
+    "hook_load_errors",
+    "hook_plugin_origins",
+    "notify",
+    "register_hooks",
+    "unregister_hooks",
+]
 
 GROUP = "wtcore.hooks"
 log = logging.getLogger("wtcore.hooks")
@@ -24,6 +31,7 @@ log = logging.getLogger("wtcore.hooks")
 _lock = threading.Lock()
 _pm: pluggy.PluginManager | None = None
 _errors: list[PluginLoadError] = []
+_origins: dict[str, str] = {}
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -50,6 +58,7 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
         )
         try:
             pm.register(ep.load(), name=ep.name)
+            _origins[ep.name] = dist
         except Exception as e:
             err = PluginLoadError(
                 f"hook plugin {ep.name!r} from {dist} failed to load {ep.value}: "
@@ -64,6 +73,12 @@ def hook_load_errors() -> list[PluginLoadError]:
     """Hook plugins that failed to load, with their distribution named."""
     get_plugin_manager()
     return list(_errors)
+
+
+def hook_plugin_origins() -> dict[str, str]:
+    """``{hook plugin name: "distribution version"}`` for plugins loaded from entry points."""
+    get_plugin_manager()
+    return dict(_origins)
 
 
 def register_hooks(plugin: object, name: str | None = None) -> str:
@@ -84,6 +99,7 @@ def reset() -> None:
     with _lock:
         _pm = None
         _errors.clear()
+        _origins.clear()
 
 
 def notify(hook: str, **kwargs: Any) -> None:

@@ -46,3 +46,12 @@ def test_bad_size_is_a_usage_error() -> None:
 def test_no_command_prints_help() -> None:
     out = _run()
     assert out.returncode == 2 and "plugins" in out.stdout
+
+
+def test_plugins_shows_installed_plugins_with_distribution_and_host_status() -> None:
+    pytest.importorskip("wtcore_nccl")
+    pytest.importorskip("wtcore_http_client")
+    out = _run("plugins").stdout
+    assert "nccl       wtcore-nccl 0.1.0" in out
+    assert "CUDA not available; gloo CPU path available" in out or "CUDA available" in out
+    assert "http_client wtcore-http-client 0.1.0" in out  # a hook plugin, with its distribution
