@@ -16,7 +16,9 @@ For every dtype and receiver count it reports, in GB/s of model bytes per round 
 
 and the peak extra RSS of the sender and of the receivers during the engine runs (the target
 is at most ``buffer x num_buffers + largest tensor``). Receivers are real processes driven
-through the pipe control plane of ``tests/nccl/nccl_e2e_kit.py``.
+through the shared pipe control plane (``wtcore.testing.pipes``, via
+``tests/nccl/nccl_e2e_kit.py``); ``raw`` and ``naive`` are the baselines of ``wtcore bench``
+(``wtcore.bench.limits``), measured with their own receiver processes after the engine runs.
 """
 
 from __future__ import annotations
@@ -34,30 +36,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "nccl"))
 
-from nccl_e2e_kit import Handlers, fleet, spec_of
+from nccl_e2e_kit import fleet, spec_of
 
-from wtcore import TensorSource, WeightTransferTrainerFactory
-from wtcore.meta import dtype_from_name
+from wtcore import TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
+from wtcore.bench.limits import per_tensor_gbps, raw_gloo_gbps
 from wtcore.testing import free_port, synthetic_state
+from wtcore.testing.pipes import Handlers
+from wtcore.units import parse_size
 from wtcore_nccl import NCCLTrainerInitInfo
-from wtcore_nccl.group import GENERATION_KEY, connect_store, host_store, join_group
-from wtcore_nccl.pipeline import wait_work
 
 TIMEOUT_S = 120.0
-UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
-
-
-def parse_size(text: str) -> int:
-    for unit, mult in UNITS.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * mult)
-    return int(text)
+_BINARY = {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10}
 
 
 def fmt_size(n: int) -> str:
-    for unit in ("GiB", "MiB", "KiB"):
-        if n >= UNITS[unit] and n % UNITS[unit] == 0:
-            return f"{n // UNITS[unit]}{unit}"
+    """Exact binary sizes as compact labels (``packed@64MiB``)."""
+    for unit, mult in _BINARY.items():
+        if n >= mult and n % mult == 0:
+            return f"{n // mult}{unit}"
     return f"{n}B"
 
 
@@ -91,54 +87,12 @@ def rss_peak() -> int:
 
 
 # ---------------------------------------------------------------------- receiver handlers
-def bench_handlers(worker: Any, module: torch.nn.Module) -> Handlers:
-    """Extra receiver commands: RSS marks, a plain gloo group, the raw and naive baselines."""
-    params = dict(module.named_parameters())
-    plain: dict[str, Any] = {}
-
-    def plain_join(port: int, rank: int, world_size: int) -> None:
-        store = connect_store("127.0.0.1", port, TIMEOUT_S)
-        gen = int(store.get(GENERATION_KEY))
-        plain["store"] = store
-        plain["group"] = join_group(
-            store,
-            generation=gen,
-            rank=rank,
-            world_size=world_size,
-            transport="gloo",
-            address="127.0.0.1",
-            port=port,
-            timeout_s=TIMEOUT_S,
-        )
-
-    def plain_leave() -> None:
-        plain.clear()
-
-    def raw_prepare(nbytes: int) -> None:
-        plain["raw"] = torch.empty(nbytes, dtype=torch.uint8)
-        plain["raw"].fill_(0)  # fault the pages in: the raw limit uses a warm buffer
-
-    def raw_recv() -> None:
-        wait_work(plain["group"].broadcast(plain["raw"]), what="raw", timeout_s=TIMEOUT_S)
-
-    def naive_one(name: str, dtype: str, shape: list[int]) -> None:
-        t = torch.empty(shape, dtype=dtype_from_name(dtype))  # fresh, as naive code does
-        if t.numel():
-            wait_work(
-                plain["group"].broadcast(t.reshape(-1).view(torch.uint8)),
-                what=name,
-                timeout_s=TIMEOUT_S,
-            )
-        worker.sink.load_weights([(name, t)])
-
+def bench_handlers(worker: WeightSyncWorker) -> Handlers:
+    """Extra receiver commands: RSS marks and a cheap check of what the model holds."""
+    params = dict(worker.sink.module.named_parameters())  # type: ignore[attr-defined]
     return {
         "rss_reset": rss_reset,
         "rss_peak": rss_peak,
-        "plain_join": plain_join,
-        "plain_leave": plain_leave,
-        "raw_prepare": raw_prepare,
-        "raw_recv": raw_recv,
-        "naive_one": naive_one,
         "check": lambda name: float(params[name].detach().float().sum()),
     }
 
@@ -189,82 +143,6 @@ def run_engine(
     }
 
 
-def run_plain(f: Any, state: dict[str, torch.Tensor], n: int, repeats: int) -> dict[str, Any]:
-    """The raw limit and the naive baseline, on one plain gloo group."""
-    from wtcore.concurrency import BackgroundCall
-    from wtcore.fanout import fan_out
-
-    client = f.client
-    port = free_port()
-    store = host_store("127.0.0.1", port, 1 + n, TIMEOUT_S)
-    store.add(GENERATION_KEY, 1)
-    joins = [BackgroundCall(client.call, i, "plain_join", port, 1 + i, 1 + n) for i in range(n)]
-    group = join_group(
-        store,
-        generation=1,
-        rank=0,
-        world_size=1 + n,
-        transport="gloo",
-        address="127.0.0.1",
-        port=port,
-        timeout_s=TIMEOUT_S,
-    )
-    for j in joins:
-        j.result(TIMEOUT_S)
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    out: dict[str, Any] = {}
-    try:
-        raw = torch.empty(total, dtype=torch.uint8)
-        raw.fill_(1)
-        fan_out(
-            "raw_prepare",
-            [(str(i), lambda i=i: client.call(i, "raw_prepare", total)) for i in range(n)],
-            timeout_s=TIMEOUT_S,
-        )
-        times = []
-        for _ in range(repeats + 1):
-            calls = [BackgroundCall(client.call, i, "raw_recv") for i in range(n)]
-            t0 = time.perf_counter()
-            wait_work(group.broadcast(raw), what="raw", timeout_s=TIMEOUT_S)
-            for c in calls:
-                c.result(TIMEOUT_S)
-            times.append(time.perf_counter() - t0)
-        out["raw"] = statistics.median(times[1:])
-        del raw
-        fan_out(
-            "raw_prepare",
-            [(str(i), lambda i=i: client.call(i, "raw_prepare", 0)) for i in range(n)],
-            timeout_s=TIMEOUT_S,
-        )
-        times = []
-        for _ in range(max(1, repeats)):
-            t0 = time.perf_counter()
-            for name, t in state.items():
-                dname = str(t.dtype).split(".")[-1]
-                calls = [
-                    BackgroundCall(client.call, i, "naive_one", name, dname, list(t.shape))
-                    for i in range(n)
-                ]
-                if t.numel():
-                    wait_work(
-                        group.broadcast(t.reshape(-1).view(torch.uint8)),
-                        what=name,
-                        timeout_s=TIMEOUT_S,
-                    )
-                for c in calls:
-                    c.result(TIMEOUT_S)
-            times.append(time.perf_counter() - t0)
-        out["naive"] = statistics.median(times)
-    finally:
-        fan_out(
-            "plain_leave",
-            [(str(i), lambda i=i: client.call(i, "plain_leave")) for i in range(n)],
-            timeout_s=TIMEOUT_S,
-        )
-        group.pg = None
-    return out
-
-
 def _mib(row: dict[str, Any], key: str) -> str:
     return f"{row[key] / (1 << 20):.0f} MiB" if key in row else "-"
 
@@ -313,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     row["target_rss"] = args.num_buffers * min(b, total) + largest
                     rows[f"packed@{fmt_size(b)}"] = row
-                plain = run_plain(f, state, n, args.repeats)
-                rows["raw"] = {"seconds": plain["raw"]}
-                rows["naive"] = {"seconds": plain["naive"]}
-            raw_gbps = total / rows["raw"]["seconds"] / 1e9
-            naive_gbps = total / rows["naive"]["seconds"] / 1e9
+            # The limits start their own receivers: only after the fleet is gone.
+            raw_gbps = raw_gloo_gbps(total, n, args.repeats)
+            naive_gbps = per_tensor_gbps(state, n, max(1, args.repeats))
+            rows["raw"] = {"seconds": total / raw_gbps / 1e9}
+            rows["naive"] = {"seconds": total / naive_gbps / 1e9}
             print(
                 f"\n{dtype}, {len(state)} tensors, {total / 1e9:.3f} GB, {n} receiver(s); "
                 f"largest tensor {fmt_size(largest) if largest % 1024 == 0 else largest}"

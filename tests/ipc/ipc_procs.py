@@ -1,26 +1,40 @@
-"""Real worker and trainer processes for the ipc tests, with a JSON-lines control plane.
+"""Real worker and trainer processes for the ipc tests.
 
-Run as a script: ``python ipc_procs.py worker [--die-at-update N] [--hang-at-update N]`` serves
-a :class:`wtcore.WeightSyncWorker` (backend ``ipc``) over stdin/stdout; ``python ipc_procs.py
-trainer SEED BUFFER ROUNDS [--no-shutdown]`` runs an ipc trainer whose client writes each call
-to stdout and reads the answer from stdin, so the test process relays (and can interfere).
-Imported by the tests (by path) for :class:`PipeWorker`, :class:`PipeClient` and
-:func:`make_state`. Every message is one JSON object per line: no pickle, as in production.
+Run as a script: ``python ipc_procs.py worker --conn-fd FD [--die-at-update N]
+[--hang-at-update N]`` serves a :class:`wtcore.WeightSyncWorker` (backend ``ipc``) on the
+inherited socket ``FD`` with the shared pipe control plane of :mod:`wtcore.testing.pipes`
+(JSON only, no pickle, as in production); ``python ipc_procs.py trainer SEED BUFFER ROUNDS
+[--no-shutdown]`` runs an ipc trainer whose client writes each call to stdout and reads the
+answer from stdin, so the test process relays (and can interfere). Imported by the tests (by
+path) for :class:`PipeWorker`, :class:`PipeClient` and :func:`make_state`.
+
+Workers are started as scripts (not ``multiprocessing`` children) because this module is
+loaded by path, which a ``spawn`` child could not import, and because the test needs their
+PIDs for the ``/dev/shm`` leak check.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import queue
 import signal
+import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
+from multiprocessing.connection import Connection
 from typing import IO, Any
+
+from wtcore.testing.pipes import (
+    PipeChannel,
+    decode_state,
+    encode_state,
+    remote_error,
+    serve,
+    worker_handlers,
+)
+from wtcore.testing.pipes import PipeClient as _FanOutClient
 
 HERE = os.path.abspath(__file__)
 #: PIDs of every process started here (for the /dev/shm leak check).
@@ -63,50 +77,9 @@ def spec_of(state: Mapping[str, Any]) -> dict[str, Any]:
     return metas_to_wire([ParamMeta.of(n, t) for n, t in state.items()])
 
 
-def encode_state(items: Any) -> dict[str, Any]:
-    from wtcore.buckets import as_bytes
-    from wtcore.meta import dtype_name
-
-    out = {}
-    for name, t in items:
-        raw = as_bytes(t.detach().cpu().contiguous()).numpy().tobytes()
-        out[name] = [dtype_name(t.dtype), list(t.shape), base64.b64encode(raw).decode()]
-    return out
-
-
-def decode_state(data: Mapping[str, Any]) -> dict[str, Any]:
-    import torch
-
-    from wtcore.meta import dtype_from_name
-
-    out = {}
-    for name, (dname, shape, b64) in data.items():
-        raw = bytearray(base64.b64decode(b64))
-        flat = (
-            torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        )
-        out[name] = flat.view(dtype_from_name(dname)).reshape(shape).clone()
-    return out
-
-
-# ---------------------------------------------------------------------- errors over JSON
-_ERRORS = ("PayloadError", "ProtocolStateError", "TransferError", "TransferTimeoutError")
-
-
-def error_to_json(e: BaseException) -> dict[str, Any]:
-    return {"ok": False, "type": type(e).__name__, "message": str(e)}
-
-
-def error_from_json(msg: Mapping[str, Any], where: str) -> Exception:
-    import wtcore.errors as errs
-
-    cls = getattr(errs, msg["type"]) if msg["type"] in _ERRORS else RuntimeError
-    err: Exception = cls(f"{where}: {msg['type']}: {msg['message']}")
-    return err
-
-
 # ---------------------------------------------------------------------- worker process
 def worker_main(argv: list[str]) -> None:
+    """Serve one (re-buildable) ipc worker on ``--conn-fd``; ``setup`` builds it for a model."""
     import torch
 
     from wtcore import ModuleSink, WeightSyncWorker
@@ -116,105 +89,85 @@ def worker_main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     die_at = int(argv[argv.index("--die-at-update") + 1]) if "--die-at-update" in argv else 0
     hang_at = int(argv[argv.index("--hang-at-update") + 1]) if "--hang-at-update" in argv else 0
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # stray prints go to stderr, never into the protocol
-    worker: WeightSyncWorker | None = None
-    module: torch.nn.Module | None = None
-    updates = 0
-    for line in sys.stdin:
-        req = json.loads(line)
-        call, args = req["call"], req.get("args", [])
-        try:
-            result: Any = None
-            if call == "setup":
-                spec, rank, world, device = args
-                if worker is not None:
-                    worker.shutdown()
-                metas = metas_from_wire(spec["names"], spec["dtype_names"], spec["shapes"])
-                module = build_module({m.name: torch.zeros(m.shape, dtype=m.dtype) for m in metas})
-                module.to(device)
-                worker = WeightSyncWorker(
-                    "ipc", ModuleSink(module), device=device, rank=rank, world_size=world
-                )
-            elif call == "cuda_memory":
-                result = torch.cuda.memory_allocated()
-            elif call == "dump":
-                assert module is not None
-                result = encode_state(module.named_parameters())
-            elif call == "weight_info":
-                assert worker is not None
-                result = worker.weight_info()
-            elif call == "abort":
-                assert worker is not None
-                worker.abort_weight_update()
-            elif call == "shutdown":
-                if worker is not None:
-                    worker.shutdown()
-            else:
-                assert worker is not None
-                if call == "update_weights":
-                    updates += 1
-                    if updates == die_at:
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    if updates == hang_at:
-                        time.sleep(600)
-                result = getattr(worker, call)(*args)
-            out.write(json.dumps({"ok": True, "result": result}) + "\n")
-        except Exception as e:
-            out.write(json.dumps(error_to_json(e)) + "\n")
-    if worker is not None:
-        worker.shutdown()
+    conn = Connection(int(argv[argv.index("--conn-fd") + 1]))
+    held: dict[str, Any] = {"worker": None, "module": None, "updates": 0}
+
+    def current() -> WeightSyncWorker:
+        assert held["worker"] is not None, "call setup first"
+        worker: WeightSyncWorker = held["worker"]
+        return worker
+
+    def setup(spec: dict[str, Any], rank: int, world: int, device: str) -> None:
+        if held["worker"] is not None:
+            held["worker"].shutdown()
+        metas = metas_from_wire(spec["names"], spec["dtype_names"], spec["shapes"])
+        module = build_module({m.name: torch.zeros(m.shape, dtype=m.dtype) for m in metas})
+        module.to(device)
+        held["module"] = module
+        held["worker"] = WeightSyncWorker(
+            "ipc", ModuleSink(module), device=device, rank=rank, world_size=world
+        )
+
+    def update_weights(update_info: Any) -> None:
+        held["updates"] += 1
+        if held["updates"] == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if held["updates"] == hang_at:
+            time.sleep(600)
+        current().update_weights(update_info)
+
+    def shutdown() -> None:
+        if held["worker"] is not None:
+            held["worker"].shutdown()
+
+    handlers = worker_handlers(current)
+    handlers.update(
+        setup=setup,
+        update_weights=update_weights,
+        cuda_memory=torch.cuda.memory_allocated,
+        dump=lambda: encode_state(held["module"].named_parameters()),
+        abort=lambda: current().abort_weight_update(),
+        shutdown=shutdown,
+    )
+    try:
+        serve(conn, handlers)
+    finally:
+        shutdown()
+        conn.close()
 
 
 class PipeWorker:
-    """A worker subprocess; every call waits for its answer with a timeout."""
+    """A worker subprocess and its channel; every call waits for its answer with a timeout."""
 
     def __init__(self, *flags: str, rank: int = 0, world_size: int = 1) -> None:
         self.rank = rank
         self.world_size = world_size
-        self.proc = subprocess.Popen(
-            [sys.executable, HERE, "worker", *flags],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, HERE, "worker", "--conn-fd", str(theirs.fileno()), *flags],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         STARTED_PIDS.append(self.proc.pid)
-        self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
-        self._reader.start()
+        self.channel = PipeChannel(
+            Connection(ours.detach()),
+            f"worker[rank={rank}, pid={self.proc.pid}]",
+            timeout_s=60.0,
+            exitcode=self.proc.poll,
+        )
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._answers.put(json.loads(line))
-        self._answers.put(None)  # EOF: the process is gone
-
     def call(self, call: str, *args: Any, timeout_s: float = 60.0) -> Any:
-        from wtcore.errors import TransferError, TransferTimeoutError
-
-        where = f"worker[rank={self.rank}, pid={self.pid}].{call}"
-        with self._lock:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write(json.dumps({"call": call, "args": list(args)}) + "\n")
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError) as e:
-                raise TransferError(f"{where}: worker process is gone ({e})") from e
-            try:
-                msg = self._answers.get(timeout=timeout_s)
-            except queue.Empty:
-                raise TransferTimeoutError(f"{where}: no answer within {timeout_s:g} s") from None
-        if msg is None:
-            self._answers.put(None)
-            raise TransferError(f"{where}: worker process exited (rc={self.proc.poll()})")
-        if not msg["ok"]:
-            raise error_from_json(msg, where)
-        return msg["result"]
+        return self.channel.call(call, *args, timeout_s=timeout_s)
 
     def setup(self, state: Mapping[str, Any], device: str = "cpu") -> None:
         self.call("setup", spec_of(state), self.rank, self.world_size, device)
@@ -223,61 +176,32 @@ class PipeWorker:
         return decode_state(self.call("dump"))
 
     def stop(self) -> None:
-        """Close stdin, then kill by PID if it does not exit; always reaps."""
+        """Ask the worker to exit, then kill it by PID if it does not; always reaps."""
         if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-            except OSError:
-                pass
+            self.channel.send_exit()
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                pass
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL this worker (by its PID) if it still runs; reap it and close the pipes."""
+        """SIGKILL this worker (by its PID) if it still runs; reap it and close the channel."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
-        self._reader.join(10)
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
+        self.channel.close()
 
 
-class PipeClient:
-    """A ``WeightSyncClient`` fanning out to :class:`PipeWorker` processes."""
+class PipeClient(_FanOutClient):
+    """The shared fan-out ``WeightSyncClient`` over :class:`PipeWorker` s (their channels, so
+    a test's direct ``worker.call`` and the trainer's calls never interleave on one pipe)."""
 
     def __init__(self, workers: list[PipeWorker], *, timeout_s: float = 60.0) -> None:
         self.workers = workers
-        self.timeout_s = timeout_s
-
-    def _each(self, call: str, *args: Any) -> None:
-        from wtcore.fanout import fan_out
-
-        targets = [
-            (f"rank{w.rank}", lambda w=w: w.call(call, *args, timeout_s=self.timeout_s))
-            for w in self.workers
-        ]
-        fan_out(call, targets, timeout_s=self.timeout_s + 5)
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._each("init_weight_transfer_engine", init_info)
-
-    def start_weight_update(self) -> None:
-        self._each("start_weight_update")
-
-    def update_weights(self, update_info: Any) -> None:
-        self._each("update_weights", update_info)
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._each("finish_weight_update", weight_version)
+        super().__init__(
+            [w.channel for w in workers], [w.channel.label for w in workers], timeout_s=timeout_s
+        )
 
 
 # ---------------------------------------------------------------------- trainer process
@@ -292,7 +216,7 @@ class _StdioClient:
         self.out.flush()
         msg = json.loads(sys.stdin.readline())
         if not msg["ok"]:
-            raise error_from_json(msg, call)
+            raise remote_error(msg["type"], msg["message"], call)
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._call("init_weight_transfer_engine", init_info)

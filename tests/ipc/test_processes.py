@@ -15,6 +15,7 @@ import torch
 from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing import RecordingClient
+from wtcore.testing.pipes import error_record
 from wtcore_ipc import IPCTrainerInitInfo
 from wtcore_ipc.shm import SHM_DIR
 
@@ -253,7 +254,7 @@ def relay(trainer: TrainerProc, worker: Any, msg: dict[str, Any]) -> None:
         result = worker.call(msg["call"], *msg["args"])
         trainer.answer({"ok": True, "result": result})
     except Exception as e:
-        trainer.answer({"ok": False, "type": type(e).__name__, "message": str(e)})
+        trainer.answer(error_record(e))
 
 
 def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any) -> None:

@@ -1,17 +1,16 @@
-"""Worker processes for the nccl end-to-end tests, and the pipe-based client that drives them.
+"""Worker processes for the nccl end-to-end tests, driven over ``wtcore.testing.pipes``.
 
-Each worker process owns a real ``WeightSyncWorker`` over a ``ModuleSink`` and serves the
-protocol calls that arrive on a ``multiprocessing`` pipe, one at a time. The trainer side
-talks to the fleet through :class:`PipeClient`, a ``WeightSyncClient`` that fans every call
-out to all workers (``wtcore.fanout``) and maps a dead process or a missing answer to an
-error within its timeout. Tensors come back as raw bytes, so comparisons are bit-exact.
+Each worker process owns a real ``WeightSyncWorker`` over a ``ModuleSink`` of a zero model
+and serves the protocol calls that arrive on its pipe (:func:`wtcore.testing.pipes.serve_worker`);
+the trainer side talks to the fleet through the shared :class:`~wtcore.testing.pipes.PipeClient`,
+which fans every call out and maps a dead process or a missing answer to an error within its
+timeout. This kit only adds what is nccl-specific: how a worker is built, a ``state`` dump
+(tensors as raw bytes, so comparisons are bit-exact) and the test data.
 """
 
 from __future__ import annotations
 
-import itertools
-import multiprocessing as mp
-import threading
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -20,200 +19,58 @@ from typing import Any
 
 import torch
 
-from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.fanout import fan_out
 from wtcore.meta import dtype_from_name, dtype_name
 from wtcore.source import WeightSource
+from wtcore.testing.pipes import Handlers, PipeClient, decode_state, encode_state, pipe_fleet
+from wtcore.worker import WeightSyncWorker
 
 __all__ = [
     "Fleet",
     "Handlers",
     "KillingSource",
-    "PipeClient",
-    "RemoteError",
     "fleet",
     "make_state",
-    "serve",
-    "serve_worker",
     "spec_of",
     "wait_until",
 ]
 
 Spec = list[tuple[str, str, list[int]]]
+#: Extra handlers for a worker process, given its worker (``worker.sink.module`` is the model).
+Extra = Callable[[WeightSyncWorker], Handlers]
 
 
 # ---------------------------------------------------------------------- worker process side
-def _encode(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, list[int], bytes]]:
-    return {
-        n: (
-            dtype_name(t.dtype),
-            list(t.shape),
-            t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(),
-        )
-        for n, t in state.items()
-    }
-
-
-def _decode(data: Mapping[str, tuple[str, list[int], bytes]]) -> dict[str, torch.Tensor]:
-    out = {}
-    for n, (dname, shape, raw) in data.items():
-        flat = (
-            torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-            if raw
-            else torch.empty(0, dtype=torch.uint8)
-        )
-        out[n] = flat.view(dtype_from_name(dname)).reshape(shape)
-    return out
-
-
-Handlers = dict[str, Callable[..., Any]]
-
-
-def serve(conn: Any, handlers: Handlers) -> None:
-    """Answer ``(id, method, args)`` requests from ``conn`` one at a time, until ``exit``."""
-    while True:
-        try:
-            req_id, method, args = conn.recv()
-        except EOFError:
-            return
-        if method == "exit":
-            conn.send((req_id, True, None))
-            return
-        try:
-            conn.send((req_id, True, handlers[method](*args)))
-        except BaseException as e:
-            conn.send((req_id, False, (type(e).__name__, str(e))))
-
-
-def serve_worker(
-    conn: Any,
-    rank: int,
-    world_size: int,
-    spec: Spec,
-    options: dict[str, Any],
-    extra: Callable[[Any, torch.nn.Module], Handlers] | None = None,
-) -> None:
-    """Main of a worker process: a ``WeightSyncWorker`` over a zero model of ``spec``.
-
-    ``extra(worker, module)`` may add handlers (the benchmark adds its baselines).
-    """
+def _make_worker(
+    rank: int, world_size: int, spec: Spec, options: dict[str, Any]
+) -> WeightSyncWorker:
+    """Runs in the worker process: a ``WeightSyncWorker`` over a zero model of ``spec``."""
     torch.set_num_threads(1)
-    from wtcore import ModuleSink, WeightSyncWorker
+    from wtcore import ModuleSink
     from wtcore.testing import build_module
 
-    zeros = {n: torch.zeros(shape, dtype=dtype_from_name(d)) for n, d, shape in spec}
-    module = build_module(zeros)
-    del zeros
-    worker = WeightSyncWorker(
+    module = build_module({n: torch.zeros(shape, dtype=dtype_from_name(d)) for n, d, shape in spec})
+    return WeightSyncWorker(
         {"backend": "nccl", **options}, ModuleSink(module), rank=rank, world_size=world_size
     )
-    handlers: Handlers = {
-        m: getattr(worker, m)
-        for m in (
-            "init_weight_transfer_engine",
-            "start_weight_update",
-            "update_weights",
-            "finish_weight_update",
-            "weight_info",
-        )
-    }
-    handlers["state"] = lambda: _encode(dict(module.named_parameters()))
+
+
+def _handlers(extra: Extra | None, worker: WeightSyncWorker) -> Handlers:
+    """``state`` (what the model holds, for bit-exact checks) plus the caller's extras."""
+    module = worker.sink.module  # type: ignore[attr-defined]
+    handlers: Handlers = {"state": lambda: encode_state(module.named_parameters())}
     if extra is not None:
-        handlers.update(extra(worker, module))
-    try:
-        serve(conn, handlers)
-    finally:
-        worker.shutdown()
+        handlers.update(extra(worker))
+    return handlers
 
 
 # ---------------------------------------------------------------------- trainer side
-class RemoteError(RuntimeError):
-    """A worker process raised; ``status`` follows the HTTP mapping (400/409/500)."""
-
-    def __init__(self, error_type: str, message: str) -> None:
-        super().__init__(f"{error_type}: {message}")
-        self.error_type = error_type
-        self.status = {"PayloadError": 400, "ProtocolStateError": 409}.get(error_type, 500)
-
-
-class PipeClient:
-    """A ``WeightSyncClient`` over worker processes, one pipe each."""
-
-    def __init__(self, conns: list[Any], procs: list[Any], *, timeout_s: float) -> None:
-        self.conns = conns
-        self.procs = procs
-        self.timeout_s = timeout_s
-        self._locks = [threading.Lock() for _ in conns]
-        self._ids = itertools.count(1)
-
-    def call(self, i: int, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        """One call on worker ``i``; late answers to abandoned calls are skipped by id."""
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        if not self._locks[i].acquire(timeout=timeout):
-            raise TransferTimeoutError(
-                f"worker {i}: still busy with an earlier call after {timeout:g} s"
-            )
-        try:
-            req_id = next(self._ids)
-            conn = self.conns[i]
-            try:
-                conn.send((req_id, method, args))
-            except (BrokenPipeError, OSError) as e:
-                raise TransferError(f"worker {i}: process is gone ({e})") from e
-            while True:
-                if not conn.poll(max(0.0, deadline - time.monotonic())):
-                    raise TransferTimeoutError(
-                        f"worker {i}: no answer to {method} within {timeout:g} s"
-                    )
-                try:
-                    got_id, ok, payload = conn.recv()
-                except (EOFError, OSError) as e:
-                    self.procs[i].join(2)
-                    raise TransferError(
-                        f"worker {i}: process died during {method} (exit code {self.procs[i].exitcode})"
-                    ) from e
-                if got_id != req_id:
-                    continue
-                if ok:
-                    return payload
-                raise RemoteError(*payload)
-        finally:
-            self._locks[i].release()
-
-    def _each(self, method: str, *args: Any) -> list[Any]:
-        targets = [
-            (f"worker[rank={i}]", lambda i=i: self.call(i, method, *args))
-            for i in range(len(self.conns))
-        ]
-        return fan_out(method, targets, timeout_s=self.timeout_s + 1)
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._each("init_weight_transfer_engine", init_info)
-
-    def start_weight_update(self) -> None:
-        self._each("start_weight_update")
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._each("update_weights", update_info)
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._each("finish_weight_update", weight_version)
-
-    def weight_info(self, i: int) -> dict[str, Any]:
-        return self.call(i, "weight_info")  # type: ignore[no-any-return]
-
-    def state(self, i: int) -> dict[str, torch.Tensor]:
-        return _decode(self.call(i, "state"))
-
-
 @dataclass
 class Fleet:
     client: PipeClient
     procs: list[Any]
 
     def states(self) -> list[dict[str, torch.Tensor]]:
-        return [self.client.state(i) for i in range(len(self.procs))]
+        return [decode_state(self.client.call(i, "state")) for i in range(len(self.procs))]
 
 
 @contextmanager
@@ -223,48 +80,22 @@ def fleet(
     *,
     timeout_s: float = 20.0,
     options: dict[str, Any] | None = None,
-    extra: Callable[[Any, torch.nn.Module], Handlers] | None = None,
+    extra: Extra | None = None,
 ) -> Iterator[Fleet]:
-    """Start ``num_workers`` worker processes; on exit stop them, killing by PID if needed."""
-    ctx = mp.get_context("spawn")
-    conns, procs = [], []
-    try:
-        for rank in range(num_workers):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=serve_worker,
-                args=(
-                    child,
-                    rank,
-                    num_workers,
-                    spec,
-                    dict(options or {"torch_num_threads": 1}),
-                    extra,
-                ),
-                daemon=True,
-                name=f"nccl-worker-{rank}",
-            )
-            proc.start()
-            child.close()
-            conns.append(parent)
-            procs.append(proc)
-        yield Fleet(PipeClient(conns, procs, timeout_s=timeout_s), procs)
-    finally:
-        for conn, proc in zip(conns, procs, strict=True):
-            if proc.is_alive():
-                try:
-                    conn.send((0, "exit", ()))
-                except OSError:
-                    pass
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-        for conn in conns:
-            conn.close()
-        left = [p.pid for p in procs if p.is_alive()]
-        assert not left, f"worker processes left behind: {left}"
+    """Start ``num_workers`` worker processes; on exit stop them, killing by PID if needed,
+    and assert that none is left (``pipe_fleet`` does all three).
+
+    ``extra(worker)`` may add handlers (the benchmark adds its probes); it must be picklable.
+    """
+    opts = dict(options or {"torch_num_threads": 1})
+    makes = [
+        functools.partial(_make_worker, rank, num_workers, spec, opts)
+        for rank in range(num_workers)
+    ]
+    with pipe_fleet(
+        makes, timeout_s=timeout_s, extra_handlers=functools.partial(_handlers, extra)
+    ) as pf:
+        yield Fleet(pf.client, pf.procs)
 
 
 # ---------------------------------------------------------------------- data

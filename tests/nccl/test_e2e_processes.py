@@ -1,7 +1,7 @@
 """End to end: one trainer (this process) and 1-3 worker processes over real gloo on loopback.
 
 Each worker process holds its own ``WeightSyncWorker`` + ``ModuleSink``; the trainer drives
-them through a pipe-based control plane (``nccl_e2e_kit.PipeClient``). After every round the
+them through the pipe-based control plane (``wtcore.testing.pipes.PipeClient``). After every round the
 workers' weights must be bit-exact copies of the trainer's.
 """
 

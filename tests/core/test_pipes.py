@@ -1,0 +1,161 @@
+"""The shared pipe control plane (``wtcore.testing.pipes``) with real child processes.
+
+The nccl and ipc tests and both benchmarks drive their receivers through it, so its promises
+are checked here once, on the ``local`` engine (no data plane to set up): a full round is
+bit-exact, remote errors keep their type, and a dead or stopped child costs one bounded
+timeout instead of a hang.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+
+import pytest
+import torch
+
+from wtcore import (
+    ModuleSink,
+    PayloadError,
+    ProtocolStateError,
+    ReceiverError,
+    TensorSource,
+    TransferError,
+    TransferTimeoutError,
+    WeightSyncWorker,
+    WeightTransferTrainerFactory,
+)
+from wtcore.digest import digest_named
+from wtcore.local import LocalTrainerInitInfo
+from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
+from wtcore.testing.pipes import (
+    PipeFleet,
+    RemoteError,
+    decode_state,
+    encode_state,
+    error_record,
+    pipe_fleet,
+    remote_error,
+)
+
+pytestmark = [pytest.mark.timeout(120)]
+
+TIMEOUT_S = 3.0
+
+
+def _fleet(n: int, state: dict[str, torch.Tensor]) -> AbstractContextManager[PipeFleet]:
+    """Context manager for ``n`` children, each a ``local`` worker over a zero model."""
+    makes = [
+        functools.partial(
+            WeightSyncWorker,
+            "local",
+            ModuleSink(build_module(zeros_like_state(state))),
+            rank=i,
+            world_size=n,
+        )
+        for i in range(n)
+    ]
+    return pipe_fleet(makes, timeout_s=TIMEOUT_S, ready_timeout_s=60.0)
+
+
+@pytest.fixture(scope="module")
+def state() -> dict[str, torch.Tensor]:
+    return dict(mixed_dtype_state(0))
+
+
+@pytest.fixture
+def two(state: dict[str, torch.Tensor]) -> Iterator[PipeFleet]:
+    with _fleet(2, state) as f:
+        yield f
+
+
+def test_round_through_children_is_bit_exact(
+    two: PipeFleet, state: dict[str, torch.Tensor]
+) -> None:
+    info = LocalTrainerInitInfo(buffer_size_bytes=4096, rank=0)
+    with WeightTransferTrainerFactory.trainer_init(
+        info, client=two.client, source=TensorSource(state)
+    ) as trainer:
+        trainer.send_weights(weight_version="v1")
+    want = digest_named(state.items())
+    assert two.client.checksums() == [want, want]
+    for i in range(2):
+        assert two.client.weight_info(i)["weight_version"] == "v1"
+
+
+def test_remote_errors_keep_type_name_and_class(two: PipeFleet) -> None:
+    two.client.init_weight_transfer_engine({"buffer_size_bytes": 4096})
+    two.client.call(0, "start_weight_update")
+    with pytest.raises(ProtocolStateError) as exc:  # start twice
+        two.client.call(0, "start_weight_update")
+    assert isinstance(exc.value, RemoteError)
+    assert type(exc.value).__name__ == "ProtocolStateError" and exc.value.status == 409
+    assert "worker[rank=0].start_weight_update" in str(exc.value)
+    with pytest.raises(PayloadError):  # and so a ValueError, as in-process
+        two.client.call(0, "update_weights", {"nonsense": 1})
+    # fanned out (worker 1 is idle, so only worker 0 fails): one ReceiverError, naming the
+    # failing receiver and the remote type
+    with pytest.raises(ReceiverError) as fan:
+        two.client.start_weight_update()
+    assert [f.receiver for f in fan.value.failures] == ["worker[rank=0]"]
+    assert fan.value.failures[0].error_type == "ProtocolStateError"
+    assert fan.value.failures[0].status == 409
+
+
+def test_killed_child_is_an_error_within_the_timeout(two: PipeFleet) -> None:
+    two.client.init_weight_transfer_engine({"buffer_size_bytes": 4096})
+    victim = two.procs[1]
+    victim.kill()  # SIGKILL, by the PID of a process this test started
+    victim.join(10)
+    t0 = time.monotonic()
+    with pytest.raises(TransferError, match=r"worker\[rank=1\].weight_info: child process"):
+        two.client.call(1, "weight_info")
+    with pytest.raises(ReceiverError) as exc:
+        two.client.start_weight_update()
+    assert time.monotonic() - t0 < TIMEOUT_S
+    assert [f.receiver for f in exc.value.failures] == ["worker[rank=1]"]
+    assert two.client.weight_info(0)["state"] == "updating"  # the survivor is unaffected
+
+
+def test_stopped_child_times_out_then_recovers(two: PipeFleet) -> None:
+    pid = two.procs[0].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # alive but silent: only the timeout can end the wait
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TransferTimeoutError, match="no answer within 1 s"):
+            two.client.call(0, "weight_info", timeout_s=1.0)
+        assert time.monotonic() - t0 < 1.0 + 1.0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # the late answer to the abandoned call is skipped; the next call gets its own answer
+    assert two.client.call(0, "weight_info")["state"] in ("uninitialized", "idle")
+
+
+def test_state_encoding_is_exact_json() -> None:
+    import json
+
+    state = dict(mixed_dtype_state(1))
+    state["scalar"] = torch.tensor(1.5, dtype=torch.bfloat16)
+    state["empty"] = torch.empty(0, 3, dtype=torch.float16)
+    state["mask"] = torch.tensor([True, False, True])
+    got = decode_state(json.loads(json.dumps(encode_state(state))))
+    assert list(got) == list(state)
+    for name, t in state.items():
+        assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
+        assert torch.equal(got[name], t), name
+
+
+def test_error_records_round_trip() -> None:
+    rec = error_record(TransferTimeoutError("slow"))
+    assert rec == {"ok": False, "type": "TransferTimeoutError", "message": "slow"}
+    e = remote_error(rec["type"], rec["message"], "w0.update_weights")
+    assert isinstance(e, TransferTimeoutError) and isinstance(e, TimeoutError)
+    assert str(e) == "w0.update_weights: TransferTimeoutError: slow"
+    odd = remote_error("SomethingOnlyTheChildKnows", "boom")
+    assert type(odd).__name__ == "SomethingOnlyTheChildKnows" and isinstance(odd, RemoteError)
+    assert isinstance(remote_error("KeyError", "x"), KeyError)

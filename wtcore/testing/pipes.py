@@ -1,0 +1,431 @@
+"""A control plane over ``multiprocessing`` pipes, for tests and benchmarks with real processes.
+
+Engine tests and benchmarks need receivers in *other* processes (a shared-memory segment or a
+gloo group inside one process proves little), but not an HTTP server or a Ray cluster. This
+module is the one small control plane they share:
+
+* child side: :func:`serve` answers requests on a :class:`~multiprocessing.connection.Connection`
+  one at a time; :func:`serve_worker` does so for a :class:`~wtcore.worker.WeightSyncWorker`
+  built in the child (the four protocol calls, ``weight_info``, ``checksums``, ``abort``,
+  plus any extra handlers a test adds);
+* parent side: :class:`PipeClient` is a ``WeightSyncClient`` that fans every protocol call out
+  to all children (:func:`wtcore.fanout.fan_out`, so failures arrive as one
+  :class:`~wtcore.errors.ReceiverError`) and bounds every wait: a dead or hung child costs one
+  timeout, never a hang;
+* :func:`pipe_fleet` starts the children (``spawn``) and always stops them;
+* :func:`encode_state` / :func:`decode_state` carry tensors as JSON so that the parent can
+  compare them bit for bit (``torch.equal``).
+
+Every message is JSON bytes (``send_bytes``), never a pickle, as on every production control
+plane: a payload that only works because pickle carried it would be a bug these tests hide.
+Errors cross as ``{"ok": false, "type": ..., "message": ...}`` and come back as
+:class:`RemoteError` subclasses that keep the remote type's *name* and, for wtcore's own errors
+and common builtins, its *class* too (``except PayloadError`` / ``except ValueError`` still work).
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import contextlib
+import itertools
+import json
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from wtcore import errors as _errors
+from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.fanout import fan_out
+
+if TYPE_CHECKING:
+    import torch
+
+    from wtcore.worker import WeightSyncWorker
+
+__all__ = [
+    "WORKER_CALLS",
+    "Handlers",
+    "PipeChannel",
+    "PipeClient",
+    "PipeFleet",
+    "RemoteError",
+    "decode_state",
+    "encode_state",
+    "error_record",
+    "pipe_fleet",
+    "remote_error",
+    "serve",
+    "serve_worker",
+    "worker_handlers",
+]
+
+#: Handlers of one child: call name -> function of the JSON arguments, returning JSON.
+Handlers = dict[str, Callable[..., Any]]
+
+#: The calls :func:`worker_handlers` answers: the protocol, plus the inspection calls.
+WORKER_CALLS = (
+    "init_weight_transfer_engine",
+    "start_weight_update",
+    "update_weights",
+    "finish_weight_update",
+    "abort_weight_update",
+    "weight_info",
+    "checksums",
+)
+
+# Request ids are unique across every client of this process, so an answer that arrives
+# after its call was abandoned (timeout) can never be taken for the answer to a later call.
+_IDS = itertools.count(1)
+
+
+# ---------------------------------------------------------------------- errors
+def error_record(e: BaseException) -> dict[str, Any]:
+    """The JSON form of an error: its type *name* and message (no traceback, no pickle)."""
+    return {"ok": False, "type": type(e).__name__, "message": str(e)}
+
+
+class RemoteError(RuntimeError):
+    """An error raised in another process; ``error_type`` is the remote type's name.
+
+    ``status`` follows the HTTP mapping of wtcore's errors (400/409/500), so fan-out failures
+    read like those of the HTTP client.
+    """
+
+    def __init__(self, error_type: str, message: str, where: str = "") -> None:
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}{error_type}: {message}")
+        self.error_type = error_type
+        self.remote_message = message
+        self.status = {"PayloadError": 400, "ProtocolStateError": 409}.get(error_type, 500)
+
+
+_REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
+_CLASS_LOCK = threading.Lock()
+
+
+def _local_class(name: str) -> type[BaseException] | None:
+    """The local class a remote error name maps onto: wtcore's errors, then builtins."""
+    if name in _errors.__all__ and name != "ReceiverError":  # ReceiverError has its own init
+        cls = getattr(_errors, name)
+    else:
+        cls = getattr(builtins, name, None)
+    ok = isinstance(cls, type) and issubclass(cls, Exception)
+    return cls if ok else None
+
+
+def remote_error(error_type: str, message: str, where: str = "") -> RemoteError:
+    """A :class:`RemoteError` whose class is *named* ``error_type`` and, where it can, also
+    derives from the local class of that name, so callers catch it as they would locally."""
+    with _CLASS_LOCK:
+        cls = _REMOTE_CLASSES.get(error_type)
+        if cls is None:
+            local = _local_class(error_type)
+            bases: tuple[type, ...] = (RemoteError,) if local is None else (RemoteError, local)
+            try:
+                cls = type(error_type, bases, {"__module__": __name__})
+            except TypeError:  # layout conflict with an exotic builtin: keep the name only
+                cls = type(error_type, (RemoteError,), {"__module__": __name__})
+            _REMOTE_CLASSES[error_type] = cls
+    return cls(error_type, message, where)
+
+
+# ---------------------------------------------------------------------- child side
+def _send(conn: Connection, msg: Mapping[str, Any]) -> None:
+    conn.send_bytes(json.dumps(msg).encode())
+
+
+def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
+    """Answer ``{"id", "call", "args"}`` requests on ``conn`` one at a time.
+
+    Returns on ``exit`` or when the parent closes its end (EOF), so a parent that dies takes
+    its children with it instead of leaving them blocked. ``ping`` is always answered (the
+    parent uses it to wait, bounded, until a child is ready).
+    """
+    while True:
+        try:
+            req = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        req_id, call, args = req.get("id"), req.get("call"), req.get("args", [])
+        if call == "exit":
+            with contextlib.suppress(OSError):
+                _send(conn, {"id": req_id, "ok": True, "result": None})
+            return
+        try:
+            if call == "ping":
+                result: Any = True
+            elif call in handlers:
+                result = handlers[call](*args)
+            else:
+                raise KeyError(f"unknown call {call!r}; this child answers {sorted(handlers)}")
+            reply = {"id": req_id, "ok": True, "result": result}
+            data = json.dumps(reply).encode()  # a result that is not JSON is the child's error
+        except Exception as e:
+            data = json.dumps({"id": req_id, **error_record(e)}).encode()
+        try:
+            conn.send_bytes(data)
+        except OSError:
+            return
+
+
+def worker_handlers(get_worker: Callable[[], WeightSyncWorker]) -> Handlers:
+    """Handlers for :data:`WORKER_CALLS`, on whatever worker ``get_worker()`` returns *now*
+    (a test may rebuild the worker between calls)."""
+    return {name: (lambda *a, _n=name: getattr(get_worker(), _n)(*a)) for name in WORKER_CALLS}
+
+
+def serve_worker(
+    conn: Connection,
+    make_worker: Callable[[], WeightSyncWorker],
+    extra_handlers: Callable[[WeightSyncWorker], Handlers] | None = None,
+) -> None:
+    """Main of a child process: build one worker, serve it on ``conn``, shut it down.
+
+    ``make_worker`` runs in the child (the model and the engine belong there);
+    ``extra_handlers(worker)`` adds calls such as a state dump or benchmark probes. For a
+    ``spawn`` child both must be picklable: module-level functions or ``functools.partial``.
+    """
+    worker = make_worker()
+    try:
+        handlers = worker_handlers(lambda: worker)
+        if extra_handlers is not None:
+            handlers.update(extra_handlers(worker))
+        serve(conn, handlers)
+    finally:
+        worker.shutdown()
+        conn.close()
+
+
+# ---------------------------------------------------------------------- parent side
+class PipeChannel:
+    """The parent's end of one child: one call at a time, every wait bounded.
+
+    ``exitcode`` (if given) reports the child's exit status for error messages.
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        label: str,
+        *,
+        timeout_s: float,
+        exitcode: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.conn = conn
+        self.label = label
+        self.timeout_s = timeout_s
+        self._exitcode = exitcode
+        self._lock = threading.Lock()
+
+    def _gone(self, call: str, what: str, cause: BaseException) -> TransferError:
+        code = f", exit code {self._exitcode()}" if self._exitcode is not None else ""
+        return TransferError(f"{self.label}.{call}: child process {what} ({cause!r}{code})")
+
+    def call(self, call: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """Send one request and wait (bounded) for its answer; late answers are skipped by id.
+
+        A remote error raises :func:`remote_error`; a dead child :class:`TransferError`; no
+        answer in time :class:`TransferTimeoutError`.
+        """
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        where = f"{self.label}.{call}"
+        if not self._lock.acquire(timeout=timeout):
+            raise TransferTimeoutError(
+                f"{where}: still busy with an earlier call after {timeout:g} s"
+            )
+        try:
+            req_id = next(_IDS)
+            try:
+                _send(self.conn, {"id": req_id, "call": call, "args": list(args)})
+            except (OSError, ValueError) as e:  # ValueError: our end is already closed
+                raise self._gone(call, "is gone", e) from e
+            while True:
+                try:
+                    ready = self.conn.poll(max(0.0, deadline - time.monotonic()))
+                    msg = json.loads(self.conn.recv_bytes()) if ready else None
+                except (EOFError, OSError) as e:
+                    raise self._gone(call, "died", e) from e
+                if msg is None:
+                    raise TransferTimeoutError(f"{where}: no answer within {timeout:g} s")
+                if msg.get("id") != req_id:
+                    continue
+                if msg["ok"]:
+                    return msg["result"]
+                raise remote_error(msg["type"], msg["message"], where)
+        finally:
+            self._lock.release()
+
+    def send_exit(self) -> None:
+        """Ask the child to stop, without waiting (best effort: it may be gone already)."""
+        with contextlib.suppress(OSError, ValueError):
+            _send(self.conn, {"id": 0, "call": "exit"})
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PipeClient:
+    """A ``WeightSyncClient`` over child processes, one pipe each.
+
+    ``conns`` are connections (or ready :class:`PipeChannel` objects, to share a channel's
+    lock with other callers); ``labels`` name them in errors (default ``worker[rank=i]``).
+    Protocol calls fan out to every child; :meth:`call` reaches one.
+    """
+
+    def __init__(
+        self,
+        conns: Sequence[Connection | PipeChannel],
+        labels: Sequence[str] | None = None,
+        *,
+        timeout_s: float,
+    ) -> None:
+        labels = [f"worker[rank={i}]" for i in range(len(conns))] if labels is None else labels
+        if len(labels) != len(conns):
+            raise ValueError(f"{len(conns)} connections but {len(labels)} labels")
+        self.timeout_s = timeout_s
+        self.channels = [
+            c if isinstance(c, PipeChannel) else PipeChannel(c, lbl, timeout_s=timeout_s)
+            for c, lbl in zip(conns, labels, strict=True)
+        ]
+
+    def call(self, i: int, call: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """One call on child ``i`` (default timeout: the client's)."""
+        return self.channels[i].call(
+            call, *args, timeout_s=self.timeout_s if timeout_s is None else timeout_s
+        )
+
+    def _each(self, call: str, *args: Any) -> list[Any]:
+        targets = [
+            (ch.label, lambda i=i: self.call(i, call, *args)) for i, ch in enumerate(self.channels)
+        ]
+        # Each call bounds itself; the fan-out's own deadline is only a backstop.
+        return fan_out(call, targets, timeout_s=self.timeout_s + 5)
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._each("init_weight_transfer_engine", init_info)
+
+    def start_weight_update(self) -> None:
+        self._each("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self._each("update_weights", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._each("finish_weight_update", weight_version)
+
+    def weight_info(self, i: int) -> dict[str, Any]:
+        result: dict[str, Any] = self.call(i, "weight_info")
+        return result
+
+    def checksums(self) -> list[dict[str, str]]:
+        return self._each("checksums")
+
+    def get_world_size(self) -> int:
+        return len(self.channels)
+
+
+@dataclass
+class PipeFleet:
+    """Children started by :func:`pipe_fleet`: their client and their processes."""
+
+    client: PipeClient
+    procs: list[mp.process.BaseProcess]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+
+def _exitcode_of(proc: mp.process.BaseProcess) -> Callable[[], int | None]:
+    return lambda: proc.exitcode
+
+
+@contextlib.contextmanager
+def pipe_fleet(
+    make_workers: Sequence[Callable[[], WeightSyncWorker]],
+    *,
+    timeout_s: float,
+    extra_handlers: Callable[[WeightSyncWorker], Handlers] | None = None,
+    labels: Sequence[str] | None = None,
+    ready_timeout_s: float | None = None,
+    join_timeout_s: float = 10.0,
+) -> Iterator[PipeFleet]:
+    """One ``spawn`` child per ``make_workers`` entry, each running :func:`serve_worker`.
+
+    ``ready_timeout_s`` (if given) waits, bounded, until every child answers ``ping``: for
+    children whose start (importing torch, building a large model) exceeds ``timeout_s``.
+    On exit every child is asked to stop, then killed by PID if it has not; it raises
+    ``AssertionError`` if one is still alive after that.
+    """
+    ctx = mp.get_context("spawn")
+    names = [f"worker[rank={i}]" for i in range(len(make_workers))] if labels is None else labels
+    channels: list[PipeChannel] = []
+    procs: list[mp.process.BaseProcess] = []
+    try:
+        for make, label in zip(make_workers, names, strict=True):
+            parent, child = ctx.Pipe()
+            proc: mp.process.BaseProcess = ctx.Process(
+                target=serve_worker, args=(child, make, extra_handlers), daemon=True, name=label
+            )
+            proc.start()
+            child.close()
+            procs.append(proc)
+            channels.append(
+                PipeChannel(parent, label, timeout_s=timeout_s, exitcode=_exitcode_of(proc))
+            )
+        client = PipeClient(channels, timeout_s=timeout_s)
+        if ready_timeout_s is not None:
+            for i in range(len(channels)):
+                client.call(i, "ping", timeout_s=ready_timeout_s)
+        yield PipeFleet(client, procs)
+    finally:
+        for ch, started in zip(channels, procs, strict=True):
+            if started.is_alive():
+                ch.send_exit()
+        for started in procs:
+            started.join(join_timeout_s)
+            if started.is_alive():
+                started.kill()  # by PID: only processes started here
+                started.join(5)
+        for ch in channels:
+            ch.close()
+        left = [p.pid for p in procs if p.is_alive()]
+        assert not left, f"child processes left behind: {left}"
+
+
+# ---------------------------------------------------------------------- tensors as JSON
+def encode_state(
+    items: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+) -> dict[str, Any]:
+    """``{name: [dtype name, shape, base64 of the raw bytes]}``: exact for every dtype
+    (bf16 included), and plain JSON."""
+    from wtcore.buckets import as_bytes
+    from wtcore.meta import dtype_name
+
+    pairs = items.items() if isinstance(items, Mapping) else items
+    out: dict[str, Any] = {}
+    for name, t in pairs:
+        raw = as_bytes(t.detach().cpu().contiguous()).numpy().tobytes()
+        out[name] = [dtype_name(t.dtype), list(t.shape), base64.b64encode(raw).decode()]
+    return out
+
+
+def decode_state(data: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`encode_state`: CPU tensors that own their memory."""
+    import torch
+
+    from wtcore.meta import dtype_from_name
+
+    out = {}
+    for name, (dname, shape, b64) in data.items():
+        raw = bytearray(base64.b64decode(b64))
+        flat = (
+            torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        )
+        out[name] = flat.view(dtype_from_name(dname)).reshape(shape).clone()
+    return out
