@@ -7,13 +7,14 @@ replicas failed, and a dead one must cost one timeout, not one per replica.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import ReceiverError, ReceiverFailure
 
-__all__ = ["failure_of", "fan_out"]
+__all__ = ["FanOutClient", "failure_of", "fan_out"]
 
 T = TypeVar("T")
 
@@ -58,3 +59,40 @@ def fan_out(
     if failures:
         raise ReceiverError(call, failures, total=len(targets))
     return results
+
+
+class FanOutClient(ABC):
+    """The four protocol calls (plus ``checksums``), each sent to every receiver at once.
+
+    Subclasses say how to reach receiver ``i`` with :meth:`_targets`; the fan-out, the shared
+    deadline and the single :class:`ReceiverError` come from here.
+    """
+
+    timeout_s: float
+
+    @abstractmethod
+    def _targets(self, call: str, *args: Any) -> list[tuple[str, Callable[[], Any]]]:
+        """``(label, thunk)`` per receiver, each thunk making ``call(*args)`` on it."""
+
+    def _deadline_s(self) -> float:
+        """The fan-out's own deadline (a backstop when each call bounds itself)."""
+        return self.timeout_s
+
+    def _each(self, call: str, *args: Any) -> list[Any]:
+        return fan_out(call, self._targets(call, *args), timeout_s=self._deadline_s())
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._each("init_weight_transfer_engine", init_info)
+
+    def start_weight_update(self) -> None:
+        self._each("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self._each("update_weights", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._each("finish_weight_update", weight_version)
+
+    def checksums(self) -> list[dict[str, str]]:
+        """``{name: digest}`` per receiver, in order."""
+        return self._each("checksums")

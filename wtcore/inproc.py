@@ -7,16 +7,17 @@ several, concurrently, so that engines whose worker calls block until the traine
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from wtcore.fanout import fan_out
+from wtcore.fanout import FanOutClient
 from wtcore.worker import WeightSyncWorker
 
 __all__ = ["InProcessClient"]
 
 
-class InProcessClient:
+class InProcessClient(FanOutClient):
     """Fan-out ``WeightSyncClient`` over in-process workers."""
 
     def __init__(
@@ -27,29 +28,14 @@ class InProcessClient:
             raise ValueError("InProcessClient needs at least one worker")
         self.timeout_s = timeout_s
 
-    def _each(self, call: str, *args: Any) -> list[Any]:
-        targets = [
-            (f"worker[rank={w.rank}]", lambda w=w: getattr(w, call)(*args)) for w in self.workers
+    def _targets(self, call: str, *args: Any) -> list[tuple[str, Callable[[], Any]]]:
+        return [
+            (f"worker[rank={w.rank}]", functools.partial(getattr(w, call), *args))
+            for w in self.workers
         ]
-        return fan_out(call, targets, timeout_s=self.timeout_s)
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._each("init_weight_transfer_engine", init_info)
-
-    def start_weight_update(self) -> None:
-        self._each("start_weight_update")
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._each("update_weights", update_info)
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._each("finish_weight_update", weight_version)
 
     def weight_info(self) -> list[dict[str, Any]]:
         return [w.weight_info() for w in self.workers]
-
-    def checksums(self) -> list[dict[str, str]]:
-        return self._each("checksums")
 
     def get_world_size(self) -> int:
         return len(self.workers)

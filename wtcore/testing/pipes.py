@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import builtins
 import contextlib
+import functools
 import itertools
 import json
 import multiprocessing as mp
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore import errors as _errors
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.fanout import fan_out
+from wtcore.fanout import FanOutClient
 
 if TYPE_CHECKING:
     import torch
@@ -270,7 +271,7 @@ class PipeChannel:
         self.conn.close()
 
 
-class PipeClient:
+class PipeClient(FanOutClient):
     """A ``WeightSyncClient`` over child processes, one pipe each.
 
     ``conns`` are connections (or ready :class:`PipeChannel` objects, to share a channel's
@@ -300,31 +301,18 @@ class PipeClient:
             call, *args, timeout_s=self.timeout_s if timeout_s is None else timeout_s
         )
 
-    def _each(self, call: str, *args: Any) -> list[Any]:
-        targets = [
-            (ch.label, lambda i=i: self.call(i, call, *args)) for i, ch in enumerate(self.channels)
+    def _targets(self, call: str, *args: Any) -> list[tuple[str, Callable[[], Any]]]:
+        return [
+            (ch.label, functools.partial(self.call, i, call, *args))
+            for i, ch in enumerate(self.channels)
         ]
-        # Each call bounds itself; the fan-out's own deadline is only a backstop.
-        return fan_out(call, targets, timeout_s=self.timeout_s + 5)
 
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._each("init_weight_transfer_engine", init_info)
-
-    def start_weight_update(self) -> None:
-        self._each("start_weight_update")
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._each("update_weights", update_info)
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._each("finish_weight_update", weight_version)
+    def _deadline_s(self) -> float:
+        return self.timeout_s + 5  # each call bounds itself; this is only a backstop
 
     def weight_info(self, i: int) -> dict[str, Any]:
         result: dict[str, Any] = self.call(i, "weight_info")
         return result
-
-    def checksums(self) -> list[dict[str, str]]:
-        return self._each("checksums")
 
     def get_world_size(self) -> int:
         return len(self.channels)
