@@ -99,7 +99,7 @@ def file_gbps(state: Mapping[str, torch.Tensor], repeats: int = 2) -> float:
 
         def run() -> None:
             torch.save(dict(state), path)
-            loaded = torch.load(path)
+            loaded = torch.load(path, weights_only=True)  # tensors only: never unpickle code
             for name, t in model.items():
                 t.copy_(loaded[name])
 

@@ -76,6 +76,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._serve()
 
+    # Standard methods no route accepts: a JSON 405 (or 404), not the stdlib's HTML 501.
+    def do_PATCH(self) -> None:
+        self._serve()
+
+    def do_OPTIONS(self) -> None:
+        self._serve()
+
+    def do_HEAD(self) -> None:
+        self.close_connection = True  # a HEAD answer has no body; start afresh after it
+        self._serve()
+
     def _serve(self) -> None:
         routes = self.server.routes
         headers = dict(self.headers.items())
@@ -120,7 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
 
 class _Server(ThreadingHTTPServer):

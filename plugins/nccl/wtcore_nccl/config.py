@@ -27,6 +27,9 @@ __all__ = [
 DEFAULT_BUFFER_SIZE = 1 << 30
 #: Default bound on every blocking wait (rendezvous, one broadcast, one control call).
 DEFAULT_TIMEOUT_S = 300.0
+#: Upper bound on ``timeout_s``: one day. Larger values (or Infinity, which JSON decoders
+#: accept) overflow torch's timeouts, and "wait forever" is what the timeout exists to avoid.
+MAX_TIMEOUT_S = 86400.0
 #: ``auto`` picks NCCL for CUDA devices and gloo otherwise.
 TRANSPORTS: tuple[str, ...] = ("auto", "gloo", "nccl")
 
@@ -64,8 +67,11 @@ def _check_common(
         )
     if packed_num_buffers < 1:
         raise ValueError(f"packed_num_buffers: expected at least 1, got {packed_num_buffers}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(
+            f"timeout_s: expected a positive number of seconds up to {MAX_TIMEOUT_S:g}, "
+            f"got {timeout_s}"
+        )
     if transport not in TRANSPORTS:
         raise ValueError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
 
