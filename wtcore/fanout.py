@@ -30,32 +30,50 @@ def failure_of(receiver: str, error: BaseException) -> ReceiverFailure:
     )
 
 
+#: After one receiver has failed, how long the others still get before the call gives up.
+FAIL_FAST_S = 5.0
+
+
 def fan_out(
-    call: str, targets: Sequence[tuple[str, Callable[[], T]]], *, timeout_s: float
+    call: str,
+    targets: Sequence[tuple[str, Callable[[], T]]],
+    *,
+    timeout_s: float,
+    fail_fast_s: float | None = FAIL_FAST_S,
 ) -> list[T]:
     """Run each ``(label, fn)`` concurrently; return results in order or raise ReceiverError.
 
-    One receiver is called inline (no thread) unless it could block past the timeout, which
-    it can always do, so every call runs on a helper thread; the waits share one deadline.
+    Every call runs on a daemon helper thread (any of them can block) and all share one
+    deadline. Once one receiver has failed the round is lost anyway, so the others get only
+    ``fail_fast_s`` more seconds: a trainer hears about a dead replica in seconds, not after
+    the peers' rendezvous timeout. ``fail_fast_s=None`` waits for everyone.
     """
     calls = [BackgroundCall(fn, name=f"{call}@{label}") for label, fn in targets]
     deadline = time.monotonic() + timeout_s
+    first_failure: str | None = None
+    pending = set(range(len(calls)))
+    while pending and time.monotonic() < deadline:
+        for i in list(pending):
+            if calls[i].wait(0.005):
+                pending.discard(i)
+                if calls[i].error is not None and first_failure is None:
+                    first_failure = targets[i][0]
+                    if fail_fast_s is not None:
+                        deadline = min(deadline, time.monotonic() + fail_fast_s)
     failures: list[ReceiverFailure] = []
     results: list[T] = []
-    for (label, _), bg in zip(targets, calls, strict=True):
-        if not bg.wait(max(0.0, deadline - time.monotonic())):
-            failures.append(
-                ReceiverFailure(
-                    label,
-                    f"no answer within {timeout_s:g} s",
-                    error_type="TransferTimeoutError",
-                )
+    for i, ((label, _), bg) in enumerate(zip(targets, calls, strict=True)):
+        if i in pending:
+            reason = (
+                f"still running {fail_fast_s:g} s after {first_failure} failed"
+                if first_failure is not None
+                else f"no answer within {timeout_s:g} s"
             )
-            continue
-        if bg.error is not None:
+            failures.append(ReceiverFailure(label, reason, error_type="TransferTimeoutError"))
+        elif bg.error is not None:
             failures.append(failure_of(label, bg.error))
-            continue
-        results.append(bg.result(0))
+        else:
+            results.append(bg.result(0))
     if failures:
         raise ReceiverError(call, failures, total=len(targets))
     return results

@@ -253,3 +253,35 @@ def test_shutdown_during_a_blocked_update_stays_closed(model: torch.nn.Module) -
     t.join(10)
     assert errors and w.state.value == "closed"
     assert w.weight_info()["consistent"] is False
+
+
+def test_fan_out_fails_fast_once_a_receiver_failed() -> None:
+    from wtcore import ReceiverError
+    from wtcore.fanout import fan_out
+
+    release = threading.Event()
+
+    def broken() -> None:
+        raise PayloadError("bad payload")
+
+    def stuck() -> None:
+        release.wait(30)
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ReceiverError) as exc:
+            fan_out("update_weights", [("a", broken), ("b", stuck)], timeout_s=30, fail_fast_s=0.3)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 5
+    text = str(exc.value)
+    assert "a: PayloadError: bad payload" in text
+    assert "b: TransferTimeoutError: still running 0.3 s after a failed" in text
+
+
+def test_fan_out_waits_for_everyone_when_nothing_failed() -> None:
+    from wtcore.fanout import fan_out
+
+    assert fan_out(
+        "x", [("a", lambda: 1), ("b", lambda: (time.sleep(0.2), 2)[1])], timeout_s=5
+    ) == [1, 2]

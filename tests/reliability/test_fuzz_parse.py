@@ -118,8 +118,13 @@ def test_parse_update_info_real_fields(engine: Any, data: st.DataObject) -> None
 
 
 def test_every_registered_engine_is_fuzzed() -> None:
-    """A new worker engine joins this suite: fail until it is listed in ``ENGINES``."""
-    installed = set(wtcore.ENGINES.names())
+    """A new worker engine joins this suite: fail until it is listed in ``ENGINES``.
+
+    Only engines that a distribution provides count; other tests register throwaway engines
+    at runtime (the tutorial's ``tmpfile``), which are not part of what we ship.
+    """
+    registry = wtcore.ENGINES
+    installed = {n for n in registry.names() if registry.info(n).distribution is not None}
     assert installed <= set(ENGINES), f"add {sorted(installed - set(ENGINES))} to ENGINES"
 
 
