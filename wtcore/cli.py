@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="limits and naive baselines to measure (auto: those relevant to the backend)",
     )
     b.add_argument("--transactional", action="store_true", help="receivers stage each round")
+    b.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads in the trainer while it sends (default 1: on small hosts torch's "
+        "busy-waiting workers starve the transfer; 0 keeps torch's default)",
+    )
     b.add_argument("--timeout", type=float, default=300.0, help="seconds per call (default 300)")
     b.add_argument("--json", metavar="PATH", help="write the full record as JSON")
     b.add_argument("--plot", metavar="PATH", help="write a PNG of GB/s against buffer size")
@@ -165,6 +172,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         buffer_sizes=buffers,
         baselines=args.baselines,
         transactional=args.transactional,
+        torch_threads=args.torch_threads,
         timeout_s=args.timeout,
         corrupt_round=args.corrupt_round,
     )

@@ -29,6 +29,7 @@ class BenchOptions:
     buffer_sizes: list[int] = field(default_factory=list)  # empty: the engine's default
     baselines: str = "auto"  # auto | all | none
     transactional: bool = False
+    torch_threads: int = 1  # 0: leave torch's default
     timeout_s: float = 300.0
     corrupt_round: int | None = None  # testing only: corrupt receiver 0 after this round
 
@@ -198,6 +199,10 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     model = build_module(state)
     del state
     configs: list[int | None] = list(opts.buffer_sizes) or [None]
+    if opts.torch_threads > 0:
+        import torch
+
+        torch.set_num_threads(opts.torch_threads)
     bar = _progress(opts.rounds * len(configs), f"wtcore bench {opts.backend}/{opts.client}")
     try:
         runs = [_run_engine(opts, spec, model, b, bar) for b in configs]
