@@ -1,8 +1,9 @@
 """The ``wtcore`` command line.
 
-Built-in subcommands: ``plugins`` (what is installed and whether it runs here) and ``demo`` (the
-in-process reference round trip). Plugins add more through the ``wtcore_add_commands`` hook,
-for example ``wtcore serve`` from wtcore-http-client.
+Built-in subcommands: ``plugins`` (what is installed and whether it runs here) and ``bench``
+(the main job: receivers started, rounds verified, measured against this machine's limits).
+Plugins add more through the ``wtcore_add_commands`` hook, for example ``wtcore serve`` from
+wtcore-http-client.
 """
 
 from __future__ import annotations
@@ -36,15 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plugins", help="list engines, clients and hook plugins")
     p.set_defaults(func=_cmd_plugins)
-
-    d = sub.add_parser("demo", help="sync a synthetic model in-process and verify it bit for bit")
-    d.add_argument("--backend", default="local", help="engine name (default: local)")
-    d.add_argument("--size", type=_size, default=_size("64MiB"), help="model size (default 64MiB)")
-    d.add_argument("--tensors", type=int, default=100, help="number of tensors (default 100)")
-    d.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    d.add_argument("--rounds", type=int, default=3)
-    d.add_argument("--receivers", type=int, default=2)
-    d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser(
         "bench",
@@ -183,21 +175,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         write_plot(record, args.plot)
     return 0 if record["ok"] else 1
-
-
-# ---------------------------------------------------------------------- demo
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from wtcore.demo import run_demo
-
-    return run_demo(
-        backend=args.backend,
-        size_bytes=args.size,
-        num_tensors=args.tensors,
-        dtype=args.dtype,
-        rounds=args.rounds,
-        receivers=args.receivers,
-        out=sys.stdout,
-    )
 
 
 if __name__ == "__main__":  # pragma: no cover
