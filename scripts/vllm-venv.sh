@@ -39,7 +39,8 @@ PIP=("$VENV/bin/python" -m pip install --quiet)
 # Refuse a CUDA torch: the whole point of this venv is the CPU build.
 "$VENV/bin/python" - <<'PY'
 import torch
-import vllm  # noqa: F401
+import vllm.engine.arg_utils  # noqa: F401  (imports transformers, which broke on torchvision)
+import vllm
 
 assert torch.version.cuda is None, f"a CUDA torch was installed: {torch.__version__}"
 print(f"torch {torch.__version__}, vllm {vllm.__version__}")

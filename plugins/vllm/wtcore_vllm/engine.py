@@ -54,7 +54,8 @@ class ModelSink:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # Copies: the layerwise reload buffers these tensors past this call (module docstring).
-        self._adapter.model.load_weights(_copies(weights))
+        model: Any = self._adapter.model  # a vLLM model class; nn.Module does not declare it
+        model.load_weights(_copies(weights))
 
 
 def _copies(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -36,7 +36,7 @@ def initialize_layerwise_reload(model: torch.nn.Module) -> None:
 def finalize_layerwise_reload(model: torch.nn.Module, model_config: Any) -> None:
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload as fin
 
-    fin(model, model_config)
+    fin(model, model_config)  # type: ignore[no-untyped-call]
 
 
 @torch.no_grad()

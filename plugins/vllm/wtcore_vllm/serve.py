@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", "serve", *args]
-    result = vllm_main()
+    result = vllm_main()  # type: ignore[no-untyped-call]
     return int(result) if isinstance(result, int) else 0
 
 
