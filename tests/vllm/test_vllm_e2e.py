@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 from vllm_kit import VLLM_PYTHON, VLLMServer, generate, run_trainer, start_trainer, stop_process
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -103,3 +104,16 @@ def test_killed_trainer_leaves_server_ready_for_a_fresh_round(  # type: ignore[n
     assert generate(s.a) == s.reference
     sync(s.a, s.ckpt_a.state, "step-4")
     assert generate(s.a) == s.original
+
+
+def test_bad_init_info_is_rejected_naming_the_field(vllm_servers) -> None:  # type: ignore[no-untyped-def]
+    """wtcore's parsing runs inside vLLM: the error names the field; the server keeps serving."""
+    s = vllm_servers
+    r = requests.post(
+        s.a.url + "/init_weight_transfer_engine",
+        json={"init_info": {"master_address": "127.0.0.1", "master_port": "x"}},
+        timeout=60,
+    )
+    assert r.status_code >= 400
+    assert "init_info.master_port: expected int, got str 'x'" in r.text
+    assert len(generate(s.a)) == len(s.original)
