@@ -9,6 +9,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.installed
+# vLLM pins its own torch build and friends, so its end-to-end tests start servers from a venv
+# of their own (scripts/vllm-venv.sh); the tests themselves run from .venv.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: install demo test lint typecheck pytest clean
 
@@ -21,6 +25,10 @@ $(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e '.[bench]' $(addprefix -e ,$(dir $(PLUGINS)))
 	touch $(STAMP)
 
+$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/vllm/pyproject.toml
+	rm -f $(VLLM_STAMP)
+	PYTHON=$(PYTHON) scripts/vllm-venv.sh $(VLLM_VENV)
+
 demo: $(STAMP)
 	$(BIN)/wtcore bench --backend nccl --client http --receivers 2 --size 256MiB --tensors 300
 
@@ -32,10 +40,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # pytest exits 5 when it collected no test; that is not a failure of the checks above.
-pytest: $(STAMP)
+pytest: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info plugins/*/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache build *.egg-info plugins/*/*.egg-info

@@ -21,10 +21,6 @@ if _HERE not in sys.path:
 from vllm_kit import HERE, VLLM_PYTHON, Outputs, VLLMServer, generate, servers  # noqa: E402
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "vllm: starts real vLLM servers from .venv-vllm")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if VLLM_PYTHON.exists():
         return
