@@ -133,11 +133,12 @@ class LocalTrainerEngine(TrainerWeightTransferEngine):
         source: WeightSource | None = None,
     ) -> LocalTrainerEngine:
         assert isinstance(init_info, LocalTrainerInitInfo)
-        if init_info.is_sender:
-            if client is None:
-                raise ValueError("trainer_init: the sender (rank 0) needs a client")
-            client.init_weight_transfer_engine({"buffer_size_bytes": init_info.buffer_size_bytes})
-        return cls(init_info, client=client, source=source)
+        engine = cls(init_info, client=client, source=source)  # checks the sender has a client
+        if engine.client is not None and init_info.is_sender:
+            engine.client.init_weight_transfer_engine(
+                {"buffer_size_bytes": init_info.buffer_size_bytes}
+            )
+        return engine
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         import torch

@@ -64,6 +64,8 @@ class TrainerWeightTransferEngine(ABC):
         client: WeightSyncClient | None,
         source: WeightSource | None,
     ) -> None:
+        if init_info.is_sender and client is None:
+            raise ValueError("trainer_init: the sender (rank 0) needs a client")
         self.init_info = init_info
         self.client = client
         self.source = source

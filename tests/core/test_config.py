@@ -122,3 +122,19 @@ def test_json_and_toml_files(tmp_path: Path, test_client: str) -> None:
     (tmp_path / "c.yaml").write_text("")
     with pytest.raises(ValueError, match=r"must end in .json or .toml, got 'c.yaml'"):
         load_config(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("backend", ["local", "nccl", "ipc"])
+def test_sender_without_a_client_is_refused_before_anything_starts(backend: str) -> None:
+    from wtcore import TRAINER_ENGINES, WeightTransferTrainerFactory
+
+    if backend not in TRAINER_ENGINES.names():
+        pytest.skip(f"{backend} is not installed")
+    info_cls = TRAINER_ENGINES.load(backend).init_info_cls
+    extra = (
+        {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}
+        if backend == "nccl"
+        else {}
+    )
+    with pytest.raises(ValueError, match=r"trainer_init: the sender \(rank 0\) needs a client"):
+        WeightTransferTrainerFactory.trainer_init(info_cls(**extra, rank=0), client=None)

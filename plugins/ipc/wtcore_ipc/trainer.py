@@ -70,17 +70,16 @@ class IPCTrainerEngine(TrainerWeightTransferEngine):
         source: WeightSource | None = None,
     ) -> IPCTrainerEngine:
         assert isinstance(init_info, IPCTrainerInitInfo)
-        if init_info.is_sender:
-            if client is None:
-                raise ValueError("trainer_init: the sender (rank 0) needs a client")
+        engine = cls(init_info, client=client, source=source)  # checks the sender has a client
+        if engine.client is not None and init_info.is_sender:
             info = IPCInitInfo(
                 transport=init_info.transport,
                 packed=init_info.packed,
                 buffer_size_bytes=init_info.packed_buffer_size_bytes,
                 num_buffers=init_info.packed_num_buffers,
             )
-            client.init_weight_transfer_engine(asdict(info))
-        return cls(init_info, client=client, source=source)
+            engine.client.init_weight_transfer_engine(asdict(info))
+        return engine
 
     @property
     def segment_name(self) -> str | None:
