@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -35,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"wtcore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("plugins", help="list engines, clients and hook plugins")
+    p = sub.add_parser(
+        "plugins",
+        help="list engines, clients and hook plugins; exit 1 if any is broken or conflicting",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (schema 1)")
     p.set_defaults(func=_cmd_plugins)
 
     b = sub.add_parser(
@@ -99,49 +102,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---------------------------------------------------------------------- plugins
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from wtcore.hooks import get_plugin_manager, hook_load_errors, hook_plugin_origins
-    from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES, Registry, autoload_disabled
+    """Exit 0 only when every plugin loads and no name is claimed twice."""
+    import json
 
-    if autoload_disabled():
-        print("plugin discovery is off (WTCORE_DISABLE_PLUGIN_AUTOLOAD is set)")
-    registry: Registry[Any]
-    for title, registry in (
-        ("engines", ENGINES),
-        ("trainer engines", TRAINER_ENGINES),
-        ("clients", CLIENTS),
-    ):
-        print(f"{title} ({registry.group}):")
-        names = registry.names()
-        if not names:
-            print("  (none)")
-        for name in names:
-            info = registry.info(name)
-            print(f"  {name:<10} {info.origin:<28} {_host_status(registry, name)}")
-    print("hook plugins (wtcore.hooks):")
-    pm = get_plugin_manager()
-    hook_names = [n for n, _ in pm.list_name_plugin() if n is not None]
-    dists = hook_plugin_origins()
-    for name in hook_names:
-        print(f"  {name:<10} {dists.get(name, 'registered at runtime')}")
-    for err in hook_load_errors():
-        print(f"  BROKEN     {err}")
-    if not hook_names and not hook_load_errors():
-        print("  (none)")
-    return 0
+    from wtcore.inventory import collect, render
+
+    record = collect()
+    if args.json:
+        text = json.dumps(record, indent=2) + "\n"
+    else:
+        text = "".join(line + "\n" for line in render(record))
+    _write_stdout(text)
+    if not record["ok"]:
+        print("wtcore plugins: some plugins are broken or conflicting", file=sys.stderr)
+    return 0 if record["ok"] else 1
 
 
-def _host_status(registry: Any, name: str) -> str:
+def _write_stdout(text: str) -> None:
+    """Write ``text``; a reader that left early (``wtcore plugins | head -1``) is no error."""
+    import os
+
     try:
-        cls = registry.load(name)
-    except Exception as e:
-        return f"BROKEN: {e}"
-    status = getattr(cls, "host_status", None)
-    if not callable(status):
-        return "available"
-    try:
-        return str(status())
-    except Exception as e:
-        return f"unknown ({type(e).__name__}: {e})"
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 # ---------------------------------------------------------------------- bench
