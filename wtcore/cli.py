@@ -12,16 +12,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from wtcore._parse import size_argument, sizes_argument
+
 __all__ = ["build_parser", "main"]
-
-
-def _size(text: str) -> int:
-    from wtcore.units import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,13 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", default="local", help="engine name (default: local)")
     b.add_argument("--client", default="inproc", help="inproc, http, ray (default: inproc)")
     b.add_argument("--receivers", type=int, default=2, help="number of receivers (default 2)")
-    b.add_argument("--size", type=_size, default=_size("64MiB"), help="model size (default 64MiB)")
+    b.add_argument(
+        "--size",
+        type=size_argument,
+        default=size_argument("64MiB"),
+        help="model size (default 64MiB)",
+    )
     b.add_argument("--tensors", type=int, default=100, help="number of tensors (default 100)")
     b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--rounds", type=int, default=3, help="rounds per configuration (default 3)")
     b.add_argument(
         "--buffer-size",
-        default="",
+        type=sizes_argument,
+        default=[],
         help="bucket buffer size, or a comma-separated list to sweep (default: the engine's)",
     )
     b.add_argument(
@@ -139,7 +138,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.receivers < 1 or args.rounds < 1:
         print("wtcore bench: --receivers and --rounds must be at least 1", file=sys.stderr)
         return 2
-    buffers = [_size(x) for x in args.buffer_size.split(",") if x.strip()]
     opts = BenchOptions(
         backend=args.backend,
         client=args.client,
@@ -148,7 +146,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         num_tensors=args.tensors,
         dtype=args.dtype,
         rounds=args.rounds,
-        buffer_sizes=buffers,
+        buffer_sizes=args.buffer_size,
         baselines=args.baselines,
         transactional=args.transactional,
         torch_threads=args.torch_threads,

@@ -36,6 +36,12 @@ def test_bad_size_is_a_usage_error() -> None:
     assert "expected a size such as 4096, 64MiB or 1GiB" in out.stderr
 
 
+def test_bad_buffer_size_is_a_usage_error_too() -> None:
+    out = _run("bench", "--buffer-size", "1MiB,lots")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--buffer-size: expected a size such as 4096, 64MiB or 1GiB" in out.stderr
+
+
 def test_no_command_prints_help() -> None:
     out = _run()
     assert out.returncode == 2 and "plugins" in out.stdout
