@@ -2,8 +2,8 @@
 
 :func:`collect` builds one plain-JSON record that ``wtcore plugins --json`` prints as is and
 :func:`render` turns into the table, so the text and the JSON never disagree. The record's
-shape is documented in docs/writing-an-engine.md ("Checking what is installed") and versioned
-by its ``schema`` field: fields may be added, none renamed or removed without a new schema.
+shape is documented in docs/plugins.md and versioned by its ``schema`` field: fields may be
+added, none renamed or removed without a new schema.
 
 Listing imports every registered class (that is how a broken plugin is found) but starts no
 engine and opens no connection: ``host_status()`` is a class-level probe.

@@ -1,4 +1,4 @@
-"""Lazy, entry-point backed registries of engines and clients (see docs/writing-an-engine.md).
+"""Lazy, entry-point backed registries of engines and clients (see docs/plugins.md).
 
 Reading an entry-point group reads only package metadata; nothing is imported until a name is
 :meth:`Registry.load`-ed. Errors follow fsspec: an unknown name lists what is installed and
