@@ -1,7 +1,8 @@
-"""Turn untrusted dicts into typed dataclasses, naming the field on every error.
+"""Turn untrusted input into typed values, naming the field (or option) on every error.
 
 Used by every engine's ``parse_init_info``/``parse_update_info`` and by config-by-name, so
-that "missing", "unknown" and "wrong type" read the same everywhere.
+that "missing", "unknown" and "wrong type" read the same everywhere; and by the command lines,
+for sizes.
 """
 
 from __future__ import annotations
@@ -112,3 +113,24 @@ def parse_dataclass(cls: type[T], data: object, *, what: str) -> T:
         raise
     except (ValueError, TypeError) as e:
         raise PayloadError(f"{what}: {e}") from e
+
+
+def size_argument(text: str) -> int:
+    """An argparse ``type=`` for sizes (``4096``, ``64MiB``): a bad one is a usage error.
+
+    One converter for every command line (``wtcore bench``, ``wtcore serve``), so that sizes
+    are spelled and rejected the same way everywhere.
+    """
+    import argparse
+
+    from wtcore.units import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def sizes_argument(text: str) -> list[int]:
+    """An argparse ``type=`` for a comma-separated list of sizes (``1MiB,16MiB``); may be empty."""
+    return [size_argument(part) for part in text.split(",") if part.strip()]

@@ -11,18 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+
+from wtcore._parse import size_argument, sizes_argument
 
 __all__ = ["build_parser", "main"]
-
-
-def _size(text: str) -> int:
-    from wtcore.units import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"wtcore {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("plugins", help="list engines, clients and hook plugins")
+    p = sub.add_parser(
+        "plugins",
+        help="list engines, clients and hook plugins; exit 1 if any is broken or conflicting",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (schema 1)")
     p.set_defaults(func=_cmd_plugins)
 
     b = sub.add_parser(
@@ -45,13 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", default="local", help="engine name (default: local)")
     b.add_argument("--client", default="inproc", help="inproc, http, ray (default: inproc)")
     b.add_argument("--receivers", type=int, default=2, help="number of receivers (default 2)")
-    b.add_argument("--size", type=_size, default=_size("64MiB"), help="model size (default 64MiB)")
+    b.add_argument(
+        "--size",
+        type=size_argument,
+        default=size_argument("64MiB"),
+        help="model size (default 64MiB)",
+    )
     b.add_argument("--tensors", type=int, default=100, help="number of tensors (default 100)")
     b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--rounds", type=int, default=3, help="rounds per configuration (default 3)")
     b.add_argument(
         "--buffer-size",
-        default="",
+        type=sizes_argument,
+        default=[],
         help="bucket buffer size, or a comma-separated list to sweep (default: the engine's)",
     )
     b.add_argument(
@@ -99,49 +101,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---------------------------------------------------------------------- plugins
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from wtcore.hooks import get_plugin_manager, hook_load_errors, hook_plugin_origins
-    from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES, Registry, autoload_disabled
+    """Exit 0 only when every plugin loads and no name is claimed twice."""
+    import json
 
-    if autoload_disabled():
-        print("plugin discovery is off (WTCORE_DISABLE_PLUGIN_AUTOLOAD is set)")
-    registry: Registry[Any]
-    for title, registry in (
-        ("engines", ENGINES),
-        ("trainer engines", TRAINER_ENGINES),
-        ("clients", CLIENTS),
-    ):
-        print(f"{title} ({registry.group}):")
-        names = registry.names()
-        if not names:
-            print("  (none)")
-        for name in names:
-            info = registry.info(name)
-            print(f"  {name:<10} {info.origin:<28} {_host_status(registry, name)}")
-    print("hook plugins (wtcore.hooks):")
-    pm = get_plugin_manager()
-    hook_names = [n for n, _ in pm.list_name_plugin() if n is not None]
-    dists = hook_plugin_origins()
-    for name in hook_names:
-        print(f"  {name:<10} {dists.get(name, 'registered at runtime')}")
-    for err in hook_load_errors():
-        print(f"  BROKEN     {err}")
-    if not hook_names and not hook_load_errors():
-        print("  (none)")
-    return 0
+    from wtcore.inventory import collect, render
+
+    record = collect()
+    if args.json:
+        text = json.dumps(record, indent=2) + "\n"
+    else:
+        text = "".join(line + "\n" for line in render(record))
+    _write_stdout(text)
+    if not record["ok"]:
+        print("wtcore plugins: some plugins are broken or conflicting", file=sys.stderr)
+    return 0 if record["ok"] else 1
 
 
-def _host_status(registry: Any, name: str) -> str:
+def _write_stdout(text: str) -> None:
+    """Write ``text``; a reader that left early (``wtcore plugins | head -1``) is no error."""
+    import os
+
     try:
-        cls = registry.load(name)
-    except Exception as e:
-        return f"BROKEN: {e}"
-    status = getattr(cls, "host_status", None)
-    if not callable(status):
-        return "available"
-    try:
-        return str(status())
-    except Exception as e:
-        return f"unknown ({type(e).__name__}: {e})"
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 # ---------------------------------------------------------------------- bench
@@ -152,7 +138,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.receivers < 1 or args.rounds < 1:
         print("wtcore bench: --receivers and --rounds must be at least 1", file=sys.stderr)
         return 2
-    buffers = [_size(x) for x in args.buffer_size.split(",") if x.strip()]
     opts = BenchOptions(
         backend=args.backend,
         client=args.client,
@@ -161,7 +146,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         num_tensors=args.tensors,
         dtype=args.dtype,
         rounds=args.rounds,
-        buffer_sizes=buffers,
+        buffer_sizes=args.buffer_size,
         baselines=args.baselines,
         transactional=args.transactional,
         torch_threads=args.torch_threads,

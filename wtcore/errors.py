@@ -15,8 +15,10 @@ from dataclasses import dataclass
 __all__ = [
     "MetadataMismatchError",
     "PayloadError",
+    "PluginConflictError",
     "PluginLoadError",
     "PluginNotFoundError",
+    "PluginTypeError",
     "ProtocolStateError",
     "ReceiverError",
     "ReceiverFailure",
@@ -96,3 +98,11 @@ class ReceiverError(WtcoreError, RuntimeError):
     def timed_out(self) -> bool:
         """True if every failure was a timeout."""
         return all(f.error_type == "TransferTimeoutError" for f in self.failures)
+
+
+class PluginConflictError(WtcoreError, ValueError):
+    """Two sources claim one plugin name (two distributions, or a plugin and a built-in)."""
+
+
+class PluginTypeError(PluginLoadError, TypeError):
+    """A registered plugin imported, but is not the kind of class its registry holds."""

@@ -1,9 +1,15 @@
-"""Lazy, entry-point backed registries of engines and clients (DESIGN §3).
+"""Lazy, entry-point backed registries of engines and clients (see docs/plugins.md).
 
 Reading an entry-point group reads only package metadata; nothing is imported until a name is
-:meth:`Registry.load`-ed. Errors follow fsspec: an unknown name lists what is installed,
-suggests a close match and gives the ``pip install`` line; a plugin that fails to import is
-reported with its distribution and version, the cause chained.
+:meth:`Registry.load`-ed. Errors follow fsspec: an unknown name lists what is installed and
+suggests a close match; a plugin that fails to import is reported with its distribution and
+version, the cause chained.
+
+Two rules keep a name meaning one thing. Two distributions registering one name is a
+:class:`~wtcore.errors.PluginConflictError` naming both when that name is used (never a silent
+winner chosen by discovery order), and no distribution may register a built-in name. An install
+line is suggested only for names in :data:`FIRST_PARTY`: guessing ``pip install wtcore-<typo>``
+would send users to whoever registers the typo on the package index.
 """
 
 from __future__ import annotations
@@ -11,17 +17,26 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from wtcore.errors import PluginLoadError, PluginNotFoundError
+from wtcore.errors import (
+    PayloadError,
+    PluginConflictError,
+    PluginLoadError,
+    PluginNotFoundError,
+    PluginTypeError,
+)
 
 __all__ = [
     "CLIENTS",
     "ENGINES",
     "FIRST_PARTY",
     "TRAINER_ENGINES",
+    "PluginConflict",
     "PluginInfo",
     "Registry",
     "autoload_disabled",
@@ -29,15 +44,16 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Names that first-party distributions provide, for the install hint.
-FIRST_PARTY: dict[str, str] = {
-    "nccl": "wtcore-nccl",
-    "ipc": "wtcore-ipc",
-    "http": "wtcore-http-client",
-    "ray": "wtcore-ray-client",
+#: The one table of first-party plugin names (entry-point group -> name -> distribution), used
+#: only for install hints: no other distribution name is ever suggested.
+FIRST_PARTY: dict[str, dict[str, str]] = {
+    "wtcore.engines": {"nccl": "wtcore-nccl", "ipc": "wtcore-ipc"},
+    "wtcore.trainer_engines": {"nccl": "wtcore-nccl", "ipc": "wtcore-ipc"},
+    "wtcore.clients": {"http": "wtcore-http-client", "ray": "wtcore-ray-client"},
 }
 
 _DISABLE_ENV = "WTCORE_DISABLE_PLUGIN_AUTOLOAD"
+_CORE_DIST = "wtcore"
 
 
 def autoload_disabled() -> bool:
@@ -61,6 +77,51 @@ class PluginInfo:
         return f"{self.distribution} {self.version or '?'}"
 
 
+@dataclass(frozen=True)
+class PluginConflict:
+    """One name claimed by several providers; ``providers[0]`` is the built-in, if any."""
+
+    kind: str
+    group: str
+    name: str
+    providers: tuple[PluginInfo, ...]
+    builtin: bool = False
+
+    @property
+    def message(self) -> str:
+        if self.builtin:
+            core, others = self.providers[0], self.providers[1:]
+            return (
+                f"{self.kind} {self.name!r} is built into wtcore ({core.target}), and "
+                f"{_listing(others)} also register{'s' if len(others) == 1 else ''} it in "
+                f"{self.group}: a plugin may not shadow a built-in name. Uninstall "
+                f"{_names(others)} or have its entry point renamed."
+            )
+        return (
+            f"{self.kind} {self.name!r} is registered in {self.group} by "
+            f"{len(self.providers)} distributions: {_listing(self.providers)}. Uninstall all "
+            f"but one, or pick one in code with register({self.name!r}, target, replace=True)."
+        )
+
+    def error(self) -> PluginConflictError:
+        return PluginConflictError(self.message)
+
+
+def _listing(infos: Iterable[PluginInfo]) -> str:
+    return " and ".join(f"{i.origin} ({i.target})" for i in infos)
+
+
+def _names(infos: Iterable[PluginInfo]) -> str:
+    return " and ".join(i.distribution or "?" for i in infos)
+
+
+def _dist_key(info: PluginInfo) -> str:
+    """PEP 503 normalised distribution name: one distribution seen twice is no conflict."""
+    if info.distribution is None:
+        return f"?{info.target}"
+    return re.sub(r"[-_.]+", "-", info.distribution).lower()
+
+
 class Registry(Generic[T]):
     """Names -> classes for one entry-point group; classes must subclass ``base``."""
 
@@ -73,13 +134,14 @@ class Registry(Generic[T]):
     ) -> None:
         self.group = group
         self._builtins = {
-            name: PluginInfo(name, target, "wtcore", _core_version())
+            name: PluginInfo(name, target, _CORE_DIST, _core_version())
             for name, target in (builtins or {}).items()
         }
         self._base = base
         self.kind = kind
         self._lock = threading.RLock()
         self._discovered: dict[str, PluginInfo] | None = None
+        self._conflicts: dict[str, PluginConflict] = {}
         self._runtime: dict[str, PluginInfo] = {}
         self._objects: dict[str, Any] = {}
 
@@ -87,20 +149,30 @@ class Registry(Generic[T]):
     def _discover(self) -> dict[str, PluginInfo]:
         with self._lock:
             if self._discovered is None:
-                found: dict[str, PluginInfo] = {}
+                claims: dict[str, dict[str, PluginInfo]] = {}
+                for name, info in self._builtins.items():
+                    claims[name] = {_dist_key(info): info}
                 if not autoload_disabled():
                     from importlib_metadata import entry_points
 
                     for ep in entry_points(group=self.group):
                         dist = ep.dist
-                        found.setdefault(
+                        info = PluginInfo(
                             ep.name,
-                            PluginInfo(
-                                ep.name,
-                                ep.value,
-                                dist.name if dist is not None else None,
-                                dist.version if dist is not None else None,
-                            ),
+                            ep.value,
+                            dist.name if dist is not None else None,
+                            dist.version if dist is not None else None,
+                        )
+                        # first seen wins within one distribution: sys.path order, as import
+                        claims.setdefault(ep.name, {}).setdefault(_dist_key(info), info)
+                found: dict[str, PluginInfo] = {}
+                self._conflicts = {}
+                for name, by_dist in claims.items():
+                    providers = tuple(by_dist.values())
+                    found[name] = providers[0]
+                    if len(providers) > 1:
+                        self._conflicts[name] = PluginConflict(
+                            self.kind, self.group, name, providers, name in self._builtins
                         )
                 self._discovered = found
             return self._discovered
@@ -112,27 +184,40 @@ class Registry(Generic[T]):
             self._objects = {k: v for k, v in self._objects.items() if k in self._runtime}
 
     def _all(self) -> dict[str, PluginInfo]:
-        return {**self._builtins, **self._discover(), **self._runtime}
+        return {**self._discover(), **self._runtime}
 
     # ------------------------------------------------------------------ public API
     def names(self) -> list[str]:
-        """Every registered name, sorted. Imports nothing."""
+        """Every registered name, conflicting ones included, sorted. Imports nothing."""
         return sorted(self._all())
 
+    def conflicts(self) -> list[PluginConflict]:
+        """Names claimed by several distributions (or shadowing a built-in), sorted by name.
+
+        A runtime :meth:`register` with ``replace=True`` settles a conflict explicitly.
+        """
+        with self._lock:
+            self._discover()
+            return [c for n, c in sorted(self._conflicts.items()) if n not in self._runtime]
+
     def info(self, name: str) -> PluginInfo:
-        try:
-            return self._all()[name]
-        except KeyError:
-            raise self._not_found(name) from None
+        """Where ``name`` comes from; a conflicting name raises :class:`PluginConflictError`."""
+        with self._lock:
+            found = self._all().get(name)
+            if found is None:
+                raise self._not_found(name)
+            if name not in self._runtime and name in self._conflicts:
+                raise self._conflicts[name].error()
+            return found
 
     def register(self, name: str, target: str | type[T], *, replace: bool = False) -> None:
         """Register ``target`` (``"module:Class"`` or a class) under ``name``."""
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+            raise PayloadError(f"{self.kind} name must be a non-empty string, got {name!r}")
         with self._lock:
             existing = self._all().get(name)
             if existing is not None and not replace:
-                raise ValueError(
+                raise PluginConflictError(
                     f"{self.kind} {name!r} is already registered ({existing.target}, "
                     f"{existing.origin}); pass replace=True to override it"
                 )
@@ -192,25 +277,25 @@ class Registry(Generic[T]):
             ok = issubclass(obj, base)
         if not ok:
             where = f" ({info.origin})" if info and info.distribution else ""
-            raise TypeError(
+            raise PluginTypeError(
                 f"{self.kind} {name!r}{where} must be a subclass of {base.__module__}."
                 f"{base.__qualname__}, got {obj!r}"
             )
 
     def _not_found(self, name: str) -> PluginNotFoundError:
-        names = sorted(self._all())
-        installed = ", ".join(names) if names else "none"
-        msg = f"unknown {self.kind} {name!r}; installed: {installed}."
-        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-        if close:
-            msg += f" Did you mean {close[0]!r}?"
-        dist = FIRST_PARTY.get(name)
-        if dist is not None:
-            msg += f" {name!r} is provided by {dist}: pip install {dist}"
+        installed = sorted(self._all())
+        first_party = FIRST_PARTY.get(self.group, {})
+        msg = f"unknown {self.kind} {name!r}; installed: {', '.join(installed) or 'none'}."
+        if name in first_party:
+            msg += f" {name!r} is provided by {first_party[name]}: pip install {first_party[name]}"
         else:
-            msg += (
-                f" If it is a plugin, install it, e.g. pip install wtcore-{name.replace('_', '-')}"
-            )
+            candidates = sorted({*installed, *first_party})
+            close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+            if close:
+                msg += f" Did you mean {close[0]!r}?"
+                if close[0] not in installed:
+                    dist = first_party[close[0]]
+                    msg += f" It is provided by {dist}: pip install {dist}"
         if autoload_disabled():
             msg += f" (plugin discovery is off: {_DISABLE_ENV} is set)"
         return PluginNotFoundError(msg)
@@ -229,7 +314,7 @@ def _is_protocol(tp: type) -> bool:
 def _split_target(target: str) -> tuple[str, str]:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"target must look like 'package.module:Class', got {target!r}")
+        raise PayloadError(f"target must look like 'package.module:Class', got {target!r}")
     return module_name, attr
 
 

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from wtcore import ENGINES, PluginLoadError, PluginNotFoundError, Registry, WeightTransferEngine
+from wtcore import (
+    ENGINES,
+    PayloadError,
+    PluginConflictError,
+    PluginLoadError,
+    PluginNotFoundError,
+    PluginTypeError,
+    Registry,
+    WeightTransferEngine,
+    WtcoreError,
+)
 from wtcore.local import LocalWorkerEngine
 
 FIXTURE_ENTRY_POINTS = """\
@@ -83,15 +93,16 @@ def test_broken_plugin_names_distribution_version_and_cause(fake_dist: Path) -> 
 def test_wrong_base_is_a_type_error(fake_dist: Path) -> None:
     reg = _registry()
     with pytest.raises(
-        TypeError,
+        PluginTypeError,
         match=r"engine 'notanengine' \(fakeplug 1.2.3\) must be a subclass of wtcore.engine.WeightTransferEngine",
     ):
         reg.load("notanengine")
-    with pytest.raises(TypeError, match="must be a subclass"):
+    with pytest.raises(TypeError, match="must be a subclass") as exc:
         reg.register("x", dict)  # type: ignore[arg-type]
+    assert isinstance(exc.value, WtcoreError) and isinstance(exc.value, PluginLoadError)
 
 
-def test_unknown_name_lists_installed_and_suggests() -> None:
+def test_unknown_name_lists_installed_and_suggests_no_guessed_install() -> None:
     reg = _registry()
     reg.register("gloo_fast", LocalWorkerEngine)
     with pytest.raises(PluginNotFoundError) as exc:
@@ -101,25 +112,47 @@ def test_unknown_name_lists_installed_and_suggests() -> None:
         "unknown engine 'gloo_fats'; installed:" in text and "gloo_fast" in text and "local" in text
     )
     assert "Did you mean 'gloo_fast'?" in text
-    assert "pip install wtcore-gloo-fats" in text
+    assert "pip install" not in text  # never `pip install wtcore-<typo>`: typosquatting bait
+    assert isinstance(exc.value, LookupError)
 
 
 def test_first_party_name_names_its_distribution() -> None:
-    reg = Registry("wtcore.nonexistent_group", WeightTransferEngine, "engine")
+    reg = Registry("wtcore.engines", WeightTransferEngine, "engine")
+    reg._discovered = {}  # as if no plugin were installed, without touching the environment
     with pytest.raises(
         PluginNotFoundError, match=r"'nccl' is provided by wtcore-nccl: pip install wtcore-nccl"
     ):
         reg.load("nccl")
+    clients = Registry("wtcore.clients", object, "client")
+    clients._discovered = {}
     with pytest.raises(
         PluginNotFoundError, match=r"provided by wtcore-http-client: pip install wtcore-http-client"
     ):
-        Registry("wtcore.nonexistent_group", object, "client").load("http")
+        clients.load("http")
+
+
+def test_a_typo_of_a_first_party_name_suggests_it_and_its_install_line() -> None:
+    reg = Registry("wtcore.engines", WeightTransferEngine, "engine")
+    reg._discovered = {}
+    with pytest.raises(PluginNotFoundError) as exc:
+        reg.load("ncl")
+    text = str(exc.value)
+    assert "Did you mean 'nccl'? It is provided by wtcore-nccl: pip install wtcore-nccl" in text
+    assert "wtcore-ncl" not in text
+
+
+def test_first_party_names_are_per_group() -> None:
+    reg = Registry("wtcore.engines", WeightTransferEngine, "engine")
+    reg._discovered = {}
+    with pytest.raises(PluginNotFoundError) as exc:
+        reg.load("http")  # a client name, not an engine name
+    assert "pip install" not in str(exc.value)
 
 
 def test_register_clash_and_replace() -> None:
     reg = _registry()
     with pytest.raises(
-        ValueError,
+        PluginConflictError,
         match=r"engine 'local' is already registered \(wtcore.local:LocalWorkerEngine, wtcore .*\); pass replace=True",
     ):
         reg.register("local", LocalWorkerEngine)
@@ -130,7 +163,7 @@ def test_register_clash_and_replace() -> None:
     assert reg.load("mine") is LocalWorkerEngine
     reg.unregister("mine")
     assert "mine" not in reg.names()
-    with pytest.raises(ValueError, match="must look like 'package.module:Class'"):
+    with pytest.raises(PayloadError, match="must look like 'package.module:Class'"):
         reg.register("bad", "no_colon_here")
 
 
@@ -168,3 +201,83 @@ def test_real_editable_plugins_are_discovered() -> None:
         if dist in installed and name in ENGINES.names():
             assert ENGINES.info(name).distribution == dist
     assert ENGINES.info("local").distribution == "wtcore"
+
+
+# ---------------------------------------------------------------------- conflicts
+def _write_dist(
+    where: Path, name: str, version: str, entry_points: str, *, folder: str | None = None
+) -> None:
+    """A real distribution: a ``*.dist-info`` folder that importlib.metadata finds on sys.path."""
+    info = where / (folder or f"{name.replace('-', '_')}-{version}.dist-info")
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+@pytest.fixture
+def two_tcp_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    _write_dist(tmp_path, "tcp-one", "1.0", "[wtcore.engines]\ntcp = tcp_one:Engine\n")
+    _write_dist(tmp_path, "tcp-two", "2.0", "[wtcore.engines]\ntcp = tcp_two:Engine\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_two_distributions_one_name_is_an_error_naming_both(two_tcp_dists: Path) -> None:
+    reg = _registry()
+    assert "tcp" in reg.names()  # listed (imports nothing), but not usable
+    with pytest.raises(PluginConflictError) as exc:
+        reg.load("tcp")
+    text = str(exc.value)
+    assert "engine 'tcp' is registered in wtcore.engines by 2 distributions" in text
+    assert "tcp-one 1.0 (tcp_one:Engine)" in text and "tcp-two 2.0 (tcp_two:Engine)" in text
+    assert isinstance(exc.value, WtcoreError) and isinstance(exc.value, ValueError)
+    with pytest.raises(PluginConflictError):
+        reg.info("tcp")
+    (conflict,) = reg.conflicts()
+    assert conflict.name == "tcp" and not conflict.builtin
+    assert {p.distribution for p in conflict.providers} == {"tcp-one", "tcp-two"}
+
+
+def test_registering_at_runtime_settles_a_conflict(two_tcp_dists: Path) -> None:
+    reg = _registry()
+    with pytest.raises(PluginConflictError, match="already registered"):
+        reg.register("tcp", LocalWorkerEngine)
+    reg.register("tcp", LocalWorkerEngine, replace=True)
+    assert reg.load("tcp") is LocalWorkerEngine and reg.conflicts() == []
+
+
+def test_a_plugin_may_not_shadow_a_builtin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write_dist(tmp_path, "shadow", "0.3", "[wtcore.engines]\nlocal = shadow_mod:Engine\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = _registry()
+    with pytest.raises(PluginConflictError) as exc:
+        reg.load("local")
+    text = str(exc.value)
+    assert "engine 'local' is built into wtcore (wtcore.local:LocalWorkerEngine)" in text
+    assert "shadow 0.3 (shadow_mod:Engine) also registers it" in text
+    assert "may not shadow a built-in name" in text and "Uninstall shadow" in text
+    (conflict,) = reg.conflicts()
+    assert conflict.builtin and conflict.providers[0].distribution == "wtcore"
+
+
+def test_one_distribution_seen_twice_is_not_a_conflict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An editable install seen through two sys.path entries: the same distribution twice.
+    eps = "[wtcore.engines]\ntwice = wtcore.local:LocalWorkerEngine\n"
+    _write_dist(tmp_path / "a", "Twice_Dist", "1.0", eps)
+    # a folder name importlib.metadata does not recognise as the same (its own de-duplication)
+    _write_dist(tmp_path / "b", "twice-dist", "1.0", eps, folder="twice_dist_dev-1.0.dist-info")
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    reg = _registry()
+    assert reg.conflicts() == []
+    assert reg.load("twice") is LocalWorkerEngine
+    assert reg.info("twice").distribution in {"Twice_Dist", "twice-dist"}
+
+
+def test_the_real_registries_have_no_conflicts() -> None:
+    from wtcore import CLIENTS, TRAINER_ENGINES
+
+    for reg in (ENGINES, TRAINER_ENGINES, CLIENTS):
+        assert reg.conflicts() == [], [c.message for c in reg.conflicts()]

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from wtcore.procs import stop_processes
+
 if TYPE_CHECKING:
     import torch
 
@@ -151,7 +153,7 @@ def raw_gloo_gbps(nbytes: int, receivers: int, repeats: int = 3) -> float:
         finally:
             torch.set_num_threads(threads)
     finally:
-        _reap(procs)
+        stop_processes(procs, 30.0)
 
 
 def _naive_receiver(
@@ -219,7 +221,7 @@ def per_tensor_gbps(state: Mapping[str, torch.Tensor], receivers: int, repeats: 
         finally:
             torch.set_num_threads(threads)
     finally:
-        _reap(procs)
+        stop_processes(procs, 30.0)
 
 
 def _spawn(target: Callable[..., None], receivers: int, *args: Any) -> list[Any]:
@@ -231,11 +233,3 @@ def _spawn(target: Callable[..., None], receivers: int, *args: Any) -> list[Any]
         p.start()
         procs.append(p)
     return procs
-
-
-def _reap(procs: list[Any]) -> None:
-    for p in procs:
-        p.join(30)
-        if p.is_alive():
-            p.kill()
-            p.join(5)

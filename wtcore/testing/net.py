@@ -8,6 +8,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from wtcore.procs import stop_processes
+
 __all__ = ["free_port", "spawned"]
 
 
@@ -33,8 +35,5 @@ def spawned(
     try:
         yield proc
     finally:
-        proc.join(join_timeout_s)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
+        stop_processes([proc], join_timeout_s)
         proc.close()

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from wtcore import errors as _errors
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.fanout import FanOutClient
+from wtcore.procs import stop_processes
 
 if TYPE_CHECKING:
     import torch
@@ -375,11 +376,7 @@ def pipe_fleet(
         for ch, started in zip(channels, procs, strict=True):
             if started.is_alive():
                 ch.send_exit()
-        for started in procs:
-            started.join(join_timeout_s)
-            if started.is_alive():
-                started.kill()  # by PID: only processes started here
-                started.join(5)
+        stop_processes(procs, join_timeout_s)  # by PID: only processes started here
         for ch in channels:
             ch.close()
         left = [p.pid for p in procs if p.is_alive()]

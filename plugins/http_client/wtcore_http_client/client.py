@@ -21,6 +21,7 @@ from requests.adapters import HTTPAdapter
 from wtcore.errors import PayloadError, ReceiverError, TransferTimeoutError
 from wtcore.fanout import fan_out
 from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError, ReceiverTimeoutError
+from wtcore_http_client.pause import PAUSE_MODES, check_pause_mode
 
 __all__ = ["DEFAULT_TIMEOUT_S", "PAUSE_MODES", "HTTPWeightSyncClient"]
 
@@ -29,8 +30,6 @@ T = TypeVar("T")
 #: Generous by default: ``init_weight_transfer_engine`` and ``update_weights`` block on the
 #: receiver until the trainer has joined the rendezvous or finished the broadcast.
 DEFAULT_TIMEOUT_S = 300.0
-#: vLLM's ``POST /pause?mode=...`` modes: abort in-flight requests, wait for them, or keep them.
-PAUSE_MODES = ("abort", "wait", "keep")
 #: Extra time for the fan-out deadline, so that requests' own timeout fires first with the URL.
 _GRACE_S = 2.0
 
@@ -205,9 +204,7 @@ class HTTPWeightSyncClient:
 
     def pause(self, mode: str = "abort", *, clear_cache: bool | None = None) -> None:
         """``POST /pause?mode=...`` (vLLM): stop generating while weights change."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"mode: expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
-        params = {"mode": mode}
+        params = {"mode": check_pause_mode(mode)}
         if clear_cache is not None:
             params["clear_cache"] = "true" if clear_cache else "false"
         self._post("pause", params=params)

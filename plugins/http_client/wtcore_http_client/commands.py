@@ -20,6 +20,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from wtcore._parse import size_argument
 from wtcore.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -43,15 +44,6 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_serve_arguments(p)
 
 
-def _size(text: str) -> int:
-    from wtcore.units import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``wtcore serve`` (shared with ``python -m wtcore_http_client.server``)."""
     p.add_argument("--backend", default="local", help="worker engine name (default: local)")
@@ -73,7 +65,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "needed to bind a non-loopback address",
     )
     p.add_argument(
-        "--max-body", type=_size, default=None, help="request body limit (default 64MiB)"
+        "--max-body", type=size_argument, default=None, help="request body limit (default 64MiB)"
     )
     p.add_argument(
         "--transactional",
@@ -85,7 +77,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     model = p.add_argument_group("model (synthetic unless --safetensors is given)")
     model.add_argument("--safetensors", metavar="PATH", help="load the model from this file")
-    model.add_argument("--size", type=_size, default=_size("16MiB"), help="synthetic size")
+    model.add_argument(
+        "--size", type=size_argument, default=size_argument("16MiB"), help="synthetic size"
+    )
     model.add_argument("--tensors", type=int, default=30, help="synthetic tensor count")
     model.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     model.add_argument("--seed", type=int, default=0, help="synthetic weights' seed")

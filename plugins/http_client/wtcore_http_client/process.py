@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wtcore.procs import stop_processes
 from wtcore_http_client.commands import LISTENING
 
 __all__ = ["ServeProcess", "launch_serve"]
@@ -43,17 +44,7 @@ class ServeProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
         """Send ``sig`` to this PID; kill it if it does not exit in time. Returns its status."""
-        if self.proc.poll() is None:
-            try:
-                os.kill(self.proc.pid, signal.SIGCONT)  # in case it was stopped
-                os.kill(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_processes([self.proc], timeout_s, sig=sig)
         return int(self.proc.returncode)
 
 

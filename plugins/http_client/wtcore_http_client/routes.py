@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from wtcore.errors import PayloadError, ProtocolStateError
 from wtcore.worker import WeightSyncWorker
+from wtcore_http_client.pause import check_pause_mode
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ROUTES", "ReceiverRoutes", "Response"]
 
@@ -49,8 +50,6 @@ ROUTES: dict[str, tuple[str, bool]] = {
     "/resume": ("POST", True),
     "/weight_checksums": ("POST", True),
 }
-
-PAUSE_MODES = ("abort", "wait", "keep")
 
 
 class Response(NamedTuple):
@@ -241,9 +240,7 @@ class ReceiverRoutes:
             raise PayloadError(
                 f"/pause: unknown query parameter(s) {unknown}; valid: mode, clear_cache"
             )
-        mode = query.get("mode", ["abort"])[-1]
-        if mode not in PAUSE_MODES:
-            raise PayloadError(f"mode: expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        mode = check_pause_mode(query.get("mode", ["abort"])[-1])
         clear_raw = query.get("clear_cache", ["true"])[-1].lower()
         if clear_raw not in ("true", "false", "1", "0"):
             raise PayloadError(f"clear_cache: expected true or false, got {clear_raw!r}")

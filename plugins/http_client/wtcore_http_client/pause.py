@@ -1,0 +1,17 @@
+"""vLLM's ``POST /pause?mode=...`` modes, checked the same way by the client and the receiver."""
+
+from __future__ import annotations
+
+from wtcore.errors import PayloadError
+
+__all__ = ["PAUSE_MODES", "check_pause_mode"]
+
+#: Abort in-flight requests, wait for them to finish, or keep them paused mid-generation.
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+def check_pause_mode(mode: str) -> str:
+    """``mode`` if vLLM knows it; otherwise a :class:`PayloadError` (HTTP 400) listing the modes."""
+    if mode not in PAUSE_MODES:
+        raise PayloadError(f"mode: expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+    return mode

@@ -1,0 +1,61 @@
+"""``stop_processes``: real children (subprocess and multiprocessing), stopped by PID."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from wtcore.procs import stop_processes
+
+IGNORES_SIGTERM = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def _python(code: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_a_signal_stops_a_cooperative_child_without_a_kill() -> None:
+    with _python("import time\nprint('ready', flush=True)\ntime.sleep(120)\n") as proc:
+        assert stop_processes([proc], 30.0, sig=signal.SIGTERM) == []
+    assert proc.returncode == -signal.SIGTERM
+
+
+def test_a_child_that_ignores_the_signal_is_killed_after_the_timeout() -> None:
+    with _python(IGNORES_SIGTERM) as proc:
+        start = time.monotonic()
+        assert stop_processes([proc], 0.5, sig=signal.SIGTERM) == [proc.pid]
+    assert proc.returncode == -signal.SIGKILL and time.monotonic() - start < 30
+
+
+def test_a_stopped_child_is_continued_so_it_can_act_on_the_signal() -> None:
+    with _python("import time\nprint('ready', flush=True)\ntime.sleep(120)\n") as proc:
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert stop_processes([proc], 30.0, sig=signal.SIGTERM) == []
+    assert proc.returncode == -signal.SIGTERM
+
+
+def test_multiprocessing_children_one_deadline_for_all() -> None:
+    ctx = mp.get_context("spawn")
+    done = ctx.Process(target=time.sleep, args=(0,), daemon=True)
+    stuck = [ctx.Process(target=time.sleep, args=(120,), daemon=True) for _ in range(2)]
+    never_started = ctx.Process(target=time.sleep, args=(0,))
+    for p in (done, *stuck):
+        p.start()
+    done.join(60)
+    start = time.monotonic()
+    killed = stop_processes([done, *stuck, never_started], 1.0)
+    assert sorted(killed) == sorted(p.pid for p in stuck)
+    assert time.monotonic() - start < 15  # one shared deadline, not one per process
+    assert not any(p.is_alive() for p in (done, *stuck))
+    assert done.exitcode == 0 and all(p.exitcode == -signal.SIGKILL for p in stuck)
