@@ -3,13 +3,14 @@
 The bench never picks a plugin by name and never guesses field names. Everything it needs
 comes from two class-level APIs:
 
-* a **trainer engine class** (:class:`~wtcore.trainer.TrainerWeightTransferEngine`) says how to
-  build its init info for ``N`` receivers on this host (``bench_init_info``), which init-info
-  field sets its bucket size (``buffer_option``), and which limits and naive baselines are
-  worth measuring next to it (``bench_baselines``, a mapping of name to :class:`Baseline`);
-* a **client class** (registered in ``wtcore.clients``) says how to start receivers it can reach
-  (:class:`ReceiverLauncher`: a ``launch_receivers`` classmethod returning a
-  :class:`ReceiverFleet`).
+* a **trainer engine class** sets ``bench`` to an :class:`EngineBench`: how to build its init
+  info for ``N`` receivers on this host (choosing free ports itself), which init-info field sets
+  its bucket size (``buffer_option``), and the limits and naive baselines worth measuring next
+  to it (``baselines``, a mapping of name to :class:`Baseline`);
+* a **client class** (registered in ``wtcore.clients``) sets ``bench_launcher`` to the import
+  target (``"package.module:attr"``) of a :class:`ReceiverLauncher`, which starts receivers it
+  can reach and returns a :class:`ReceiverFleet`. A target, like an entry point, because the
+  launcher usually imports the client module: the client module never imports it back.
 
 Each receiver hosts :meth:`ModelSpec.build_zeros`, the same names, shapes and dtypes as the
 trainer's model, so only the four numbers of a :class:`ModelSpec` travel. See
@@ -19,18 +20,21 @@ trainer's model, so only the four numbers of a :class:`ModelSpec` travel. See
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from wtcore.errors import WtcoreError
 
 if TYPE_CHECKING:
     import torch
 
+    from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+
 __all__ = [
     "Baseline",
     "BaselineContext",
     "BenchNotSupportedError",
+    "EngineBench",
     "ModelSpec",
     "OptionalDependencyError",
     "ReceiverFleet",
@@ -106,19 +110,19 @@ class ReceiverFleet(Protocol):
     def close(self) -> None: ...
 
 
-@runtime_checkable
 class ReceiverLauncher(Protocol):
-    """A client class that can start receivers for the bench.
+    """Starts receivers for the bench; what a client's ``bench_launcher`` target names.
 
-    ``launch_receivers`` starts ``count`` receivers, rank ``i`` of ``count``, each hosting
-    ``model.build_zeros()`` behind worker engine ``backend``; ``options`` are extra
-    ``WeightSyncWorker`` keyword arguments (e.g. ``transactional``). It raises a
-    :class:`~wtcore.errors.WtcoreError` for options it cannot honour.
+    Starts ``count`` receivers, rank ``i`` of ``count``, each hosting ``model.build_zeros()``
+    behind worker engine ``backend``, and returns them with a ``client_cls`` instance that
+    reaches them all. ``options`` are extra ``WeightSyncWorker`` keyword arguments (e.g.
+    ``transactional``); one it cannot honour is a :class:`~wtcore.errors.WtcoreError`. A class
+    whose ``__init__`` has this signature qualifies.
     """
 
-    @classmethod
-    def launch_receivers(
-        cls,
+    def __call__(
+        self,
+        client_cls: type[Any],
         backend: str,
         count: int,
         model: ModelSpec,
@@ -126,3 +130,43 @@ class ReceiverLauncher(Protocol):
         timeout_s: float,
         options: Mapping[str, Any],
     ) -> ReceiverFleet: ...
+
+
+@dataclass(frozen=True)
+class EngineBench:
+    """How a trainer engine runs in ``wtcore bench``: set ``bench = EngineBench(...)`` on its class.
+
+    The default :meth:`init_info` suits engines whose init info needs nothing but the rank and
+    the buffer size (no rendezvous); engines with an address to meet at subclass it and choose
+    free ports themselves (:func:`wtcore.net.free_port`).
+    """
+
+    #: The init-info field that sets the size of one packed bucket (``--buffer-size``);
+    #: ``None`` if the engine has none.
+    buffer_option: str | None = None
+    #: Limits and naive baselines worth measuring next to this engine, by name.
+    baselines: Mapping[str, Baseline] = field(default_factory=dict)
+
+    def init_info(
+        self,
+        engine: type[TrainerWeightTransferEngine],
+        *,
+        receivers: int,
+        host: str,
+        buffer_size_bytes: int | None,
+    ) -> TrainerInitInfo:
+        """The sender's (rank 0) init info for ``receivers`` receivers on ``host``."""
+        return engine.init_info_cls(rank=0, **self.buffer_kwargs(engine, buffer_size_bytes))
+
+    def buffer_kwargs(
+        self, engine: type[TrainerWeightTransferEngine], buffer_size_bytes: int | None
+    ) -> dict[str, int]:
+        """``{buffer_option: size}``, ``{}`` for the engine's default; an error if it has none."""
+        if buffer_size_bytes is None:
+            return {}
+        if self.buffer_option is None:
+            raise BenchNotSupportedError(
+                f"trainer engine {engine.__name__} has no buffer size option: "
+                "run the bench without --buffer-size"
+            )
+        return {self.buffer_option: buffer_size_bytes}
