@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from wtcore.errors import WtcoreError
+from wtcore.errors import PayloadError, WtcoreError
 
 if TYPE_CHECKING:
     import torch
@@ -156,7 +156,15 @@ class EngineBench:
         buffer_size_bytes: int | None,
     ) -> TrainerInitInfo:
         """The sender's (rank 0) init info for ``receivers`` receivers on ``host``."""
-        return engine.init_info_cls(rank=0, **self.buffer_kwargs(engine, buffer_size_bytes))
+        kwargs = self.buffer_kwargs(engine, buffer_size_bytes)
+        try:
+            return engine.init_info_cls(rank=0, **kwargs)
+        except TypeError as e:  # a field this default does not know how to fill
+            raise PayloadError(
+                f"{engine.init_info_cls.__name__}: cannot build the bench's init info from "
+                f"{sorted(kwargs)} ({e}); give {engine.__name__} an EngineBench subclass "
+                "that overrides init_info"
+            ) from e
 
     def buffer_kwargs(
         self, engine: type[TrainerWeightTransferEngine], buffer_size_bytes: int | None
