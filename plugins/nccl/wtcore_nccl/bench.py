@@ -184,8 +184,9 @@ class NCCLBench(EngineBench):
         buffer_size_bytes: int | None,
     ) -> TrainerInitInfo:
         from wtcore.net import free_port
+        from wtcore_nccl.config import NCCLTrainerInitInfo
 
-        return engine.init_info_cls(
+        return NCCLTrainerInitInfo(
             rank=0,
             master_address=host,
             master_port=free_port(host),
