@@ -184,14 +184,14 @@ class NCCLBench(EngineBench):
         buffer_size_bytes: int | None,
     ) -> TrainerInitInfo:
         from wtcore.net import free_port
-        from wtcore_nccl.config import NCCLTrainerInitInfo
+        from wtcore_nccl.config import DEFAULT_BUFFER_SIZE, NCCLTrainerInitInfo
 
         return NCCLTrainerInitInfo(
             rank=0,
             master_address=host,
             master_port=free_port(host),
             world_size=receivers + 1,
-            **self.buffer_kwargs(engine, buffer_size_bytes),
+            packed_buffer_size_bytes=buffer_size_bytes or DEFAULT_BUFFER_SIZE,
         )
 
 
