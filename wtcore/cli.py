@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sync a synthetic model to receivers it starts, verify, and measure against limits",
     )
     b.add_argument("--backend", default="local", help="engine name (default: local)")
-    b.add_argument("--client", default="inproc", help="inproc, http, ray (default: inproc)")
+    b.add_argument(
+        "--client", default="inproc", help="client name, see `wtcore plugins` (default: inproc)"
+    )
     b.add_argument("--receivers", type=int, default=2, help="number of receivers (default 2)")
     b.add_argument(
         "--size",
@@ -60,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--baselines",
         default="auto",
         choices=["auto", "all", "none"],
-        help="limits and naive baselines to measure (auto: those relevant to the backend)",
+        help="limits and naive baselines to measure (auto: the generic ones and the backend's; "
+        "all: every installed engine's)",
     )
     b.add_argument("--transactional", action="store_true", help="receivers stage each round")
     b.add_argument(
@@ -133,11 +136,13 @@ def _write_stdout(text: str) -> None:
 # ---------------------------------------------------------------------- bench
 def _cmd_bench(args: argparse.Namespace) -> int:
     from wtcore.bench import BenchOptions, run_bench
-    from wtcore.bench.report import print_table, write_json, write_plot
+    from wtcore.bench.report import check_plot_available, print_table, write_json, write_plot
 
     if args.receivers < 1 or args.rounds < 1:
         print("wtcore bench: --receivers and --rounds must be at least 1", file=sys.stderr)
         return 2
+    if args.plot:
+        check_plot_available()  # fail in one line now, not after the whole run
     opts = BenchOptions(
         backend=args.backend,
         client=args.client,

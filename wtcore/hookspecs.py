@@ -38,7 +38,10 @@ def wtcore_update_failed(engine: Any, weight_version: str | None, error: BaseExc
 def wtcore_launch_receivers(
     client: str, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
 ) -> Any:
-    """Start ``count`` receivers reachable by client ``client`` for ``wtcore bench``.
+    """Deprecated (removed in the next release): set ``bench_launcher`` on the client class.
+
+    Start ``count`` receivers reachable by client ``client`` for ``wtcore bench``. Asked only
+    when the client class declares no ``bench_launcher``; using it warns.
 
     Return a :class:`wtcore.bench.ReceiverFleet` (a ``client`` attribute with ``checksums()``,
     ``pids()`` and ``close()``), or ``None`` if ``client`` is not yours. Each receiver hosts

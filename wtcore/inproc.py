@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from wtcore.fanout import FanOutClient
 from wtcore.worker import WeightSyncWorker
@@ -39,3 +39,5 @@ class InProcessClient(FanOutClient):
 
     def get_world_size(self) -> int:
         return len(self.workers)
+
+    bench_launcher: ClassVar[str] = "wtcore.bench.fleet:InProcessFleet"  # wtcore bench

@@ -160,3 +160,5 @@ class LocalTrainerEngine(TrainerWeightTransferEngine):
             stats.num_buckets += 1
         with stats.phase("control"):
             self.client.finish_weight_update(stats.weight_version)
+
+    from wtcore.bench.local import BENCH as bench  # wtcore bench: see wtcore/bench/api.py

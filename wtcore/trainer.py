@@ -11,6 +11,7 @@ from wtcore.source import WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
 if TYPE_CHECKING:
+    from wtcore.bench.api import EngineBench
     from wtcore.client import WeightSyncClient
 
 __all__ = ["TrainerInitInfo", "TrainerWeightTransferEngine"]
@@ -148,3 +149,26 @@ class TrainerWeightTransferEngine(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    # ------------------------------------------------------------------ bench API
+    # What ``wtcore bench`` (or any tool) needs to run this engine on one host, declared by the
+    # engine so that the core never picks a plugin by name or guesses its fields. See
+    # wtcore/bench/api.py and docs/writing-an-engine.md.
+
+    #: How to run this engine in ``wtcore bench``; ``None`` (the default): it cannot.
+    bench: ClassVar[EngineBench | None] = None
+
+    @classmethod
+    def bench_support(cls) -> EngineBench:
+        """This engine's :attr:`bench`, or an error that says how to add it."""
+        if cls.bench is None:
+            from wtcore.bench.api import BenchNotSupportedError
+
+            raise BenchNotSupportedError(
+                f"trainer engine {cls.__module__}.{cls.__qualname__} does not support "
+                "wtcore bench: set its `bench` class attribute to a wtcore.bench.EngineBench "
+                "(see docs/writing-an-engine.md)"
+            )
+        return cls.bench
+
+    # ------------------------------------------------------------------ end of bench API

@@ -1,74 +1,49 @@
 """Receivers that the bench starts and always stops.
 
-A :class:`ReceiverFleet` is a client plus the processes behind it. The bench asks the client
-plugins for one through the ``wtcore_launch_receivers`` hook (first answer wins), so the core
-never imports a plugin; ``inproc`` is built here.
+The bench gets receivers from the chosen client class: its ``bench_launcher`` names a
+:class:`~wtcore.bench.api.ReceiverLauncher`, imported only now, so the core never imports or
+names a plugin. :class:`InProcessFleet` is the built-in client's launcher.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+import pkgutil
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from wtcore.bench.api import BenchNotSupportedError, ModelSpec, ReceiverFleet
 
 if TYPE_CHECKING:
-    import torch
-
     from wtcore.worker import WeightSyncWorker
 
 __all__ = ["InProcessFleet", "ModelSpec", "ReceiverFleet", "launch_fleet"]
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """A synthetic model, rebuilt identically (names, shapes, dtypes) on every receiver."""
-
-    size_bytes: int
-    num_tensors: int
-    dtype: str
-    seed: int = 0
-
-    def build_state(self, seed: int | None = None) -> dict[str, torch.Tensor]:
-        from wtcore.testing.sources import synthetic_state
-
-        return synthetic_state(
-            self.size_bytes, self.num_tensors, self.dtype, self.seed if seed is None else seed
-        )
-
-    def build_zeros(self) -> torch.nn.Module:
-        """A receiver model: the right names, shapes and dtypes, all zeros."""
-        from wtcore.testing.sources import build_module, zeros_like_state
-
-        return build_module(zeros_like_state(self.build_state()))
-
-
-class ReceiverFleet(Protocol):
-    """A started set of receivers: a fan-out client (with ``checksums()``) and their PIDs."""
-
-    client: Any
-
-    def pids(self) -> list[int]: ...
-
-    def close(self) -> None: ...
-
-
 class InProcessFleet:
-    """Receivers in this process, driven through :class:`~wtcore.inproc.InProcessClient`."""
+    """Receivers in this process, driven by one fan-out client of ``client_cls``."""
 
     def __init__(
-        self, backend: str, count: int, model: ModelSpec, *, timeout_s: float, **worker_kw: Any
+        self,
+        client_cls: type[Any],
+        backend: str,
+        count: int,
+        model: ModelSpec,
+        *,
+        timeout_s: float,
+        options: Mapping[str, Any],
     ) -> None:
-        from wtcore.inproc import InProcessClient
         from wtcore.sink import ModuleSink
         from wtcore.worker import WeightSyncWorker
 
         self.workers: list[WeightSyncWorker] = [
             WeightSyncWorker(
-                backend, ModuleSink(model.build_zeros()), rank=i, world_size=count, **worker_kw
+                backend, ModuleSink(model.build_zeros()), rank=i, world_size=count, **options
             )
             for i in range(count)
         ]
-        self.client = InProcessClient(self.workers, timeout_s=timeout_s)
+        self.client = client_cls(self.workers, timeout_s=timeout_s)
 
     def pids(self) -> list[int]:
         return [os.getpid()]
@@ -79,26 +54,64 @@ class InProcessFleet:
 
 
 def launch_fleet(
-    client: str, backend: str, count: int, model: ModelSpec, *, timeout_s: float, **worker_kw: Any
+    client: str,
+    backend: str,
+    count: int,
+    model: ModelSpec,
+    *,
+    timeout_s: float,
+    options: Mapping[str, Any] | None = None,
 ) -> ReceiverFleet:
-    """Start ``count`` receivers for ``client``; raises if no plugin can launch them."""
-    if client == "inproc":
-        return InProcessFleet(backend, count, model, timeout_s=timeout_s, **worker_kw)
-    from wtcore.hooks import get_plugin_manager
+    """Start ``count`` receivers reachable by the client registered as ``client``."""
     from wtcore.registry import CLIENTS
 
-    CLIENTS.info(client)  # unknown name -> the registry's "did you mean" error
-    fleet: ReceiverFleet | None = get_plugin_manager().hook.wtcore_launch_receivers(
+    cls = CLIENTS.load(client)  # unknown name -> the registry's "did you mean" error
+    target = getattr(cls, "bench_launcher", None)
+    opts = dict(options or {})
+    if isinstance(target, str):
+        launcher = pkgutil.resolve_name(target)
+        fleet: ReceiverFleet = launcher(
+            cls, backend, count, model, timeout_s=timeout_s, options=opts
+        )
+        return fleet
+    legacy = _legacy_hook(client, backend, count, model, timeout_s, opts)
+    if legacy is not None:
+        return legacy
+    raise BenchNotSupportedError(
+        f"client {client!r} ({cls.__module__}.{cls.__qualname__}) cannot start receivers for "
+        "wtcore bench: set its `bench_launcher` class attribute to the import target of a "
+        "wtcore.bench.ReceiverLauncher (see docs/writing-an-engine.md)"
+    )
+
+
+def _legacy_hook(
+    client: str,
+    backend: str,
+    count: int,
+    model: ModelSpec,
+    timeout_s: float,
+    options: dict[str, Any],
+) -> ReceiverFleet | None:
+    """The deprecated ``wtcore_launch_receivers`` hook, asked only when the class says nothing."""
+    from wtcore.hooks import get_plugin_manager
+
+    caller = get_plugin_manager().hook.wtcore_launch_receivers
+    if not caller.get_hookimpls():
+        return None
+    fleet: ReceiverFleet | None = caller(
         client=client,
         backend=backend,
         count=count,
         model=model,
         timeout_s=timeout_s,
-        options=dict(worker_kw),
+        options=options,
     )
-    if fleet is None:
-        raise RuntimeError(
-            f"client {client!r} cannot start receivers for the bench: its plugin does not "
-            "implement the wtcore_launch_receivers hook"
+    if fleet is not None:
+        warnings.warn(
+            f"receivers for client {client!r} came from the wtcore_launch_receivers hook, "
+            "which is deprecated and will be removed in the next release: set "
+            "`bench_launcher` on the client class instead",
+            DeprecationWarning,
+            stacklevel=3,
         )
     return fleet

@@ -6,18 +6,11 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
+from wtcore.bench.api import OptionalDependencyError
 from wtcore.stats import PHASES
 from wtcore.units import format_size
 
-__all__ = ["print_table", "write_json", "write_plot"]
-
-_LIMIT_LABELS = {
-    "memcpy": "single-thread memcpy",
-    "raw_gloo": "raw gloo broadcast",
-    "shm_copy": "one copy out of shared memory",
-    "per_tensor": "per-tensor broadcast + control call",
-    "file": "torch.save -> torch.load -> copy",
-}
+__all__ = ["check_plot_available", "print_table", "write_json", "write_plot"]
 
 
 def _mib(v: float | None) -> str:
@@ -45,6 +38,7 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
             out.write(f" {_mib(r['trainer_extra_mib']):>11} {_mib(recv):>9}  {verdict}\n")
         out.write(f"{'median':>5} {run['median_seconds']:8.3f} {run['median_gbps']:7.2f}\n\n")
     limits = record["limits_gbps"]
+    labels = record.get("limit_labels", {})
     if limits:
         out.write("measured in this run          GB/s   wtcore (best median) vs it\n")
         for name, gbps in limits.items():
@@ -54,7 +48,8 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
                 if ratio is None
                 else (f"{ratio:.2f}x" if ratio < 1.5 else f"{ratio:.1f}x faster")
             )
-            out.write(f"  {_LIMIT_LABELS.get(name, name):<36} {gbps:6.2f}   {rel}\n")
+            label = labels.get(name, name)
+            out.write(f"  {label:<36} {gbps:6.2f}   {rel}\n")
     out.write(
         "\nOK: every receiver verified bit-exact\n"
         if record["ok"]
@@ -66,15 +61,27 @@ def write_json(record: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
+def check_plot_available() -> None:
+    """Raise :class:`~wtcore.bench.api.OptionalDependencyError` unless matplotlib imports.
+
+    The CLI calls this before the run, so a missing package costs one line, not a whole bench.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise OptionalDependencyError(
+            "--plot needs matplotlib: pip install matplotlib (or pip install 'wtcore[plot]')"
+        ) from e
+
+
 def write_plot(record: dict[str, Any], path: str | Path) -> None:
     """GB/s against buffer size (one point per ``--buffer-size``), with the limits as lines."""
-    try:
-        import matplotlib
+    check_plot_available()
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise RuntimeError("--plot needs matplotlib: pip install 'wtcore[plot]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     runs = record["runs"]
     xs = [r["buffer_size"] or 0 for r in runs]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -85,7 +92,8 @@ def write_plot(record: dict[str, Any], path: str | Path) -> None:
         label=record["settings"]["backend"],
     )
     for name, gbps in record["limits_gbps"].items():
-        ax.axhline(gbps, linestyle="--", linewidth=1, label=_LIMIT_LABELS.get(name, name))
+        label = record.get("limit_labels", {}).get(name, name)
+        ax.axhline(gbps, linestyle="--", linewidth=1, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("buffer size (MiB)")
     ax.set_ylabel("GB/s (median)")

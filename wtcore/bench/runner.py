@@ -9,10 +9,15 @@ import statistics
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from wtcore.bench.fleet import ModelSpec, launch_fleet
+from wtcore.bench.api import Baseline, BaselineContext, BenchNotSupportedError, ModelSpec
+from wtcore.bench.fleet import launch_fleet
 from wtcore.bench.memory import PeakTracker
+from wtcore.errors import WtcoreError
+
+if TYPE_CHECKING:
+    from wtcore.trainer import TrainerWeightTransferEngine
 
 __all__ = ["BenchOptions", "run_bench"]
 
@@ -27,35 +32,12 @@ class BenchOptions:
     dtype: str = "bfloat16"
     rounds: int = 3
     buffer_sizes: list[int] = field(default_factory=list)  # empty: the engine's default
-    baselines: str = "auto"  # auto | all | none
+    baselines: str = "auto"  # auto: generic + the engine's | all: every installed engine's | none
     transactional: bool = False
     torch_threads: int = 1  # 0: leave torch's default
     timeout_s: float = 300.0
+    host: str = "127.0.0.1"  # where rendezvous points and receivers listen
     corrupt_round: int | None = None  # testing only: corrupt receiver 0 after this round
-
-
-def _trainer_config(backend: str, receivers: int, buffer_size: int | None) -> dict[str, Any]:
-    """A config for ``backend`` filled in from the names of its init-info fields."""
-    from wtcore.registry import TRAINER_ENGINES
-    from wtcore.testing.net import free_port
-
-    info_cls = TRAINER_ENGINES.load(backend).init_info_cls
-    fields = {f.name for f in dataclasses.fields(info_cls)}
-    cfg: dict[str, Any] = {"backend": backend}
-    if "master_address" in fields:
-        cfg["master_address"] = "127.0.0.1"
-    if "master_port" in fields:
-        cfg["master_port"] = free_port()
-    if "world_size" in fields:
-        cfg["world_size"] = receivers + 1
-    if buffer_size is not None:
-        key = next(
-            (k for k in ("packed_buffer_size_bytes", "buffer_size_bytes") if k in fields), None
-        )
-        if key is None:
-            raise ValueError(f"backend {backend!r} has no buffer size setting")
-        cfg[key] = buffer_size
-    return cfg
 
 
 def _progress(total: int, desc: str) -> Any:
@@ -66,66 +48,73 @@ def _progress(total: int, desc: str) -> Any:
     return tqdm(total=total, desc=desc, file=sys.stderr, unit="round", leave=False)
 
 
-def _limits(opts: BenchOptions, state: Mapping[str, Any], nbytes: int) -> dict[str, float]:
-    from wtcore.bench import limits
+def _baselines(opts: BenchOptions, engine: type[Any]) -> dict[str, Baseline]:
+    """The generic limits plus those the engine declares (``all``: every installed engine's)."""
+    from wtcore.bench.limits import GENERIC_BASELINES
+    from wtcore.registry import TRAINER_ENGINES
 
-    want = opts.baselines
-    if want == "none":
+    if opts.baselines == "none":
         return {}
-    out = {"memcpy": limits.memcpy_gbps(nbytes), "file": limits.file_gbps(state)}
-    if want == "all" or opts.backend == "nccl":
-        out["raw_gloo"] = limits.raw_gloo_gbps(nbytes, opts.receivers)
-        out["per_tensor"] = limits.per_tensor_gbps(state, opts.receivers)
-    if want == "all" or opts.backend == "ipc":
-        out["shm_copy"] = limits.shm_copy_gbps(nbytes)
+    out = dict(GENERIC_BASELINES)
+    engines = [engine]
+    if opts.baselines == "all":
+        for name in TRAINER_ENGINES.names():
+            try:
+                engines.append(TRAINER_ENGINES.load(name))
+            except WtcoreError:
+                continue  # a broken plugin is `wtcore plugins`' news, not the bench's
+    for cls in engines:
+        if cls.bench is not None:
+            out.update({k: v for k, v in cls.bench.baselines.items() if k not in out})
     return out
 
 
-def _versions() -> dict[str, str]:
+def _versions(opts: BenchOptions) -> dict[str, str]:
+    """Python, torch, and the distributions that provide the chosen engine and client."""
     from importlib_metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version()}
-    for dist in (
-        "wtcore",
-        "torch",
-        "wtcore-nccl",
-        "wtcore-ipc",
-        "wtcore-http-client",
-        "wtcore-ray-client",
-        "ray",
-    ):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            pass
+    from wtcore._version import __version__
+    from wtcore.registry import CLIENTS, TRAINER_ENGINES
+
+    out = {"python": platform.python_version(), "wtcore": __version__}
+    try:
+        out["torch"] = version("torch")
+    except PackageNotFoundError:
+        pass
+    for info in (TRAINER_ENGINES.info(opts.backend), CLIENTS.info(opts.client)):
+        if info.distribution is not None:
+            out[info.distribution] = info.version or "?"
     return out
 
 
 def _run_engine(
-    opts: BenchOptions, spec: ModelSpec, model: Any, buffer_size: int | None, bar: Any
+    opts: BenchOptions,
+    engine_cls: type[TrainerWeightTransferEngine],
+    spec: ModelSpec,
+    model: Any,
+    buffer_size: int | None,
+    bar: Any,
 ) -> dict[str, Any]:
     """One engine configuration: fresh receivers, ``rounds`` verified rounds."""
     import torch
 
-    from wtcore.config import trainer_from_config
     from wtcore.digest import digest_named
     from wtcore.source import ModuleSource
 
+    info = engine_cls.bench_support().init_info(
+        engine_cls, receivers=opts.receivers, host=opts.host, buffer_size_bytes=buffer_size
+    )
     fleet = launch_fleet(
         opts.client,
         opts.backend,
         opts.receivers,
         spec,
         timeout_s=opts.timeout_s,
-        transactional=opts.transactional,
+        options={"transactional": opts.transactional},
     )
     rounds: list[dict[str, Any]] = []
     try:
-        engine = trainer_from_config(
-            _trainer_config(opts.backend, opts.receivers, buffer_size),
-            source=ModuleSource(model),
-            client=fleet.client,
-        )
+        engine = engine_cls.trainer_init(info, source=ModuleSource(model), client=fleet.client)
         try:
             tracker = PeakTracker([os.getpid(), *(p for p in fleet.pids() if p != os.getpid())])
             for r in range(opts.rounds):
@@ -182,7 +171,7 @@ def _corrupt(fleet: Any) -> None:
 
     workers = getattr(fleet, "workers", None)
     if not workers:
-        raise ValueError("corrupt_round works only with --client inproc")
+        raise BenchNotSupportedError("corrupt_round works only with in-process receivers")
     param = next(workers[0].sink.module.parameters())
     with torch.no_grad():
         param.view(-1)[:1].add_(1)
@@ -190,12 +179,20 @@ def _corrupt(fleet: Any) -> None:
 
 def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     """Run everything; returns the JSON-ready record (``record["ok"]`` says if all verified)."""
-    from wtcore.testing.sources import build_module
+    from wtcore.registry import TRAINER_ENGINES
+    from wtcore.synthetic import build_module
 
+    engine_cls = TRAINER_ENGINES.load(opts.backend)
+    support = engine_cls.bench_support()  # before anything starts: a clear error if absent
+    if opts.buffer_sizes:
+        support.buffer_kwargs(engine_cls, opts.buffer_sizes[0])
     spec = ModelSpec(opts.size_bytes, opts.num_tensors, opts.dtype, seed=0)
     state = spec.build_state()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    limits = _limits(opts, state, nbytes)
+    ctx = BaselineContext(state, nbytes, opts.receivers, opts.host, opts.timeout_s)
+    baselines = _baselines(opts, engine_cls)
+    limits = {name: b.measure(ctx) for name, b in baselines.items()}
+    del ctx
     model = build_module(state)
     del state
     configs: list[int | None] = list(opts.buffer_sizes) or [None]
@@ -205,7 +202,7 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
         torch.set_num_threads(opts.torch_threads)
     bar = _progress(opts.rounds * len(configs), f"wtcore bench {opts.backend}/{opts.client}")
     try:
-        runs = [_run_engine(opts, spec, model, b, bar) for b in configs]
+        runs = [_run_engine(opts, engine_cls, spec, model, b, bar) for b in configs]
     finally:
         if bar is not None:
             bar.close()
@@ -214,13 +211,15 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     return {
         "ok": all(r["verified"] for r in runs),
         "host": {"node": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform()},
-        "versions": _versions(),
+        "versions": _versions(opts),
         "settings": {
             **dataclasses.asdict(opts),
+            "buffer_option": support.buffer_option,
             "model_bytes": nbytes,
             "model_tensors": sum(1 for _ in model.parameters()),
         },
         "limits_gbps": limits,
+        "limit_labels": {name: b.label for name, b in baselines.items()},
         "runs": runs,
         "best_median_gbps": best,
         "ratios": ratios,

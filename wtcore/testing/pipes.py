@@ -106,34 +106,26 @@ class RemoteError(RuntimeError):
         self.status = {"PayloadError": 400, "ProtocolStateError": 409}.get(error_type, 500)
 
 
-_REMOTE_CLASSES: dict[str, type[RemoteError]] = {}
-_CLASS_LOCK = threading.Lock()
-
-
-def _local_class(name: str) -> type[BaseException] | None:
-    """The local class a remote error name maps onto: wtcore's errors, then builtins."""
-    if name in _errors.__all__ and name != "ReceiverError":  # ReceiverError has its own init
-        cls = getattr(_errors, name)
-    else:
-        cls = getattr(builtins, name, None)
-    ok = isinstance(cls, type) and issubclass(cls, Exception)
-    return cls if ok else None
+@functools.cache
+def _remote_class(error_type: str) -> type[RemoteError]:
+    """A class *named* ``error_type`` that also derives from the local class of that name
+    (wtcore's errors, then builtins) where one exists, so callers catch it as they would
+    locally; ``functools.cache`` makes it one class per name."""
+    local = getattr(_errors, error_type, None) if error_type in _errors.__all__ else None
+    if local is None or error_type == "ReceiverError":  # ReceiverError has its own init
+        local = getattr(builtins, error_type, None) if local is None else None
+    bases: tuple[type, ...] = (RemoteError,)
+    if isinstance(local, type) and issubclass(local, Exception):
+        bases += (local,)
+    try:
+        return type(error_type, bases, {"__module__": __name__})
+    except TypeError:  # layout conflict with an exotic builtin: keep the name only
+        return type(error_type, (RemoteError,), {"__module__": __name__})
 
 
 def remote_error(error_type: str, message: str, where: str = "") -> RemoteError:
-    """A :class:`RemoteError` whose class is *named* ``error_type`` and, where it can, also
-    derives from the local class of that name, so callers catch it as they would locally."""
-    with _CLASS_LOCK:
-        cls = _REMOTE_CLASSES.get(error_type)
-        if cls is None:
-            local = _local_class(error_type)
-            bases: tuple[type, ...] = (RemoteError,) if local is None else (RemoteError, local)
-            try:
-                cls = type(error_type, bases, {"__module__": __name__})
-            except TypeError:  # layout conflict with an exotic builtin: keep the name only
-                cls = type(error_type, (RemoteError,), {"__module__": __name__})
-            _REMOTE_CLASSES[error_type] = cls
-    return cls(error_type, message, where)
+    """The :class:`RemoteError` for an error record (see :func:`_remote_class`)."""
+    return _remote_class(error_type)(error_type, message, where)
 
 
 # ---------------------------------------------------------------------- child side
@@ -311,9 +303,9 @@ class PipeClient(FanOutClient):
     def _deadline_s(self) -> float:
         return self.timeout_s + 5  # each call bounds itself; this is only a backstop
 
-    def weight_info(self, i: int) -> dict[str, Any]:
-        result: dict[str, Any] = self.call(i, "weight_info")
-        return result
+    def weight_info(self) -> list[dict[str, Any]]:
+        """Every child's ``weight_info``, in order (the shape of every fan-out client)."""
+        return self._each("weight_info")
 
     def get_world_size(self) -> int:
         return len(self.channels)

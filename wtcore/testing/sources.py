@@ -1,13 +1,13 @@
-"""Synthetic models and sources for tests and benchmarks."""
+"""Synthetic models and sources for tests (the model builders live in :mod:`wtcore.synthetic`)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from wtcore.meta import ParamMeta
 from wtcore.source import WeightSource
+from wtcore.synthetic import build_module, synthetic_state, zeros_like_state
 
 if TYPE_CHECKING:
     import torch
@@ -25,43 +25,6 @@ __all__ = [
 MISMATCH_KINDS: tuple[str, ...] = ("reordered", "redtyped", "reshaped", "missing", "extra")
 
 
-def synthetic_state(
-    total_bytes: int, num_tensors: int = 300, dtype: str = "float32", seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """A transformer-like state dict of about ``total_bytes`` in about ``num_tensors`` tensors.
-
-    Per layer: q, k, v, o projections, gate/up/down MLP and two norms (9 tensors), plus the
-    embedding, the final norm and the LM head.
-    """
-    import torch
-
-    dt = getattr(torch, dtype)
-    es = torch.empty((), dtype=dt).element_size()
-    layers = max(1, (num_tensors - 3) // 9)
-    # bytes ~= es * (layers * (4 H^2 + 3 * H * 2.75H) + 2 * 8H * H)
-    h = int(math.sqrt(max(total_bytes, 1) / es / (layers * 12.25 + 16)))
-    h = max(8, h // 8 * 8)
-    inter = max(8, int(h * 2.75) // 8 * 8)
-    vocab = 8 * h
-    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, h))]
-    for i in range(layers):
-        p = f"model.layers.{i}"
-        shapes += [
-            (f"{p}.self_attn.q_proj.weight", (h, h)),
-            (f"{p}.self_attn.k_proj.weight", (h, h)),
-            (f"{p}.self_attn.v_proj.weight", (h, h)),
-            (f"{p}.self_attn.o_proj.weight", (h, h)),
-            (f"{p}.mlp.gate_proj.weight", (inter, h)),
-            (f"{p}.mlp.up_proj.weight", (inter, h)),
-            (f"{p}.mlp.down_proj.weight", (h, inter)),
-            (f"{p}.input_layernorm.weight", (h,)),
-            (f"{p}.post_attention_layernorm.weight", (h,)),
-        ]
-    shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (vocab, h))]
-    g = torch.Generator().manual_seed(seed)
-    return {name: torch.randn(shape, generator=g).to(dt) for name, shape in shapes}
-
-
 def mixed_dtype_state(seed: int = 0) -> dict[str, torch.Tensor]:
     """Small tensors of every common dtype, including 0-d and empty ones."""
     import torch
@@ -77,31 +40,6 @@ def mixed_dtype_state(seed: int = 0) -> dict[str, torch.Tensor]:
         "empty.weight": torch.empty(0, 3),
         "big.weight": torch.randn(64, 64, generator=g),
     }
-
-
-def zeros_like_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Zeros with the same names, shapes and dtypes (contiguous)."""
-    import torch
-
-    return {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in state.items()}
-
-
-def build_module(state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
-    """A module whose ``named_parameters()`` are exactly ``state`` (dotted names nest)."""
-    import torch
-
-    root = torch.nn.Module()
-    for name, t in state.items():
-        *path, leaf = name.split(".")
-        mod = root
-        for part in path:
-            child = getattr(mod, part, None) if part in mod._modules else None
-            if child is None:
-                child = torch.nn.Module()
-                mod.add_module(part, child)
-            mod = child
-        mod.register_parameter(leaf, torch.nn.Parameter(t.clone(), requires_grad=False))
-    return root
 
 
 class MismatchedSource(WeightSource):

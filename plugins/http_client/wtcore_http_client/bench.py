@@ -1,19 +1,20 @@
 """``wtcore bench --client http``: start the bench's receivers as ``wtcore serve`` processes.
 
-Implements the core's ``wtcore_launch_receivers`` hook: one real server process per receiver,
-each hosting the bench's synthetic model (same names, shapes and dtypes as the trainer's), all
-driven by one fan-out :class:`~wtcore_http_client.client.HTTPWeightSyncClient` and always
-stopped by PID.
+``HTTPWeightSyncClient.bench_launcher`` names :class:`HTTPFleet`: one real server process per
+receiver, each hosting the bench's synthetic model (same names, shapes and dtypes as the
+trainer's), all driven by one fan-out :class:`~wtcore_http_client.client.HTTPWeightSyncClient`
+and always stopped by PID.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
-from wtcore.hookspecs import hookimpl
+from wtcore.errors import PayloadError
 
-__all__ = ["HTTPFleet", "wtcore_launch_receivers"]
+__all__ = ["HTTPFleet"]
 
 _FLAGS = {"transactional": "--transactional", "reject_nonfinite": "--reject-nonfinite"}
 
@@ -22,14 +23,20 @@ class HTTPFleet:
     """``count`` ``wtcore serve`` processes and the client that drives them."""
 
     def __init__(
-        self, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
+        self,
+        client_cls: type[Any],
+        backend: str,
+        count: int,
+        model: Any,
+        *,
+        timeout_s: float,
+        options: Mapping[str, Any],
     ) -> None:
-        from wtcore_http_client.client import HTTPWeightSyncClient
         from wtcore_http_client.process import ServeProcess, launch_serve
 
         unknown = sorted(set(options) - set(_FLAGS))
         if unknown:
-            raise ValueError(f"options {unknown} are not supported by wtcore serve")
+            raise PayloadError(f"options {unknown} are not supported by wtcore serve")
         flags = [_FLAGS[k] for k, v in options.items() if v]
         self.servers: list[ServeProcess] = []
         try:
@@ -49,7 +56,7 @@ class HTTPFleet:
                         ]
                     )
                 )  # fmt: skip
-            self.client = HTTPWeightSyncClient([s.url for s in self.servers], timeout_s=timeout_s)
+            self.client = client_cls([s.url for s in self.servers], timeout_s=timeout_s)
         except BaseException:
             self.close()
             raise
@@ -62,12 +69,3 @@ class HTTPFleet:
             self.client.close()
         for server in self.servers:
             server.stop(timeout_s=10)
-
-
-@hookimpl
-def wtcore_launch_receivers(
-    client: str, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
-) -> HTTPFleet | None:
-    if client != "http":
-        return None
-    return HTTPFleet(backend, count, model, timeout_s, options)

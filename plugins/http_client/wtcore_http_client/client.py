@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -233,6 +233,8 @@ class HTTPWeightSyncClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    bench_launcher: ClassVar[str] = "wtcore_http_client.bench:HTTPFleet"  # wtcore bench
 
 
 def _server_message(r: requests.Response) -> tuple[str, str | None]:

@@ -1,7 +1,9 @@
 """``wtcore serve``: host a model behind the receiver routes, contributed through the CLI hook.
 
-This module is loaded by ``wtcore``'s plugin manager on every ``wtcore`` command, so it imports
-nothing heavy at module level: torch and the server are imported when ``serve`` runs.
+The server (:mod:`wtcore_http_client.server`) only moves bytes and never imports this module;
+this one builds the worker and the model and hands them to it. It is loaded by ``wtcore``'s
+plugin manager on every ``wtcore`` command, so it imports nothing heavy at module level: torch
+and the server are imported when ``serve`` runs.
 
 The first line on stdout is machine-readable, for scripts and tests::
 
@@ -18,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from wtcore._parse import size_argument
@@ -26,7 +29,14 @@ from wtcore.hookspecs import hookimpl
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LISTENING", "add_serve_arguments", "build_model", "run_serve", "wtcore_add_commands"]
+__all__ = [
+    "LISTENING",
+    "add_serve_arguments",
+    "build_model",
+    "main",
+    "run_serve",
+    "wtcore_add_commands",
+]
 
 #: The prefix of the first stdout line; the URL follows it.
 LISTENING = "wtcore serve: listening on "
@@ -88,7 +98,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
     """The hosted model: from ``--safetensors``, or synthetic of ``--size`` and ``--seed``."""
-    from wtcore.testing.sources import build_module, synthetic_state
+    from wtcore.synthetic import build_module, synthetic_state
 
     if args.safetensors:
         from wtcore_http_client.safetensors import load_safetensors
@@ -163,3 +173,12 @@ def _shutdown_worker(worker: Any) -> None:
         print("wtcore serve: engine shutdown timed out; exiting anyway", file=sys.stderr)
     elif call.error is not None:
         print(f"wtcore serve: engine shutdown failed: {call.error}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m wtcore_http_client.server [serve options]``, same as ``wtcore serve``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m wtcore_http_client.server", description="Run a wtcore receiver server."
+    )
+    add_serve_arguments(parser)
+    return run_serve(parser.parse_args(argv))

@@ -8,10 +8,11 @@ Why the standard library's :class:`~http.server.ThreadingHTTPServer` and not uvi
   ``/weight_info`` are answered on others. An ASGI server would have to push every blocking
   worker call into a thread pool anyway;
 * control messages are tiny, and bulk bodies (the ``local`` engine's base64 buckets) are read
-  with ``readinto`` into one buffer, which runs at about 2.8 GB/s here (PERF_NOTES).
+  with ``readinto`` into one buffer (see docs/benchmarks.md).
 
 The request rules live in :class:`~wtcore_http_client.routes.ReceiverRoutes`; this module only
-moves bytes. Run it as ``wtcore serve`` or ``python -m wtcore_http_client.server``.
+moves bytes; :mod:`wtcore_http_client.commands` builds the worker and the model around it.
+Run it as ``wtcore serve`` or ``python -m wtcore_http_client.server``.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ import logging
 import socket
 import sys
 import threading
-from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from wtcore_http_client.routes import ReceiverRoutes, Response
 
-__all__ = ["ReceiverHTTPServer", "check_bind", "is_loopback", "main"]
+__all__ = ["ReceiverHTTPServer", "check_bind", "is_loopback"]
 
 log = logging.getLogger("wtcore_http_client.server")
 
@@ -191,18 +191,9 @@ class ReceiverHTTPServer:
         self.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m wtcore_http_client.server [serve options]``, same as ``wtcore serve``."""
-    import argparse
-
-    from wtcore_http_client.commands import add_serve_arguments, run_serve
-
-    parser = argparse.ArgumentParser(
-        prog="python -m wtcore_http_client.server", description="Run a wtcore receiver server."
-    )
-    add_serve_arguments(parser)
-    return run_serve(parser.parse_args(argv))
-
-
 if __name__ == "__main__":
+    # ``python -m wtcore_http_client.server``: this file runs as ``__main__``, a module of its
+    # own, so handing over to the command module imports nothing back into this one.
+    from wtcore_http_client.commands import main
+
     sys.exit(main())

@@ -176,3 +176,5 @@ class IPCTrainerEngine(TrainerWeightTransferEngine):
     def shutdown(self) -> None:
         self._drop_staging()
         super().shutdown()
+
+    from wtcore_ipc.bench import BENCH as bench  # wtcore bench: see wtcore_ipc/bench.py

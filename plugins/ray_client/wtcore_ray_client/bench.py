@@ -1,18 +1,18 @@
 """``wtcore bench --client ray``: start the bench's receivers as Ray actors.
 
-Implements the core's ``wtcore_launch_receivers`` hook. Ray is started here (a local cluster,
-``num_cpus=2``, no dashboard) unless the process is already connected to one, and stopped again
-by :meth:`RayFleet.close` only if it was started here.
+``RayWeightSyncClient.bench_launcher`` names :class:`RayFleet` (its client is the group's own
+:class:`RayWeightSyncClient`). Ray is started here (a local cluster, ``num_cpus=2``, no
+dashboard) unless the process is already connected to one, and stopped again by
+:meth:`RayFleet.close` only if it was started here.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
-from wtcore.hookspecs import hookimpl
-
-__all__ = ["RayFleet", "wtcore_launch_receivers"]
+__all__ = ["RayFleet"]
 
 
 def _zeros_sink(model: Any) -> Any:
@@ -26,7 +26,14 @@ class RayFleet:
     """Receiver actors for the bench, with the client that drives them."""
 
     def __init__(
-        self, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
+        self,
+        client_cls: type[Any],
+        backend: str,
+        count: int,
+        model: Any,
+        *,
+        timeout_s: float,
+        options: Mapping[str, Any],
     ) -> None:
         import ray
 
@@ -42,7 +49,7 @@ class RayFleet:
                 backend,
                 functools.partial(_zeros_sink, model),
                 num_cpus=0,
-                worker_options=options,
+                worker_options=dict(options),
                 ready_timeout_s=timeout_s,
             )
             self.client = self.group.client(timeout_s=timeout_s)
@@ -65,12 +72,3 @@ class RayFleet:
 
             ray.shutdown()
             self._started_ray = False
-
-
-@hookimpl
-def wtcore_launch_receivers(
-    client: str, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
-) -> RayFleet | None:
-    if client != "ray":
-        return None
-    return RayFleet(backend, count, model, timeout_s, options)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore.errors import PayloadError, ReceiverError, ReceiverFailure
 from wtcore_ray_client._errors import failure_from_ray
@@ -209,3 +209,5 @@ class RayWeightSyncClient:
     def get_world_size(self) -> int:
         """The number of inference workers this client reaches."""
         return len(self.handles)
+
+    bench_launcher: ClassVar[str] = "wtcore_ray_client.bench:RayFleet"  # wtcore bench

@@ -1,0 +1,40 @@
+"""``wtcore bench --backend ipc``: the engine's bench API and its limit.
+
+``shm_copy`` is one copy out of a POSIX shared-memory segment that already holds the weights:
+the ceiling of this engine's CPU path, where every receiver copies the sender's segment once.
+The engine needs no rendezvous, so the default :class:`~wtcore.bench.api.EngineBench` init info
+(rank 0 plus the buffer size) is all it takes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from wtcore.bench.api import Baseline, BaselineContext, EngineBench
+
+__all__ = ["BENCH", "shm_copy_gbps"]
+
+
+def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
+    import mmap
+
+    from wtcore.bench.limits import copy_out_gbps
+    from wtcore_ipc.shm import SHM_DIR
+
+    size = max(ctx.nbytes, 1)
+    fd, path = tempfile.mkstemp(prefix="wtcore-bench-", dir=SHM_DIR)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mm:
+            return copy_out_gbps(mm, ctx.nbytes, repeats)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+#: What ``IPCTrainerEngine.bench`` is.
+BENCH = EngineBench(
+    buffer_option="packed_buffer_size_bytes",
+    baselines={"shm_copy": Baseline("one copy out of shared memory", shm_copy_gbps)},
+)

@@ -1,0 +1,317 @@
+"""``wtcore bench`` through the engine and client APIs alone, with a third-party engine.
+
+The engine below is defined here and registered at runtime; nothing about it follows the
+first-party engines' naming (its buffer option is ``chunk_bytes``, it has a "rendezvous port"
+only its own :class:`EngineBench` knows how to choose). If the bench runs it, verifies every
+round and measures its own baseline, the core needed nothing but the declared API.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from wtcore.bench import (
+    Baseline,
+    BaselineContext,
+    BenchNotSupportedError,
+    BenchOptions,
+    EngineBench,
+    OptionalDependencyError,
+    run_bench,
+)
+from wtcore.bench.report import check_plot_available, print_table
+from wtcore.client import WeightSyncClient
+from wtcore.engine import WeightTransferEngine
+from wtcore.errors import PayloadError, WtcoreError
+from wtcore.meta import dtype_from_name, dtype_name
+from wtcore.net import free_port
+from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES
+from wtcore.source import WeightSource, iter_checked
+from wtcore.stats import TransferStats
+from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+
+NAME = "thirdparty-b64"
+BASELINE_CALLS: list[BaselineContext] = []
+
+
+@dataclass
+class B64TrainerInitInfo(TrainerInitInfo):
+    backend: ClassVar[str] = NAME
+    rendezvous_port: int = 0
+    chunk_bytes: int = 1 << 20
+
+
+@dataclass
+class B64InitInfo:
+    rendezvous_port: int
+    chunk_bytes: int
+
+
+@dataclass
+class B64UpdateInfo:
+    name: str
+    dtype: str
+    shape: list[int]
+    data: str
+
+
+class B64WorkerEngine(WeightTransferEngine[B64InitInfo, B64UpdateInfo]):
+    init_info_cls = B64InitInfo
+    update_info_cls = B64UpdateInfo
+
+    def init_transfer_engine(self, init_info: B64InitInfo) -> None:
+        if not 0 < init_info.rendezvous_port < 65536:
+            raise PayloadError(f"rendezvous_port: got {init_info.rendezvous_port}")
+        self.chunk_bytes = init_info.chunk_bytes
+
+    def receive_weights(self, update_info: B64UpdateInfo) -> None:
+        raw = bytearray(base64.b64decode(update_info.data))
+        t = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        dt = dtype_from_name(update_info.dtype)
+        self.sink.load_weights([(update_info.name, t.view(dt).reshape(update_info.shape))])
+
+
+def _one_byte_per_call(ctx: BaselineContext) -> float:
+    BASELINE_CALLS.append(ctx)
+    return 0.5
+
+
+class B64Bench(EngineBench):
+    def init_info(
+        self,
+        engine: type[TrainerWeightTransferEngine],
+        *,
+        receivers: int,
+        host: str,
+        buffer_size_bytes: int | None,
+    ) -> TrainerInitInfo:
+        return engine.init_info_cls(
+            rank=0,
+            rendezvous_port=free_port(host),
+            **self.buffer_kwargs(engine, buffer_size_bytes),
+        )
+
+
+class B64TrainerEngine(TrainerWeightTransferEngine):
+    """One tensor per ``update_weights`` call, base64 in the payload."""
+
+    init_info_cls = B64TrainerInitInfo
+    bench = B64Bench(
+        buffer_option="chunk_bytes",
+        baselines={"one_byte": Baseline("one byte per call (made up)", _one_byte_per_call)},
+    )
+
+    @classmethod
+    def trainer_init(
+        cls,
+        init_info: TrainerInitInfo,
+        *,
+        client: WeightSyncClient | None,
+        source: WeightSource | None = None,
+    ) -> B64TrainerEngine:
+        assert isinstance(init_info, B64TrainerInitInfo)
+        engine = cls(init_info, client=client, source=source)
+        if client is not None:
+            client.init_weight_transfer_engine(
+                {"rendezvous_port": init_info.rendezvous_port, "chunk_bytes": init_info.chunk_bytes}
+            )
+        return engine
+
+    def _send(self, source: WeightSource, stats: TransferStats) -> None:
+        assert self.client is not None
+        self.client.start_weight_update()
+        for meta, t in iter_checked(source):
+            data = base64.b64encode(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            self.client.update_weights(
+                {
+                    "name": meta.name,
+                    "dtype": dtype_name(t.dtype),
+                    "shape": list(t.shape),
+                    "data": data.decode("ascii"),
+                }
+            )
+            stats.num_tensors += 1
+            stats.num_bytes += meta.nbytes
+            stats.num_buckets += 1
+        self.client.finish_weight_update(stats.weight_version)
+
+
+class NoBenchTrainerEngine(B64TrainerEngine):
+    bench = None
+
+
+@pytest.fixture
+def third_party() -> Iterator[None]:
+    ENGINES.register(NAME, B64WorkerEngine)
+    TRAINER_ENGINES.register(NAME, B64TrainerEngine)
+    TRAINER_ENGINES.register("thirdparty-nobench", NoBenchTrainerEngine)
+    BASELINE_CALLS.clear()
+    try:
+        yield
+    finally:
+        ENGINES.unregister(NAME)
+        TRAINER_ENGINES.unregister(NAME)
+        TRAINER_ENGINES.unregister("thirdparty-nobench")
+
+
+def _opts(**kw: Any) -> BenchOptions:
+    base: dict[str, Any] = dict(
+        backend=NAME,
+        receivers=2,
+        size_bytes=64 << 10,
+        num_tensors=12,
+        dtype="float32",
+        rounds=2,
+        torch_threads=0,
+        timeout_s=60.0,
+    )
+    return BenchOptions(**{**base, **kw})
+
+
+@pytest.mark.timeout(120)
+def test_third_party_engine_runs_in_the_bench_through_the_api_alone(third_party: None) -> None:
+    record = run_bench(_opts(buffer_sizes=[4096, 8192]))
+    assert record["ok"] is True
+    assert [r["buffer_size"] for r in record["runs"]] == [4096, 8192]
+    for run in record["runs"]:
+        for i, r in enumerate(run["rounds"]):
+            assert r["verified"] is True and r["mismatched_tensors"] == [0, 0]
+            assert r["receiver_versions"] == [f"bench-{i}"] * 2
+            assert r["num_buckets"] == record["settings"]["model_tensors"]
+    assert record["settings"]["buffer_option"] == "chunk_bytes"
+    # the engine's own baseline, next to the generic ones, measured once with the run's context
+    assert set(record["limits_gbps"]) == {"memcpy", "file", "one_byte"}
+    assert record["limits_gbps"]["one_byte"] == 0.5
+    assert record["limit_labels"]["one_byte"] == "one byte per call (made up)"
+    assert len(BASELINE_CALLS) == 1 and BASELINE_CALLS[0].receivers == 2
+    assert BASELINE_CALLS[0].nbytes == record["settings"]["model_bytes"]
+    # versions: the providers of the chosen engine and client (here: runtime and the core)
+    assert set(record["versions"]) == {"python", "wtcore", "torch"}
+    out = io.StringIO()
+    print_table(record, out)
+    assert "one byte per call (made up)" in out.getvalue()
+
+
+def test_engine_without_bench_support_is_a_clear_error(third_party: None) -> None:
+    with pytest.raises(BenchNotSupportedError, match="does not support wtcore bench") as info:
+        run_bench(_opts(backend="thirdparty-nobench", baselines="none"))
+    assert isinstance(info.value, WtcoreError) and isinstance(info.value, NotImplementedError)
+    assert "NoBenchTrainerEngine" in str(info.value) and "`bench`" in str(info.value)
+
+
+def test_buffer_size_for_an_engine_without_a_buffer_option_is_refused_up_front(
+    third_party: None,
+) -> None:
+    B64TrainerEngine.bench = EngineBench()  # the default: no buffer option, no baselines
+    try:
+        with pytest.raises(BenchNotSupportedError, match="has no buffer size option"):
+            run_bench(_opts(buffer_sizes=[4096], baselines="none"))
+    finally:
+        del B64TrainerEngine.bench
+        B64TrainerEngine.bench = B64Bench(
+            buffer_option="chunk_bytes",
+            baselines={"one_byte": Baseline("one byte per call (made up)", _one_byte_per_call)},
+        )
+
+
+class _NoLauncherClient:
+    """A registered client class that declares no ``bench_launcher``."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None: ...
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None: ...
+    def start_weight_update(self) -> None: ...
+    def update_weights(self, update_info: dict[str, Any]) -> None: ...
+    def finish_weight_update(self, weight_version: str | None = None) -> None: ...
+
+
+def test_client_without_a_launcher_is_a_clear_error() -> None:
+    CLIENTS.register("thirdparty-nolaunch", _NoLauncherClient)
+    try:
+        with pytest.raises(BenchNotSupportedError, match="cannot start receivers"):
+            run_bench(BenchOptions(client="thirdparty-nolaunch", baselines="none", size_bytes=4096))
+    finally:
+        CLIENTS.unregister("thirdparty-nolaunch")
+
+
+def test_deprecated_launch_hook_is_a_fallback_that_warns() -> None:
+    from wtcore.bench.fleet import InProcessFleet
+    from wtcore.hooks import register_hooks, unregister_hooks
+    from wtcore.hookspecs import hookimpl
+    from wtcore.inproc import InProcessClient
+
+    class Legacy:
+        @hookimpl
+        def wtcore_launch_receivers(
+            self, client: str, backend: str, count: int, model: Any, timeout_s: float, options: Any
+        ) -> Any:
+            if client != "thirdparty-nolaunch":
+                return None
+            return InProcessFleet(
+                InProcessClient, backend, count, model, timeout_s=timeout_s, options=options
+            )
+
+    CLIENTS.register("thirdparty-nolaunch", _NoLauncherClient)
+    name = register_hooks(Legacy(), name="legacy-launcher")
+    try:
+        with pytest.warns(DeprecationWarning, match="wtcore_launch_receivers hook, which is dep"):
+            record = run_bench(
+                BenchOptions(
+                    client="thirdparty-nolaunch",
+                    baselines="none",
+                    size_bytes=16 << 10,
+                    num_tensors=12,
+                    rounds=1,
+                    torch_threads=0,
+                )
+            )
+        assert record["ok"] is True
+    finally:
+        unregister_hooks(name=name)
+        CLIENTS.unregister("thirdparty-nolaunch")
+
+
+def test_plot_without_matplotlib_is_one_wtcore_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *a: Any, **kw: Any) -> Any:
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(OptionalDependencyError, match=r"pip install matplotlib") as info:
+        check_plot_available()
+    assert isinstance(info.value, WtcoreError) and isinstance(info.value, ImportError)
+
+
+def test_plot_without_matplotlib_from_the_cli_prints_one_line(tmp_path: Any) -> None:
+    """A site dir that hides matplotlib; the CLI fails before the run, in one line."""
+    import subprocess
+    import sys
+
+    shadow = tmp_path / "shadow"
+    (shadow / "matplotlib").mkdir(parents=True)
+    (shadow / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    env = {**os.environ, "PYTHONPATH": str(shadow)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "wtcore.cli", "bench", "--plot", str(tmp_path / "p.png")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "pip install matplotlib" in lines[0]
+    assert proc.stdout == ""

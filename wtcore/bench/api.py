@@ -1,0 +1,180 @@
+"""What an engine or a client declares so that ``wtcore bench`` (or any tool) can drive it.
+
+The bench never picks a plugin by name and never guesses field names. Everything it needs
+comes from two class-level APIs:
+
+* a **trainer engine class** sets ``bench`` to an :class:`EngineBench`: how to build its init
+  info for ``N`` receivers on this host (choosing free ports itself), which init-info field sets
+  its bucket size (``buffer_option``), and the limits and naive baselines worth measuring next
+  to it (``baselines``, a mapping of name to :class:`Baseline`);
+* a **client class** (registered in ``wtcore.clients``) sets ``bench_launcher`` to the import
+  target (``"package.module:attr"``) of a :class:`ReceiverLauncher`, which starts receivers it
+  can reach and returns a :class:`ReceiverFleet`. A target, like an entry point, because the
+  launcher usually imports the client module: the client module never imports it back.
+
+Each receiver hosts :meth:`ModelSpec.build_zeros`, the same names, shapes and dtypes as the
+trainer's model, so only the four numbers of a :class:`ModelSpec` travel. See
+``docs/writing-an-engine.md`` for a worked example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from wtcore.errors import PayloadError, WtcoreError
+
+if TYPE_CHECKING:
+    import torch
+
+    from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+
+__all__ = [
+    "Baseline",
+    "BaselineContext",
+    "BenchNotSupportedError",
+    "EngineBench",
+    "ModelSpec",
+    "OptionalDependencyError",
+    "ReceiverFleet",
+    "ReceiverLauncher",
+]
+
+
+class BenchNotSupportedError(WtcoreError, NotImplementedError):
+    """An engine or client does not implement the part of the bench API that was needed."""
+
+
+class OptionalDependencyError(WtcoreError, ImportError):
+    """A feature needs a package that is not installed; the message gives the install line."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A synthetic model, rebuilt identically (names, shapes, dtypes) on every receiver."""
+
+    size_bytes: int
+    num_tensors: int
+    dtype: str
+    seed: int = 0
+
+    def build_state(self, seed: int | None = None) -> dict[str, torch.Tensor]:
+        from wtcore.synthetic import synthetic_state
+
+        return synthetic_state(
+            self.size_bytes, self.num_tensors, self.dtype, self.seed if seed is None else seed
+        )
+
+    def build_zeros(self) -> torch.nn.Module:
+        """A receiver model: the right names, shapes and dtypes, all zeros."""
+        from wtcore.synthetic import build_module, zeros_like_state
+
+        return build_module(zeros_like_state(self.build_state()))
+
+
+@dataclass(frozen=True)
+class BaselineContext:
+    """What a baseline gets: the trainer's model and the run's settings."""
+
+    state: Mapping[str, torch.Tensor]
+    nbytes: int
+    receivers: int
+    host: str = "127.0.0.1"
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One limit or naive baseline: a label for tables and plots, and how to measure it.
+
+    ``measure`` returns GB/s (1e9 bytes per second of wall time), typically the median of a
+    few repeats; it must release everything it started (processes, segments) before returning.
+    """
+
+    label: str
+    measure: Callable[[BaselineContext], float]
+
+
+class ReceiverFleet(Protocol):
+    """A started set of receivers: a fan-out ``client`` and the PIDs behind it.
+
+    ``client`` offers the four vLLM calls plus ``weight_info()`` and ``checksums()``; ``close``
+    stops every receiver (always, even after a failure) and may be called once.
+    """
+
+    client: Any
+
+    def pids(self) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
+class ReceiverLauncher(Protocol):
+    """Starts receivers for the bench; what a client's ``bench_launcher`` target names.
+
+    Starts ``count`` receivers, rank ``i`` of ``count``, each hosting ``model.build_zeros()``
+    behind worker engine ``backend``, and returns them with a ``client_cls`` instance that
+    reaches them all. ``options`` are extra ``WeightSyncWorker`` keyword arguments (e.g.
+    ``transactional``); one it cannot honour is a :class:`~wtcore.errors.WtcoreError`. A class
+    whose ``__init__`` has this signature qualifies.
+    """
+
+    def __call__(
+        self,
+        client_cls: type[Any],
+        backend: str,
+        count: int,
+        model: ModelSpec,
+        *,
+        timeout_s: float,
+        options: Mapping[str, Any],
+    ) -> ReceiverFleet: ...
+
+
+@dataclass(frozen=True)
+class EngineBench:
+    """How a trainer engine runs in ``wtcore bench``: set ``bench = EngineBench(...)`` on its class.
+
+    The default :meth:`init_info` suits engines whose init info needs nothing but the rank and
+    the buffer size (no rendezvous); engines with an address to meet at subclass it and choose
+    free ports themselves (:func:`wtcore.net.free_port`).
+    """
+
+    #: The init-info field that sets the size of one packed bucket (``--buffer-size``);
+    #: ``None`` if the engine has none.
+    buffer_option: str | None = None
+    #: Limits and naive baselines worth measuring next to this engine, by name.
+    baselines: Mapping[str, Baseline] = field(default_factory=dict)
+
+    def init_info(
+        self,
+        engine: type[TrainerWeightTransferEngine],
+        *,
+        receivers: int,
+        host: str,
+        buffer_size_bytes: int | None,
+    ) -> TrainerInitInfo:
+        """The sender's (rank 0) init info for ``receivers`` receivers on ``host``."""
+        kwargs = self.buffer_kwargs(engine, buffer_size_bytes)
+        try:
+            return engine.init_info_cls(rank=0, **kwargs)
+        except TypeError as e:  # a field this default does not know how to fill
+            raise PayloadError(
+                f"{engine.init_info_cls.__name__}: cannot build the bench's init info from "
+                f"{sorted(kwargs)} ({e}); give {engine.__name__} an EngineBench subclass "
+                "that overrides init_info"
+            ) from e
+
+    def buffer_kwargs(
+        self, engine: type[TrainerWeightTransferEngine], buffer_size_bytes: int | None
+    ) -> dict[str, int]:
+        """``{buffer_option: size}``, ``{}`` for the engine's default; an error if it has none."""
+        if buffer_size_bytes is None:
+            return {}
+        if self.buffer_option is None:
+            raise BenchNotSupportedError(
+                f"trainer engine {engine.__name__} has no buffer size option: "
+                "run the bench without --buffer-size"
+            )
+        return {self.buffer_option: buffer_size_bytes}
