@@ -24,7 +24,6 @@ from wtcore.meta import ParamMeta, metas_from_wire, metas_to_wire
 from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 
 if TYPE_CHECKING:
-    from wtcore.client import WeightSyncClient
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
 
@@ -124,21 +123,9 @@ class LocalTrainerEngine(TrainerWeightTransferEngine):
 
     init_info_cls = LocalTrainerInitInfo
 
-    @classmethod
-    def trainer_init(
-        cls,
-        init_info: TrainerInitInfo,
-        *,
-        client: WeightSyncClient | None,
-        source: WeightSource | None = None,
-    ) -> LocalTrainerEngine:
-        assert isinstance(init_info, LocalTrainerInitInfo)
-        engine = cls(init_info, client=client, source=source)  # checks the sender has a client
-        if engine.client is not None and init_info.is_sender:
-            engine.client.init_weight_transfer_engine(
-                {"buffer_size_bytes": init_info.buffer_size_bytes}
-            )
-        return engine
+    def worker_init_info(self) -> dict[str, Any]:
+        assert isinstance(self.init_info, LocalTrainerInitInfo)
+        return {"buffer_size_bytes": self.init_info.buffer_size_bytes}
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         import torch

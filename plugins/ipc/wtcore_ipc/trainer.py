@@ -61,25 +61,16 @@ class IPCTrainerEngine(TrainerWeightTransferEngine):
         shm = "shm ok" if os.path.isdir(SHM_DIR) else f"shm unavailable (no {SHM_DIR})"
         return f"{shm}; cuda ipc untested"
 
-    @classmethod
-    def trainer_init(
-        cls,
-        init_info: TrainerInitInfo,
-        *,
-        client: WeightSyncClient | None,
-        source: WeightSource | None = None,
-    ) -> IPCTrainerEngine:
-        assert isinstance(init_info, IPCTrainerInitInfo)
-        engine = cls(init_info, client=client, source=source)  # checks the sender has a client
-        if engine.client is not None and init_info.is_sender:
-            info = IPCInitInfo(
-                transport=init_info.transport,
-                packed=init_info.packed,
-                buffer_size_bytes=init_info.packed_buffer_size_bytes,
-                num_buffers=init_info.packed_num_buffers,
+    def worker_init_info(self) -> dict[str, Any]:
+        info = self._info()
+        return asdict(
+            IPCInitInfo(
+                transport=info.transport,
+                packed=info.packed,
+                buffer_size_bytes=info.packed_buffer_size_bytes,
+                num_buffers=info.packed_num_buffers,
             )
-            engine.client.init_weight_transfer_engine(asdict(info))
-        return engine
+        )
 
     @property
     def segment_name(self) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from wtcore.buckets import ALIGNMENT, Bucket, plan_buckets
+from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore.meta import ParamMeta, metas_from_wire
 from wtcore.trainer import TrainerInitInfo
@@ -61,7 +62,7 @@ class IPCTrainerInitInfo(TrainerInitInfo):
     backend: ClassVar[str] = "ipc"
     packed: bool = True
     packed_buffer_size_bytes: int = DEFAULT_BUFFER_SIZE
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     packed_num_buffers: int = 2
     device: str = "cpu"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from wtcore.defaults import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 from wtcore.meta import ParamMeta, metas_from_wire
 from wtcore.trainer import TrainerInitInfo
 
@@ -25,11 +26,6 @@ __all__ = [
 
 #: Default size of one packed bucket buffer (DESIGN §4).
 DEFAULT_BUFFER_SIZE = 1 << 30
-#: Default bound on every blocking wait (rendezvous, one broadcast, one control call).
-DEFAULT_TIMEOUT_S = 300.0
-#: Upper bound on ``timeout_s``: one day. Larger values (or Infinity, which JSON decoders
-#: accept) overflow torch's timeouts, and "wait forever" is what the timeout exists to avoid.
-MAX_TIMEOUT_S = 86400.0
 #: ``auto`` picks NCCL for CUDA devices and gloo otherwise.
 TRANSPORTS: tuple[str, ...] = ("auto", "gloo", "nccl")
 

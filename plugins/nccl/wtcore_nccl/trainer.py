@@ -101,14 +101,14 @@ class NCCLTrainerEngine(TrainerWeightTransferEngine):
             init_info.timeout_s,
         )
         try:
-            engine._handshake()
+            engine.handshake()
         except BaseException:
             engine.shutdown()
             raise
         return engine
 
     # ------------------------------------------------------------------ handshake
-    def _handshake(self) -> None:
+    def handshake(self) -> None:
         """Start a new generation: ship the worker init info while joining the group."""
         assert self.client is not None and self._store is not None
         info = self.info
@@ -143,11 +143,8 @@ class NCCLTrainerEngine(TrainerWeightTransferEngine):
         assert self.client is not None
         if self._store is None:
             raise RuntimeError("NCCLTrainerEngine: the sender was shut down")
-        if self._group is None:
-            with stats.phase("control"):
-                self._handshake()
         group = self._group
-        assert group is not None
+        assert group is not None, "a failed round sets needs_handshake; send_weights re-joins"
         metas = source.metadata()
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
