@@ -27,7 +27,9 @@ __all__ = [
     "max_bucket_nbytes",
     "pack_bucket",
     "pack_source",
+    "per_tensor_buckets",
     "plan_buckets",
+    "plan_round",
     "unpack_bucket",
 ]
 
@@ -79,6 +81,16 @@ def plan_buckets(metas: Sequence[ParamMeta], buffer_size_bytes: int) -> list[Buc
     if cur:
         close()
     return buckets
+
+
+def per_tensor_buckets(metas: Sequence[ParamMeta]) -> list[Bucket]:
+    """Unpacked mode: every tensor is a bucket of its own, at offset 0."""
+    return [Bucket(i, (m,), (0,), m.nbytes) for i, m in enumerate(metas)]
+
+
+def plan_round(metas: Sequence[ParamMeta], *, packed: bool, buffer_size_bytes: int) -> list[Bucket]:
+    """The buckets of one round, as both ends of a bucket engine compute them."""
+    return plan_buckets(metas, buffer_size_bytes) if packed else per_tensor_buckets(metas)
 
 
 def max_bucket_nbytes(buckets: Sequence[Bucket]) -> int:

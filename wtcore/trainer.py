@@ -30,9 +30,12 @@ class TrainerInitInfo:
     backend: ClassVar[str]
     rank: int = field(kw_only=True)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        """Every concrete subclass names its engine; ``abstract=True`` marks a shared base."""
         super().__init_subclass__(**kwargs)
-        if not isinstance(cls.__dict__.get("backend", getattr(cls, "backend", None)), str):
+        if not abstract and not isinstance(
+            cls.__dict__.get("backend", getattr(cls, "backend", None)), str
+        ):
             raise TypeError(
                 f"{cls.__name__} must set the class attribute `backend` to the name of its "
                 "engine in the wtcore.trainer_engines registry"

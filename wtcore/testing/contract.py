@@ -10,7 +10,7 @@ Subclass :class:`EngineContractSuite` in a test module, name the subclass ``Test
         backend = "local"
 
         def make_trainer_init_info(self, *, num_workers, buffer_size_bytes):
-            return LocalTrainerInitInfo(buffer_size_bytes=buffer_size_bytes, rank=0)
+            return LocalTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)
 
 The receivers are in-process :class:`~wtcore.worker.WeightSyncWorker` objects driven through
 :class:`~wtcore.inproc.InProcessClient` (each call on its own thread), so engines whose
