@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALIGNMENT",
     "Bucket",
+    "align",
     "as_bytes",
     "max_bucket_nbytes",
     "pack_bucket",
@@ -37,7 +38,8 @@ __all__ = [
 ALIGNMENT = 64
 
 
-def _align(n: int) -> int:
+def align(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`ALIGNMENT`."""
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
@@ -71,7 +73,7 @@ def plan_buckets(metas: Sequence[ParamMeta], buffer_size_bytes: int) -> list[Buc
         cur, offsets, end = [], [], 0
 
     for m in metas:
-        start = _align(end)
+        start = align(end)
         if cur and start + m.nbytes > buffer_size_bytes:
             close()
             start = 0
