@@ -14,12 +14,12 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from wtcore.buckets import plan_buckets, unpack_bucket
+from wtcore.buckets import plan_round, unpack_bucket
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError, TransferTimeoutError
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group, release_group
-from wtcore_nccl.pipeline import BufferPool, Slot, per_tensor_buckets, wait_work
+from wtcore_nccl.pipeline import BufferPool, Slot, wait_work
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
     """Worker half of the ``nccl`` engine (see the module docstring).
 
     Option ``torch_num_threads`` (in the worker's config) calls ``torch.set_num_threads``
-    at init; 1 is best for transfer-only processes on small hosts (PERF_NOTES).
+    at init; 1 is best for transfer-only processes on small hosts (docs/benchmarks.md).
     """
 
     init_info_cls = NCCLInitInfo
@@ -171,10 +171,9 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         import torch
 
         metas = update.metas
-        if info.packed:
-            buckets = plan_buckets(metas, info.packed_buffer_size_bytes)
-        else:
-            buckets = per_tensor_buckets(metas)
+        buckets = plan_round(
+            metas, packed=info.packed, buffer_size_bytes=info.packed_buffer_size_bytes
+        )
         pool.prepare(buckets)
         slots: list[Slot | None] = [pool.slot_for(b) if b.nbytes else None for b in buckets]
         empty = torch.empty(0, dtype=torch.uint8, device=self.device)
