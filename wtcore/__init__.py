@@ -10,6 +10,7 @@ from wtcore._version import __version__
 from wtcore.buckets import Bucket, plan_buckets
 from wtcore.client import WeightSyncClient
 from wtcore.config import build_client, load_config, trainer_from_config
+from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.digest import tensor_digest
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import (
@@ -38,6 +39,7 @@ from wtcore.worker import WeightSyncWorker, WorkerState
 
 __all__ = [
     "CLIENTS",
+    "DEFAULT_TIMEOUT_S",
     "ENGINES",
     "TRAINER_ENGINES",
     "Bucket",

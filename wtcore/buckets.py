@@ -23,11 +23,14 @@ if TYPE_CHECKING:
 __all__ = [
     "ALIGNMENT",
     "Bucket",
+    "align",
     "as_bytes",
     "max_bucket_nbytes",
     "pack_bucket",
     "pack_source",
+    "per_tensor_buckets",
     "plan_buckets",
+    "plan_round",
     "unpack_bucket",
 ]
 
@@ -35,7 +38,8 @@ __all__ = [
 ALIGNMENT = 64
 
 
-def _align(n: int) -> int:
+def align(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`ALIGNMENT`."""
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
@@ -69,7 +73,7 @@ def plan_buckets(metas: Sequence[ParamMeta], buffer_size_bytes: int) -> list[Buc
         cur, offsets, end = [], [], 0
 
     for m in metas:
-        start = _align(end)
+        start = align(end)
         if cur and start + m.nbytes > buffer_size_bytes:
             close()
             start = 0
@@ -79,6 +83,16 @@ def plan_buckets(metas: Sequence[ParamMeta], buffer_size_bytes: int) -> list[Buc
     if cur:
         close()
     return buckets
+
+
+def per_tensor_buckets(metas: Sequence[ParamMeta]) -> list[Bucket]:
+    """Unpacked mode: every tensor is a bucket of its own, at offset 0."""
+    return [Bucket(i, (m,), (0,), m.nbytes) for i, m in enumerate(metas)]
+
+
+def plan_round(metas: Sequence[ParamMeta], *, packed: bool, buffer_size_bytes: int) -> list[Bucket]:
+    """The buckets of one round, as both ends of a bucket engine compute them."""
+    return plan_buckets(metas, buffer_size_bytes) if packed else per_tensor_buckets(metas)
 
 
 def max_bucket_nbytes(buckets: Sequence[Bucket]) -> int:

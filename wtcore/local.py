@@ -5,28 +5,34 @@ The data travels *inside* the control-plane payload, base64-encoded, one bucket 
 any client (in-process, HTTP, Ray) with no data plane to set up. It is meant for tests, demos
 and tiny models: every byte is copied through JSON, so it is slow by design.
 
-The two halves share one bucket rule (:func:`wtcore.buckets.plan_buckets`): the worker
-re-plans each update's metadata and refuses anything but exactly one bucket of the advertised
-size, so a payload cannot make it allocate more than the trainer announced at init.
+Built on :mod:`wtcore.kit`, so this module is only the transport: encode a packed bucket,
+decode it. The worker re-plans each update's metadata with the shared rule and refuses
+anything but exactly one bucket of the advertised size, so a payload cannot make it allocate
+more than the trainer announced at init.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from wtcore.buckets import max_bucket_nbytes, pack_source, plan_buckets, unpack_bucket
-from wtcore.engine import WeightTransferEngine
-from wtcore.errors import PayloadError, ProtocolStateError
-from wtcore.meta import ParamMeta, metas_from_wire, metas_to_wire
-from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+from wtcore.buckets import plan_round, unpack_bucket
+from wtcore.errors import PayloadError
+from wtcore.kit import (
+    BucketedTrainerEngine,
+    BucketedTrainerInitInfo,
+    BucketedWorkerEngine,
+    BucketUpdateInfo,
+    check_bucket_options,
+)
 
 if TYPE_CHECKING:
-    from wtcore.client import WeightSyncClient
-    from wtcore.source import WeightSource
-    from wtcore.stats import TransferStats
+    import torch
+
+    from wtcore.buckets import Bucket
 
 __all__ = [
     "LocalInitInfo",
@@ -40,66 +46,71 @@ DEFAULT_BUFFER_SIZE = 16 << 20
 
 
 @dataclass
-class LocalTrainerInitInfo(TrainerInitInfo):
-    """Trainer settings of the ``local`` engine."""
+class LocalTrainerInitInfo(BucketedTrainerInitInfo):
+    """Trainer settings of the ``local`` engine (see :class:`~wtcore.kit.BucketedTrainerInitInfo`).
+
+    ``buffer_size_bytes`` is the deprecated name of ``packed_buffer_size_bytes`` (accepted,
+    with a ``DeprecationWarning``, until the next release).
+    """
 
     backend: ClassVar[str] = "local"
-    buffer_size_bytes: int = DEFAULT_BUFFER_SIZE
+    packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
+    buffer_size_bytes: int | None = field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
+        if self.buffer_size_bytes is not None:
+            warnings.warn(
+                "LocalTrainerInitInfo.buffer_size_bytes is deprecated and will be removed in "
+                "the next release; use packed_buffer_size_bytes",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self.packed_buffer_size_bytes, self.buffer_size_bytes = self.buffer_size_bytes, None
         super().__post_init__()
-        if self.buffer_size_bytes <= 0:
-            raise ValueError(f"buffer_size_bytes: must be positive, got {self.buffer_size_bytes}")
 
 
 @dataclass
 class LocalInitInfo:
-    """What the worker learns at init: the bucket size both ends plan with."""
+    """What the worker learns at init: how both ends plan buckets."""
 
-    buffer_size_bytes: int
+    packed_buffer_size_bytes: int
+    packed: bool = True
 
     def __post_init__(self) -> None:
-        if self.buffer_size_bytes <= 0:
-            raise ValueError(f"buffer_size_bytes: must be positive, got {self.buffer_size_bytes}")
+        check_bucket_options(
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes, packed_num_buffers=1
+        )
 
 
 @dataclass
-class LocalUpdateInfo:
-    """One bucket: its metadata (DESIGN §4 names) plus the bytes, base64-encoded."""
+class LocalUpdateInfo(BucketUpdateInfo):
+    """One bucket: its metadata plus the bytes, base64-encoded."""
 
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
     data: str
-    metas: list[ParamMeta] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.metas = metas_from_wire(self.names, self.dtype_names, self.shapes)
 
 
-class LocalWorkerEngine(WeightTransferEngine[LocalInitInfo, LocalUpdateInfo]):
+class LocalWorkerEngine(BucketedWorkerEngine[LocalInitInfo, LocalUpdateInfo]):
     """Decodes each bucket from the payload and loads it into the sink."""
 
     init_info_cls = LocalInitInfo
     update_info_cls = LocalUpdateInfo
-
-    _init: LocalInitInfo | None = None
-
-    def init_transfer_engine(self, init_info: LocalInitInfo) -> None:
-        self._init = init_info
+    renamed_init_fields: ClassVar[dict[str, str]] = {
+        "buffer_size_bytes": "packed_buffer_size_bytes"
+    }
 
     def receive_weights(self, update_info: LocalUpdateInfo) -> None:
         import torch
 
-        if self._init is None:
-            raise ProtocolStateError("local engine: init_transfer_engine was not called")
-        buckets = plan_buckets(update_info.metas, self._init.buffer_size_bytes)
+        init = self.settings
+        buckets = plan_round(
+            update_info.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
+        )
         if len(buckets) > 1:
             raise PayloadError(
                 f"update_info: holds {len(buckets)} buckets' worth of tensors; the buffer size "
-                f"advertised at init is {self._init.buffer_size_bytes} bytes"
+                f"advertised at init is {init.packed_buffer_size_bytes} bytes"
             )
-        expected = max_bucket_nbytes(buckets)
+        expected = buckets[0].nbytes if buckets else 0
         try:
             raw = base64.b64decode(update_info.data.encode("ascii"), validate=True)
         except (binascii.Error, UnicodeEncodeError) as e:
@@ -119,46 +130,20 @@ class LocalWorkerEngine(WeightTransferEngine[LocalInitInfo, LocalUpdateInfo]):
         self.sink.load_weights(list(unpack_bucket(buckets[0], buf)))
 
 
-class LocalTrainerEngine(TrainerWeightTransferEngine):
-    """Packs buckets into one reused staging buffer and ships each through the client."""
+class LocalTrainerEngine(BucketedTrainerEngine):
+    """Encodes each packed bucket into its ``update_weights`` payload."""
 
     init_info_cls = LocalTrainerInitInfo
 
-    @classmethod
-    def trainer_init(
-        cls,
-        init_info: TrainerInitInfo,
-        *,
-        client: WeightSyncClient | None,
-        source: WeightSource | None = None,
-    ) -> LocalTrainerEngine:
-        assert isinstance(init_info, LocalTrainerInitInfo)
-        engine = cls(init_info, client=client, source=source)  # checks the sender has a client
-        if engine.client is not None and init_info.is_sender:
-            engine.client.init_weight_transfer_engine(
-                {"buffer_size_bytes": init_info.buffer_size_bytes}
-            )
-        return engine
+    def worker_init_info(self) -> dict[str, Any]:
+        return {
+            "packed_buffer_size_bytes": self.info.packed_buffer_size_bytes,
+            "packed": self.info.packed,
+        }
 
-    def _send(self, source: WeightSource, stats: TransferStats) -> None:
-        import torch
-
-        assert isinstance(self.init_info, LocalTrainerInitInfo) and self.client is not None
-        metas = source.metadata()
-        buckets = plan_buckets(metas, self.init_info.buffer_size_bytes)
-        staging = torch.empty(max_bucket_nbytes(buckets), dtype=torch.uint8)
-        stats.num_tensors = len(metas)
-        stats.num_bytes = sum(m.nbytes for m in metas)
-        with stats.phase("control"):
-            self.client.start_weight_update()
-        for bucket, filled in pack_source(source, metas, buckets, lambda _b: staging, stats):
-            with stats.phase("pack"):
-                data = base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]
-            payload: dict[str, Any] = {**metas_to_wire(bucket.metas), "data": data}
-            with stats.phase("wire"):
-                self.client.update_weights(payload)
-            stats.num_buckets += 1
-        with stats.phase("control"):
-            self.client.finish_weight_update(stats.weight_version)
+    def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
+        # The payload is a copy, so the slot is free again as soon as this returns.
+        data = base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]
+        return {**BucketUpdateInfo.wire(bucket.metas), "data": data}
 
     from wtcore.bench.local import BENCH as bench  # wtcore bench: see wtcore/bench/api.py

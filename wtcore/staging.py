@@ -7,7 +7,7 @@ pass at ``finish_weight_update``; a failed round throws the staged data away and
 weights keep serving, untouched.
 
 Cost: one extra copy of every tensor the round touches, kept between rounds so later rounds
-do not allocate (fresh memory is about 5x slower to write than reused memory here).
+do not allocate (fresh memory is much slower to write than reused memory; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ class StagingSink:
         self.inner = inner
         self._targets = dict(inner.named_tensors())
         self._buffers: dict[str, torch.Tensor] = {}
-        self._round: list[str] = []
+        # Insertion-ordered, so commit applies in arrival order; membership is O(1).
+        self._round: dict[str, None] = {}
 
     def begin(self) -> None:
         """Start a round with nothing staged."""
-        self._round = []
+        self._round = {}
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         import torch
@@ -53,21 +54,20 @@ class StagingSink:
                     target = self._targets[name]
                     buf = self._buffers[name] = torch.empty_like(target)
                 buf.copy_(t)
-                if name not in self._round:
-                    self._round.append(name)
+                self._round[name] = None
 
     def commit(self) -> None:
         """Apply everything staged this round to the real sink."""
-        staged, self._round = self._round, []
+        staged, self._round = list(self._round), {}
         if staged:
             self.inner.load_weights([(n, self._buffers[n]) for n in staged])
 
     def rollback(self) -> None:
         """Forget this round's staged data; the real sink was never touched."""
-        self._round = []
+        self._round = {}
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What the sink will hold after a commit: staged tensors over the current ones."""
-        staged = set(self._round)
+        staged = self._round
         for name, t in self.inner.named_tensors():
             yield name, self._buffers[name] if name in staged else t

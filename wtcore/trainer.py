@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from wtcore.errors import PayloadError, ProtocolStateError
 from wtcore.source import WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
@@ -30,9 +31,12 @@ class TrainerInitInfo:
     backend: ClassVar[str]
     rank: int = field(kw_only=True)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        """Every concrete subclass names its engine; ``abstract=True`` marks a shared base."""
         super().__init_subclass__(**kwargs)
-        if not isinstance(cls.__dict__.get("backend", getattr(cls, "backend", None)), str):
+        if not abstract and not isinstance(
+            cls.__dict__.get("backend", getattr(cls, "backend", None)), str
+        ):
             raise TypeError(
                 f"{cls.__name__} must set the class attribute `backend` to the name of its "
                 "engine in the wtcore.trainer_engines registry"
@@ -40,7 +44,7 @@ class TrainerInitInfo:
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
-            raise ValueError(f"rank: expected a non-negative int, got {self.rank!r}")
+            raise PayloadError(f"rank: expected a non-negative int, got {self.rank!r}")
 
     @property
     def is_sender(self) -> bool:
@@ -52,8 +56,15 @@ class TrainerWeightTransferEngine(ABC):
     """Sends a :class:`WeightSource` to every receiver reachable through a client.
 
     :meth:`send_weights` is a template: it handles non-sender ranks (iterate in lockstep,
-    touch nothing else), the hooks (started / finished / failed) and the stats, and calls the
-    engine's :meth:`_send` only on the sender.
+    touch nothing else), the hooks (started / finished / failed), the stats and recovery, and
+    calls the engine's :meth:`_send` only on the sender.
+
+    Recovery: any failed round marks the engine, and the next :meth:`send_weights` runs
+    :meth:`handshake` again before its round. Receivers accept ``init_weight_transfer_engine``
+    mid-round and abandon the open round, so a round that failed on only some receivers cannot
+    leave the healthy ones stuck in ``updating`` (the recovery contract, ``docs/protocol.md``).
+    An engine takes part by implementing :meth:`worker_init_info` (or overriding
+    :meth:`handshake` when it must also join a data plane).
     """
 
     init_info_cls: ClassVar[type[TrainerInitInfo]]
@@ -66,11 +77,13 @@ class TrainerWeightTransferEngine(ABC):
         source: WeightSource | None,
     ) -> None:
         if init_info.is_sender and client is None:
-            raise ValueError("trainer_init: the sender (rank 0) needs a client")
+            raise PayloadError("trainer_init: the sender (rank 0) needs a client")
         self.init_info = init_info
         self.client = client
         self.source = source
         self._closed = False
+        #: Set by a failed round: the next :meth:`send_weights` re-runs :meth:`handshake`.
+        self.needs_handshake = False
 
     @classmethod
     def host_status(cls) -> str:
@@ -78,7 +91,6 @@ class TrainerWeightTransferEngine(ABC):
         return "available"
 
     @classmethod
-    @abstractmethod
     def trainer_init(
         cls: type[E],
         init_info: TrainerInitInfo,
@@ -86,7 +98,41 @@ class TrainerWeightTransferEngine(ABC):
         client: WeightSyncClient | None,
         source: WeightSource | None = None,
     ) -> E:
-        """Rendezvous with the workers and initialize them; called on every trainer rank."""
+        """Rendezvous with the workers and initialize them; called on every trainer rank.
+
+        The default builds the engine and, on the sender, runs :meth:`handshake`; if that
+        fails the engine is shut down before the error propagates.
+        """
+        info_cls = getattr(cls, "init_info_cls", None)
+        if info_cls is not None and not isinstance(init_info, info_cls):
+            raise PayloadError(
+                f"trainer_init: {cls.__name__} expects a {info_cls.__name__}, "
+                f"got {type(init_info).__name__}"
+            )
+        engine = cls(init_info, client=client, source=source)
+        if init_info.is_sender:
+            try:
+                engine.handshake()
+            except BaseException:
+                engine.shutdown()
+                raise
+        return engine
+
+    def worker_init_info(self) -> dict[str, Any]:
+        """The JSON ``init_info`` every receiver gets in ``init_weight_transfer_engine``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement worker_init_info() (or override "
+            "handshake()) so that it can initialize receivers and recover after a failed round"
+        )
+
+    def handshake(self) -> None:
+        """Sender only: initialize every receiver (at init, and again after a failed round).
+
+        Engines with a data plane to join (a process group) override this and call the
+        client's ``init_weight_transfer_engine`` concurrently with their own rendezvous.
+        """
+        assert self.client is not None, "the sender always has a client"
+        self.client.init_weight_transfer_engine(self.worker_init_info())
 
     def send_weights(
         self,
@@ -104,10 +150,10 @@ class TrainerWeightTransferEngine(ABC):
         from wtcore.hooks import notify
 
         if self._closed:
-            raise RuntimeError(f"{type(self).__name__} was shut down")
+            raise ProtocolStateError(f"send_weights: {type(self).__name__} was shut down")
         src = source if source is not None else self.source
         if src is None:
-            raise ValueError("send_weights: no source given here or at trainer_init")
+            raise PayloadError("send_weights: no source given here or at trainer_init")
         stats = TransferStats(weight_version=weight_version, backend=self.init_info.backend)
         t0 = time.perf_counter()
         if not self.init_info.is_sender:
@@ -126,8 +172,15 @@ class TrainerWeightTransferEngine(ABC):
                 assert client is not None, "the sender always has a client"
                 src = DigestingSource(src)
                 self.client = VerifyingClient(client, src)
+            if self.needs_handshake:
+                with stats.phase("control"):
+                    self.handshake()
+                self.needs_handshake = False
             self._send(src, stats)
         except BaseException as e:
+            # Whatever failed, some receivers may be mid-round or hold a torn-down data plane:
+            # the next round starts with a fresh handshake (see the class docstring).
+            self.needs_handshake = True
             notify("wtcore_update_failed", engine=self, weight_version=weight_version, error=e)
             raise
         finally:

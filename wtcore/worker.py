@@ -7,8 +7,10 @@ rules live in one place:
   :class:`~wtcore.errors.ProtocolStateError` (HTTP 409) and changes nothing;
 * a bad payload is a :class:`~wtcore.errors.PayloadError` (HTTP 400), raised before anything
   is received or applied, and the round stays open;
-* any other failure inside a round ends the round and marks the weights *inconsistent* (they
-  may be mixed) until a later round finishes;
+* from the first update a round applies until its finish, the weights are reported
+  *inconsistent* (they may be mixed); any other failure inside a round ends the round, and an
+  ``init_weight_transfer_engine`` mid-round abandons it, leaving them inconsistent until a
+  later round finishes (the recovery contract, see ``docs/protocol.md``);
 * ``weight_version`` is published only by a successful finish;
 * with ``transactional=True`` a round is staged and applied only at finish, so a failed round
   leaves the old weights serving and the receiver consistent (see :mod:`wtcore.staging`).
@@ -158,6 +160,10 @@ class WeightSyncWorker:
         ):
             entry = self._entry_for_rank(update_info)
             typed = self.engine.parse_update_info(entry)  # PayloadError: round stays open
+            if self._staging is None:
+                # From the first byte applied until finish, the model may be half new, half
+                # old: say so, so that a round abandoned later never reads as consistent.
+                self._consistent = False
             try:
                 self.engine.receive_weights(typed)
             except BaseException as e:

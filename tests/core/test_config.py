@@ -41,11 +41,11 @@ def test_client() -> str:
 def test_config_builds_engine_and_client(test_client: str) -> None:
     state = mixed_dtype_state()
     engine = trainer_from_config(
-        {"backend": "local", "buffer_size_bytes": 256, "client": {"name": test_client}},
+        {"backend": "local", "packed_buffer_size_bytes": 256, "client": {"name": test_client}},
         source=TensorSource(state),
     )
     assert isinstance(engine, LocalTrainerEngine)
-    assert engine.init_info.buffer_size_bytes == 256  # type: ignore[attr-defined]
+    assert engine.init_info.packed_buffer_size_bytes == 256  # type: ignore[attr-defined]
     engine.send_weights(weight_version="cfg")
     assert isinstance(engine.client, _WorkerClient)
     assert_state_equal(engine.client.model, state)
@@ -56,7 +56,8 @@ def test_unknown_key_lists_valid_keys(test_client: str) -> None:
         trainer_from_config({"backend": "local", "bufer_size": 1, "client": {"name": test_client}})
     assert str(exc.value) == (
         "config: unknown key(s) 'bufer_size' for backend 'local'; "
-        "valid keys: backend, client, buffer_size_bytes"
+        "valid keys: backend, client, packed, packed_buffer_size_bytes, packed_num_buffers, "
+        "timeout_s, buffer_size_bytes"
     )
 
 
@@ -74,14 +75,14 @@ def test_unknown_client_key_lists_valid_keys(test_client: str) -> None:
         ({"client": {}}, PayloadError, "config.backend: expected a backend name, got None"),
         ({"backend": "local"}, PayloadError, "config.client: missing"),
         (
-            {"backend": "local", "buffer_size_bytes": "big", "client": {"name": "x"}},
+            {"backend": "local", "packed_buffer_size_bytes": "big", "client": {"name": "x"}},
             PayloadError,
-            "config.buffer_size_bytes: expected int, got str",
+            "config.packed_buffer_size_bytes: expected int, got str",
         ),
         (
-            {"backend": "local", "buffer_size_bytes": -1, "client": {"name": "x"}},
+            {"backend": "local", "packed_buffer_size_bytes": -1, "client": {"name": "x"}},
             PayloadError,
-            "buffer_size_bytes: must be positive",
+            "packed_buffer_size_bytes: expected a positive integer",
         ),
         ({"backend": "lokal", "client": {}}, PluginNotFoundError, "Did you mean 'local'"),
         (
@@ -109,11 +110,11 @@ def test_json_and_toml_files(tmp_path: Path, test_client: str) -> None:
         json.dumps({"backend": "local", "client": {"name": test_client}})
     )
     (tmp_path / "c.toml").write_text(
-        f'backend = "local"\nbuffer_size_bytes = 4096\n[client]\nname = "{test_client}"\n'
+        f'backend = "local"\npacked_buffer_size_bytes = 4096\n[client]\nname = "{test_client}"\n'
     )
     assert load_config(tmp_path / "c.toml") == {
         "backend": "local",
-        "buffer_size_bytes": 4096,
+        "packed_buffer_size_bytes": 4096,
         "client": {"name": test_client},
     }
     for name in ("c.json", "c.toml"):
@@ -138,3 +139,12 @@ def test_sender_without_a_client_is_refused_before_anything_starts(backend: str)
     )
     with pytest.raises(ValueError, match=r"trainer_init: the sender \(rank 0\) needs a client"):
         WeightTransferTrainerFactory.trainer_init(info_cls(**extra, rank=0), client=None)
+
+
+def test_old_buffer_option_name_still_works_with_a_warning(test_client: str) -> None:
+    with pytest.warns(DeprecationWarning, match="buffer_size_bytes is deprecated.*packed_buffer"):
+        engine = trainer_from_config(
+            {"backend": "local", "buffer_size_bytes": 512, "client": {"name": test_client}}
+        )
+    assert engine.init_info.packed_buffer_size_bytes == 512  # type: ignore[attr-defined]
+    assert engine.init_info.buffer_size_bytes is None  # type: ignore[attr-defined]

@@ -12,4 +12,4 @@ class TestLocalContract(EngineContractSuite):
     def make_trainer_init_info(
         self, *, num_workers: int, buffer_size_bytes: int
     ) -> LocalTrainerInitInfo:
-        return LocalTrainerInitInfo(buffer_size_bytes=buffer_size_bytes, rank=0)
+        return LocalTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)

@@ -76,7 +76,7 @@ def two(state: dict[str, torch.Tensor]) -> Iterator[PipeFleet]:
 def test_round_through_children_is_bit_exact(
     two: PipeFleet, state: dict[str, torch.Tensor]
 ) -> None:
-    info = LocalTrainerInitInfo(buffer_size_bytes=4096, rank=0)
+    info = LocalTrainerInitInfo(packed_buffer_size_bytes=4096, rank=0)
     with WeightTransferTrainerFactory.trainer_init(
         info, client=two.client, source=TensorSource(state)
     ) as trainer:
@@ -90,7 +90,7 @@ def test_round_through_children_is_bit_exact(
 
 
 def test_remote_errors_keep_type_name_and_class(two: PipeFleet) -> None:
-    two.client.init_weight_transfer_engine({"buffer_size_bytes": 4096})
+    two.client.init_weight_transfer_engine({"packed_buffer_size_bytes": 4096})
     two.client.call(0, "start_weight_update")
     with pytest.raises(ProtocolStateError) as exc:  # start twice
         two.client.call(0, "start_weight_update")
@@ -109,7 +109,7 @@ def test_remote_errors_keep_type_name_and_class(two: PipeFleet) -> None:
 
 
 def test_killed_child_is_an_error_within_the_timeout(two: PipeFleet) -> None:
-    two.client.init_weight_transfer_engine({"buffer_size_bytes": 4096})
+    two.client.init_weight_transfer_engine({"packed_buffer_size_bytes": 4096})
     victim = two.procs[1]
     victim.kill()  # SIGKILL, by the PID of a process this test started
     victim.join(10)

@@ -32,7 +32,7 @@ def _setup(
     model = build_module(zeros_like_state(receiver_state))
     worker = WeightSyncWorker("local", ModuleSink(model), **worker_kw)
     engine = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0, buffer_size_bytes=4096), client=InProcessClient(worker)
+        LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096), client=InProcessClient(worker)
     )
     return engine, worker, model
 
@@ -76,7 +76,7 @@ def test_transactional_commit_happens_only_at_finish() -> None:
             super().finish_weight_update(weight_version)
 
     engine = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0, buffer_size_bytes=4096), client=Spy(worker)
+        LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096), client=Spy(worker)
     )
     engine.send_weights(TensorSource(state), weight_version="v1")
     assert calls == ["finish"]

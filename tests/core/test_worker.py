@@ -48,7 +48,7 @@ def worker(model: torch.nn.Module) -> WeightSyncWorker:
 
 
 def _init(w: WeightSyncWorker) -> None:
-    w.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+    w.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 20})
 
 
 def test_worker_is_a_client(worker: WeightSyncWorker) -> None:
@@ -285,3 +285,54 @@ def test_fan_out_waits_for_everyone_when_nothing_failed() -> None:
     assert fan_out(
         "x", [("a", lambda: 1), ("b", lambda: (time.sleep(0.2), 2)[1])], timeout_s=5
     ) == [1, 2]
+
+
+def test_a_round_reads_inconsistent_from_its_first_update(worker: WeightSyncWorker) -> None:
+    """Non-transactional: once a byte of a round may be applied, the model may be mixed."""
+    _init(worker)
+    worker.start_weight_update()
+    assert worker.weight_info()["consistent"] is True  # nothing applied yet
+    worker.update_weights(_payload({"a.w": torch.ones(4), "b.w": torch.ones(2, 2)}))
+    assert worker.weight_info()["consistent"] is False
+    worker.finish_weight_update("v1")
+    assert (worker.weight_info()["consistent"], worker.weight_info()["weight_version"]) == (
+        True,
+        "v1",
+    )
+
+
+def test_init_mid_round_abandons_it_and_leaves_it_inconsistent(worker: WeightSyncWorker) -> None:
+    _init(worker)
+    worker.start_weight_update()
+    worker.update_weights(_payload({"a.w": torch.ones(4), "b.w": torch.ones(2, 2)}))
+    _init(worker)  # a trainer recovering from a failed round
+    info = worker.weight_info()
+    assert (info["state"], info["consistent"], info["weight_version"]) == ("idle", False, None)
+
+
+def test_old_init_field_name_is_accepted_with_a_warning(worker: WeightSyncWorker) -> None:
+    with pytest.warns(DeprecationWarning, match="init_info.buffer_size_bytes is deprecated"):
+        worker.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+    worker.start_weight_update()
+    worker.update_weights(_payload({"a.w": torch.ones(4), "b.w": torch.ones(2, 2)}))
+    worker.finish_weight_update("v1")
+    with pytest.raises(PayloadError, match="both 'buffer_size_bytes' and its new name"):
+        worker.init_weight_transfer_engine({"buffer_size_bytes": 1, "packed_buffer_size_bytes": 1})
+
+
+@pytest.mark.parametrize("backend", ["local", "ipc", "nccl"])
+def test_engine_without_init_is_the_same_protocol_error(backend: str) -> None:
+    from wtcore import WeightTransferConfig, WeightTransferEngineFactory
+
+    engine = WeightTransferEngineFactory.create_engine(
+        WeightTransferConfig(backend), sink=ModuleSink(build_module({"a.w": torch.zeros(1)}))
+    )
+    meta = {"names": ["a.w"], "dtype_names": ["float32"], "shapes": [[1]]}
+    extra = {
+        "local": {"data": "AAAAAA=="},
+        "ipc": {"sizes": [4], "offset": 64, "length": 4, "seq": 1, "segment": "wtcore_x"},
+        "nccl": {},
+    }[backend]
+    with pytest.raises(ProtocolStateError, match="init_transfer_engine was not called"):
+        engine.start_weight_update()
+        engine.update_weights({**meta, **extra})

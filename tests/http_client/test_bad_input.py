@@ -38,7 +38,7 @@ def baseline(server: Any) -> Iterator[dict[str, str]]:
     state = synthetic_state(SIZE, TENSORS, "float32", seed=5)
     with HTTPWeightSyncClient(server.url, api_key=KEY, timeout_s=60) as client:
         trainer = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0, buffer_size_bytes=16 << 10),
+            LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=16 << 10),
             client=client,
             source=TensorSource(state),
         )
@@ -72,7 +72,7 @@ def check(r: requests.Response, status: int, *fragments: str) -> None:
         assert fragment in body["error"], body["error"]
 
 
-INIT_OK = {"init_info": {"buffer_size_bytes": 16 << 10}}
+INIT_OK = {"init_info": {"packed_buffer_size_bytes": 16 << 10}}
 
 # (method, path, body, status, fragments of the message)
 IDLE_CASES = [
@@ -92,14 +92,14 @@ IDLE_CASES = [
     (
         "POST",
         "/init_weight_transfer_engine",
-        {"init_info": {"buffer_size_bytes": "16k"}},
+        {"init_info": {"packed_buffer_size_bytes": "16k"}},
         400,
-        ["init_info.buffer_size_bytes", "expected int", "'16k'"],
+        ["init_info.packed_buffer_size_bytes", "expected int", "'16k'"],
     ),
     (
         "POST",
         "/init_weight_transfer_engine",
-        {"init_info": {"buffer_size_bytes": 1, "bogus": 2}},
+        {"init_info": {"packed_buffer_size_bytes": 1, "bogus": 2}},
         400,
         ["init_info: unknown field(s) 'bogus'"],
     ),
@@ -108,7 +108,7 @@ IDLE_CASES = [
         "/init_weight_transfer_engine",
         {"init_info": {}},
         400,
-        ["init_info.buffer_size_bytes: missing required field"],
+        ["init_info.packed_buffer_size_bytes: missing required field"],
     ),
     ("POST", "/start_weight_update", {"now": True}, 400, ["'now'", "takes no body"]),
     ("POST", "/start_weight_update", b"[", 400, ["malformed JSON"]),

@@ -52,7 +52,7 @@ def test_server_killed_mid_round(start_server: Any) -> None:
     state = synthetic_state(SIZE, TENSORS, "float32", seed=3)
     with HTTPWeightSyncClient([alive.url, doomed.url], timeout_s=TIMEOUT_S) as client:
         trainer = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0, buffer_size_bytes=8 << 10), client=client
+            LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=8 << 10), client=client
         )
         t0 = time.monotonic()
         with pytest.raises(ReceiverError) as err:
@@ -73,7 +73,7 @@ def test_server_killed_mid_round(start_server: Any) -> None:
 def test_hung_server_times_out(start_server: Any) -> None:
     alive, frozen = _pair(start_server)
     with HTTPWeightSyncClient([alive.url, frozen.url], timeout_s=TIMEOUT_S) as client:
-        client.init_weight_transfer_engine({"buffer_size_bytes": 8 << 10})
+        client.init_weight_transfer_engine({"packed_buffer_size_bytes": 8 << 10})
         os.kill(frozen.proc.pid, signal.SIGSTOP)
         try:
             t0 = time.monotonic()

@@ -64,7 +64,7 @@ def test_rounds_through_the_local_engine(client: HTTPWeightSyncClient) -> None:
     source_state = _state(1)
     trainer = WeightTransferTrainerFactory.trainer_init(
         # a small buffer: several buckets, so several update_weights per round
-        LocalTrainerInitInfo(rank=0, buffer_size_bytes=4096),
+        LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096),
         client=client,
         source=TensorSource(source_state),
     )
@@ -86,7 +86,7 @@ def test_rounds_through_the_local_engine(client: HTTPWeightSyncClient) -> None:
 def test_per_rank_update_list_reaches_each_rank(client: HTTPWeightSyncClient) -> None:
     """``{"update_info": [rank0, rank1]}``: each worker loads its own entry."""
     a, b = _state(11), _state(12)
-    client.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+    client.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 20})
     client.start_weight_update()
     client.update_weights([local_payload(a), local_payload(b)])
     client.finish_weight_update("per-rank")
@@ -99,7 +99,7 @@ def test_trainer_from_config_builds_the_http_client(servers: list[Any]) -> None:
     trainer = trainer_from_config(
         {
             "backend": "local",
-            "buffer_size_bytes": 8192,
+            "packed_buffer_size_bytes": 8192,
             "client": {"name": "http", "base_urls": [s.url for s in servers], "timeout_s": 60},
         },
         source=TensorSource(state),

@@ -65,7 +65,7 @@ EMPTY = {"names": [], "dtype_names": [], "shapes": [], "data": ""}
 def test_a_long_update_does_not_block_health_or_info(served: Any) -> None:
     worker, server = served
     client = HTTPWeightSyncClient(server.url, timeout_s=30)
-    client.init_weight_transfer_engine({"buffer_size_bytes": 1024})
+    client.init_weight_transfer_engine({"packed_buffer_size_bytes": 1024})
     client.start_weight_update()
     GateEngine.block = True
     update = BackgroundCall(client.update_weights, EMPTY, name="update")
@@ -92,7 +92,7 @@ def test_engine_failure_is_a_500_with_its_text(served: Any) -> None:
     worker, server = served
     before = digest_named(worker.sink.named_tensors())
     client = HTTPWeightSyncClient(server.url, timeout_s=30)
-    client.init_weight_transfer_engine({"buffer_size_bytes": 1024})
+    client.init_weight_transfer_engine({"packed_buffer_size_bytes": 1024})
     client.start_weight_update()
     GateEngine.fail = "disk on fire"
     with pytest.raises(ReceiverError) as err:

@@ -86,7 +86,12 @@ def test_update_info_must_name_one_transport() -> None:
     worker = WeightSyncWorker("ipc", ModuleSink(build_module(state)))
     try:
         worker.init_weight_transfer_engine(
-            {"transport": "shm", "packed": True, "buffer_size_bytes": 1024, "num_buffers": 2}
+            {
+                "transport": "shm",
+                "packed": True,
+                "packed_buffer_size_bytes": 1024,
+                "packed_num_buffers": 2,
+            }
         )
         worker.start_weight_update()
         base = {
@@ -102,7 +107,12 @@ def test_update_info_must_name_one_transport() -> None:
             worker.update_weights(base)
         with pytest.raises(PayloadError, match="init_info.transport: 'cuda' needs a CUDA"):
             worker.init_weight_transfer_engine(
-                {"transport": "cuda", "packed": True, "buffer_size_bytes": 1024, "num_buffers": 2}
+                {
+                    "transport": "cuda",
+                    "packed": True,
+                    "packed_buffer_size_bytes": 1024,
+                    "packed_num_buffers": 2,
+                }
             )
         json.dumps(base)
     finally:

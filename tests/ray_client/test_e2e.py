@@ -35,7 +35,7 @@ def _installed(backend: str) -> bool:
 #: Engines that fit a trainer in the driver and receivers in actors on the same node, with a
 #: small buffer so that each round takes several ``update_weights`` calls (buckets).
 BACKENDS = {
-    "local": {"buffer_size_bytes": 8 << 10},
+    "local": {"packed_buffer_size_bytes": 8 << 10},
     "ipc": {"packed_buffer_size_bytes": 8 << 10, "device": "cpu", "timeout_s": 60},
     # gloo on CPU; the driver is rank 0 and hosts the rendezvous, the actors are ranks 1, 2.
     "nccl": {"packed_buffer_size_bytes": 8 << 10, "world_size": 3, "timeout_s": 60},
@@ -117,7 +117,7 @@ def test_launcher_ranks_identities_and_config_client(ray_cluster: None, kit: Any
         assert CLIENTS.load("ray") is RayWeightSyncClient
         config = {
             "backend": "local",
-            "buffer_size_bytes": 1 << 20,
+            "packed_buffer_size_bytes": 1 << 20,
             "client": {
                 "name": "ray",
                 "handles": group.names,

@@ -55,7 +55,7 @@ def test_actor_killed_mid_round(ray_cluster: None, kit: Any) -> None:
     with launch_receivers(2, "local", sink, num_cpus=0, name_prefix="wtcore-kill") as group:
         timeout_s = 20.0
         client = group.client(timeout_s=timeout_s)
-        info = LocalTrainerInitInfo(buffer_size_bytes=4 << 10, rank=0)
+        info = LocalTrainerInitInfo(packed_buffer_size_bytes=4 << 10, rank=0)
         with WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
             trainer.send_weights(TensorSource(state), weight_version="good")
             victim = group.handles[1]
@@ -99,7 +99,7 @@ def test_stuck_actor_times_out_and_still_answers(ray_cluster: None, kit: Any) ->
     sink = functools.partial(kit.BlockingSink, SEED, 60.0)
     with launch_receivers(1, "local", sink, num_cpus=0, max_concurrency=4) as group:
         client = group.client(timeout_s=3.0)
-        client.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+        client.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 20})
         client.start_weight_update()
         payload = _local_payload(state)
         t0 = time.monotonic()
@@ -145,7 +145,7 @@ def test_misconfigured_sink_error_reaches_trainer(ray_cluster: None, kit: Any) -
         labels = ok_group.labels + bad_group.labels
         # World size 1 per launch is fine for the local engine: it sends one dict to all.
         client = RayWeightSyncClient(handles, timeout_s=30, labels=labels)
-        info = LocalTrainerInitInfo(buffer_size_bytes=1 << 20, rank=0)
+        info = LocalTrainerInitInfo(packed_buffer_size_bytes=1 << 20, rank=0)
         trainer = WeightTransferTrainerFactory.trainer_init(info, client=client)
         with trainer, pytest.raises(ReceiverError) as ei:
             trainer.send_weights(TensorSource(state), weight_version="v1")
@@ -171,11 +171,11 @@ def test_bad_calls_are_named_errors(ray_cluster: None, kit: Any) -> None:
         assert all(f.error_type == "ProtocolStateError" for f in ei.value.failures)
         assert "call init_weight_transfer_engine first" in str(ei.value)
         # A malformed init payload: the field is named.
-        with pytest.raises(ReceiverError, match="buffer_size_bytes") as ei:
-            client.init_weight_transfer_engine({"buffer_size_bytes": "big"})
+        with pytest.raises(ReceiverError, match="packed_buffer_size_bytes") as ei:
+            client.init_weight_transfer_engine({"packed_buffer_size_bytes": "big"})
         assert {f.error_type for f in ei.value.failures} == {"PayloadError"}
         # Not JSON: refused in the driver, before anything is sent.
-        client.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+        client.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 20})
         client.start_weight_update()
         with pytest.raises(PayloadError, match=r"update_info\['data'\].*torch\.Tensor"):
             client.update_weights(
@@ -260,7 +260,7 @@ def test_one_failure_cuts_the_wait_for_the_others(ray_cluster: None, kit: Any) -
         client = RayWeightSyncClient(
             g1.handles + g2.handles, timeout_s=60, labels=g1.labels + g2.labels, fail_fast_s=1.0
         )
-        client.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
+        client.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 20})
         client.start_weight_update()
         t0 = time.monotonic()
         with pytest.raises(ReceiverError) as ei:

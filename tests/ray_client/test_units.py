@@ -31,7 +31,7 @@ def test_actor_class_serves_the_core_worker_without_ray() -> None:
     actor = WeightSyncActor("local", lambda: ModuleSink(module))
     with pytest.raises(ProtocolStateError, match="call init_weight_transfer_engine first"):
         actor.start_weight_update()
-    info = LocalTrainerInitInfo(buffer_size_bytes=1 << 20, rank=0)
+    info = LocalTrainerInitInfo(packed_buffer_size_bytes=1 << 20, rank=0)
     with WeightTransferTrainerFactory.trainer_init(info, client=actor) as trainer:
         trainer.send_weights(TensorSource(state), weight_version="v1")
     assert actor.weight_info()["weight_version"] == "v1"

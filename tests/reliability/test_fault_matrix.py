@@ -368,7 +368,7 @@ def local_pair(launch: Callable[..., list[ServeProcess]]) -> list[ServeProcess]:
 
 
 def local_trainer(client: HTTPWeightSyncClient) -> Any:
-    info = LocalTrainerInitInfo(rank=0, buffer_size_bytes=8 << 10)
+    info = LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=8 << 10)
     return WeightTransferTrainerFactory.trainer_init(info, client=client)
 
 

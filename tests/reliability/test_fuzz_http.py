@@ -68,7 +68,7 @@ def _envelopes() -> st.SearchStrategy[Any]:
                     st.fixed_dictionaries(
                         {},
                         optional={
-                            "buffer_size_bytes": st.one_of(st.integers(-5, 2**80), json_values)
+                            "packed_buffer_size_bytes": st.one_of(st.integers(-5, 2**80), json_values)
                         },
                     ),
                 )
@@ -131,7 +131,7 @@ def _worker_in(state: str) -> tuple[WeightSyncWorker, torch.nn.Module]:
     model = _model()
     worker = WeightSyncWorker("local", ModuleSink(model))
     if state != "uninitialized":
-        worker.init_weight_transfer_engine({"buffer_size_bytes": 1 << 12})
+        worker.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 12})
         worker.start_weight_update()
         worker.finish_weight_update("v0")
     if state == "updating":
@@ -231,7 +231,7 @@ def _put_in(server: ServeProcess, state: str) -> None:
     info = _get(server, "/weight_info")
     if info["state"] == "uninitialized" or (state == "idle" and info["state"] == "updating"):
         assert _post(server, "/init_weight_transfer_engine", {"init_info": {
-            "buffer_size_bytes": 4096}}).ok  # fmt: skip
+            "packed_buffer_size_bytes": 4096}}).ok  # fmt: skip
     if state == "updating" and _get(server, "/weight_info")["state"] != "updating":
         assert _post(server, "/start_weight_update").ok
 

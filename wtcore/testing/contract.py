@@ -10,7 +10,7 @@ Subclass :class:`EngineContractSuite` in a test module, name the subclass ``Test
         backend = "local"
 
         def make_trainer_init_info(self, *, num_workers, buffer_size_bytes):
-            return LocalTrainerInitInfo(buffer_size_bytes=buffer_size_bytes, rank=0)
+            return LocalTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)
 
 The receivers are in-process :class:`~wtcore.worker.WeightSyncWorker` objects driven through
 :class:`~wtcore.inproc.InProcessClient` (each call on its own thread), so engines whose
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 
-__all__ = ["EngineContractSuite", "Pair", "assert_state_equal"]
+__all__ = ["EngineContractSuite", "Pair", "SwitchableSink", "assert_state_equal"]
 
 
 def assert_state_equal(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
@@ -78,6 +78,53 @@ class _RejectingSink:
     def load_weights(self, weights: Any) -> None:
         names = [n for n, _ in weights]
         raise PayloadError(f"sink rejects {names[:3]}")
+
+
+class SwitchableSink(ModuleSink):
+    """A module sink whose failure can be switched on and off, as a flaky receiver's would.
+
+    :meth:`fail_after` lets ``n`` more batches load, then refuses every batch with a
+    ``RuntimeError`` (not a payload error: a sink failing is a receiver-side fault) until
+    :meth:`heal` is called.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__(module)
+        self._allowed: int | None = None
+
+    def fail_after(self, n: int) -> None:
+        self._allowed = n
+
+    def heal(self) -> None:
+        self._allowed = None
+
+    def load_weights(self, weights: Any) -> None:
+        if self._allowed is not None:
+            if self._allowed <= 0:
+                raise RuntimeError("injected sink failure (contract suite)")
+            self._allowed -= 1
+        super().load_weights(weights)
+
+
+def _bump(state: Mapping[str, torch.Tensor]) -> None:
+    """Change every tensor in place, so the next round carries different bytes."""
+    import torch
+
+    for t in state.values():
+        if t.dtype == torch.bool:
+            t.logical_not_()
+        elif t.numel():
+            t.add_(1)
+
+
+def _many_bucket_state(seed: int) -> dict[str, torch.Tensor]:
+    """Enough small tensors for several buckets at the suite's 256-byte buffer."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    state = {f"layer{i:02d}.w": torch.randn(9 + i, generator=g) for i in range(24)}
+    state["layer99.b"] = torch.randn(3, 5, generator=g).to(torch.bfloat16)
+    return state
 
 
 class EngineContractSuite:
@@ -238,3 +285,80 @@ class EngineContractSuite:
             info = p.workers[0].weight_info()
             assert info["weight_version"] is None
             assert info["consistent"] is False
+
+    # ------------------------------------------------------------------ recovery contract
+    def _assert_honest(
+        self, p: Pair, published: str, old: Mapping[str, torch.Tensor], *, failed: list[int]
+    ) -> None:
+        """After a failed round: nothing new published, never a mixed model called consistent."""
+        import torch
+
+        for i, (m, w) in enumerate(zip(p.modules, p.workers, strict=True)):
+            info = w.weight_info()
+            assert info["weight_version"] == published, (i, info)
+            held = dict(m.named_parameters())
+            untouched = all(torch.equal(held[n].detach(), t) for n, t in old.items())
+            if not untouched:
+                assert info["consistent"] is False, f"receiver {i} is mixed but says consistent"
+            if i in failed:
+                assert info["consistent"] is False, (i, info)
+
+    def _assert_recovered(self, p: Pair, state: Mapping[str, torch.Tensor], version: str) -> None:
+        """The next round succeeds on every receiver, bit-exact, with no user action."""
+        _bump(state)
+        p.trainer.send_weights(weight_version=version)
+        for m, w in zip(p.modules, p.workers, strict=True):
+            assert_state_equal(m, state)
+            info = w.weight_info()
+            assert (info["weight_version"], info["consistent"], info["state"]) == (
+                version,
+                True,
+                "idle",
+            ), info
+
+    def test_recovers_after_one_receivers_sink_fails(self) -> None:
+        """Two receivers; B's sink fails mid-round after both applied a bucket."""
+        state = _many_bucket_state(seed=11)
+        sinks: list[SwitchableSink] = []
+
+        def make_sink(m: torch.nn.Module) -> WeightSink:
+            sinks.append(SwitchableSink(m))
+            return sinks[-1]
+
+        with self.pair(state, num_workers=2, buffer_size_bytes=256, sink_factory=make_sink) as p:
+            p.trainer.send_weights(weight_version="v1")
+            old = {n: t.clone() for n, t in state.items()}
+            _bump(state)
+            sinks[1].fail_after(1)
+            with pytest.raises(Exception):  # noqa: B017 - how it surfaces is the engine's
+                p.trainer.send_weights(weight_version="v2")
+            self._assert_honest(p, "v1", old, failed=[1])
+            sinks[1].heal()
+            self._assert_recovered(p, state, "v3")
+
+    @pytest.mark.parametrize("kind", ["reshaped", "missing"])
+    def test_recovers_after_mismatch_mid_round(self, kind: str) -> None:
+        """Two receivers; the source breaks its metadata after some buckets went out."""
+        state = _many_bucket_state(seed=12)
+        with self.pair(state, num_workers=2, buffer_size_bytes=256) as p:
+            p.trainer.send_weights(weight_version="v1")
+            old = {n: t.clone() for n, t in state.items()}
+            _bump(state)
+            bad: WeightSource = MismatchedSource(TensorSource(state), kind)
+            with pytest.raises(MetadataMismatchError):
+                p.trainer.send_weights(bad, weight_version="bad")
+            self._assert_honest(p, "v1", old, failed=[])
+            self._assert_recovered(p, state, "v2")
+
+    def test_recovers_after_one_receiver_rejects_start(self) -> None:
+        """Two receivers; B is left in a stray round, so it rejects the trainer's start."""
+        state = mixed_dtype_state(seed=13)
+        with self.pair(state, num_workers=2) as p:
+            p.trainer.send_weights(weight_version="v1")
+            old = {n: t.clone() for n, t in state.items()}
+            p.workers[1].start_weight_update()  # a stray round, e.g. a crashed trainer's
+            _bump(state)
+            with pytest.raises(Exception):  # noqa: B017 - how it surfaces is the engine's
+                p.trainer.send_weights(weight_version="v2")
+            self._assert_honest(p, "v1", old, failed=[])
+            self._assert_recovered(p, state, "v3")

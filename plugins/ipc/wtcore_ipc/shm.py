@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wtcore.buckets import ALIGNMENT
+from wtcore.buckets import ALIGNMENT, align
 from wtcore.errors import PayloadError, TransferError
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ __all__ = [
     "SlotHeader",
     "StagingSegment",
     "check_segment_name",
+    "host_status",
     "segment_prefix",
 ]
 
@@ -62,8 +63,10 @@ _MAGIC = b"WTCIPC01"
 _HEADER = struct.Struct("<8sQQ")  # magic, seq, length
 
 
-def _align(n: int) -> int:
-    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+def host_status() -> str:
+    """One line for ``wtcore plugins``, shared by both halves of the engine."""
+    shm = "shm ok" if os.path.isdir(SHM_DIR) else f"shm unavailable (no {SHM_DIR})"
+    return f"{shm}; cuda ipc untested"
 
 
 def segment_prefix(pid: int | None = None) -> str:
@@ -113,7 +116,7 @@ class StagingSegment:
 
         if capacity < 0 or num_slots < 1:
             raise ValueError(f"bad segment shape: capacity={capacity}, num_slots={num_slots}")
-        self.capacity = _align(max(capacity, 1))
+        self.capacity = align(max(capacity, 1))
         self.num_slots = num_slots
         self.stride = HEADER_BYTES + self.capacity
         self.size = self.stride * num_slots

@@ -1,8 +1,8 @@
 """What travels on the control plane: plain JSON dataclasses, never pickle.
 
-* :class:`IPCTrainerInitInfo`: the trainer's settings (the only place they live, DESIGN §2).
+* :class:`IPCTrainerInitInfo`: the trainer's settings (the only place they live).
 * :class:`IPCInitInfo`: what the trainer ships to every worker at init.
-* :class:`IPCUpdateInfo`: one bucket: DESIGN §4 metadata plus where its bytes are (a shared
+* :class:`IPCUpdateInfo`: one bucket: the kit's bucket metadata plus where its bytes are (a shared
   memory segment on CPU, an encoded CUDA IPC handle on GPU), validated on arrival.
 """
 
@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.buckets import ALIGNMENT, Bucket, plan_buckets
+from wtcore.buckets import ALIGNMENT, Bucket, plan_round
 from wtcore.errors import PayloadError
-from wtcore.meta import ParamMeta, metas_from_wire
-from wtcore.trainer import TrainerInitInfo
+from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 from wtcore_ipc.shm import HEADER_BYTES, check_segment_name
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "IPCInitInfo",
     "IPCTrainerInitInfo",
     "IPCUpdateInfo",
-    "plan_size",
 ]
 
 #: Default bucket size: small enough that packing one bucket overlaps the worker's copy of
@@ -36,47 +34,26 @@ DEFAULT_BUFFER_SIZE = 256 << 20
 TRANSPORTS = ("shm", "cuda")
 
 
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-
-
-def plan_size(packed: bool, buffer_size_bytes: int) -> int:
-    """The size both ends plan buckets with; unpacked mode puts every tensor alone."""
-    return buffer_size_bytes if packed else 1
-
-
 @dataclass
-class IPCTrainerInitInfo(TrainerInitInfo):
-    """Trainer settings of the ``ipc`` engine.
+class IPCTrainerInitInfo(BucketedTrainerInitInfo):
+    """Trainer settings of the ``ipc`` engine (see :class:`~wtcore.kit.BucketedTrainerInitInfo`).
 
-    ``packed`` (default) groups tensors into buckets of ``packed_buffer_size_bytes``;
-    unpacked sends one tensor per ``update_weights`` call (slower; for receivers that want
-    that). ``packed_num_buffers`` staging buffers let the trainer pack the next bucket while
-    the worker copies the previous one. ``device`` picks the transport: ``"cpu"`` stages in
-    POSIX shared memory, ``"cuda[:N]"`` in GPU memory shared by CUDA IPC. ``timeout_s`` bounds
-    every wait for a worker.
+    ``packed_num_buffers`` staging buffers let the trainer pack the next bucket while the
+    worker copies the previous one; the worker serializes calls, so more than two add nothing.
+    ``device`` picks the transport: ``"cpu"`` stages in POSIX shared memory, ``"cuda[:N]"`` in
+    GPU memory shared by CUDA IPC.
     """
 
     backend: ClassVar[str] = "ipc"
-    packed: bool = True
-    packed_buffer_size_bytes: int = DEFAULT_BUFFER_SIZE
-    timeout_s: float = 120.0
-    packed_num_buffers: int = 2
-    device: str = "cpu"
+    packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
+    device: str = field(default="cpu", kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.packed, bool):
-            raise ValueError(f"packed: expected a bool, got {self.packed!r}")
-        _positive("packed_buffer_size_bytes", self.packed_buffer_size_bytes)
-        _positive("packed_num_buffers", self.packed_num_buffers)
-        if not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
-            raise ValueError(f"timeout_s: expected a positive number, got {self.timeout_s!r}")
         if not isinstance(self.device, str) or not (
             self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")
         ):
-            raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            raise PayloadError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
 
     @property
     def transport(self) -> str:
@@ -89,37 +66,35 @@ class IPCInitInfo:
 
     transport: str
     packed: bool
-    buffer_size_bytes: int
-    num_buffers: int
+    packed_buffer_size_bytes: int
+    packed_num_buffers: int
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
             raise ValueError(
                 f"transport: expected one of {', '.join(TRANSPORTS)}, got {self.transport!r}"
             )
-        _positive("buffer_size_bytes", self.buffer_size_bytes)
-        _positive("num_buffers", self.num_buffers)
+        check_bucket_options(
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+            packed_num_buffers=self.packed_num_buffers,
+        )
 
 
 @dataclass
-class IPCUpdateInfo:
+class IPCUpdateInfo(BucketUpdateInfo):
     """One bucket. ``offset``/``length`` locate its bytes in the segment (CPU) or in the
     exported CUDA buffer; ``sizes`` are the tensors' byte sizes, checked against the metadata;
     ``seq`` must match the slot header the trainer stamped (CPU)."""
 
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
     sizes: list[int]
     offset: int
     length: int
     seq: int
     segment: str | None = None
     cuda: dict[str, Any] | None = None
-    metas: list[ParamMeta] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.metas = metas_from_wire(self.names, self.dtype_names, self.shapes)
+        super().__post_init__()
         if len(self.sizes) != len(self.metas):
             raise PayloadError(
                 f"sizes: expected {len(self.metas)} entries (one per name), got {len(self.sizes)}"
@@ -151,11 +126,14 @@ class IPCUpdateInfo:
 
     def bucket(self, init: IPCInitInfo) -> Bucket:
         """Re-plan with the shared rule; the update must be exactly one bucket of ``length``."""
-        buckets = plan_buckets(self.metas, plan_size(init.packed, init.buffer_size_bytes))
+        buckets = plan_round(
+            self.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
+        )
         if len(buckets) != 1:
             raise PayloadError(
                 f"update_info: holds {len(buckets)} buckets' worth of tensors; the bucket size "
-                f"advertised at init is {init.buffer_size_bytes} bytes (packed={init.packed})"
+                f"advertised at init is {init.packed_buffer_size_bytes} bytes "
+                f"(packed={init.packed})"
             )
         if buckets[0].nbytes != self.length:
             raise PayloadError(

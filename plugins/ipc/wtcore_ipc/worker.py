@@ -11,12 +11,12 @@ untouched.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from wtcore.buckets import Bucket, unpack_bucket
-from wtcore.engine import WeightTransferEngine
-from wtcore.errors import PayloadError, ProtocolStateError, TransferError
-from wtcore_ipc.shm import SHM_DIR, SegmentReader
+from wtcore.errors import PayloadError, TransferError
+from wtcore.kit import BucketedWorkerEngine
+from wtcore_ipc.shm import SegmentReader, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCUpdateInfo
 
 if TYPE_CHECKING:
@@ -25,22 +25,22 @@ if TYPE_CHECKING:
 __all__ = ["IPCWorkerEngine"]
 
 
-class IPCWorkerEngine(WeightTransferEngine[IPCInitInfo, IPCUpdateInfo]):
+class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
     """Receives buckets through shared memory (CPU) or CUDA IPC (GPU)."""
 
     init_info_cls = IPCInitInfo
     update_info_cls = IPCUpdateInfo
+    renamed_init_fields: ClassVar[dict[str, str]] = {
+        "buffer_size_bytes": "packed_buffer_size_bytes",
+        "num_buffers": "packed_num_buffers",
+    }
 
-    _init: IPCInitInfo | None = None
     _reader: SegmentReader | None = None
     _importer: CudaImporter | None = None
 
     @classmethod
     def host_status(cls) -> str:
-        import os
-
-        shm = "shm ok" if os.path.isdir(SHM_DIR) else f"shm unavailable (no {SHM_DIR})"
-        return f"{shm}; cuda ipc untested"
+        return host_status()
 
     def init_transfer_engine(self, init_info: IPCInitInfo) -> None:
         self._release()
@@ -54,14 +54,13 @@ class IPCWorkerEngine(WeightTransferEngine[IPCInitInfo, IPCUpdateInfo]):
                 )
             from wtcore_ipc.cuda import CudaImporter
 
-            self._importer = CudaImporter(self.device, init_info.num_buffers)
-        self._init = init_info
+            self._importer = CudaImporter(self.device, init_info.packed_num_buffers)
+        super().init_transfer_engine(init_info)
 
     def receive_weights(self, update_info: IPCUpdateInfo) -> None:
-        if self._init is None:
-            raise ProtocolStateError("ipc engine: init_transfer_engine was not called")
-        bucket = update_info.bucket(self._init)
-        if self._init.transport == "shm":
+        init = self.settings
+        bucket = update_info.bucket(init)
+        if init.transport == "shm":
             if update_info.segment is None:
                 raise PayloadError("segment: required by the 'shm' transport negotiated at init")
             self._receive_shm(update_info, bucket, update_info.segment)
@@ -134,4 +133,4 @@ class IPCWorkerEngine(WeightTransferEngine[IPCInitInfo, IPCUpdateInfo]):
 
     def shutdown(self) -> None:
         self._release()
-        self._init = None
+        super().shutdown()

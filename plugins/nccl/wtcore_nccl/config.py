@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.meta import ParamMeta, metas_from_wire
-from wtcore.trainer import TrainerInitInfo
+from wtcore.defaults import DEFAULT_TIMEOUT_S
+from wtcore.errors import PayloadError
+from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
@@ -23,13 +24,8 @@ __all__ = [
     "resolve_transport",
 ]
 
-#: Default size of one packed bucket buffer (DESIGN §4).
+#: Default size of one packed bucket buffer.
 DEFAULT_BUFFER_SIZE = 1 << 30
-#: Default bound on every blocking wait (rendezvous, one broadcast, one control call).
-DEFAULT_TIMEOUT_S = 300.0
-#: Upper bound on ``timeout_s``: one day. Larger values (or Infinity, which JSON decoders
-#: accept) overflow torch's timeouts, and "wait forever" is what the timeout exists to avoid.
-MAX_TIMEOUT_S = 86400.0
 #: ``auto`` picks NCCL for CUDA devices and gloo otherwise.
 TRANSPORTS: tuple[str, ...] = ("auto", "gloo", "nccl")
 
@@ -43,16 +39,7 @@ def resolve_transport(transport: str, device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-def _check_common(
-    *,
-    master_address: str,
-    master_port: int,
-    world_size: int,
-    packed_buffer_size_bytes: int,
-    packed_num_buffers: int,
-    timeout_s: float,
-    transport: str,
-) -> None:
+def _check_group(*, master_address: str, master_port: int, world_size: int, transport: str) -> None:
     if not master_address:
         raise ValueError("master_address: expected a host name or IP address, got ''")
     if not 0 < master_port < 65536:
@@ -61,23 +48,12 @@ def _check_common(
         raise ValueError(
             f"world_size: expected at least 2 (the sender plus one worker), got {world_size}"
         )
-    if packed_buffer_size_bytes <= 0:
-        raise ValueError(
-            f"packed_buffer_size_bytes: expected a positive size, got {packed_buffer_size_bytes}"
-        )
-    if packed_num_buffers < 1:
-        raise ValueError(f"packed_num_buffers: expected at least 1, got {packed_num_buffers}")
-    if not 0 < timeout_s <= MAX_TIMEOUT_S:
-        raise ValueError(
-            f"timeout_s: expected a positive number of seconds up to {MAX_TIMEOUT_S:g}, "
-            f"got {timeout_s}"
-        )
     if transport not in TRANSPORTS:
         raise ValueError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
 
 
 @dataclass
-class NCCLTrainerInitInfo(TrainerInitInfo):
+class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     """Trainer settings of the ``nccl`` engine.
 
     ``world_size`` counts every rank of the transfer group: the sender (trainer rank 0) plus
@@ -85,7 +61,7 @@ class NCCLTrainerInitInfo(TrainerInitInfo):
     the sender stages its buckets; with ``transport="auto"`` it also picks the transport
     (NCCL for ``cuda*``, gloo otherwise). ``torch_num_threads``, when set, is applied with
     ``torch.set_num_threads`` in the sender: on small hosts torch's busy-waiting worker
-    threads starve gloo's network threads (see PERF_NOTES), so transfer-only processes
+    threads starve gloo's network threads (see docs/benchmarks.md), so transfer-only processes
     should use 1. It is ``None`` (leave torch alone) by default because the trainer process
     also trains.
     """
@@ -94,27 +70,24 @@ class NCCLTrainerInitInfo(TrainerInitInfo):
     master_address: str
     master_port: int
     world_size: int
-    packed: bool = True
-    packed_buffer_size_bytes: int = DEFAULT_BUFFER_SIZE
-    packed_num_buffers: int = 2
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    transport: str = "auto"
-    device: str = "cpu"
-    torch_num_threads: int | None = field(default=None)
+    packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
+    transport: str = field(default="auto", kw_only=True)
+    device: str = field(default="cpu", kw_only=True)
+    torch_num_threads: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_common(
-            master_address=self.master_address,
-            master_port=self.master_port,
-            world_size=self.world_size,
-            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
-            packed_num_buffers=self.packed_num_buffers,
-            timeout_s=self.timeout_s,
-            transport=self.transport,
-        )
+        try:
+            _check_group(
+                master_address=self.master_address,
+                master_port=self.master_port,
+                world_size=self.world_size,
+                transport=self.transport,
+            )
+        except ValueError as e:
+            raise PayloadError(str(e)) from None
         if self.torch_num_threads is not None and self.torch_num_threads < 1:
-            raise ValueError(
+            raise PayloadError(
                 f"torch_num_threads: expected None or at least 1, got {self.torch_num_threads}"
             )
 
@@ -139,7 +112,7 @@ class NCCLTrainerInitInfo(TrainerInitInfo):
 
 @dataclass
 class NCCLInitInfo:
-    """The worker's init info (DESIGN §4 names, plus the timeout and the transport).
+    """The worker's init info (vLLM's names, plus the timeout and the transport).
 
     ``transport`` defaults to ``auto`` (NCCL if the worker's device is CUDA, else gloo) so a
     third-party trainer that sends only the vLLM fields still works; the wtcore trainer
@@ -157,14 +130,16 @@ class NCCLInitInfo:
     transport: str = "auto"
 
     def __post_init__(self) -> None:
-        _check_common(
+        _check_group(
             master_address=self.master_address,
             master_port=self.master_port,
             world_size=self.world_size,
+            transport=self.transport,
+        )
+        check_bucket_options(
             packed_buffer_size_bytes=self.packed_buffer_size_bytes,
             packed_num_buffers=self.packed_num_buffers,
             timeout_s=self.timeout_s,
-            transport=self.transport,
         )
         if self.rank_offset < 1:
             raise ValueError(
@@ -177,13 +152,5 @@ class NCCLInitInfo:
 
 
 @dataclass
-class NCCLUpdateInfo:
-    """All tensors of one round, in order (DESIGN §4 names); the bytes travel on the group."""
-
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
-    metas: list[ParamMeta] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.metas = metas_from_wire(self.names, self.dtype_names, self.shapes)
+class NCCLUpdateInfo(BucketUpdateInfo):
+    """All tensors of one round, in order; the bytes travel on the group."""

@@ -4,7 +4,7 @@ Both ends keep ``packed_num_buffers`` ring buffers for regular buckets plus one 
 buckets larger than the buffer size (a tensor bigger than the buffer travels alone), so the
 memory a transfer holds is at most ``buffer size x num_buffers + largest tensor``. Buffers
 live as long as the engine: writing into fresh memory is about 5x slower than into reused
-memory on small hosts (PERF_NOTES).
+memory on small hosts (docs/benchmarks.md).
 
 Each buffer remembers the broadcast that last used it; the next bucket that wants it waits
 for that broadcast first, which is what bounds the number of buckets in flight.
@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING
 
 from wtcore.buckets import Bucket
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.meta import ParamMeta
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["BufferPool", "Slot", "per_tensor_buckets", "wait_work"]
+__all__ = ["BufferPool", "Slot", "wait_work"]
 
 _POLL_TD = datetime.timedelta(milliseconds=50)
 
@@ -56,11 +55,6 @@ def wait_work(
             poll()
         if time.monotonic() >= deadline:
             raise TransferTimeoutError(f"{what} did not complete within {timeout_s:g} s")
-
-
-def per_tensor_buckets(metas: Sequence[ParamMeta]) -> list[Bucket]:
-    """Unpacked mode: every tensor is a message of its own (no packing rule involved)."""
-    return [Bucket(i, (m,), (0,), m.nbytes) for i, m in enumerate(metas)]
 
 
 @dataclass

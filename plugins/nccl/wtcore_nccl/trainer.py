@@ -1,6 +1,6 @@
 """The sender: packs buckets into reused buffers and broadcasts them, pipelined.
 
-DESIGN §5: every worker RPC (the init handshake and the round's single ``update_weights``)
+Every worker RPC (the init handshake and the round's single ``update_weights``)
 runs on a helper thread while this thread joins the group or broadcasts, because both block
 until the other side takes part. Every wait polls the RPC, so a rejected call fails the
 round at once; the helper thread is never joined on the error path.
@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import as_bytes, pack_source, plan_buckets
 from wtcore.concurrency import BackgroundCall
-from wtcore.errors import MetadataMismatchError, TransferError
+from wtcore.errors import MetadataMismatchError, PayloadError, TransferError
+from wtcore.kit import BucketedTrainerEngine
 from wtcore.meta import metas_to_wire
 from wtcore.source import iter_checked
-from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+from wtcore.trainer import TrainerInitInfo
 from wtcore_nccl.config import NCCLTrainerInitInfo
 from wtcore_nccl.group import GENERATION_KEY, Group, host_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, wait_work
@@ -52,8 +53,13 @@ def _fail_fast(rpc: BackgroundCall[Any]) -> Any:
     return poll
 
 
-class NCCLTrainerEngine(TrainerWeightTransferEngine):
-    """Trainer half of the ``nccl`` engine (see the module docstring)."""
+class NCCLTrainerEngine(BucketedTrainerEngine):
+    """Trainer half of the ``nccl`` engine (see the module docstring).
+
+    Built on the kit's options, update info and handshake hook; it keeps a pipeline of its
+    own (one round-long ``update_weights`` call, broadcasts in flight on reused buffers), so
+    it overrides ``_send``.
+    """
 
     init_info_cls = NCCLTrainerInitInfo
 
@@ -86,7 +92,7 @@ class NCCLTrainerEngine(TrainerWeightTransferEngine):
         source: WeightSource | None = None,
     ) -> NCCLTrainerEngine:
         if not isinstance(init_info, NCCLTrainerInitInfo):
-            raise TypeError(f"expected NCCLTrainerInitInfo, got {type(init_info).__name__}")
+            raise PayloadError(f"expected NCCLTrainerInitInfo, got {type(init_info).__name__}")
         engine = cls(init_info, client=client, source=source)
         if not init_info.is_sender:
             return engine  # non-sender ranks never touch the client or the group
@@ -101,14 +107,14 @@ class NCCLTrainerEngine(TrainerWeightTransferEngine):
             init_info.timeout_s,
         )
         try:
-            engine._handshake()
+            engine.handshake()
         except BaseException:
             engine.shutdown()
             raise
         return engine
 
     # ------------------------------------------------------------------ handshake
-    def _handshake(self) -> None:
+    def handshake(self) -> None:
         """Start a new generation: ship the worker init info while joining the group."""
         assert self.client is not None and self._store is not None
         info = self.info
@@ -143,11 +149,8 @@ class NCCLTrainerEngine(TrainerWeightTransferEngine):
         assert self.client is not None
         if self._store is None:
             raise RuntimeError("NCCLTrainerEngine: the sender was shut down")
-        if self._group is None:
-            with stats.phase("control"):
-                self._handshake()
         group = self._group
-        assert group is not None
+        assert group is not None, "a failed round sets needs_handshake; send_weights re-joins"
         metas = source.metadata()
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)

@@ -14,12 +14,12 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from wtcore.buckets import plan_buckets, unpack_bucket
+from wtcore.buckets import plan_round, unpack_bucket
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
-from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore.errors import PayloadError, ProtocolStateError, TransferError, TransferTimeoutError
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group, release_group
-from wtcore_nccl.pipeline import BufferPool, Slot, per_tensor_buckets, wait_work
+from wtcore_nccl.pipeline import BufferPool, Slot, wait_work
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
     """Worker half of the ``nccl`` engine (see the module docstring).
 
     Option ``torch_num_threads`` (in the worker's config) calls ``torch.set_num_threads``
-    at init; 1 is best for transfer-only processes on small hosts (PERF_NOTES).
+    at init; 1 is best for transfer-only processes on small hosts (docs/benchmarks.md).
     """
 
     init_info_cls = NCCLInitInfo
@@ -138,17 +138,18 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
     # ------------------------------------------------------------------ rounds
     def start_weight_update(self) -> None:
         if self._group is None:
-            raise TransferError(
-                "nccl worker has no transfer group (init_weight_transfer_engine was not "
-                "called, or a failed round dropped it); the trainer must re-initialize"
+            raise ProtocolStateError(
+                "nccl engine: init_transfer_engine was not called, or a failed round dropped "
+                "the transfer group; call init_weight_transfer_engine again"
             )
 
     def receive_weights(self, update_info: NCCLUpdateInfo) -> None:
         with self._lock:
             group, pool, info = self._group, self._pool, self._init
             if group is None or pool is None or info is None:
-                raise TransferError(
-                    "nccl worker has no transfer group; call init_weight_transfer_engine again"
+                raise ProtocolStateError(
+                    "nccl engine: init_transfer_engine was not called, or a failed round "
+                    "dropped the transfer group; call init_weight_transfer_engine again"
                 )
             self._receiving = True
         try:
@@ -170,10 +171,9 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         import torch
 
         metas = update.metas
-        if info.packed:
-            buckets = plan_buckets(metas, info.packed_buffer_size_bytes)
-        else:
-            buckets = per_tensor_buckets(metas)
+        buckets = plan_round(
+            metas, packed=info.packed, buffer_size_bytes=info.packed_buffer_size_bytes
+        )
         pool.prepare(buckets)
         slots: list[Slot | None] = [pool.slot_for(b) if b.nbytes else None for b in buckets]
         empty = torch.empty(0, dtype=torch.uint8, device=self.device)

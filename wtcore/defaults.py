@@ -1,0 +1,18 @@
+"""The one default timeout every engine and client shares.
+
+One number, so that ``timeout_s`` means the same thing whichever engine or transport a user
+picks: it bounds each blocking wait (a rendezvous, one bucket on the wire, one control call),
+never a whole round. It is generous because a rendezvous waits for every receiver to come up;
+a dead peer still costs at most this long, and fan-out clients fail fast once one receiver
+has failed (see :mod:`wtcore.fanout`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S"]
+
+#: Default bound on every blocking wait, in seconds.
+DEFAULT_TIMEOUT_S = 300.0
+#: Upper bound on any ``timeout_s``: one day. Larger values (or Infinity, which JSON decoders
+#: accept) overflow torch's timeouts, and "wait forever" is what a timeout exists to avoid.
+MAX_TIMEOUT_S = 86400.0
