@@ -1,8 +1,9 @@
 """Run a blocking call on a helper thread and wait for it with a timeout.
 
-DESIGN §5: the trainer issues the blocking worker RPC concurrently with its own rendezvous or
+The trainer issues the blocking worker RPC concurrently with its own rendezvous or
 broadcast, checks it for an early rejection, and never joins the thread on an error path. The
 threads are daemons, so a call stuck on a dead peer can never keep the interpreter alive.
+See docs/protocol.md for where these waits sit in a round.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ from typing import Any, Generic, TypeVar
 
 from wtcore.errors import TransferTimeoutError
 
-__all__ = ["BackgroundCall"]
+__all__ = ["DEFAULT_TIMEOUT_S", "BackgroundCall"]
 
 T = TypeVar("T")
+
+#: The one default bound of a blocking wait, for every client and engine: generous, because
+#: ``init_weight_transfer_engine`` may wait for a rendezvous across nodes and an
+#: ``update_weights`` for a broadcast of a large model.
+DEFAULT_TIMEOUT_S = 300.0
 
 
 class BackgroundCall(Generic[T]):

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from wtcore.errors import PayloadError, ProtocolStateError, WrongTypeError
 from wtcore.source import WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
@@ -32,14 +33,14 @@ class TrainerInitInfo:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if not isinstance(cls.__dict__.get("backend", getattr(cls, "backend", None)), str):
-            raise TypeError(
+            raise WrongTypeError(
                 f"{cls.__name__} must set the class attribute `backend` to the name of its "
                 "engine in the wtcore.trainer_engines registry"
             )
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
-            raise ValueError(f"rank: expected a non-negative int, got {self.rank!r}")
+            raise PayloadError(f"rank: expected a non-negative int, got {self.rank!r}")
 
     @property
     def is_sender(self) -> bool:
@@ -65,7 +66,7 @@ class TrainerWeightTransferEngine(ABC):
         source: WeightSource | None,
     ) -> None:
         if init_info.is_sender and client is None:
-            raise ValueError("trainer_init: the sender (rank 0) needs a client")
+            raise PayloadError("trainer_init: the sender (rank 0) needs a client")
         self.init_info = init_info
         self.client = client
         self.source = source
@@ -97,16 +98,16 @@ class TrainerWeightTransferEngine(ABC):
         """Run one round (start, updates, finish); returns when every receiver has loaded.
 
         With ``verify=True`` every receiver's checksums are compared with digests of what was
-        sent before the round is finished (see :mod:`wtcore.verify`); the client must offer
-        ``checksums()``.
+        sent before the round is finished (see :mod:`wtcore.verify`); the client must be a
+        :class:`~wtcore.client.InspectableClient`.
         """
         from wtcore.hooks import notify
 
         if self._closed:
-            raise RuntimeError(f"{type(self).__name__} was shut down")
+            raise ProtocolStateError(f"{type(self).__name__} was shut down")
         src = source if source is not None else self.source
         if src is None:
-            raise ValueError("send_weights: no source given here or at trainer_init")
+            raise PayloadError("send_weights: no source given here or at trainer_init")
         stats = TransferStats(weight_version=weight_version, backend=self.init_info.backend)
         t0 = time.perf_counter()
         if not self.init_info.is_sender:

@@ -84,7 +84,7 @@ def test_round_through_children_is_bit_exact(
     want = digest_named(state.items())
     assert two.client.checksums() == [want, want]
     for i in range(2):
-        assert two.client.weight_info(i)["weight_version"] == "v1"
+        assert two.client.call(i, "weight_info")["weight_version"] == "v1"
 
 
 def test_remote_errors_keep_type_name_and_class(two: PipeFleet) -> None:
@@ -118,7 +118,7 @@ def test_killed_child_is_an_error_within_the_timeout(two: PipeFleet) -> None:
         two.client.start_weight_update()
     assert time.monotonic() - t0 < TIMEOUT_S
     assert [f.receiver for f in exc.value.failures] == ["worker[rank=1]"]
-    assert two.client.weight_info(0)["state"] == "updating"  # the survivor is unaffected
+    assert two.client.call(0, "weight_info")["state"] == "updating"  # the survivor is unaffected
 
 
 def test_stopped_child_times_out_then_recovers(two: PipeFleet) -> None:

@@ -56,11 +56,11 @@ def test_rounds_bit_exact_across_buffer_sizes_and_modes(num_workers: int) -> Non
                             assert stats.num_buckets == 1
                         for i, got in enumerate(f.states()):
                             _assert_bit_exact(got, state)
-                            assert f.client.weight_info(i)["weight_version"] == version
+                            assert f.client.call(i, "weight_info")["weight_version"] == version
                     # An empty model is a valid round: nothing moves, the version is published.
                     before = f.states()
                     stats = trainer.send_weights(TensorSource({}), weight_version="empty")
                     assert stats.num_tensors == 0 and stats.num_bytes == 0
                     for i, got in enumerate(f.states()):
                         _assert_bit_exact(got, before[i])
-                        assert f.client.weight_info(i)["weight_version"] == "empty"
+                        assert f.client.call(i, "weight_info")["weight_version"] == "empty"

@@ -51,11 +51,11 @@ def two() -> Iterator[Fleet]:
 
 def _assert_round_failed(f: Fleet, i: int, *, version: str | None) -> None:
     wait_until(
-        lambda: f.client.weight_info(i)["state"] == "idle",
+        lambda: f.client.call(i, "weight_info")["state"] == "idle",
         TIMEOUT_S,
         f"worker {i} to end the round",
     )
-    info = f.client.weight_info(i)
+    info = f.client.call(i, "weight_info")
     assert info["weight_version"] == version
     assert info["consistent"] is False
 
@@ -73,12 +73,12 @@ def test_metadata_mismatch_raises_then_next_round_recovers(two: Fleet, kind: str
         assert time.monotonic() - t0 < TIMEOUT_S
         for i in range(2):
             _assert_round_failed(two, i, version="good")
-        print("worker saw:", two.client.weight_info(0)["last_error"])
+        print("worker saw:", two.client.call(0, "weight_info")["last_error"])
         # The next round re-runs the handshake on a fresh group and is bit-exact again.
         fresh = make_state(3)
         trainer.send_weights(TensorSource(fresh), weight_version="fresh")
         for i, got in enumerate(two.states()):
-            assert two.client.weight_info(i)["weight_version"] == "fresh"
+            assert two.client.call(i, "weight_info")["weight_version"] == "fresh"
             for name, t in fresh.items():
                 assert torch.equal(got[name], t), name
 
@@ -120,7 +120,7 @@ def test_rendezvous_port_in_use_is_a_clear_error(two: Fleet) -> None:
             WeightTransferTrainerFactory.trainer_init(_info(3, master_port=port), client=two.client)
         assert time.monotonic() - t0 < TIMEOUT_S
     for i in range(2):  # the workers were never contacted
-        assert two.client.weight_info(i)["state"] in ("uninitialized", "idle")
+        assert two.client.call(i, "weight_info")["state"] in ("uninitialized", "idle")
 
 
 @pytest.mark.parametrize("packed", [True, False])
@@ -144,4 +144,4 @@ def test_worker_killed_mid_transfer(packed: bool) -> None:
         print(f"killed worker -> {type(exc.value).__name__}: {exc.value}")
         # The survivor's update ends with an error instead of waiting forever.
         _assert_round_failed(f, 0, version="v1")
-        print("survivor:", f.client.weight_info(0)["last_error"])
+        print("survivor:", f.client.call(0, "weight_info")["last_error"])

@@ -310,10 +310,6 @@ class PipeClient(FanOutClient):
     def _deadline_s(self) -> float:
         return self.timeout_s + 5  # each call bounds itself; this is only a backstop
 
-    def weight_info(self, i: int) -> dict[str, Any]:
-        result: dict[str, Any] = self.call(i, "weight_info")
-        return result
-
     def get_world_size(self) -> int:
         return len(self.channels)
 
