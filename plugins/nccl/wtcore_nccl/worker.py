@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import plan_buckets, unpack_bucket
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
-from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore.errors import PayloadError, ProtocolStateError, TransferError, TransferTimeoutError
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, Slot, per_tensor_buckets, wait_work
@@ -138,7 +138,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
     # ------------------------------------------------------------------ rounds
     def start_weight_update(self) -> None:
         if self._group is None:
-            raise TransferError(
+            raise ProtocolStateError(
                 "nccl worker has no transfer group (init_weight_transfer_engine was not "
                 "called, or a failed round dropped it); the trainer must re-initialize"
             )
@@ -147,7 +147,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         with self._lock:
             group, pool, info = self._group, self._pool, self._init
             if group is None or pool is None or info is None:
-                raise TransferError(
+                raise ProtocolStateError(
                     "nccl worker has no transfer group; call init_weight_transfer_engine again"
                 )
             self._receiving = True
