@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from wtcore._version import __version__
 from wtcore.buckets import Bucket, plan_buckets
-from wtcore.client import WeightSyncClient
+from wtcore.client import InspectableClient, WeightSyncClient
 from wtcore.config import build_client, load_config, trainer_from_config
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.digest import tensor_digest
@@ -23,9 +23,11 @@ from wtcore.errors import (
     ProtocolStateError,
     ReceiverError,
     ReceiverFailure,
+    ReceiverTimeoutError,
     TransferError,
     TransferTimeoutError,
     VerificationError,
+    WrongTypeError,
     WtcoreError,
 )
 from wtcore.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
@@ -43,6 +45,7 @@ __all__ = [
     "ENGINES",
     "TRAINER_ENGINES",
     "Bucket",
+    "InspectableClient",
     "MetadataMismatchError",
     "ModuleSink",
     "ModuleSource",
@@ -56,6 +59,7 @@ __all__ = [
     "ReadableSink",
     "ReceiverError",
     "ReceiverFailure",
+    "ReceiverTimeoutError",
     "Registry",
     "TensorSource",
     "TrainerInitInfo",
@@ -73,6 +77,7 @@ __all__ = [
     "WeightTransferEngineFactory",
     "WeightTransferTrainerFactory",
     "WorkerState",
+    "WrongTypeError",
     "WtcoreError",
     "__version__",
     "build_client",

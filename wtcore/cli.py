@@ -84,22 +84,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
+    """Run one command; any :class:`~wtcore.errors.WtcoreError` is one line on stderr, exit 1.
+
+    Expected failures (a bad option value, a missing optional package, a receiver that
+    failed) are the user's to act on, not a bug: they get ``wtcore: error: <message>``
+    without a traceback, whichever command (built-in or a plugin's) raised them.
+    """
     from wtcore.errors import WtcoreError
 
     try:
-        code = func(args)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return 2
+        return int(func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except WtcoreError as e:  # expected failures get one clear line, not a traceback
-        print(f"wtcore {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+    except WtcoreError as e:
+        print(f"wtcore: error: {_error_line(e)}", file=sys.stderr)
         return 1
-    return int(code or 0)
+
+
+def _error_line(error: BaseException) -> str:
+    """``error`` as one line: its class and message, with any line breaks folded."""
+    text = " ".join(part.strip() for part in str(error).splitlines() if part.strip())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 # ---------------------------------------------------------------------- plugins

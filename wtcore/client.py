@@ -1,15 +1,24 @@
-"""The control-plane protocol every client (HTTP, Ray, in-process) implements."""
+"""The control-plane protocols every client (in-process, HTTP, Ray) implements.
+
+:class:`WeightSyncClient` is the four calls of vLLM's RL API, all a trainer engine needs to run
+a round. :class:`InspectableClient` adds what tools around a round use (``send_weights(
+verify=True)``, ``wtcore bench``, operators): each receiver's state and checksums, a
+best-effort abort, the world size and ``close``. Both are runtime-checkable, so
+``isinstance(client, InspectableClient)`` is how the core asks whether a client can inspect.
+Every inspection call has ONE return shape for every transport: a list with one entry per
+receiver, in the client's receiver order (see docs/protocol.md).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["WeightSyncClient"]
+__all__ = ["InspectableClient", "WeightSyncClient"]
 
 
 @runtime_checkable
 class WeightSyncClient(Protocol):
-    """Blocking calls that reach every receiver and raise on any failure (DESIGN §2, §4).
+    """Blocking calls that reach every receiver and raise on any failure (docs/protocol.md).
 
     ``update_info`` is one dict for all receivers, or a list with one entry per worker rank.
     A :class:`~wtcore.worker.WeightSyncWorker` satisfies this protocol itself.
@@ -22,3 +31,39 @@ class WeightSyncClient(Protocol):
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None: ...
 
     def finish_weight_update(self, weight_version: str | None = None) -> None: ...
+
+
+@runtime_checkable
+class InspectableClient(WeightSyncClient, Protocol):
+    """A :class:`WeightSyncClient` that can also inspect and manage its receivers.
+
+    Implemented by :class:`~wtcore.inproc.InProcessClient`, the HTTP and the Ray clients (all
+    through :class:`~wtcore.fanout.FanOutClient`). A bare
+    :class:`~wtcore.worker.WeightSyncWorker` is *not* one: wrap it in ``InProcessClient`` to
+    inspect it. Every call reaches every receiver and raises one
+    :class:`~wtcore.errors.ReceiverError` naming each that failed.
+    """
+
+    def weight_info(self) -> list[dict[str, Any]]:
+        """Each receiver's state (``weight_version``, ``consistent``, ``state``, ...)."""
+        ...
+
+    def checksums(self) -> list[dict[str, str]]:
+        """Each receiver's ``{name: digest}`` of the weights it holds (:mod:`wtcore.digest`)."""
+        ...
+
+    def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
+        """End an open round without publishing, where the receiver supports it.
+
+        Best effort: a receiver that cannot abort is left alone, and the next
+        ``init_weight_transfer_engine`` abandons any open round anyway.
+        """
+        ...
+
+    def get_world_size(self) -> int:
+        """The inference world size: how many worker ranks an ``update_info`` list covers."""
+        ...
+
+    def close(self) -> None:
+        """Release the client's own resources (connections); the receivers keep running."""
+        ...

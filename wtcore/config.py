@@ -40,11 +40,17 @@ def load_config(path: str | Path) -> dict[str, Any]:
             import tomllib
         else:  # pragma: no cover - Python 3.10
             import tomli as tomllib
-        data: Any = tomllib.loads(p.read_text())
+        try:
+            data: Any = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise PayloadError(f"config: {p} is not valid TOML ({e})") from e
     elif p.suffix == ".json":
-        data = json.loads(p.read_text())
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise PayloadError(f"config: {p} is not valid JSON ({e})") from e
     else:
-        raise ValueError(f"config file must end in .json or .toml, got {p.name!r}")
+        raise PayloadError(f"config file must end in .json or .toml, got {p.name!r}")
     if not isinstance(data, dict):
         raise PayloadError(
             f"config: expected a table/object at the top of {p}, got {type(data).__name__}"

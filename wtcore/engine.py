@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from wtcore._parse import parse_dataclass
+from wtcore.errors import PayloadError, WrongTypeError
 from wtcore.sink import WeightSink
 
 __all__ = ["WeightTransferConfig", "WeightTransferEngine"]
@@ -21,7 +22,7 @@ class WeightTransferConfig:
     """Which worker engine to build, by registry name, plus worker-local options.
 
     Settings both ends must agree on are *not* here: they come from the trainer in the init
-    handshake (DESIGN §2).
+    handshake (docs/protocol.md).
     """
 
     backend: str
@@ -38,9 +39,9 @@ class WeightTransferConfig:
             data = dict(config)
             backend = data.pop("backend", None)
             if not isinstance(backend, str) or not backend:
-                raise ValueError(f"config.backend: expected a backend name, got {backend!r}")
+                raise PayloadError(f"config.backend: expected a backend name, got {backend!r}")
             return cls(backend, data)
-        raise TypeError(f"expected a WeightTransferConfig, name or mapping, got {config!r}")
+        raise WrongTypeError(f"expected a WeightTransferConfig, name or mapping, got {config!r}")
 
 
 class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
@@ -65,7 +66,7 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
         world_size: int = 1,
     ) -> None:
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+            raise PayloadError(f"rank must be in [0, {world_size}), got {rank}")
         self.config = config
         self.sink = sink
         self.device = device

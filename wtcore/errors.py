@@ -1,10 +1,30 @@
 """The exception hierarchy of wtcore.
 
 Every error a user can meet derives from :class:`WtcoreError`, and each one *also* derives
-from the builtin that best describes it (``ValueError`` for bad input, ``TimeoutError`` for an
-expired wait, ...). That lets callers write ``except ValueError`` without knowing wtcore, while
-transports can map the classes onto status codes: :class:`PayloadError` is HTTP 400,
-:class:`ProtocolStateError` is 409, anything else is 500.
+from the builtin that best describes it (``ValueError`` for bad input, ``TypeError`` for an
+object of the wrong kind, ``TimeoutError`` for an expired wait, ...). That lets callers write
+``except TimeoutError`` or ``except ValueError`` without knowing wtcore, and lets the CLI print
+any of them as one line.
+
+The family is deliberately small::
+
+    WtcoreError
+    +-- PayloadError (ValueError)            bad input; nothing was applied          HTTP 400
+    |   +-- WrongTypeError (TypeError)       an object of the wrong kind             HTTP 400
+    +-- MetadataMismatchError (ValueError)   a source broke its own metadata()       HTTP 400
+    +-- ProtocolStateError (RuntimeError)    a call out of order (incl. no init)     HTTP 409
+    +-- TransferError (RuntimeError)         the data plane failed                   HTTP 500
+    |   +-- VerificationError                received bytes differ from those sent   HTTP 500
+    +-- TransferTimeoutError (TimeoutError)  a blocking wait ran out                 HTTP 504
+    +-- ReceiverError (RuntimeError)         a fanned-out call failed on receivers
+    |   +-- ReceiverTimeoutError             ... and every failure was a timeout (also a
+    |                                        TransferTimeoutError)
+    +-- PluginNotFoundError (LookupError)    no plugin of that name
+    +-- PluginLoadError (ImportError)        a plugin failed to import
+
+:func:`http_status` is the one mapping from a class to an HTTP status; the reference HTTP
+receiver answers with it, and :func:`wtcore.fanout.failure_of` stamps it on in-process and
+Ray failures too, so a condition reads the same over every transport.
 """
 
 from __future__ import annotations
@@ -22,10 +42,13 @@ __all__ = [
     "ProtocolStateError",
     "ReceiverError",
     "ReceiverFailure",
+    "ReceiverTimeoutError",
     "TransferError",
     "TransferTimeoutError",
     "VerificationError",
+    "WrongTypeError",
     "WtcoreError",
+    "http_status",
 ]
 
 
@@ -34,11 +57,22 @@ class WtcoreError(Exception):
 
 
 class PayloadError(WtcoreError, ValueError):
-    """A config, init info or update info was malformed. Nothing was applied."""
+    """Bad input: a config, argument, init info or update info was malformed.
+
+    Raised before anything is received or applied, so the caller can fix the input and retry.
+    """
+
+
+class WrongTypeError(PayloadError, TypeError):
+    """An argument is an object of the wrong kind (a client without inspection calls, ...)."""
 
 
 class ProtocolStateError(WtcoreError, RuntimeError):
-    """A call arrived in the wrong order (start twice, update before start, ...)."""
+    """A call arrived in the wrong order (start twice, update before start, no init, ...).
+
+    An engine whose data plane is not set up (init was never called, or a failed round
+    dropped it) raises this too: the fix is the same, the trainer re-initializes.
+    """
 
 
 class MetadataMismatchError(WtcoreError, ValueError):
@@ -54,7 +88,11 @@ class VerificationError(TransferError):
 
 
 class TransferTimeoutError(WtcoreError, TimeoutError):
-    """A blocking wait ran past its timeout. The message says what was waited for."""
+    """A blocking wait ran past its timeout. The message says what was waited for.
+
+    The one timeout class of wtcore, whatever the transport: ``except TimeoutError`` catches
+    it in process, over HTTP and over Ray alike.
+    """
 
 
 class PluginNotFoundError(WtcoreError, LookupError):
@@ -67,12 +105,18 @@ class PluginLoadError(WtcoreError, ImportError):
 
 @dataclass(frozen=True)
 class ReceiverFailure:
-    """One receiver's failure inside a fanned-out call."""
+    """One receiver's failure inside a fanned-out call.
+
+    ``status`` is the HTTP status of the condition (the receiver's answer over HTTP, or
+    :func:`http_status` of the error in process and over Ray); ``timed_out`` says whether the
+    receiver failed by not answering in time.
+    """
 
     receiver: str
     message: str
     status: int | None = None
     error_type: str | None = None
+    timed_out: bool = False
 
     def __str__(self) -> str:
         status = f" [{self.status}]" if self.status is not None else ""
@@ -84,7 +128,8 @@ class ReceiverError(WtcoreError, RuntimeError):
     """One or more receivers failed a control-plane call.
 
     Raised once per fanned-out call, naming every receiver that failed, so that a trainer
-    never has to guess which replica is broken.
+    never has to guess which replica is broken. Build one with :meth:`of`, which picks
+    :class:`ReceiverTimeoutError` when every failure was a timeout.
     """
 
     def __init__(self, call: str, failures: Sequence[ReceiverFailure], total: int) -> None:
@@ -94,10 +139,47 @@ class ReceiverError(WtcoreError, RuntimeError):
         lines = "\n".join(f"  - {f}" for f in self.failures)
         super().__init__(f"{call} failed on {len(self.failures)} of {total} receiver(s):\n{lines}")
 
+    def __reduce__(self) -> tuple[type[ReceiverError], tuple[str, list[ReceiverFailure], int]]:
+        return (type(self), (self.call, self.failures, self.total))
+
+    @classmethod
+    def of(cls, call: str, failures: Sequence[ReceiverFailure], total: int) -> ReceiverError:
+        """The error for these failures: a :class:`ReceiverTimeoutError` if all timed out."""
+        if failures and all(f.timed_out for f in failures):
+            return ReceiverTimeoutError(call, failures, total)
+        return ReceiverError(call, failures, total)
+
     @property
     def timed_out(self) -> bool:
         """True if every failure was a timeout."""
-        return all(f.error_type == "TransferTimeoutError" for f in self.failures)
+        return bool(self.failures) and all(f.timed_out for f in self.failures)
+
+
+class ReceiverTimeoutError(ReceiverError, TransferTimeoutError):
+    """Every failing receiver of a fanned-out call failed by timing out.
+
+    It is both a :class:`ReceiverError` (each receiver is named) and a
+    :class:`TransferTimeoutError`, so ``except TimeoutError`` catches a stuck replica over
+    every transport.
+    """
+
+
+#: Most specific first: the first class an error is an instance of gives its status.
+_HTTP_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (PayloadError, 400),
+    (MetadataMismatchError, 400),
+    (PluginNotFoundError, 404),
+    (ProtocolStateError, 409),
+    (TransferTimeoutError, 504),
+)
+
+
+def http_status(error: BaseException) -> int:
+    """The HTTP status a receiver answers for ``error``: 400, 404, 409, 504, else 500."""
+    for cls, status in _HTTP_STATUS:
+        if isinstance(error, cls):
+            return status
+    return 500
 
 
 class PluginConflictError(WtcoreError, ValueError):

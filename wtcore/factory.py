@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
+from wtcore.errors import WrongTypeError
 from wtcore.registry import ENGINES, TRAINER_ENGINES
 from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 
@@ -50,7 +51,7 @@ class WeightTransferTrainerFactory:
         cls = TRAINER_ENGINES.load(init_info.backend)
         expected = getattr(cls, "init_info_cls", None)
         if expected is not None and not isinstance(init_info, expected):
-            raise TypeError(
+            raise WrongTypeError(
                 f"trainer engine {init_info.backend!r} expects {expected.__name__}, "
                 f"got {type(init_info).__name__}"
             )

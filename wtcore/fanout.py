@@ -1,52 +1,79 @@
 """Call every receiver concurrently and report all failures in one error.
 
-Shared by the in-process, HTTP and Ray clients: a data-parallel trainer must know *which*
-replicas failed, and a dead one must cost one timeout, not one per replica.
+The one fan-out of wtcore, shared by the in-process, HTTP and Ray clients: a data-parallel
+trainer must know *which* replicas failed, and a dead one must cost one timeout, not one per
+replica. :class:`FanOutClient` turns it into both client protocols
+(:mod:`wtcore.client`); a transport only says how to make one call on one receiver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from wtcore.concurrency import BackgroundCall
-from wtcore.errors import ReceiverError, ReceiverFailure
+from wtcore.defaults import DEFAULT_TIMEOUT_S
+from wtcore.errors import ReceiverError, ReceiverFailure, WtcoreError, http_status
 
-__all__ = ["FanOutClient", "failure_of", "fan_out"]
+__all__ = ["DEFAULT_TIMEOUT_S", "FAIL_FAST_S", "FanOutClient", "failure_of", "fan_out"]
 
 T = TypeVar("T")
 
+_NO_STATUS = object()
+
 
 def failure_of(receiver: str, error: BaseException) -> ReceiverFailure:
-    """A :class:`ReceiverFailure` for ``error``, keeping a ``status`` attribute if it has one."""
-    status = getattr(error, "status", None)
+    """A :class:`ReceiverFailure` for ``error``, raised by (or on the way to) ``receiver``.
+
+    The status is the error's own ``status`` attribute when it has one (an HTTP answer; a
+    ``None`` there means "no answer"), else :func:`~wtcore.errors.http_status` of a wtcore
+    error, so a condition carries the same status over every transport. An error that says
+    which server-side class it was (``server_error_type``, with ``detail``: its message
+    without that name) is reported under that class, as in process and over Ray.
+    """
+    status: Any = getattr(error, "status", _NO_STATUS)
+    if status is _NO_STATUS:
+        status = http_status(error) if isinstance(error, WtcoreError) else None
+    server_type = getattr(error, "server_error_type", None)
+    detail = getattr(error, "detail", None)
+    if not (isinstance(server_type, str) and isinstance(detail, str)):
+        server_type, detail = type(error).__name__, str(error) or repr(error)
     return ReceiverFailure(
         receiver=receiver,
-        message=str(error) or repr(error),
+        message=detail,
         status=status if isinstance(status, int) else None,
-        error_type=type(error).__name__,
+        error_type=server_type,
+        timed_out=isinstance(error, TimeoutError) or getattr(error, "timed_out", False) is True,
     )
 
 
 #: After one receiver has failed, how long the others still get before the call gives up.
 FAIL_FAST_S = 5.0
 
+#: ``(label, thunk)``: how to make one call on one receiver. A thunk may have a ``cancel()``
+#: method; :func:`fan_out` calls it for a call it gave up on (best effort, never waited for).
+Target = tuple[str, Callable[[], T]]
+
 
 def fan_out(
     call: str,
-    targets: Sequence[tuple[str, Callable[[], T]]],
+    targets: Sequence[Target[T]],
     *,
     timeout_s: float,
     fail_fast_s: float | None = FAIL_FAST_S,
+    describe: Callable[[str, BaseException], ReceiverFailure] = failure_of,
 ) -> list[T]:
     """Run each ``(label, fn)`` concurrently; return results in order or raise ReceiverError.
 
     Every call runs on a daemon helper thread (any of them can block) and all share one
     deadline. Once one receiver has failed the round is lost anyway, so the others get only
     ``fail_fast_s`` more seconds: a trainer hears about a dead replica in seconds, not after
-    the peers' rendezvous timeout. ``fail_fast_s=None`` waits for everyone.
+    the peers' rendezvous timeout. ``fail_fast_s=None`` waits for everyone. ``describe``
+    turns a receiver's exception into its :class:`ReceiverFailure`. When every failure is a
+    timeout the error is a :class:`~wtcore.errors.ReceiverTimeoutError` (a ``TimeoutError``).
     """
     calls = [BackgroundCall(fn, name=f"{call}@{label}") for label, fn in targets]
     deadline = time.monotonic() + timeout_s
@@ -62,43 +89,66 @@ def fan_out(
                         deadline = min(deadline, time.monotonic() + fail_fast_s)
     failures: list[ReceiverFailure] = []
     results: list[T] = []
-    for i, ((label, _), bg) in enumerate(zip(targets, calls, strict=True)):
+    for i, ((label, fn), bg) in enumerate(zip(targets, calls, strict=True)):
         if i in pending:
             reason = (
                 f"still running {fail_fast_s:g} s after {first_failure} failed"
                 if first_failure is not None
                 else f"no answer within {timeout_s:g} s"
             )
-            failures.append(ReceiverFailure(label, reason, error_type="TransferTimeoutError"))
+            failures.append(
+                ReceiverFailure(label, reason, error_type="TransferTimeoutError", timed_out=True)
+            )
+            cancel = getattr(fn, "cancel", None)
+            if callable(cancel):
+                with contextlib.suppress(Exception):
+                    cancel()
         elif bg.error is not None:
-            failures.append(failure_of(label, bg.error))
+            failures.append(describe(label, bg.error))
         else:
             results.append(bg.result(0))
     if failures:
-        raise ReceiverError(call, failures, total=len(targets))
+        raise ReceiverError.of(call, failures, total=len(targets))
     return results
 
 
-class FanOutClient(ABC):
-    """The four protocol calls (plus ``checksums``), each sent to every receiver at once.
+_C = TypeVar("_C", bound="FanOutClient")
 
-    Subclasses say how to reach receiver ``i`` with :meth:`_targets`; the fan-out, the shared
-    deadline and the single :class:`ReceiverError` come from here.
+
+class FanOutClient(ABC):
+    """Both client protocols, each call sent to every receiver at once.
+
+    Subclasses say how to make a call on receiver ``i`` with :meth:`_targets` and how many
+    inference ranks they reach with :meth:`get_world_size`; the fan-out, the shared deadline,
+    fail-fast and the single :class:`~wtcore.errors.ReceiverError` come from here. Results of
+    the inspection calls are lists with one entry per receiver, in the subclass's order.
     """
 
-    timeout_s: float
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    fail_fast_s: float | None = FAIL_FAST_S
 
     @abstractmethod
-    def _targets(self, call: str, *args: Any) -> list[tuple[str, Callable[[], Any]]]:
+    def _targets(self, call: str, *args: Any) -> list[Target[Any]]:
         """``(label, thunk)`` per receiver, each thunk making ``call(*args)`` on it."""
 
     def _deadline_s(self) -> float:
         """The fan-out's own deadline (a backstop when each call bounds itself)."""
         return self.timeout_s
 
-    def _each(self, call: str, *args: Any) -> list[Any]:
-        return fan_out(call, self._targets(call, *args), timeout_s=self._deadline_s())
+    def _describe(self, label: str, error: BaseException) -> ReceiverFailure:
+        """How a receiver's exception is reported (a transport may unwrap its own errors)."""
+        return failure_of(label, error)
 
+    def _each(self, call: str, *args: Any) -> list[Any]:
+        return fan_out(
+            call,
+            self._targets(call, *args),
+            timeout_s=self._deadline_s(),
+            fail_fast_s=self.fail_fast_s,
+            describe=self._describe,
+        )
+
+    # ------------------------------------------------------------------ WeightSyncClient
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._each("init_weight_transfer_engine", init_info)
 
@@ -111,6 +161,29 @@ class FanOutClient(ABC):
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._each("finish_weight_update", weight_version)
 
+    # ------------------------------------------------------------------ InspectableClient
+    def weight_info(self) -> list[dict[str, Any]]:
+        """Each receiver's ``weight_info()``, in order."""
+        return self._each("weight_info")
+
     def checksums(self) -> list[dict[str, str]]:
         """``{name: digest}`` per receiver, in order."""
         return self._each("checksums")
+
+    def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
+        """End an open round on every receiver without publishing a version (best effort)."""
+        self._each("abort_weight_update", reason)
+
+    @abstractmethod
+    def get_world_size(self) -> int:
+        """The inference world size: how many worker ranks an ``update_info`` list covers."""
+
+    def close(self) -> None:
+        """Release the client's own resources; the receivers keep running."""
+        return None
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from wtcore.errors import PayloadError, ProtocolStateError
+from wtcore.errors import PayloadError, ProtocolStateError, WrongTypeError
 from wtcore.source import WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
@@ -37,7 +37,7 @@ class TrainerInitInfo:
         if not abstract and not isinstance(
             cls.__dict__.get("backend", getattr(cls, "backend", None)), str
         ):
-            raise TypeError(
+            raise WrongTypeError(
                 f"{cls.__name__} must set the class attribute `backend` to the name of its "
                 "engine in the wtcore.trainer_engines registry"
             )
@@ -144,8 +144,8 @@ class TrainerWeightTransferEngine(ABC):
         """Run one round (start, updates, finish); returns when every receiver has loaded.
 
         With ``verify=True`` every receiver's checksums are compared with digests of what was
-        sent before the round is finished (see :mod:`wtcore.verify`); the client must offer
-        ``checksums()``.
+        sent before the round is finished (see :mod:`wtcore.verify`); the client must be a
+        :class:`~wtcore.client.InspectableClient`.
         """
         from wtcore.hooks import notify
 

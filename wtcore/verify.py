@@ -12,18 +12,17 @@ has its measured cost.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from wtcore.client import InspectableClient
 from wtcore.digest import tensor_digest
-from wtcore.errors import VerificationError
+from wtcore.errors import VerificationError, WrongTypeError
 from wtcore.meta import ParamMeta
 from wtcore.source import WeightSource
 
 if TYPE_CHECKING:
     import torch
-
-    from wtcore.client import WeightSyncClient
 
 __all__ = ["DigestingSource", "VerifyingClient"]
 
@@ -48,12 +47,13 @@ class DigestingSource(WeightSource):
 class VerifyingClient:
     """Forwards every call; checks receivers' checksums before forwarding the finish."""
 
-    def __init__(self, inner: WeightSyncClient, source: DigestingSource) -> None:
-        if not callable(getattr(inner, "checksums", None)):
-            raise TypeError(
-                f"verify=True needs a client with checksums(); {type(inner).__name__} has none"
+    def __init__(self, inner: object, source: DigestingSource) -> None:
+        if not isinstance(inner, InspectableClient):
+            raise WrongTypeError(
+                f"verify=True needs an InspectableClient (with checksums()); "
+                f"{type(inner).__name__} is not one (wrap workers in InProcessClient)"
             )
-        self.inner = inner
+        self.inner: InspectableClient = inner
         self.source = source
 
     def __getattr__(self, name: str) -> Any:
@@ -74,8 +74,7 @@ class VerifyingClient:
 
     def check(self) -> None:
         """Raise :class:`VerificationError` unless every receiver holds what was sent."""
-        got = self.inner.checksums()  # type: ignore[attr-defined]
-        per_receiver: list[Mapping[str, str]] = [got] if isinstance(got, Mapping) else list(got)
+        per_receiver = self.inner.checksums()
         expected = self.source.digests
         problems: list[str] = []
         for i, digests in enumerate(per_receiver):

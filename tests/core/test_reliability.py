@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from wtcore import (
+    InspectableClient,
     ModuleSink,
     ReceiverError,
     TensorSource,
     VerificationError,
     WeightSyncWorker,
     WeightTransferTrainerFactory,
+    WrongTypeError,
 )
 from wtcore.digest import digest_named
 from wtcore.inproc import InProcessClient
@@ -157,8 +159,14 @@ def test_verify_needs_a_client_with_checksums() -> None:
     engine = WeightTransferTrainerFactory.trainer_init(
         LocalTrainerInitInfo(rank=0), client=Bare(worker)
     )
-    with pytest.raises(
-        TypeError, match="verify=True needs a client with checksums\\(\\); Bare has none"
-    ):
+    with pytest.raises(WrongTypeError, match=r"verify=True needs an InspectableClient") as err:
         engine.send_weights(TensorSource(state), verify=True)
+    assert isinstance(err.value, TypeError) and "Bare is not one" in str(err.value)
     assert engine.client.__class__ is Bare  # the wrapper never leaks
+    # A bare worker is a WeightSyncClient but not an InspectableClient: wrapping it is the fix.
+    assert not isinstance(worker, InspectableClient)
+    engine = WeightTransferTrainerFactory.trainer_init(
+        LocalTrainerInitInfo(rank=0), client=InProcessClient(worker)
+    )
+    engine.send_weights(TensorSource(state), weight_version="v1", verify=True)
+    assert engine.client.__class__ is InProcessClient  # the wrapper never leaks

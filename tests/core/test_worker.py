@@ -275,7 +275,7 @@ def test_fan_out_fails_fast_once_a_receiver_failed() -> None:
         release.set()
     assert time.monotonic() - t0 < 5
     text = str(exc.value)
-    assert "a: PayloadError: bad payload" in text
+    assert "a [400]: PayloadError: bad payload" in text
     assert "b: TransferTimeoutError: still running 0.3 s after a failed" in text
 
 

@@ -191,7 +191,10 @@ def test_server_messages_reach_the_caller(
         client.start_weight_update()
     (failure,) = err.value.failures
     assert failure.receiver == recorder.url and failure.status == status
-    assert expected in failure.message
+    # The server's error class is the failure's type (as in process and over Ray).
+    kind, _, message = expected.rpartition(": ")
+    assert message in failure.message
+    assert failure.error_type == (kind or "HTTPStatusError")
     assert f"{recorder.url} [{status}]" in str(err.value)
 
 
@@ -235,3 +238,16 @@ def test_fan_out_is_concurrent_and_names_each_failure() -> None:
 def test_bad_base_urls(urls: list[str], fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         HTTPWeightSyncClient(urls)
+
+
+def test_abort_on_a_receiver_without_the_route_is_skipped(recorder: Recorder) -> None:
+    """vLLM has no /abort_weight_update: its 404 means "unsupported here", not a failure."""
+    recorder.answer = lambda _r: (404, b'{"detail": "Not Found"}', "application/json")
+    with HTTPWeightSyncClient(recorder.url, timeout_s=10) as client:
+        client.abort_weight_update("trainer gave up")
+    (req,) = recorder.requests
+    assert (req.method, req.path) == ("POST", "/abort_weight_update")
+    assert json.loads(req.body) == {"reason": "trainer gave up"}
+    recorder.answer = lambda _r: (500, b'{"error": "boom"}', "application/json")
+    with HTTPWeightSyncClient(recorder.url, timeout_s=10) as client, pytest.raises(ReceiverError):
+        client.abort_weight_update()

@@ -303,10 +303,6 @@ class PipeClient(FanOutClient):
     def _deadline_s(self) -> float:
         return self.timeout_s + 5  # each call bounds itself; this is only a backstop
 
-    def weight_info(self) -> list[dict[str, Any]]:
-        """Every child's ``weight_info``, in order (the shape of every fan-out client)."""
-        return self._each("weight_info")
-
     def get_world_size(self) -> int:
         return len(self.channels)
 

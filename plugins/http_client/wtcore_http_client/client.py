@@ -1,35 +1,38 @@
 """``http``: a :class:`~wtcore.WeightSyncClient` that speaks vLLM's RL HTTP routes.
 
 The same trainer code drives a vLLM server (started with its RL routes enabled) or any process
-running :mod:`wtcore_http_client.server`. The request bodies are exactly those of DESIGN §4.
+running :mod:`wtcore_http_client.server`. The request bodies are exactly those of vLLM's
+routes (docs/http.md).
 
-Several base URLs (data-parallel replicas) are called concurrently through
-:func:`wtcore.fanout.fan_out`: a call returns when every replica has answered, and a failure
-raises one :class:`~wtcore.errors.ReceiverError` naming each failing URL, its HTTP status and
-the server's message. No call is ever retried: the control calls are not idempotent.
+Several base URLs (data-parallel replicas) are called concurrently through the core fan-out
+(:class:`wtcore.fanout.FanOutClient`, shared with the in-process and Ray clients): a call
+returns when every replica has answered, and a failure raises one
+:class:`~wtcore.errors.ReceiverError` naming each failing URL, its HTTP status and the
+server's message; when every failure is a timeout it is a ``TimeoutError`` too. No call is
+ever retried: the control calls are not idempotent.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, TypeVar
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import requests
 from requests.adapters import HTTPAdapter
 
-from wtcore.errors import PayloadError, ReceiverError, TransferTimeoutError
-from wtcore.fanout import fan_out
-from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError, ReceiverTimeoutError
+from wtcore.defaults import DEFAULT_TIMEOUT_S
+from wtcore.errors import PayloadError, TransferTimeoutError
+from wtcore.fanout import FanOutClient, Target
+from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError
 from wtcore_http_client.pause import PAUSE_MODES, check_pause_mode
 
 __all__ = ["DEFAULT_TIMEOUT_S", "PAUSE_MODES", "HTTPWeightSyncClient"]
 
-T = TypeVar("T")
+log = logging.getLogger("wtcore_http_client.client")
 
-#: Generous by default: ``init_weight_transfer_engine`` and ``update_weights`` block on the
-#: receiver until the trainer has joined the rendezvous or finished the broadcast.
-DEFAULT_TIMEOUT_S = 300.0
 #: Extra time for the fan-out deadline, so that requests' own timeout fires first with the URL.
 _GRACE_S = 2.0
 
@@ -37,20 +40,20 @@ _GRACE_S = 2.0
 def _normalize(base_urls: str | Sequence[str]) -> list[str]:
     urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
     if not urls:
-        raise ValueError("base_urls: expected at least one URL, got none")
+        raise PayloadError("base_urls: expected at least one URL, got none")
     out: list[str] = []
     for i, url in enumerate(urls):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"base_urls[{i}]: expected an http:// or https:// URL, got {url!r}")
+            raise PayloadError(f"base_urls[{i}]: expected an http:// or https:// URL, got {url!r}")
         url = url.rstrip("/")
         if url in out:
-            raise ValueError(f"base_urls[{i}]: {url!r} is listed twice")
+            raise PayloadError(f"base_urls[{i}]: {url!r} is listed twice")
         out.append(url)
     return out
 
 
-class HTTPWeightSyncClient:
-    """Blocking fan-out client over one or more receivers' base URLs.
+class HTTPWeightSyncClient(FanOutClient):
+    """Both client protocols over one or more receivers' base URLs.
 
     Args:
         base_urls: one URL or a list (one per replica), e.g. ``"http://10.0.0.2:8000"``.
@@ -75,7 +78,7 @@ class HTTPWeightSyncClient:
         verify: bool | str = True,
     ) -> None:
         if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
-            raise ValueError(f"timeout_s: expected a positive number, got {timeout_s!r}")
+            raise PayloadError(f"timeout_s: expected a positive number, got {timeout_s!r}")
         self.base_urls = _normalize(base_urls)
         self.timeout_s = float(timeout_s)
         self.connect_timeout_s = float(
@@ -91,7 +94,7 @@ class HTTPWeightSyncClient:
         self._session.headers["Accept"] = "application/json"
         if api_key is not None:
             if not isinstance(api_key, str) or not api_key:
-                raise ValueError("api_key: expected a non-empty string")
+                raise PayloadError("api_key: expected a non-empty string")
             self._session.headers["Authorization"] = f"Bearer {api_key}"
 
     def __repr__(self) -> str:
@@ -141,53 +144,67 @@ class HTTPWeightSyncClient:
                 r.status_code, where, f"answer is not JSON: {r.text[:200]!r}"
             ) from e
 
-    def _each(
-        self,
-        call: str,
-        fn: Callable[[str], T],
-    ) -> list[T]:
-        """``fn(url)`` for every base URL, concurrently; one error names every failure."""
-        targets = [(url, lambda url=url: fn(url)) for url in self.base_urls]
+    def _targets(self, call: str, *args: Any) -> list[Target[Any]]:
+        return [(url, functools.partial(self._call, url, call, *args)) for url in self.base_urls]
+
+    def _deadline_s(self) -> float:
+        return self.timeout_s + _GRACE_S
+
+    def _call(self, url: str, call: str, *args: Any) -> Any:
+        """One call on one replica: the route and body of ``call(*args)``."""
+        if call == "init_weight_transfer_engine":
+            return self._request(url, "POST", f"/{call}", {"init_info": args[0]})
+        if call == "update_weights":
+            return self._request(url, "POST", f"/{call}", {"update_info": args[0]})
+        if call == "finish_weight_update":
+            body = None if args[0] is None else {"weight_version": args[0]}
+            return self._request(url, "POST", f"/{call}", body)
+        if call in ("start_weight_update", "resume"):
+            return self._request(url, "POST", f"/{call}")
+        if call == "pause":
+            return self._request(url, "POST", "/pause", params=args[0])
+        if call == "checksums":
+            return self._request(url, "POST", "/weight_checksums")["checksums"]
+        if call == "abort_weight_update":
+            return self._abort(url, args[0])
+        return self._request(url, "GET", f"/{call}")  # weight_info, get_world_size, ...
+
+    def _abort(self, url: str, reason: str) -> None:
         try:
-            return fan_out(call, targets, timeout_s=self.timeout_s + _GRACE_S)
-        except ReceiverError as e:
-            if e.timed_out:
-                raise ReceiverTimeoutError(e.call, e.failures, e.total) from None
-            raise
+            self._request(url, "POST", "/abort_weight_update", {"reason": reason})
+        except HTTPStatusError as e:
+            if e.status != 404:
+                raise
+            log.info("%s has no /abort_weight_update route; abort skipped there", url)
 
-    def _post(self, call: str, body: dict[str, Any] | None = None, **kw: Any) -> list[Any]:
-        return self._each(call, lambda url: self._request(url, "POST", f"/{call}", body, **kw))
+    # ------------------------------------------------------------------ the protocol
+    # init_weight_transfer_engine, start_weight_update, update_weights and
+    # finish_weight_update come from FanOutClient: POST /<call> with the body
+    # {"init_info": ...}, none, {"update_info": ...}, and {"weight_version": ...} if one is given.
 
-    def _get(self, call: str) -> list[Any]:
-        return self._each(call, lambda url: self._request(url, "GET", f"/{call}"))
-
-    # ------------------------------------------------------------------ the protocol (§4)
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        """``POST /init_weight_transfer_engine {"init_info": {...}}`` on every replica."""
-        self._post("init_weight_transfer_engine", {"init_info": init_info})
-
-    def start_weight_update(self) -> None:
-        """``POST /start_weight_update`` with no body."""
-        self._post("start_weight_update")
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """``POST /update_weights {"update_info": {...} | [{...}, ...]}``."""
-        self._post("update_weights", {"update_info": update_info})
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        """``POST /finish_weight_update``, with ``{"weight_version": ...}`` when one is given."""
-        body = None if weight_version is None else {"weight_version": weight_version}
-        self._post("finish_weight_update", body)
-
-    # ------------------------------------------------------------------ extras
+    # ------------------------------------------------------------------ inspection
     def weight_info(self) -> list[dict[str, Any]]:
         """``GET /weight_info`` of every replica, in ``base_urls`` order."""
-        return self._get("weight_info")
+        return self._each("weight_info")
+
+    def checksums(self) -> list[dict[str, str]]:
+        """``POST /weight_checksums``: ``{name: digest}`` of what each replica holds."""
+        return self._each("checksums")
+
+    def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
+        """``POST /abort_weight_update {"reason": ...}`` on every replica (best effort).
+
+        That route is wtcore's own (``wtcore serve``), not vLLM's: a replica without it
+        answers 404, which means "abort unsupported here" and is skipped (logged at INFO),
+        not raised. Such a replica's open round is abandoned by the next
+        ``init_weight_transfer_engine`` instead.
+        """
+        self._each("abort_weight_update", reason)
 
     def world_sizes(self) -> list[int]:
         """``GET /get_world_size`` of every replica, in ``base_urls`` order."""
         out = []
-        for url, answer in zip(self.base_urls, self._get("get_world_size"), strict=True):
+        for url, answer in zip(self.base_urls, self._each("get_world_size"), strict=True):
             size = answer.get("world_size") if isinstance(answer, dict) else None
             if not isinstance(size, int) or isinstance(size, bool):
                 raise PayloadError(f"{url}/get_world_size: expected a world_size, got {answer!r}")
@@ -202,37 +219,29 @@ class HTTPWeightSyncClient:
             raise PayloadError(f"get_world_size: the replicas disagree ({listed})")
         return sizes[0]
 
+    # ------------------------------------------------------------------ vLLM extras
     def pause(self, mode: str = "abort", *, clear_cache: bool | None = None) -> None:
         """``POST /pause?mode=...`` (vLLM): stop generating while weights change."""
         params = {"mode": check_pause_mode(mode)}
         if clear_cache is not None:
             params["clear_cache"] = "true" if clear_cache else "false"
-        self._post("pause", params=params)
+        self._each("pause", params)
 
     def resume(self) -> None:
         """``POST /resume`` (vLLM)."""
-        self._post("resume")
+        self._each("resume")
 
     def is_paused(self) -> list[bool]:
         """``GET /is_paused`` of every replica."""
-        return [bool(a.get("is_paused")) for a in self._get("is_paused")]
-
-    def checksums(self) -> list[dict[str, str]]:
-        """``POST /weight_checksums``: ``{name: digest}`` of what each replica holds."""
-        return [a["checksums"] for a in self._post("weight_checksums")]
+        return [bool(a.get("is_paused")) for a in self._each("is_paused")]
 
     def health(self) -> list[dict[str, Any]]:
         """``GET /health`` of every replica."""
-        return self._get("health")
+        return self._each("health")
 
     def close(self) -> None:
+        """Close the pooled connections; the servers keep running."""
         self._session.close()
-
-    def __enter__(self) -> HTTPWeightSyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     bench_launcher: ClassVar[str] = "wtcore_http_client.bench:HTTPFleet"  # wtcore bench
 

@@ -6,9 +6,15 @@ FastAPI or Starlette app (see docs/http.md): the rules live here once.
 
 Every protocol call is delegated to a :class:`wtcore.WeightSyncWorker`, which owns the state
 rules; this module only checks the *envelope* (JSON, the one allowed key, auth, size) and maps
-errors onto statuses: :class:`~wtcore.errors.PayloadError` -> 400,
-:class:`~wtcore.errors.ProtocolStateError` -> 409, any other failure -> 500 with its text.
-Nothing is applied when a request is refused.
+errors onto statuses with the core's one table, :func:`wtcore.errors.http_status`
+(:class:`~wtcore.errors.PayloadError` -> 400, :class:`~wtcore.errors.ProtocolStateError` ->
+409, :class:`~wtcore.errors.TransferTimeoutError` -> 504, any other failure -> 500), so a
+condition gets the same status whatever the engine. Nothing is applied when a request is
+refused.
+
+Beyond vLLM's routes, ``POST /abort_weight_update`` (optional body ``{"reason": "..."}``) is
+wtcore's own: it ends an open round without publishing. A vLLM server answers it with 404,
+which the HTTP client reads as "abort unsupported here".
 
 :meth:`ReceiverRoutes.handle` blocks for as long as the call does (an ``update_weights`` waits
 for its broadcast): an async framework must run it in a thread pool. ``/health``,
@@ -25,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
-from wtcore.errors import PayloadError, ProtocolStateError
+from wtcore.errors import PayloadError, ProtocolStateError, WtcoreError, http_status
 from wtcore.worker import WeightSyncWorker
 from wtcore_http_client.pause import check_pause_mode
 
@@ -49,6 +55,7 @@ ROUTES: dict[str, tuple[str, bool]] = {
     "/pause": ("POST", True),
     "/resume": ("POST", True),
     "/weight_checksums": ("POST", True),
+    "/abort_weight_update": ("POST", True),
 }
 
 
@@ -72,7 +79,7 @@ def _error(status: int, message: str, error_type: str) -> Response:
 
 
 class ReceiverRoutes:
-    """The DESIGN §4 routes plus health, info, pause/resume and checksums, over one worker.
+    """vLLM's RL routes plus health, info, pause/resume, checksums and abort, over one worker.
 
     Args:
         worker: the state machine every call is delegated to.
@@ -92,9 +99,9 @@ class ReceiverRoutes:
         on_resume: Callable[[], None] | None = None,
     ) -> None:
         if api_key is not None and not api_key:
-            raise ValueError("api_key: expected a non-empty string or None")
+            raise PayloadError("api_key: expected a non-empty string or None")
         if max_body_bytes <= 0:
-            raise ValueError(f"max_body_bytes: must be positive, got {max_body_bytes}")
+            raise PayloadError(f"max_body_bytes: must be positive, got {max_body_bytes}")
         self.worker = worker
         self.max_body_bytes = max_body_bytes
         self._token = api_key.encode() if api_key else None
@@ -118,13 +125,12 @@ class ReceiverRoutes:
             return self._dispatch(method.upper(), path, headers, body)
         except _HTTPError as e:
             return _error(e.status, e.message, e.error_type)
-        except PayloadError as e:
-            return _error(400, str(e), type(e).__name__)
-        except ProtocolStateError as e:
-            return _error(409, str(e), type(e).__name__)
+        except (PayloadError, ProtocolStateError) as e:  # the caller's mistake: no log
+            return _error(http_status(e), str(e), type(e).__name__)
         except Exception as e:
             log.exception("%s %s failed", method, path)
-            return _error(500, f"{type(e).__name__}: {e}", type(e).__name__)
+            status = http_status(e) if isinstance(e, WtcoreError) else 500
+            return _error(status, f"{type(e).__name__}: {e}", type(e).__name__)
 
     def check_auth(self, headers: Mapping[str, str]) -> None:
         """Raise 401 unless the bearer token matches (constant-time comparison)."""
@@ -232,6 +238,13 @@ class ReceiverRoutes:
         elif path == "/weight_checksums":
             _json_object(body)
             return Response(200, {"checksums": w.checksums()})
+        elif path == "/abort_weight_update":
+            reason = _json_object(body, optional=("reason",)).get(
+                "reason", "aborted by the trainer"
+            )
+            if not isinstance(reason, str):
+                raise PayloadError(f"reason: expected a string, got {_kind(reason)}")
+            w.abort_weight_update(reason)
         return Response(200, {"status": "ok"})
 
     def _pause(self, query: dict[str, list[str]]) -> None:

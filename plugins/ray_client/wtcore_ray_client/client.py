@@ -1,10 +1,11 @@
 """``ray``: a :class:`wtcore.WeightSyncClient` that fans every call out to Ray actors.
 
-Each call is submitted to every actor at once and awaited with ``ray.wait`` under one
-deadline, so N replicas cost one round trip and a dead or stuck one costs one timeout. All
-failures come back in one :class:`wtcore.ReceiverError` (the core's format, shared with the
-HTTP and in-process clients) naming each failing actor: its label carries the rank and actor
-name where known, and always the actor id.
+Each call is submitted to every actor at once and awaited through the core fan-out
+(:class:`wtcore.fanout.FanOutClient`, shared with the HTTP and in-process clients) under one
+deadline, so N replicas cost one round trip and a dead or stuck one costs one timeout; calls
+given up on are ``ray.cancel``-ed if still queued. All failures come back in one
+:class:`wtcore.ReceiverError` naming each failing actor: its label carries the rank and actor
+name where known, and always the actor id. A timeout is a ``TimeoutError``, as everywhere.
 
 Payloads are checked to be plain JSON (:mod:`wtcore_ray_client._json`): Ray never carries a
 pickled tensor or handle here, so the same trainer code works over HTTP. A large
@@ -13,12 +14,12 @@ pickled tensor or handle here, so the same trainer code works over HTTP. A large
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from wtcore.errors import PayloadError, ReceiverError, ReceiverFailure
+from wtcore.defaults import DEFAULT_TIMEOUT_S
+from wtcore.errors import PayloadError, ReceiverFailure, WrongTypeError
+from wtcore.fanout import FAIL_FAST_S, FanOutClient, Target
 from wtcore_ray_client._errors import failure_from_ray
 from wtcore_ray_client._json import check_json_safe
 
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_TIMEOUT_S", "RayWeightSyncClient", "actor_label"]
 
-#: Generous: ``init_weight_transfer_engine`` may wait for a rendezvous across nodes.
-DEFAULT_TIMEOUT_S = 300.0
+#: Extra time for ``ray.get`` itself, so that the fan-out's deadline fires first.
+_GRACE_S = 2.0
 
 
 def actor_label(
@@ -44,14 +45,15 @@ def actor_label(
     return f"actor[{' '.join(parts)}]"
 
 
-class RayWeightSyncClient:
-    """Fan-out client over :class:`~wtcore_ray_client.WeightSyncActor` handles.
+class RayWeightSyncClient(FanOutClient):
+    """Both client protocols over :class:`~wtcore_ray_client.WeightSyncActor` handles.
 
     ``handles`` are actor handles, or names of named actors (looked up in ``namespace``), so
     the client can also be built from a config file. ``labels`` overrides how failures name
     each actor (:func:`launch_receivers` passes rank and name). ``timeout_s`` bounds each
     call; once an actor has failed, the others get ``fail_fast_s`` more (``None``: the full
-    timeout) before they are reported as still running.
+    timeout) before they are reported as still running. ``close()`` leaves the actors
+    running (:class:`~wtcore_ray_client.ReceiverGroup` owns their lifetime).
     """
 
     def __init__(
@@ -61,7 +63,7 @@ class RayWeightSyncClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         namespace: str | None = None,
         labels: Sequence[str] | None = None,
-        fail_fast_s: float | None = 5.0,
+        fail_fast_s: float | None = FAIL_FAST_S,
     ) -> None:
         import ray
 
@@ -69,9 +71,9 @@ class RayWeightSyncClient:
             list(handles) if isinstance(handles, (list, tuple)) else [handles]  # type: ignore[list-item]
         )
         if not items:
-            raise ValueError("handles: RayWeightSyncClient needs at least one actor")
+            raise PayloadError("handles: RayWeightSyncClient needs at least one actor")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise ValueError(f"timeout_s: expected a positive number, got {timeout_s!r}")
+            raise PayloadError(f"timeout_s: expected a positive number, got {timeout_s!r}")
         self.handles: list[ActorHandle[Any]] = []
         default_labels: list[str] = []
         for i, h in enumerate(items):
@@ -79,7 +81,7 @@ class RayWeightSyncClient:
                 try:
                     handle = ray.get_actor(h, namespace=namespace)
                 except ValueError as e:
-                    raise ValueError(
+                    raise PayloadError(
                         f"handles[{i}]: no Ray actor named {h!r} in namespace {namespace!r} ({e})"
                     ) from e
                 default_labels.append(actor_label(handle, i, name=h))
@@ -87,7 +89,7 @@ class RayWeightSyncClient:
                 if not callable(getattr(h, "update_weights", None)) or not hasattr(
                     h.update_weights, "remote"
                 ):
-                    raise TypeError(
+                    raise WrongTypeError(
                         f"handles[{i}]: expected a Ray actor handle of a WeightSyncActor or a "
                         f"named actor's name, got {type(h).__name__}"
                     )
@@ -95,7 +97,7 @@ class RayWeightSyncClient:
                 default_labels.append(actor_label(handle, i))
             self.handles.append(handle)
         if labels is not None and len(labels) != len(self.handles):
-            raise ValueError(
+            raise PayloadError(
                 f"labels: expected one per actor ({len(self.handles)}), got {len(labels)}"
             )
         self.labels = list(labels) if labels is not None else default_labels
@@ -103,66 +105,28 @@ class RayWeightSyncClient:
         if fail_fast_s is not None and not (
             isinstance(fail_fast_s, (int, float)) and fail_fast_s >= 0
         ):
-            raise ValueError(f"fail_fast_s: expected None or a number >= 0, got {fail_fast_s!r}")
+            raise PayloadError(f"fail_fast_s: expected None or a number >= 0, got {fail_fast_s!r}")
         self.fail_fast_s = None if fail_fast_s is None else float(fail_fast_s)
 
     # ------------------------------------------------------------------ fan-out
-    def _each(self, call: str, *args: Any) -> list[Any]:
-        """Call ``call`` on every actor; return results in order or raise ReceiverError.
+    def _targets(self, call: str, *args: Any) -> list[Target[Any]]:
+        """Submit ``call`` to every actor now; each target waits for its own answer.
 
-        Once one actor has failed, the others get ``fail_fast_s`` more to answer rather than
-        the whole timeout: with a collective engine, a peer that rejected ``init`` or died
-        leaves the rest blocked until their own data-plane timeout, and the trainer should
-        hear about the real cause now.
+        Submitting first and waiting on helper threads keeps one round trip for N actors;
+        the core fan-out adds the shared deadline, fail-fast and the single error, and
+        cancels (:meth:`_RayCall.cancel`) the calls it gave up on.
         """
-        import ray
-
-        deadline = time.monotonic() + self.timeout_s
-        cut_short = False
-        index: dict[Any, int] = {}
-        results: dict[int, Any] = {}
-        failures: dict[int, ReceiverFailure] = {}
-        for i, h in enumerate(self.handles):
+        out: list[Target[Any]] = []
+        for label, h in zip(self.labels, self.handles, strict=True):
             try:
-                index[getattr(h, call).remote(*args)] = i
+                ref, error = getattr(h, call).remote(*args), None
             except Exception as e:  # submission itself failed (no such method, Ray shut down)
-                failures[i] = failure_from_ray(self.labels[i], e)
-        if failures and self.fail_fast_s is not None:
-            deadline, cut_short = min(deadline, time.monotonic() + self.fail_fast_s), True
-        remaining = list(index)
-        while remaining:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, remaining = ray.wait(remaining, num_returns=1, timeout=left)
-            for ref in ready:
-                i = index[ref]
-                try:
-                    results[i] = ray.get(ref, timeout=10.0)  # ready: no real wait
-                except Exception as e:
-                    failures[i] = failure_from_ray(self.labels[i], e)
-                    if self.fail_fast_s is not None and not cut_short:
-                        deadline = min(deadline, time.monotonic() + self.fail_fast_s)
-                        cut_short = True
-        for ref in remaining:
-            i = index[ref]
-            why = (
-                f"still running {self.fail_fast_s:g} s after another actor failed"
-                if cut_short
-                else f"no answer within {self.timeout_s:g} s"
-            )
-            failures[i] = ReceiverFailure(
-                self.labels[i],
-                f"{why} (the call may still be running in the actor)",
-                error_type="TransferTimeoutError",
-            )
-            with contextlib.suppress(Exception):  # drops it if queued; never interrupts it
-                ray.cancel(ref)
-        if failures:
-            raise ReceiverError(
-                call, [failures[i] for i in sorted(failures)], total=len(self.handles)
-            )
-        return [results[i] for i in range(len(self.handles))]
+                ref, error = None, e
+            out.append((label, _RayCall(ref, error, self.timeout_s + _GRACE_S)))
+        return out
+
+    def _describe(self, label: str, error: BaseException) -> ReceiverFailure:
+        return failure_from_ray(label, error)
 
     # ------------------------------------------------------------------ the protocol
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
@@ -189,19 +153,7 @@ class RayWeightSyncClient:
             raise PayloadError(f"weight_version: expected a string or None, got {weight_version!r}")
         self._each("finish_weight_update", weight_version)
 
-    # ------------------------------------------------------------------ beyond the protocol
-    def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
-        """End an open round on every actor without publishing a version."""
-        self._each("abort_weight_update", reason)
-
-    def weight_info(self) -> list[dict[str, Any]]:
-        """Each actor's ``weight_info()``, in handle order; raises if any actor fails."""
-        return self._each("weight_info")
-
-    def checksums(self) -> list[dict[str, str]]:
-        """Each actor's ``{name: digest}``, in handle order."""
-        return self._each("checksums")
-
+    # ------------------------------------------------------------------ beyond the protocols
     def identities(self) -> list[dict[str, Any]]:
         """Each actor's rank, actor id, name, node IP and pid."""
         return self._each("identity")
@@ -211,3 +163,26 @@ class RayWeightSyncClient:
         return len(self.handles)
 
     bench_launcher: ClassVar[str] = "wtcore_ray_client.bench:RayFleet"  # wtcore bench
+
+
+class _RayCall:
+    """Wait for one submitted actor call; ``cancel()`` drops it if it is still queued."""
+
+    def __init__(self, ref: Any, error: BaseException | None, timeout_s: float) -> None:
+        self.ref = ref
+        self.error = error
+        self.timeout_s = timeout_s
+
+    def __call__(self) -> Any:
+        import ray
+
+        if self.error is not None:
+            raise self.error
+        return ray.get(self.ref, timeout=self.timeout_s)
+
+    def cancel(self) -> None:
+        """Never interrupts a running call (the actor's state machine stays whole)."""
+        import ray
+
+        if self.ref is not None:
+            ray.cancel(self.ref)
