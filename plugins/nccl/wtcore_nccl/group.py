@@ -14,9 +14,11 @@ its arrival in the store; a rank that waits past the timeout reports which ranks
 from __future__ import annotations
 
 import datetime
+import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,17 +31,23 @@ if TYPE_CHECKING:
 __all__ = [
     "ABORT_KEY",
     "GENERATION_KEY",
+    "IFNAME_ENV",
+    "GlooDevice",
     "Group",
     "connect_store",
+    "gloo_devices",
     "host_store",
     "join_group",
     "release_group",
+    "route_source",
 ]
 
 #: Store key of the handshake counter; the sender bumps it before each handshake.
 GENERATION_KEY = "wtcore/nccl/generation"
 #: Key (under a generation's prefix) the sender sets when it abandons a round.
 ABORT_KEY = "abort"
+#: The interface variable gloo's own default device honors, honored here the same way.
+IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _POLL_S = 0.01
 
@@ -123,20 +131,79 @@ class Group:
         return None
 
 
+# ---------------------------------------------------------------- which address gloo advertises
+@dataclass(frozen=True)
+class GlooDevice:
+    """What one gloo device binds to: an ``interface`` name or a local ``hostname`` (address).
+
+    Each rank's device address is what its peers connect to, so it must be one they can reach.
+    """
+
+    interface: str | None = None
+    hostname: str | None = None
+
+
+def gloo_devices(
+    master_address: str, master_port: int, environ: Mapping[str, str] | None = None
+) -> list[GlooDevice]:
+    """The gloo devices this rank binds to, for a group whose store is at ``master_address``.
+
+    gloo's ``create_default_device()`` resolves this host's name, which in many containers
+    (and network namespaces) is a loopback address that no peer can reach. Instead:
+
+    1. ``master_address`` on loopback: bind to ``127.0.0.1`` (every rank is on this host).
+    2. ``GLOO_SOCKET_IFNAME`` set (a comma-separated list, as in ``torch.distributed``): one
+       device per interface named there.
+    3. Otherwise the local address the kernel would use to reach ``master_address`` (a UDP
+       ``connect``, which sends nothing). On the sender that is its own ``master_address``.
+    """
+    env = os.environ if environ is None else environ
+    if master_address in _LOOPBACK:
+        return [GlooDevice(hostname="127.0.0.1")]
+    names = [n.strip() for n in env.get(IFNAME_ENV, "").split(",") if n.strip()]
+    if names:
+        return [GlooDevice(interface=n) for n in names]
+    return [GlooDevice(hostname=route_source(master_address, master_port))]
+
+
+def route_source(address: str, port: int) -> str:
+    """The local address that packets to ``address`` leave from (nothing is sent)."""
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_DGRAM)
+    except socket.gaierror as e:
+        raise TransferError(f"master_address {address!r} does not resolve: {e}") from e
+    errors = []
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.connect(sockaddr)
+                local = str(s.getsockname()[0])
+        except OSError as e:
+            errors.append(f"{sockaddr[0]}: {e}")
+            continue
+        return local
+    raise TransferError(
+        f"no route from this host to master_address {address!r} ({'; '.join(errors)}); "
+        f"set {IFNAME_ENV} to the interface that reaches it"
+    )
+
+
 def _make_pg(
-    transport: str, store: Any, rank: int, world_size: int, address: str, timeout_s: float
-) -> Any:
+    transport: str, store: Any, rank: int, world_size: int, address: str, port: int,
+    timeout_s: float,
+) -> Any:  # fmt: skip
     import torch.distributed as dist
 
     if transport == "gloo":
         gloo = dist.ProcessGroupGloo
         opts = gloo._Options()  # type: ignore[attr-defined]
         opts._timeout = _td(timeout_s)
-        # On loopback, bind gloo to loopback too instead of whatever the hostname resolves to.
-        if address in _LOOPBACK:
-            opts._devices = [gloo.create_device(hostname="127.0.0.1")]
-        else:
-            opts._devices = [gloo.create_default_device()]
+        opts._devices = [
+            gloo.create_device(interface=d.interface)
+            if d.interface
+            else gloo.create_device(hostname=d.hostname)
+            for d in gloo_devices(address, port)
+        ]
         return gloo(store, rank, world_size, opts)
     if transport == "nccl":  # pragma: no cover - needs CUDA
         nccl = dist.ProcessGroupNCCL
@@ -192,6 +259,7 @@ def join_group(
             rank,
             world_size,
             address,
+            port,
             timeout_s,
         )
     except RuntimeError as e:

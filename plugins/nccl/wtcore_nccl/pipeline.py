@@ -48,9 +48,16 @@ def wait_work(
         try:
             work.wait(_POLL_TD)
             return
-        except RuntimeError as e:
-            if work.is_completed():  # it failed, rather than our short wait expiring
-                raise TransferError(f"{what} failed: {e}") from e
+        except RuntimeError:
+            if work.is_completed():
+                # Either it failed, or it completed just after our short wait expired (a
+                # race that slow links make common): a completed work's wait returns at
+                # once or raises its own error, never the short wait's "timed out".
+                try:
+                    work.wait(_POLL_TD)
+                    return
+                except RuntimeError as e:
+                    raise TransferError(f"{what} failed: {e}") from e
         if poll is not None:
             poll()
         if time.monotonic() >= deadline:

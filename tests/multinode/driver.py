@@ -1,0 +1,114 @@
+"""The trainer side of the multinode tests, run inside a namespaced node; JSON lines on stdio.
+
+The pytest process lives in the host's network namespace and cannot reach the nodes, so the
+trainer (and every HTTP call to the receivers) runs here, in the trainer's node, driven one
+command per line on stdin; each command gets one JSON line back on stdout:
+
+- ``{"op": "init", "urls": [...], "api_key": k, "master_address": a, "master_port": p,
+  "world_size": n, "timeout_s": t, "size": bytes, "tensors": n}``: a new nccl trainer
+  (the previous one, if any, is shut down first);
+- ``{"op": "send", "seed": s, "version": v}``: one round of ``synthetic_state(seed)``;
+- ``{"op": "info"}`` / ``{"op": "checksums"}``: every receiver's ``weight_info()`` /
+  ``checksums()``, asked one receiver at a time so that a dead one is reported, not raised;
+- ``{"op": "close"}``: shut the trainer down; ``{"op": "exit"}``: leave.
+
+Every answer carries ``ok`` and ``elapsed_s``; a failure carries ``error_type`` and ``error``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+import traceback
+from typing import Any
+
+from wtcore import TensorSource, WeightTransferTrainerFactory
+from wtcore.testing.sources import synthetic_state
+from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_nccl import NCCLTrainerInitInfo
+
+STATE: dict[str, Any] = {"trainer": None, "client": None, "cmd": None}
+
+
+def _close() -> None:
+    trainer, STATE["trainer"] = STATE["trainer"], None
+    if trainer is not None:
+        try:
+            trainer.shutdown()
+        except Exception:  # a failed round already reported its error
+            pass
+    gc.collect()
+
+
+def _per_receiver(call: str) -> list[Any]:
+    cmd = STATE["cmd"]
+    out: list[Any] = []
+    for url in cmd["urls"]:
+        try:
+            with HTTPWeightSyncClient(url, api_key=cmd["api_key"], timeout_s=5) as c:
+                [value] = getattr(c, call)()
+            out.append(value)
+        except Exception as e:
+            out.append({"error_type": type(e).__name__, "error": str(e)})
+    return out
+
+
+def handle(cmd: dict[str, Any]) -> dict[str, Any]:
+    op = cmd["op"]
+    if op == "init":
+        _close()
+        STATE["cmd"] = cmd
+        client = HTTPWeightSyncClient(cmd["urls"], api_key=cmd["api_key"], timeout_s=cmd["timeout"])
+        info = NCCLTrainerInitInfo(
+            rank=0,
+            master_address=cmd["master_address"],
+            master_port=cmd["master_port"],
+            world_size=cmd["world_size"],
+            packed_buffer_size_bytes=cmd.get("buffer_size", 256 << 10),
+            timeout_s=cmd["timeout"],
+            torch_num_threads=1,
+        )
+        STATE["trainer"] = WeightTransferTrainerFactory.trainer_init(info, client=client)
+        return {}
+    if op == "send":
+        c = STATE["cmd"]
+        state = synthetic_state(c["size"], c["tensors"], "float32", seed=cmd["seed"])
+        stats = STATE["trainer"].send_weights(TensorSource(state), weight_version=cmd["version"])
+        return {"bytes": int(getattr(stats, "bytes", 0) or 0)}
+    if op == "info":
+        return {"infos": _per_receiver("weight_info")}
+    if op == "checksums":
+        return {"checksums": _per_receiver("checksums")}
+    if op == "close":
+        _close()
+        return {}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> None:
+    print(json.dumps({"ok": True, "ready": True}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "exit":
+            break
+        t0 = time.monotonic()
+        try:
+            answer = {"ok": True, **handle(cmd)}
+        except Exception as e:
+            answer = {
+                "ok": False,
+                "error_type": type(e).__name__,
+                "error": str(e),
+                "traceback": traceback.format_exc(limit=4),
+            }
+            del e
+            gc.collect()
+        answer["elapsed_s"] = time.monotonic() - t0
+        print(json.dumps(answer), flush=True)
+    _close()
+
+
+if __name__ == "__main__":
+    main()
