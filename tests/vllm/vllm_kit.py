@@ -94,7 +94,7 @@ class VLLMServer:
         port = free_port()
         cmd = [str(VLLM_PYTHON), "-m", "wtcore_vllm.serve", str(model_dir)]
         cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
-        cmd += ["--dtype", "float32", "--max-model-len", "128", "--max-num-seqs", "4"]
+        cmd += ["--dtype", "float32", "--max-model-len", "128", "--max-num-seqs", "32"]
         if backend is not None:
             cmd += ["--weight-transfer-config", json.dumps({"backend": backend})]
         log = log_path.open("wb")
