@@ -93,7 +93,9 @@ def sample(url: str, model_name: str, cfg: LoopConfig, step: int) -> Samples:
     if len(choices) != len(PROMPTS) * cfg.group_size:
         raise RuntimeError(f"/v1/completions: expected {len(PROMPTS) * cfg.group_size} choices")
     g = cfg.group_size
-    tokens = [[list(c["token_ids"]) for c in choices[p * g : (p + 1) * g]] for p in range(len(PROMPTS))]
+    tokens = [
+        [list(c["token_ids"]) for c in choices[p * g : (p + 1) * g]] for p in range(len(PROMPTS))
+    ]
     logprobs = [
         [list(c["logprobs"]["token_logprobs"]) for c in choices[p * g : (p + 1) * g]]
         for p in range(len(PROMPTS))
@@ -104,7 +106,10 @@ def sample(url: str, model_name: str, cfg: LoopConfig, step: int) -> Samples:
 def rewards(samples: Samples) -> torch.Tensor:
     """``[prompts, group]``: the share of each completion's tokens that are target words."""
     return torch.tensor(
-        [[sum(t in TARGET_IDS for t in toks) / len(toks) for toks in group] for group in samples.tokens],
+        [
+            [sum(t in TARGET_IDS for t in toks) / len(toks) for toks in group]
+            for group in samples.tokens
+        ],
         dtype=torch.float32,
     )
 
@@ -114,7 +119,9 @@ def group_advantages(r: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True) + eps)
 
 
-def token_logprobs(model: torch.nn.Module, prompt: Sequence[int], completions: torch.Tensor) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module, prompt: Sequence[int], completions: torch.Tensor
+) -> torch.Tensor:
     """``[group, tokens]``: the trainer's logprob of each sampled token (with gradients)."""
     group = completions.shape[0]
     ids = torch.cat([torch.tensor(prompt).expand(group, -1), completions], dim=1)
@@ -138,7 +145,7 @@ def train_step(
     loss.backward()  # type: ignore[no-untyped-call]
     optimizer.step()
     gap = torch.cat(gaps)
-    return float(loss), float(gap.mean()), float(gap.max())
+    return float(loss.detach()), float(gap.mean()), float(gap.max())
 
 
 def run_loop(

@@ -84,6 +84,7 @@ def make_engine(backend: str, client: Any, model: torch.nn.Module) -> Any:
 
 def run_all(args: argparse.Namespace, url: str, checkpoint: Path) -> dict[str, Any]:
     from transformers import LlamaForCausalLM
+
     from wtcore_http_client import HTTPWeightSyncClient
 
     torch.manual_seed(args.seed)
@@ -96,32 +97,48 @@ def run_all(args: argparse.Namespace, url: str, checkpoint: Path) -> dict[str, A
         try:
             for run in args.runs.split(","):
                 cfg = replace(base, sync=run == "synced")
-                bar = _progress(run, cfg.steps, disable=args.no_progress)
-                start = time.perf_counter()
-
-                def on_step(rec: StepRecord, run: str = run) -> None:
-                    bar.write(step_line(run, cfg.steps, rec), file=sys.stdout)
-                    bar.update(1)
-
-                records = run_loop(
-                    url=url,
-                    model=model,
-                    initial_state=initial,
-                    client=client,
-                    engine=engine,
-                    cfg=cfg,
-                    on_step=on_step,
-                )
-                bar.close()
-                log["runs"][run] = {
-                    "sync": cfg.sync,
-                    "wall_s": time.perf_counter() - start,
-                    "steps": [asdict(r) for r in records],
-                }
-                print(summary_line(run, records), flush=True)
+                log["runs"][run] = one_run(run, cfg, url, model, initial, client, engine, args)
         finally:
             engine.shutdown()
     return log
+
+
+def one_run(
+    run: str,
+    cfg: LoopConfig,
+    url: str,
+    model: torch.nn.Module,
+    initial: dict[str, torch.Tensor],
+    client: Any,
+    engine: Any,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One run, printed a line per step under a progress bar; its part of the JSON log."""
+    bar = _progress(run, cfg.steps, disable=args.no_progress)
+    start = time.perf_counter()
+
+    def on_step(rec: StepRecord) -> None:
+        bar.write(step_line(run, cfg.steps, rec), file=sys.stdout)
+        bar.update(1)
+
+    try:
+        records = run_loop(
+            url=url,
+            model=model,
+            initial_state=initial,
+            client=client,
+            engine=engine,
+            cfg=cfg,
+            on_step=on_step,
+        )
+    finally:
+        bar.close()
+    print(summary_line(run, records), flush=True)
+    return {
+        "sync": cfg.sync,
+        "wall_s": time.perf_counter() - start,
+        "steps": [asdict(r) for r in records],
+    }
 
 
 def summary_line(run: str, records: list[StepRecord]) -> str:
