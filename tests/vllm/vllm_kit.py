@@ -44,7 +44,8 @@ VLLM_PYTHON = Path(os.environ.get("WTCORE_VLLM_PYTHON", ROOT / ".venv-vllm" / "b
 MAIN_PYTHON = sys.executable
 #: Fixed prompts (token ids of the tests' word-level tokenizer).
 PROMPTS: list[list[int]] = [[5, 6, 7, 8], [100, 3, 42], [250, 17, 17, 9, 200, 31]]
-STARTUP_TIMEOUT_S = 300.0
+#: Generous: on a loaded 2-core machine two servers starting at once took over 300 s.
+STARTUP_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 30.0
 
 
