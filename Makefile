@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test lint typecheck pytest clean
+.PHONY: install demo rl-demo test lint typecheck pytest clean
 
 install: $(STAMP)
 
@@ -25,12 +25,20 @@ $(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e '.[bench]' $(addprefix -e ,$(dir $(PLUGINS)))
 	touch $(STAMP)
 
-$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/vllm/pyproject.toml
+$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/ipc/pyproject.toml plugins/vllm/pyproject.toml
 	rm -f $(VLLM_STAMP)
 	PYTHON=$(PYTHON) scripts/vllm-venv.sh $(VLLM_VENV)
 
 demo: $(STAMP)
 	$(BIN)/wtcore bench --backend nccl --client http --receivers 2 --size 256MiB --tensors 300
+
+# The job itself: a small RL loop on CPU, vLLM sampling and wtcore syncing every step, with a
+# control run that never syncs (examples/rl_loop). matplotlib (for the PNG) goes into .venv-vllm,
+# where the loop runs; nothing else needs it.
+RL_OUT ?= rl_loop
+rl-demo: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VLLM_VENV)/bin/python -m pip install --quiet 'matplotlib>=3.6'
+	$(VLLM_VENV)/bin/python examples/rl_loop/run.py --json $(RL_OUT).json --plot $(RL_OUT).png
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

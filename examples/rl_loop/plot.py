@@ -1,0 +1,63 @@
+"""Draw an RL loop log (``run.py --json``): reward, mismatch and sync time per step, per run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+#: The mismatch panel is logarithmic; an exact 0 (both sides agree to the bit) is drawn here.
+FLOOR = 1e-9
+#: The CI test's tolerance (tests/vllm/test_rl_loop.py), drawn for reference.
+TOLERANCE = 1e-3
+
+
+def plot(log: dict[str, Any], out: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise SystemExit(f"drawing {out} needs matplotlib: pip install matplotlib ({e})") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_m, ax_s) = plt.subplots(1, 3, figsize=(13, 3.6))
+    for i, (name, run) in enumerate(log["runs"].items()):
+        steps, color = run["steps"], f"C{i}"
+        x = [s["step"] for s in steps]
+        label = f"{name} (sync {'on' if run['sync'] else 'off'})"
+        ax_r.plot(x, [s["reward"] for s in steps], color=color, marker="o", ms=3, label=label)
+        for field, style in (("mean", "-"), ("max", "--")):
+            y = [max(s[f"mismatch_{field}"], FLOOR) for s in steps]
+            ax_m.plot(x, y, color=color, ls=style, marker="o", ms=2, label=f"{name}, {field}")
+        if run["sync"]:
+            ax_s.bar(x, [s["step_s"] for s in steps], color="0.85", label="whole step")
+            ax_s.bar(x, [s["sync_s"] for s in steps], color="C1", label="pause + sync + resume")
+    ax_r.set(title="mean reward", xlabel="step")
+    ax_m.axhline(TOLERANCE, color="0.5", lw=1, ls=":", label="CI tolerance")
+    ax_m.set(
+        title="|logprob vLLM - logprob trainer|",
+        xlabel=f"step (0 drawn at {FLOOR:g})",
+        yscale="log",
+        ylim=(FLOOR / 2, None),
+    )
+    ax_s.set(title="sync time (synced run)", xlabel="step", ylabel="s")
+    for ax in (ax_r, ax_m, ax_s):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    cfg = log["config"]
+    fig.suptitle(
+        f"wtcore RL loop: tiny Llama on vLLM (CPU), backend {cfg['backend']}, "
+        f"{cfg['group_size']} samples per prompt, lr {cfg['lr']:g}, seed {cfg['seed']}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: plot.py LOG.json OUT.png")
+    plot(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))

@@ -1,0 +1,53 @@
+"""The RL example's checkable parts (reward, advantages) and its one documented command.
+
+The loop itself runs against a real vLLM server in tests/vllm/test_rl_loop.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_loop():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("rl_loop_loop", ROOT / "examples/rl_loop/loop.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+loop = _load_loop()
+
+
+def test_reward_is_the_share_of_target_tokens() -> None:
+    hit, miss = min(loop.TARGET_IDS), max(loop.TARGET_IDS) + 1
+    samples = loop.Samples(
+        tokens=[[[hit, hit, miss, miss], [miss] * 4], [[hit] * 4, [hit, miss, miss, miss]]],
+        logprobs=[[[0.0] * 4] * 2] * 2,
+    )
+    assert torch.equal(loop.rewards(samples), torch.tensor([[0.5, 0.0], [1.0, 0.25]]))
+
+
+def test_group_advantages_are_normalised_per_group() -> None:
+    r = torch.tensor([[0.0, 1.0, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2]])
+    adv = loop.group_advantages(r)
+    assert torch.allclose(adv.mean(dim=1), torch.zeros(2), atol=1e-6)
+    assert torch.allclose(adv[0].std(), torch.tensor(1.0), atol=1e-4)
+    assert torch.equal(adv[1], torch.zeros(4))  # no signal in a group that scored alike
+    assert adv[0, 1] > adv[0, 2] > adv[0, 0]
+
+
+def test_readme_and_docs_name_the_make_target_that_runs_the_example() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\nrl-demo:", 1)[1].split("\n\n", 1)[0]
+    assert "examples/rl_loop/run.py" in recipe
+    for doc in ("README.md", "docs/vllm.md", "examples/rl_loop/README.md"):
+        assert "make rl-demo" in (ROOT / doc).read_text(), doc
+    assert (ROOT / "docs" / "rl_loop.png").is_file()
