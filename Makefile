@@ -42,7 +42,7 @@ rl-demo: $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check wtcore
+	$(BIN)/ruff format --check wtcore plugins tests examples benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

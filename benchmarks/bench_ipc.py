@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--num-buffers", type=int, default=2)
     ap.add_argument("--skip-file", action="store_true", help="skip the slow file baseline")
     args = ap.parse_args()
-    torch.set_num_threads(1)  # PERF_NOTES: busy-waiting torch threads starve 2 cores
+    torch.set_num_threads(1)  # busy-waiting torch threads starve a 2-core host (docs/benchmarks.md)
 
     state = synthetic_state(parse_size(args.size), args.tensors, "float32")
     nbytes = sum(t.numel() * t.element_size() for t in state.values())

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)  # PERF_NOTES: torch's spinning threads starve gloo on small hosts
+    torch.set_num_threads(1)  # torch's spinning threads starve gloo on small hosts (docs/nccl.md)
     size = parse_size(args.size)
     buffers = [parse_size(b) for b in args.buffers.split(",")]
     results: list[dict[str, Any]] = []

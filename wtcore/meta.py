@@ -46,7 +46,7 @@ ALLOWED_DTYPE_NAMES: tuple[str, ...] = (
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """The wire name of ``dtype``: ``str(dtype).split(".")[-1]`` (DESIGN §4)."""
+    """The wire name of ``dtype``: ``str(dtype).split(".")[-1]`` (docs/protocol.md, "Payloads")."""
     return str(dtype).split(".")[-1]
 
 
@@ -90,7 +90,7 @@ class ParamMeta:
 
 
 def metas_to_wire(metas: Sequence[ParamMeta]) -> dict[str, Any]:
-    """The JSON-safe ``names``/``dtype_names``/``shapes`` triple of DESIGN §4."""
+    """The JSON-safe ``names``/``dtype_names``/``shapes`` triple (docs/protocol.md, "Payloads")."""
     return {
         "names": [m.name for m in metas],
         "dtype_names": [dtype_name(m.dtype) for m in metas],

@@ -1,4 +1,4 @@
-"""The wire contract: request bodies pinned against DESIGN §4, and the client's error reports.
+"""The wire contract: request bodies pinned against docs/protocol.md, and the client's error reports.
 
 A tiny recording HTTP server (stdlib, real sockets on 127.0.0.1) stands in for a vLLM server:
 it records exactly what the client sends and answers what each test tells it to.
@@ -85,7 +85,7 @@ def _json(r: Recorded) -> Any:
     return json.loads(r.body) if r.body else None
 
 
-# ---------------------------------------------------------------------- DESIGN §4 bodies
+# ---------------------------------------------------------------------- protocol.md bodies
 def test_request_bodies_match_design_section_4(recorder: Recorder) -> None:
     init_info = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1,
                  "world_size": 3, "packed": True}  # fmt: skip
@@ -157,7 +157,10 @@ def test_the_routes_accept_exactly_those_bodies() -> None:
         return tuple(routes.handle("POST", path, {"Content-Type": "application/json"}, raw))  # type: ignore[return-value]
 
     empty = {"names": [], "dtype_names": [], "shapes": [], "data": ""}
-    assert post("/init_weight_transfer_engine", {"init_info": {"packed_buffer_size_bytes": 64}})[0] == 200
+    assert (
+        post("/init_weight_transfer_engine", {"init_info": {"packed_buffer_size_bytes": 64}})[0]
+        == 200
+    )
     assert post("/start_weight_update") == (200, {"status": "ok"})
     assert post("/update_weights", {"update_info": empty})[0] == 200
     assert post("/update_weights", {"update_info": [empty]})[0] == 200

@@ -58,7 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "wtcore-http"
 
     # Headers and body go out in two writes; with Nagle on, the second waits for the client's
-    # delayed ACK (40 ms on Linux), which turned every control call into ~44 ms on loopback.
+    # delayed ACK, which made every control call tens of milliseconds (docs/benchmarks.md).
     disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:

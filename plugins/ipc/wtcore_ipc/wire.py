@@ -25,10 +25,9 @@ __all__ = [
 ]
 
 #: Default bucket size: small enough that packing one bucket overlaps the worker's copy of
-#: the previous one, large enough that per-call overhead is noise. Measured with
-#: ``wtcore bench --backend ipc --client http`` on 1 GiB (2 cores): 128 MiB 10.7 GB/s,
-#: 256 MiB 12.5 GB/s, 512 MiB 10.9 GB/s (64 MiB: 8.7). The segment is sized to the largest
-#: bucket, so small models never pay for it.
+#: the previous one, large enough that per-call overhead is noise; the fastest setting measured
+#: (docs/benchmarks.md, "ipc"). The segment is sized to the largest bucket, so small models
+#: never pay for it.
 DEFAULT_BUFFER_SIZE = 256 << 20
 #: ``shm``: POSIX shared memory (CPU). ``cuda``: CUDA IPC handles (GPU, untested here).
 TRANSPORTS = ("shm", "cuda")

@@ -3,8 +3,8 @@
 Both ends keep ``packed_num_buffers`` ring buffers for regular buckets plus one buffer for
 buckets larger than the buffer size (a tensor bigger than the buffer travels alone), so the
 memory a transfer holds is at most ``buffer size x num_buffers + largest tensor``. Buffers
-live as long as the engine: writing into fresh memory is about 5x slower than into reused
-memory on small hosts (docs/benchmarks.md).
+live as long as the engine: writing into fresh memory is much slower than into reused memory
+on small hosts (docs/benchmarks.md).
 
 Each buffer remembers the broadcast that last used it; the next bucket that wants it waits
 for that broadcast first, which is what bounds the number of buckets in flight.
