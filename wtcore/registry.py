@@ -89,7 +89,7 @@ class Registry(Generic[T]):
             if self._discovered is None:
                 found: dict[str, PluginInfo] = {}
                 if not autoload_disabled():
-                    from importlib_metadata import entry_points
+                    from importlib.metadata import entry_points
 
                     for ep in entry_points(group=self.group):
                         dist = ep.dist

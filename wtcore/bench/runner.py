@@ -82,7 +82,7 @@ def _limits(opts: BenchOptions, state: Mapping[str, Any], nbytes: int) -> dict[s
 
 
 def _versions() -> dict[str, str]:
-    from importlib_metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
     for dist in (
