@@ -25,7 +25,7 @@ def test_plugins_lists_every_registry() -> None:
         "hook plugins (wtcore.hooks):",
     ):
         assert title in out.stdout
-    assert "local      wtcore 0.1.0" in out.stdout
+    assert "local      wtcore 0.2.0" in out.stdout
     assert "inproc" in out.stdout
 
 
@@ -44,6 +44,6 @@ def test_plugins_shows_installed_plugins_with_distribution_and_host_status() -> 
     pytest.importorskip("wtcore_nccl")
     pytest.importorskip("wtcore_http_client")
     out = _run("plugins").stdout
-    assert "nccl       wtcore-nccl 0.1.0" in out
+    assert "nccl       wtcore-nccl 0.2.0" in out
     assert "CUDA not available; gloo CPU path available" in out or "CUDA available" in out
-    assert "http_client wtcore-http-client 0.1.0" in out  # a hook plugin, with its distribution
+    assert "http_client wtcore-http-client 0.2.0" in out  # a hook plugin, with its distribution
