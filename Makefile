@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test lint typecheck pytest clean
+.PHONY: install demo test lint typecheck pytest dist clean
 
 install: $(STAMP)
 
@@ -46,5 +46,12 @@ pytest: $(STAMP) $(VLLM_STAMP)
 
 test: lint typecheck pytest
 
+# The six sdists and wheels, each built in an isolated environment, then checked as an index
+# would check them (CONTRIBUTING.md, "Releasing").
+dist: $(STAMP)
+	rm -rf dist
+	for d in . $(dir $(PLUGINS)); do $(BIN)/python -m build --outdir dist $$d || exit 1; done
+	$(BIN)/twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache build *.egg-info plugins/*/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache build dist *.egg-info plugins/*/build plugins/*/*.egg-info

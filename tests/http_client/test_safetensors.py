@@ -101,9 +101,7 @@ def test_truncated_and_empty_files(tmp_path: Path) -> None:
         load_safetensors(tmp_path / "nope.safetensors")
 
 
-def test_missing_package_names_the_extra(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_missing_package_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the optional package, both calls say which extra to install."""
     # None in sys.modules makes the import itself fail, as it would where it is not installed.
     monkeypatch.setitem(sys.modules, "safetensors", None)
