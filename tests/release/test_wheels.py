@@ -69,6 +69,7 @@ def test_core_alone_names_the_distribution_of_every_missing_plugin(release: Rele
 import importlib.util, json, sys
 import wtcore
 from wtcore import WtcoreError, trainer_from_config
+from wtcore.registry import ENGINES
 
 out = {"torch_imported": "torch" in sys.modules,
        "backport": importlib.util.find_spec("importlib_metadata") is not None,
@@ -84,6 +85,11 @@ for name, config in configs.items():
         trainer_from_config(config)
     except WtcoreError as e:
         out["errors"][name] = [type(e).__name__, isinstance(e, LookupError), str(e)]
+for name in ("nccl", "ipc"):  # the inference side looks engines up in its own registry
+    try:
+        ENGINES.load(name)
+    except WtcoreError as e:
+        out["errors"]["worker " + name] = [type(e).__name__, isinstance(e, LookupError), str(e)]
 print(json.dumps(out))
 """
     proc = release.run("-c", script)
@@ -96,6 +102,8 @@ print(json.dumps(out))
         "ipc": "wtcore-ipc",
         "http": "wtcore-http-client",
         "ray": "wtcore-ray-client",
+        "worker nccl": "wtcore-nccl",
+        "worker ipc": "wtcore-ipc",
     }
     assert set(out["errors"]) == set(want)
     for name, dist in want.items():
