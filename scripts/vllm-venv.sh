@@ -32,10 +32,9 @@ PIP=("$VENV/bin/python" -m pip install --quiet)
 # them, so they go.
 "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 "${PIP[@]}" --no-deps -e . -e plugins/nccl -e plugins/ipc -e plugins/http_client -e plugins/vllm
-# pluggy and importlib-metadata are the core's only non-torch runtime dependencies; requests is
-# the http client's, pybase64 the ipc engine's. (vLLM already brings most of them; this is a
-# no-op then.)
-"${PIP[@]}" pluggy importlib-metadata requests pybase64 "$TORCH"
+# pluggy and numpy are the core's only non-torch runtime dependencies; requests is the http
+# client's, pybase64 the ipc engine's. (vLLM already brings most of them; this is a no-op then.)
+"${PIP[@]}" pluggy numpy requests pybase64 "$TORCH"
 
 # Refuse a CUDA torch: the whole point of this venv is the CPU build.
 "$VENV/bin/python" - <<'PY'

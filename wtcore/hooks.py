@@ -50,7 +50,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
 
 
 def _load_entry_points(pm: pluggy.PluginManager) -> None:
-    from importlib_metadata import entry_points
+    from importlib.metadata import entry_points
 
     for ep in entry_points(group=GROUP):
         dist = (

@@ -153,7 +153,7 @@ class Registry(Generic[T]):
                 for name, info in self._builtins.items():
                     claims[name] = {_dist_key(info): info}
                 if not autoload_disabled():
-                    from importlib_metadata import entry_points
+                    from importlib.metadata import entry_points
 
                     for ep in entry_points(group=self.group):
                         dist = ep.dist

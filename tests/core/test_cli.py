@@ -26,7 +26,7 @@ def test_plugins_lists_every_registry() -> None:
         "hook plugins (wtcore.hooks):",
     ):
         assert title in out.stdout
-    assert re.search(r"^  local +wtcore 0\.1\.0 +available$", out.stdout, re.M)
+    assert re.search(r"^  local +wtcore 0\.2\.0 +available$", out.stdout, re.M)
     assert "inproc" in out.stdout
 
 
@@ -51,6 +51,6 @@ def test_plugins_shows_installed_plugins_with_distribution_and_host_status() -> 
     pytest.importorskip("wtcore_nccl")
     pytest.importorskip("wtcore_http_client")
     out = _run("plugins").stdout
-    assert re.search(r"^  nccl +wtcore-nccl 0\.1\.0 ", out, re.M)
+    assert re.search(r"^  nccl +wtcore-nccl 0\.2\.0 ", out, re.M)
     assert "CUDA not available; gloo CPU path available" in out or "CUDA available" in out
-    assert re.search(r"^  http_client +wtcore-http-client 0\.1\.0$", out, re.M)  # a hook plugin
+    assert re.search(r"^  http_client +wtcore-http-client 0\.2\.0$", out, re.M)  # a hook plugin

@@ -194,7 +194,7 @@ def test_refresh_sees_newly_installed_plugins(
 
 
 def test_real_editable_plugins_are_discovered() -> None:
-    from importlib_metadata import distributions
+    from importlib.metadata import distributions
 
     installed = {d.metadata["Name"] for d in distributions()}
     for name, dist in (("nccl", "wtcore-nccl"), ("ipc", "wtcore-ipc")):

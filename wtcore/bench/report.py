@@ -43,11 +43,7 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
         out.write("measured in this run          GB/s   wtcore (best median) vs it\n")
         for name, gbps in limits.items():
             ratio = record["ratios"].get(name)
-            rel = (
-                "-"
-                if ratio is None
-                else (f"{ratio:.2f}x" if ratio < 1.5 else f"{ratio:.1f}x faster")
-            )
+            rel = "-" if ratio is None else f"{ratio:.2f}x"
             label = labels.get(name, name)
             out.write(f"  {label:<36} {gbps:6.2f}   {rel}\n")
     out.write(

@@ -71,7 +71,7 @@ def _baselines(opts: BenchOptions, engine: type[Any]) -> dict[str, Baseline]:
 
 def _versions(opts: BenchOptions) -> dict[str, str]:
     """Python, torch, and the distributions that provide the chosen engine and client."""
-    from importlib_metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version
 
     from wtcore._version import __version__
     from wtcore.registry import CLIENTS, TRAINER_ENGINES
