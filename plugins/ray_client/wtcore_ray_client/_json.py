@@ -1,8 +1,8 @@
 """Keep the Ray control plane to the same plain-JSON payloads as HTTP.
 
 Ray would happily pickle anything, tensors and open handles included. wtcore's control plane
-is JSON on every transport (docs/protocol.md), so a payload that works over Ray also works over HTTP,
-and no receiver ever unpickles a live object it did not ask for. The check walks containers
+is JSON on every transport (docs/protocol.md), so a payload that works over Ray also works over
+HTTP, and no receiver ever unpickles a live object it did not ask for. The check walks containers
 without serializing them, so a large base64 string costs nothing extra.
 """
 
