@@ -155,7 +155,9 @@ def test_misconfigured_sink_error_reaches_trainer(ray_cluster: None, kit: Any) -
         assert f"{missing!r}: unknown parameter name" in failure.message
         assert "Traceback" not in str(ei.value)  # the cause, not Ray's remote traceback
         infos = client.weight_info()
-        assert [i["consistent"] for i in infos] == [True, True, False]
+        # The healthy receivers applied part of the round before it failed: mixed, so not
+        # consistent either, until the next full round.
+        assert [i["consistent"] for i in infos] == [False, False, False]
         assert missing in infos[2]["last_error"]
         assert all(i["weight_version"] is None for i in infos)
 
