@@ -35,7 +35,11 @@ def _record() -> dict[str, Any]:
         ],
         "limits_gbps": {"memcpy": 12.5, "file": 0.95, "raw_gloo": 1.0},
         "ratios": {"memcpy": 0.16, "file": 2.1, "raw_gloo": None},
-        "limit_labels": {"memcpy": "single-thread memcpy", "file": "torch.save + load"},
+        "limit_labels": {
+            "memcpy": "single-thread memcpy",
+            "file": "torch.save + load",
+            "raw_gloo": "raw gloo broadcast",
+        },
         "ok": True,
     }
 
