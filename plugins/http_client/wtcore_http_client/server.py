@@ -196,6 +196,10 @@ class _Handler(BaseHTTPRequestHandler):
         routes = self.server.routes
         self.rfile = self._body_file
         try:
+            if self.headers.defects or self.headers.get_payload():
+                # The stdlib's parser takes a malformed line (``Name : v``, no colon) as the
+                # end of the headers and drops the rest: refuse rather than guess.
+                raise FramingError(400, "a malformed header line (no colon, or space before it)")
             length = check_headers(self.headers.items())
         except FramingError as e:
             self.close_connection = True
