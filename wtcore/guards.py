@@ -51,9 +51,7 @@ class FiniteCheckSink:
         bad = [
             name
             for name, t in batch
-            if (t.is_floating_point() or t.is_complex())
-            and t.numel()
-            and not is_all_finite(t)
+            if (t.is_floating_point() or t.is_complex()) and t.numel() and not is_all_finite(t)
         ]
         if bad:
             raise PayloadError(

@@ -157,7 +157,10 @@ def test_the_routes_accept_exactly_those_bodies() -> None:
         return tuple(routes.handle("POST", path, {"Content-Type": "application/json"}, raw))  # type: ignore[return-value]
 
     empty = {"names": [], "dtype_names": [], "shapes": [], "data": ""}
-    assert post("/init_weight_transfer_engine", {"init_info": {"packed_buffer_size_bytes": 64}})[0] == 200
+    assert (
+        post("/init_weight_transfer_engine", {"init_info": {"packed_buffer_size_bytes": 64}})[0]
+        == 200
+    )
     assert post("/start_weight_update") == (200, {"status": "ok"})
     assert post("/update_weights", {"update_info": empty})[0] == 200
     assert post("/update_weights", {"update_info": [empty]})[0] == 200
