@@ -132,6 +132,7 @@ def test_duplicate_content_length_is_refused_before_any_allocation(server: Any) 
             + b"Content-Length : 2\r\n\r\n{}",
             400, "a malformed header line",
         ),
+        (b"GARBAGE\r\n\r\n", 400, '"error": "Bad request syntax'),  # JSON, with a status line
         (  # obsolete line folding: one header or two?
             b"POST /start_weight_update HTTP/1.1\r\nHost: x\r\n" + AUTH
             + b"X-Folded: a\r\n Content-Length: 2\r\nContent-Length: 0\r\n\r\n",
@@ -147,7 +148,7 @@ def test_duplicate_content_length_is_refused_before_any_allocation(server: Any) 
             431, "Line too long",
         ),
     ],
-    ids=["cl-underscore", "te-and-cl", "chunked", "two-auth", "space-colon", "folded", "get-body", "huge-headers"],
+    ids=["garbage", "cl-underscore", "te-and-cl", "chunked", "two-auth", "space-colon", "folded", "get-body", "huge-headers"],
 )  # fmt: skip
 def test_ambiguous_or_oversized_requests_are_refused(
     server: Any, request_text: bytes, status: int, fragment: str

@@ -164,6 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The stdlib's own refusals (bad request line, 431, 501) as JSON, then close."""
         self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # an unparsable line: answer with a status line
+            self.request_version = "HTTP/1.1"
         text = message or self.responses.get(code, ("error",))[0]
         if explain:
             text = f"{text}: {explain}"
