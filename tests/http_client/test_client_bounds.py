@@ -109,28 +109,34 @@ def test_a_huge_error_body_is_not_read(serve: Callable[[Handler], str]) -> None:
     client.close()
 
 
-def test_idempotent_calls_retry_once_on_a_connection_closed_after_an_error(
-    serve: Callable[[Handler], str],
-) -> None:
-    """vLLM after a 500: the pooled connection is dead, yet the next call finds it open."""
-    seen: Counter[str] = Counter()
-    first_failed = threading.Event()
+def _stale_after_error(seen: Counter[str], fail_route: str, message: bytes) -> Handler:
+    """vLLM after a 500: the first ``fail_route`` gets a 500 on a keep-alive connection that
+    the server then treats as closed: the next request on it is read and reset, unanswered.
+    Every other request gets a 200. ``seen`` counts routes, and ``stale <route>`` for the one
+    that met the dead connection."""
+    failed = threading.Event()
 
-    def flaky(conn: socket.socket, _n: int) -> None:
+    def handler(conn: socket.socket, _n: int) -> None:
         while (line := _read_request(conn)) is not None:
             route = line.split()[1].split("?")[0]
             seen[route] += 1
-            if route == "/pause" and not first_failed.is_set():
-                first_failed.set()
-                _answer(conn, "500 Internal Server Error", b'{"error": "engine crashed"}')
-                # keep the socket open; close it when the next request arrives, unanswered
+            if route == fail_route and not failed.is_set():
+                failed.set()
+                _answer(conn, "500 Internal Server Error", b'{"error": "' + message + b'"}')
                 stale = _read_request(conn)
-                seen[f"stale {stale and stale.split()[1]}"] += 1
+                seen[f"stale {stale and stale.split()[1].split('?')[0]}"] += 1
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
                 return
             _answer(conn, "200 OK", b'{"status": "ok"}')
 
-    url = serve(flaky)
+    return handler
+
+
+def test_idempotent_calls_retry_once_on_a_connection_closed_after_an_error(
+    serve: Callable[[Handler], str],
+) -> None:
+    seen: Counter[str] = Counter()
+    url = serve(_stale_after_error(seen, "/pause", b"engine crashed"))
     client = HTTPWeightSyncClient(url, timeout_s=30)
     with pytest.raises(ReceiverError, match="engine crashed"):
         client.pause()
@@ -142,20 +148,7 @@ def test_idempotent_calls_retry_once_on_a_connection_closed_after_an_error(
 
 def test_protocol_calls_are_never_retried(serve: Callable[[Handler], str]) -> None:
     seen: Counter[str] = Counter()
-
-    def flaky(conn: socket.socket, n: int) -> None:
-        line = _read_request(conn)
-        if line is None:
-            return
-        seen[line.split()[1]] += 1
-        if n == 0:
-            _answer(conn, "500 Internal Server Error", b'{"error": "boom"}')
-            stale = _read_request(conn)
-            seen[f"stale {stale and stale.split()[1]}"] += 1
-            return
-        _answer(conn, "200 OK", b'{"status": "ok"}')
-
-    url = serve(flaky)
+    url = serve(_stale_after_error(seen, "/health", b"boom"))
     client = HTTPWeightSyncClient(url, timeout_s=30)
     with pytest.raises(ReceiverError, match="boom"):
         client.health()
