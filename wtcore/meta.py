@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALLOWED_DTYPE_NAMES",
+    "MAX_NUMEL",
     "ParamMeta",
     "dtype_from_name",
     "dtype_name",
@@ -62,6 +63,11 @@ def dtype_from_name(name: object, *, field: str = "dtype_names") -> torch.dtype:
     if not isinstance(dtype, torch.dtype):  # pragma: no cover - old torch without float8
         raise PayloadError(f"{field}: dtype {name!r} is not supported by torch {torch.__version__}")
     return dtype
+
+
+#: Most elements one tensor may hold on the wire (256 Ti): a bound, so that no size computed
+#: from a hostile shape overflows anything downstream.
+MAX_NUMEL = 1 << 48
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,12 @@ def metas_from_wire(names: object, dtype_names: object, shapes: object) -> list[
             raise PayloadError(
                 f"shapes[{i}]: expected a list of non-negative integers, got {shape!r}"
             )
-        metas.append(ParamMeta(name, dtype, tuple(shape)))
+        meta = ParamMeta(name, dtype, tuple(shape))
+        if meta.numel > MAX_NUMEL:
+            raise PayloadError(
+                f"shapes[{i}]: {shape!r} holds {meta.numel} elements, over the limit of 2**48"
+            )
+        metas.append(meta)
     return metas
 
 

@@ -281,3 +281,80 @@ def test_other_standard_methods_get_a_json_405(server: ServeProcess, method: str
     r = requests.request(method, server.url + "/nope", headers=AUTH, timeout=30)
     assert r.status_code == 404
     assert _get(server, "/weight_info")["state"] in ("idle", "updating")
+
+
+# ---------------------------------------------------------------------- hostile JSON (issue 14)
+def _update(shape: str) -> bytes:
+    return (
+        b'{"update_info": {"names": ["0.weight"], "dtype_names": ["float32"], "shapes": ['
+        + shape.encode()
+        + b'], "data": ""}}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fragment"),
+    [
+        (
+            "/update_weights",
+            b'{"update_info": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "nested deeper than 32 levels",
+        ),
+        ("/update_weights", _update("[1" + "0" * 4999 + "]"), "an integer of 5000 digits"),
+        ("/update_weights", _update(f"[0, {2**70}]"), "an integer of 22 digits"),
+        (
+            "/update_weights",
+            _update(f"[{2**62}, {2**62}]"),
+            "shapes[0]: [4611686018427387904, 4611686018427387904] holds",
+        ),
+        (
+            "/init_weight_transfer_engine",
+            b'{"init_info": {"packed_buffer_size_bytes": NaN}}',
+            "NaN is not JSON",
+        ),
+        (
+            "/init_weight_transfer_engine",
+            b'{"init_info": {"packed_buffer_size_bytes": 1e999}}',
+            "overflows a float",
+        ),
+        (
+            "/init_weight_transfer_engine",
+            b'{"init_info": {"' + b"k" * 1000 + b'": 1}}',
+            "a key of 1000 characters",
+        ),
+        (
+            "/finish_weight_update",
+            b'{"weight_version": "' + b"v" * 10_000 + b'"}',
+            "weight_version: 10000 characters, over the limit of 256",
+        ),
+        (
+            "/abort_weight_update",
+            b'{"reason": "' + b"r" * 5000 + b'"}',
+            "reason: 5000 characters, over the limit of 1024",
+        ),
+    ],
+    ids=[
+        "deep",
+        "digits",
+        "shape-2**70",
+        "shape-product",
+        "nan",
+        "1e999",
+        "key",
+        "version",
+        "reason",
+    ],
+)
+def test_hostile_json_is_a_400_naming_the_limit(path: str, body: bytes, fragment: str) -> None:
+    worker, model = _worker_in("updating")
+    routes = ReceiverRoutes(worker, api_key=KEY, max_body_bytes=64 << 20)
+    before = digest_named(model.state_dict().items())
+    try:
+        response = routes.handle("POST", path, AUTH, body)
+        assert response.status == 400, response
+        assert fragment in response.body["error"], response.body
+        info = worker.weight_info()
+        assert info["weight_version"] == "v0" and info["state"] == "updating"
+        assert digest_named(model.state_dict().items()) == before
+    finally:
+        worker.shutdown()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         ReceiverTimeoutError,
     )
     from wtcore_http_client.routes import ReceiverRoutes, Response
-    from wtcore_http_client.server import ReceiverHTTPServer
+    from wtcore_http_client.server import ReceiverHTTPServer, ServerLimits
 
 __all__ = [
     "HTTPConnectionError",
@@ -33,6 +33,7 @@ __all__ = [
     "ReceiverRoutes",
     "ReceiverTimeoutError",
     "Response",
+    "ServerLimits",
 ]
 
 _WHERE = {
@@ -43,6 +44,7 @@ _WHERE = {
     "ReceiverRoutes": "routes",
     "Response": "routes",
     "ReceiverHTTPServer": "server",
+    "ServerLimits": "server",
 }
 
 

@@ -8,8 +8,17 @@ Several base URLs (data-parallel replicas) are called concurrently through the c
 (:class:`wtcore.fanout.FanOutClient`, shared with the in-process and Ray clients): a call
 returns when every replica has answered, and a failure raises one
 :class:`~wtcore.errors.ReceiverError` naming each failing URL, its HTTP status and the
-server's message; when every failure is a timeout it is a ``TimeoutError`` too. No call is
-ever retried: the control calls are not idempotent.
+server's message; when every failure is a timeout it is a ``TimeoutError`` too.
+
+Retries: the four protocol calls are never retried (they are not idempotent). The idempotent
+ones (:data:`IDEMPOTENT_CALLS`: ``pause``, ``resume``, ``weight_info``, ``health``, ...) are
+retried once, on a fresh connection, when a pooled connection turns out to be closed before
+any answer came (a server may close its side after an error), so a ``finally:
+client.resume()`` does not leave a server paused because of a stale socket.
+
+What a receiver sends back is bounded: an answer is read as it arrives, at most
+:data:`MAX_ANSWER_BYTES` (an error body at most :data:`MAX_ERROR_BYTES`, the rest unread and
+the connection dropped), so a hostile receiver cannot make the trainer allocate.
 """
 
 from __future__ import annotations
@@ -29,12 +38,28 @@ from wtcore.fanout import FanOutClient, Target
 from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError
 from wtcore_http_client.pause import PAUSE_MODES, check_pause_mode
 
-__all__ = ["DEFAULT_TIMEOUT_S", "PAUSE_MODES", "HTTPWeightSyncClient"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "IDEMPOTENT_CALLS",
+    "MAX_ANSWER_BYTES",
+    "MAX_ERROR_BYTES",
+    "PAUSE_MODES",
+    "HTTPWeightSyncClient",
+]
 
 log = logging.getLogger("wtcore_http_client.client")
 
 #: Extra time for the fan-out deadline, so that requests' own timeout fires first with the URL.
 _GRACE_S = 2.0
+#: The most bytes read of a successful answer (checksums of a large model are a few MiB).
+MAX_ANSWER_BYTES = 64 << 20
+#: The most bytes read of an error answer: enough for any message worth showing.
+MAX_ERROR_BYTES = 64 << 10
+#: Calls that change nothing, or set a state again to the same value: safe to send twice.
+IDEMPOTENT_CALLS = frozenset(
+    {"pause", "resume", "weight_info", "health", "is_paused", "get_world_size", "checksums"}
+)
+_READ_CHUNK = 64 << 10
 
 
 def _normalize(base_urls: str | Sequence[str]) -> list[str]:
@@ -85,17 +110,23 @@ class HTTPWeightSyncClient(FanOutClient):
             connect_timeout_s if connect_timeout_s is not None else min(10.0, self.timeout_s)
         )
         self.verify = verify
-        self._session = requests.Session()
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise PayloadError("api_key: expected a non-empty string")
+        self._api_key = api_key
+        self._session = self._new_session(pool_maxsize=8)
+
+    def _new_session(self, pool_maxsize: int) -> requests.Session:
+        session = requests.Session()
         adapter = HTTPAdapter(
-            pool_connections=max(10, len(self.base_urls)), pool_maxsize=8, max_retries=0
+            pool_connections=max(10, len(self.base_urls)), pool_maxsize=pool_maxsize, max_retries=0
         )
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
-        self._session.headers["Accept"] = "application/json"
-        if api_key is not None:
-            if not isinstance(api_key, str) or not api_key:
-                raise PayloadError("api_key: expected a non-empty string")
-            self._session.headers["Authorization"] = f"Bearer {api_key}"
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        session.headers["Accept"] = "application/json"
+        session.headers["Accept-Encoding"] = "identity"  # what is read is what was sent
+        if self._api_key is not None:
+            session.headers["Authorization"] = f"Bearer {self._api_key}"
+        return session
 
     def __repr__(self) -> str:
         return f"HTTPWeightSyncClient({self.base_urls!r}, timeout_s={self.timeout_s:g})"
@@ -108,6 +139,8 @@ class HTTPWeightSyncClient(FanOutClient):
         route: str,
         body: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
+        *,
+        session: requests.Session | None = None,
     ) -> Any:
         """One HTTP call; returns the decoded JSON answer or raises a named error."""
         where = f"{method} {route}"
@@ -117,7 +150,7 @@ class HTTPWeightSyncClient(FanOutClient):
             data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
         try:
-            r = self._session.request(
+            r = (session or self._session).request(
                 method,
                 base_url + route,
                 data=data,
@@ -125,24 +158,50 @@ class HTTPWeightSyncClient(FanOutClient):
                 headers=headers,
                 timeout=(self.connect_timeout_s, self.timeout_s),
                 verify=self.verify,
+                stream=True,  # read below, bounded
             )
+            try:
+                failed = r.status_code >= 400
+                content, complete = _read_bounded(
+                    r, MAX_ERROR_BYTES if failed else MAX_ANSWER_BYTES
+                )
+            finally:
+                r.close()  # back to the pool when read to the end, dropped otherwise
         except requests.Timeout as e:
             raise TransferTimeoutError(
                 f"{where}: no answer within {self.timeout_s:g} s ({type(e).__name__})"
             ) from e
         except requests.RequestException as e:
             raise HTTPConnectionError(f"{where}: {type(e).__name__}: {e}") from e
-        if r.status_code >= 400:
-            message, error_type = _server_message(r)
+        if failed:
+            message, error_type = _server_message(content, complete, r.reason)
             raise HTTPStatusError(r.status_code, where, message, error_type)
-        if not r.content:
+        if not complete:
+            raise HTTPStatusError(
+                r.status_code, where, f"answer over the limit of {MAX_ANSWER_BYTES} bytes"
+            )
+        if not content:
             return None
         try:
-            return r.json()
+            return json.loads(content)
         except ValueError as e:
             raise HTTPStatusError(
-                r.status_code, where, f"answer is not JSON: {r.text[:200]!r}"
+                r.status_code, where, f"answer is not JSON: {content[:200]!r}"
             ) from e
+
+    def _request_retrying(
+        self, base_url: str, method: str, route: str, params: dict[str, str] | None = None
+    ) -> Any:
+        """An idempotent call: once more on a fresh connection if the pooled one was dead."""
+        try:
+            return self._request(base_url, method, route, params=params)
+        except HTTPConnectionError as e:
+            log.info("%s %s%s: %s; retrying once on a fresh connection", method, base_url, route, e)
+        fresh = self._new_session(pool_maxsize=1)
+        try:
+            return self._request(base_url, method, route, params=params, session=fresh)
+        finally:
+            fresh.close()
 
     def _targets(self, call: str, *args: Any) -> list[Target[Any]]:
         return [(url, functools.partial(self._call, url, call, *args)) for url in self.base_urls]
@@ -159,15 +218,18 @@ class HTTPWeightSyncClient(FanOutClient):
         if call == "finish_weight_update":
             body = None if args[0] is None else {"weight_version": args[0]}
             return self._request(url, "POST", f"/{call}", body)
-        if call in ("start_weight_update", "resume"):
+        if call == "start_weight_update":
             return self._request(url, "POST", f"/{call}")
+        if call == "resume":
+            return self._request_retrying(url, "POST", f"/{call}")
         if call == "pause":
-            return self._request(url, "POST", "/pause", params=args[0])
+            return self._request_retrying(url, "POST", "/pause", params=args[0])
         if call == "checksums":
-            return self._request(url, "POST", "/weight_checksums")["checksums"]
+            return self._request_retrying(url, "POST", "/weight_checksums")["checksums"]
         if call == "abort_weight_update":
             return self._abort(url, args[0])
-        return self._request(url, "GET", f"/{call}")  # weight_info, get_world_size, ...
+        assert call in IDEMPOTENT_CALLS, call
+        return self._request_retrying(url, "GET", f"/{call}")  # weight_info, get_world_size, ...
 
     def _abort(self, url: str, reason: str) -> None:
         try:
@@ -246,13 +308,26 @@ class HTTPWeightSyncClient(FanOutClient):
     bench_launcher: ClassVar[str] = "wtcore_http_client.bench:HTTPFleet"  # wtcore bench
 
 
-def _server_message(r: requests.Response) -> tuple[str, str | None]:
+def _read_bounded(r: requests.Response, limit: int) -> tuple[bytes, bool]:
+    """Up to ``limit`` bytes of ``r``'s body as they arrive; whether that was all of it."""
+    data = bytearray()
+    for chunk in r.iter_content(_READ_CHUNK):
+        data += chunk
+        if len(data) > limit:
+            return bytes(data[:limit]), False
+    return bytes(data), True
+
+
+def _server_message(content: bytes, complete: bool, reason: str | None) -> tuple[str, str | None]:
     """The server's message: ``{"error": ...}`` (wtcore, vLLM) or ``{"detail": ...}`` (FastAPI)."""
     try:
-        body = r.json()
+        if not complete:
+            raise ValueError("truncated")
+        body = json.loads(content)
     except ValueError:
-        text = r.text.strip()
-        return (text[:500] or r.reason or "no message"), None
+        text = content[:500].decode("utf-8", "replace").strip()
+        more = f" (cut at {MAX_ERROR_BYTES} bytes)" if not complete else ""
+        return (text or reason or "no message") + more, None
     if isinstance(body, dict):
         err = body.get("error", body.get("detail", body.get("message")))
         if isinstance(err, dict):  # OpenAI-style {"error": {"message": ..., "type": ...}}

@@ -77,6 +77,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-body", type=size_argument, default=None, help="request body limit (default 64MiB)"
     )
+    limits = p.add_argument_group("limits per peer (docs/http.md)")
+    limits.add_argument(
+        "--max-connections", type=int, default=64, help="connections served at once (default 64)"
+    )
+    limits.add_argument(
+        "--idle-timeout", type=float, default=60.0, help="seconds to the next request (default 60)"
+    )
+    limits.add_argument(
+        "--header-timeout", type=float, default=10.0, help="seconds for the headers (default 10)"
+    )
+    limits.add_argument(
+        "--body-timeout", type=float, default=120.0, help="seconds for a body (default 120)"
+    )
     p.add_argument(
         "--transactional",
         action="store_true",
@@ -114,13 +127,24 @@ def run_serve(args: argparse.Namespace) -> int:
     from wtcore.sink import ModuleSink
     from wtcore.worker import WeightSyncWorker
     from wtcore_http_client.routes import DEFAULT_MAX_BODY_BYTES, ReceiverRoutes
-    from wtcore_http_client.server import ReceiverHTTPServer, check_bind
+    from wtcore_http_client.server import ReceiverHTTPServer, ServerLimits, check_bind
 
     try:
+        if args.api_key == "":
+            raise ValueError(
+                "--api-key (or WTCORE_API_KEY) is empty: set a key, or unset it to run "
+                "without authentication on a loopback address"
+            )
         options = json.loads(args.backend_options)
         if not isinstance(options, dict):
-            raise ValueError("expected a JSON object")
+            raise ValueError("--backend-options: expected a JSON object")
         check_bind(args.host, bool(args.api_key))
+        limits = ServerLimits(
+            max_connections=args.max_connections,
+            idle_timeout_s=args.idle_timeout,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+        )
     except ValueError as e:
         print(f"wtcore serve: error: {e}", file=sys.stderr)
         return 2
@@ -137,7 +161,7 @@ def run_serve(args: argparse.Namespace) -> int:
     routes = ReceiverRoutes(
         worker, api_key=args.api_key, max_body_bytes=args.max_body or DEFAULT_MAX_BODY_BYTES
     )
-    server = ReceiverHTTPServer(routes, host=args.host, port=args.port)
+    server = ReceiverHTTPServer(routes, host=args.host, port=args.port, limits=limits)
 
     stop = threading.Event()
 

@@ -19,6 +19,14 @@ which the HTTP client reads as "abort unsupported here".
 :meth:`ReceiverRoutes.handle` blocks for as long as the call does (an ``update_weights`` waits
 for its broadcast): an async framework must run it in a thread pool. ``/health``,
 ``/weight_info`` and ``/is_paused`` never wait for a running call.
+
+Bounds (issue 14): every route but ``/health`` authenticates before anything else, so an
+unauthenticated caller learns no route names and sends no body; a ``GET`` takes no body, the
+small control routes at most :data:`CONTROL_MAX_BODY_BYTES`, and only ``update_weights`` and
+``init_weight_transfer_engine`` up to ``max_body_bytes``. A JSON body is parsed with limits on
+nesting (:data:`MAX_JSON_DEPTH`), integer digits (:data:`MAX_INT_DIGITS`), non-finite numbers
+and key lengths, and ``weight_version`` is at most :data:`MAX_VERSION_CHARS` characters: past
+any of them the answer is a 400 naming the limit, never a 500.
 """
 
 from __future__ import annotations
@@ -33,14 +41,37 @@ from urllib.parse import parse_qs, urlsplit
 
 from wtcore.errors import PayloadError, ProtocolStateError, WtcoreError, http_status
 from wtcore.worker import WeightSyncWorker
+from wtcore_http_client.framing import FramingError, parse_content_length
 from wtcore_http_client.pause import check_pause_mode
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ROUTES", "ReceiverRoutes", "Response"]
+__all__ = [
+    "CONTROL_MAX_BODY_BYTES",
+    "DEFAULT_MAX_BODY_BYTES",
+    "MAX_INT_DIGITS",
+    "MAX_JSON_DEPTH",
+    "MAX_VERSION_CHARS",
+    "ROUTES",
+    "ReceiverRoutes",
+    "Response",
+]
 
 log = logging.getLogger("wtcore_http_client.routes")
 
 #: Large enough for a 32 MiB ``local`` bucket in base64; control messages are tiny.
 DEFAULT_MAX_BODY_BYTES = 64 << 20
+#: The body limit of every POST route but the two that carry engine payloads.
+CONTROL_MAX_BODY_BYTES = 64 << 10
+#: Routes whose bodies may be as large as ``max_body_bytes`` (a ``local`` bucket, an init).
+_BULK_ROUTES = frozenset({"/update_weights", "/init_weight_transfer_engine"})
+#: Deepest JSON nesting accepted: real payloads are 3 levels deep.
+MAX_JSON_DEPTH = 32
+#: Most digits of a JSON integer: 2**63 has 19; shapes and sizes never need more.
+MAX_INT_DIGITS = 20
+#: Most characters of a JSON object key and of a ``weight_version`` (echoed by ``/weight_info``).
+MAX_KEY_CHARS = 256
+MAX_VERSION_CHARS = 256
+#: Most characters of an abort ``reason`` (kept in ``last_error``).
+MAX_REASON_CHARS = 1024
 
 #: ``path -> (method, authenticated)``.
 ROUTES: dict[str, tuple[str, bool]] = {
@@ -155,37 +186,55 @@ class ReceiverRoutes:
                 "PayloadTooLarge",
             )
 
+    def body_limit(self, method: str, path: str) -> int:
+        """The most body bytes ``method path`` may carry (0 for a ``GET``)."""
+        if method.upper() in ("GET", "HEAD"):
+            return 0
+        if path in _BULK_ROUTES:
+            return self.max_body_bytes
+        return min(self.max_body_bytes, CONTROL_MAX_BODY_BYTES)
+
     def precheck(self, method: str, path: str, headers: Mapping[str, str]) -> Response | None:
-        """Route, auth and declared-size checks, before a server reads the body."""
+        """Auth, route and declared-size checks, before a server reads the body."""
         try:
-            self._route(method.upper(), urlsplit(path).path, headers)
+            route = self._route(method.upper(), urlsplit(path).path, headers)
             raw = _header(headers, "content-length")
             if raw is not None:
                 try:
-                    length = int(raw)
-                except ValueError:
-                    raise _HTTPError(
-                        400, f"Content-Length: expected an integer, got {raw!r}", "PayloadError"
-                    ) from None
-                if length < 0:
-                    raise _HTTPError(400, f"Content-Length: negative ({length})", "PayloadError")
-                self.check_size(length)
+                    length = parse_content_length(raw)
+                except FramingError as e:
+                    raise _HTTPError(e.status, e.message, "PayloadError") from None
+                self._check_length(method, route, length)
         except _HTTPError as e:
             return _error(e.status, e.message, e.error_type)
+        except PayloadError as e:
+            return _error(400, str(e), type(e).__name__)
         return None
+
+    def _check_length(self, method: str, path: str, length: int) -> None:
+        limit = self.body_limit(method, path)
+        if limit == 0 and length:
+            raise _HTTPError(
+                400, f"{method} {path} takes no body, got {length} bytes", "PayloadError"
+            )
+        if length > limit:
+            raise _HTTPError(
+                413,
+                f"request body of {length} bytes is over the limit of {limit} bytes for {path}",
+                "PayloadTooLarge",
+            )
 
     # ------------------------------------------------------------------ dispatch
     def _route(self, method: str, path: str, headers: Mapping[str, str]) -> str:
+        # Auth first: an unauthenticated caller learns nothing about routes but /health.
+        if path != "/health":
+            self.check_auth(headers)
         spec = ROUTES.get(path)
         if spec is None:
-            raise _HTTPError(
-                404, f"no route {path!r}; routes: {', '.join(sorted(ROUTES))}", "NotFound"
-            )
-        allowed, needs_auth = spec
+            raise _HTTPError(404, f"no route {path[:100]!r} (docs/http.md lists them)", "NotFound")
+        allowed, _needs_auth = spec
         if method != allowed:
             raise _HTTPError(405, f"{path} accepts {allowed}, not {method}", "MethodNotAllowed")
-        if needs_auth:
-            self.check_auth(headers)
         return path
 
     def _dispatch(
@@ -194,6 +243,7 @@ class ReceiverRoutes:
         parts = urlsplit(target)
         path = self._route(method, parts.path, headers)
         self.check_size(len(body))
+        self._check_length(method, path, len(body))
         query = parse_qs(parts.query, keep_blank_values=True)
         w = self.worker
         if path != "/pause" and query:
@@ -225,6 +275,11 @@ class ReceiverRoutes:
                 raise PayloadError(
                     f"weight_version: expected a string or null, got {_kind(version)}"
                 )
+            if version is not None and len(version) > MAX_VERSION_CHARS:
+                raise PayloadError(
+                    f"weight_version: {len(version)} characters, over the limit of "
+                    f"{MAX_VERSION_CHARS}"
+                )
             w.finish_weight_update(version)
         elif path == "/pause":
             _json_object(body)
@@ -244,6 +299,10 @@ class ReceiverRoutes:
             )
             if not isinstance(reason, str):
                 raise PayloadError(f"reason: expected a string, got {_kind(reason)}")
+            if len(reason) > MAX_REASON_CHARS:
+                raise PayloadError(
+                    f"reason: {len(reason)} characters, over the limit of {MAX_REASON_CHARS}"
+                )
             w.abort_weight_update(reason)
         return Response(200, {"status": "ok"})
 
@@ -264,10 +323,50 @@ class ReceiverRoutes:
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
-    for key, value in headers.items():
-        if key.lower() == name:
-            return value
-    return None
+    """The one value of header ``name``; two (in different cases) are refused, not picked from."""
+    found = [value for key, value in headers.items() if key.lower() == name]
+    if len(found) > 1:
+        raise _HTTPError(400, f"header {name}: sent more than once", "PayloadError")
+    return found[0] if found else None
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise PayloadError(
+            f"body: an integer of {digits} digits, over the limit of {MAX_INT_DIGITS}"
+        )
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise PayloadError(f"body: number {text[:40]!r} overflows a float")
+    return value
+
+
+def _parse_constant(text: str) -> Any:
+    raise PayloadError(f"body: {text} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _check_tree(data: Any) -> None:
+    """Nesting depth and key lengths of a parsed body, walked without recursion."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise PayloadError(f"body: nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if len(key) > MAX_KEY_CHARS:
+                    raise PayloadError(
+                        f"body: a key of {len(key)} characters, over the limit of {MAX_KEY_CHARS}"
+                    )
+                if isinstance(item, (dict, list)):
+                    stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value if isinstance(item, (dict, list)))
 
 
 def _kind(value: Any) -> str:
@@ -287,9 +386,17 @@ def _json_object(
         except UnicodeDecodeError as e:
             raise PayloadError(f"body: not UTF-8 ({e})") from None
         try:
-            data = json.loads(text)
+            data = json.loads(
+                text,
+                parse_int=_parse_int,
+                parse_float=_parse_float,
+                parse_constant=_parse_constant,
+            )
         except json.JSONDecodeError as e:
             raise PayloadError(f"body: malformed JSON ({e})") from None
+        except RecursionError:
+            raise PayloadError(f"body: nested deeper than {MAX_JSON_DEPTH} levels") from None
+        _check_tree(data)
     if not isinstance(data, dict):
         raise PayloadError(f"body: expected a JSON object, got {_kind(data)}")
     valid = (*required, *optional)

@@ -7,8 +7,25 @@ Why the standard library's :class:`~http.server.ThreadingHTTPServer` and not uvi
   ``update_weights`` that blocks in a broadcast keeps its thread, while ``/health`` and
   ``/weight_info`` are answered on others. An ASGI server would have to push every blocking
   worker call into a thread pool anyway;
-* control messages are tiny, and bulk bodies (the ``local`` engine's base64 buckets) are read
-  with ``readinto`` into one buffer (see docs/benchmarks.md).
+* control messages are tiny; bulk bodies (the ``local`` engine's base64 buckets) are read in
+  chunks as they arrive, never allocated from what a header declares.
+
+What keeps it bounded against a hostile peer (issue 14; the numbers are :class:`ServerLimits`):
+
+* **framing** is strict (:mod:`wtcore_http_client.framing`), request line and headers together
+  are at most ``max_header_bytes``, and auth, route and size are checked before a body byte is
+  read;
+* **connections**: at most ``max_connections`` are served at once (one thread each); one more
+  is answered ``503`` at once and closed, so threads and descriptors stay bounded;
+* **deadlines**, enforced by one reaper thread that shuts a late connection's socket (a
+  per-read socket timeout alone would let a peer trickle one byte per timeout forever):
+  ``idle_timeout_s`` for the next request to begin, ``header_timeout_s`` for its headers,
+  ``body_timeout_s`` for its body and again for the answer to be taken. A running call
+  (an ``update_weights`` waiting for its broadcast) has no deadline here: the worker's own
+  timeouts bound it.
+
+So the receiver's memory is bounded by ``max_connections x (max_body_bytes +
+max_header_bytes)`` plus a constant, whatever the peers do.
 
 The request rules live in :class:`~wtcore_http_client.routes.ReceiverRoutes`; this module only
 moves bytes; :mod:`wtcore_http_client.commands` builds the worker and the model around it.
@@ -17,18 +34,24 @@ Run it as ``wtcore serve`` or ``python -m wtcore_http_client.server``.
 
 from __future__ import annotations
 
+import http.client
+import io
 import ipaddress
 import json
 import logging
 import socket
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from wtcore.errors import PayloadError
+from wtcore_http_client.framing import FramingError, check_headers
 from wtcore_http_client.routes import ReceiverRoutes, Response
 
-__all__ = ["ReceiverHTTPServer", "check_bind", "is_loopback"]
+__all__ = ["ReceiverHTTPServer", "ServerLimits", "check_bind", "is_loopback"]
 
 log = logging.getLogger("wtcore_http_client.server")
 
@@ -52,6 +75,55 @@ def check_bind(host: str, has_api_key: bool) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one peer may hold of the server (``wtcore serve`` options of the same names).
+
+    Args:
+        max_connections: connections served at once; one more is answered 503 and closed.
+        idle_timeout_s: how long a connection may wait before its next request begins.
+        header_timeout_s: how long a request line and its headers may take to arrive.
+        body_timeout_s: how long a body may take to arrive, and an answer to be taken.
+        max_header_bytes: request line plus headers, at most (a 431 past it).
+    """
+
+    max_connections: int = 64
+    idle_timeout_s: float = 60.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 120.0
+    max_header_bytes: int = 64 << 10
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_header_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise PayloadError(f"{name}: expected a positive integer, got {value!r}")
+        for name in ("idle_timeout_s", "header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise PayloadError(f"{name}: expected a positive number, got {value!r}")
+
+
+class _HeaderReader:
+    """The handler's ``rfile`` while a request line and headers are read: counts their bytes."""
+
+    def __init__(self, inner: io.BufferedReader, limit: int) -> None:
+        self.inner = inner
+        self.left = limit
+
+    def readline(self, size: int = -1) -> bytes:
+        cap = self.left + 1 if size < 0 else min(size, self.left + 1)
+        line = self.inner.readline(cap)
+        self.left -= len(line)
+        if self.left < 0:
+            # parse_request answers LineTooLong with a 431 and closes the connection.
+            raise http.client.LineTooLong("request line and headers")
+        return line
+
+
+_CHUNK = 1 << 20  # body bytes read at once: memory follows what arrived, not what was declared
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive, so the client's session reuses connections
@@ -63,6 +135,41 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s - %s", self.address_string(), format % args)
+
+    def setup(self) -> None:
+        super().setup()
+        assert isinstance(self.rfile, io.BufferedReader)  # socketserver's buffered makefile
+        self._body_file: io.BufferedReader = self.rfile
+
+    def handle_one_request(self) -> None:
+        limits = self.server.limits
+        self.server.deadline(self.connection, limits.idle_timeout_s)
+        try:
+            if not self._body_file.peek(1):
+                self.close_connection = True
+                return
+        except OSError:  # timed out, reset, or shut by the reaper
+            self.close_connection = True
+            return
+        self.server.deadline(self.connection, limits.header_timeout_s)
+        self.rfile = _HeaderReader(self._body_file, limits.max_header_bytes)  # type: ignore[assignment]
+        try:
+            super().handle_one_request()
+        except OSError:
+            self.close_connection = True
+        finally:
+            self.rfile = self._body_file
+            self.server.deadline(self.connection, None)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's own refusals (bad request line, 431, 501) as JSON, then close."""
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # an unparsable line: answer with a status line
+            self.request_version = "HTTP/1.1"
+        text = message or self.responses.get(code, ("error",))[0]
+        if explain:
+            text = f"{text}: {explain}"
+        self._send(Response(code, {"error": text, "error_type": "HTTPError", "status": code}))
 
     def do_GET(self) -> None:
         self._serve()
@@ -89,37 +196,42 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         routes = self.server.routes
-        headers = dict(self.headers.items())
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+        self.rfile = self._body_file
+        try:
+            if self.headers.defects or self.headers.get_payload():
+                # The stdlib's parser takes a malformed line (``Name : v``, no colon) as the
+                # end of the headers and drops the rest: refuse rather than guess.
+                raise FramingError(400, "a malformed header line (no colon, or space before it)")
+            length = check_headers(self.headers.items())
+        except FramingError as e:
             self.close_connection = True
+            error_type = "LengthRequired" if e.status == 411 else "PayloadError"
             self._send(
                 Response(
-                    411,
-                    {
-                        "error": "send a Content-Length, not a chunked body",
-                        "error_type": "LengthRequired",
-                        "status": 411,
-                    },
+                    e.status, {"error": e.message, "error_type": error_type, "status": e.status}
                 )
             )
             return
+        headers = dict(self.headers.items())  # no duplicates left to choose between
         early = routes.precheck(self.command, self.path, headers)
         if early is not None:
             # The body was not read: close the connection rather than parse what follows.
             self.close_connection = True
             self._send(early)
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        body = bytearray(length)
-        view = memoryview(body)
-        got = 0
-        while got < length:
-            n = self.rfile.readinto(view[got:])
-            if not n:
+        self.server.deadline(self.connection, self.server.limits.body_timeout_s)
+        body = bytearray()
+        while len(body) < length:
+            chunk = self.rfile.read1(min(_CHUNK, length - len(body)))
+            if not chunk:
                 self.close_connection = True
-                return  # the client went away mid-body: nothing to answer, nothing applied
-            got += n
-        self._send(routes.handle(self.command, self.path, headers, body))
+                return  # the client went away (or was too slow): nothing applied
+            body += chunk
+        self.server.deadline(self.connection, None)  # the call itself has the worker's timeouts
+        response = routes.handle(self.command, self.path, headers, body)
+        del body
+        self.server.deadline(self.connection, self.server.limits.body_timeout_s)
+        self._send(response)
 
     def _send(self, response: Response) -> None:
         data = json.dumps(response.body).encode()
@@ -135,29 +247,118 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a handler stuck on a dead peer never blocks the exit
     allow_reuse_address = True
     routes: ReceiverRoutes
 
-    def __init__(self, addr: tuple[str, int], routes: ReceiverRoutes, family: int) -> None:
+    def __init__(
+        self, addr: tuple[str, int], routes: ReceiverRoutes, family: int, limits: ServerLimits
+    ) -> None:
         self.address_family = family
         self.routes = routes
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._active = 0
+        self._deadlines: dict[socket.socket, float] = {}
+        self._closed = threading.Event()
         super().__init__(addr, _Handler)
+        self._reaper = threading.Thread(target=self._reap, name="wtcore-http-reaper", daemon=True)
+        self._reaper.start()
+
+    def deadline(self, conn: socket.socket, seconds: float | None) -> None:
+        """Shut ``conn`` if its current phase has not ended ``seconds`` from now (None: never)."""
+        with self._lock:
+            if seconds is None:
+                self._deadlines.pop(conn, None)
+            else:
+                self._deadlines[conn] = time.monotonic() + seconds
+                conn.settimeout(seconds)  # a backstop should the reaper be late
+
+    def _reap(self) -> None:
+        while not self._closed.wait(0.2):
+            now = time.monotonic()
+            with self._lock:
+                late = [c for c, t in self._deadlines.items() if t <= now]
+                for c in late:
+                    del self._deadlines[c]
+            for c in late:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)  # the handler's read or write ends at once
+                except OSError:
+                    pass
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            busy = self._active >= self.limits.max_connections
+            if not busy:
+                self._active += 1
+        if busy:
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            with self._lock:
+                self._active -= 1
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                self._active -= 1
+                self._deadlines.pop(request, None)
+
+    def _refuse(self, request: socket.socket) -> None:
+        body = json.dumps(
+            {
+                "error": f"too many connections (the limit is {self.limits.max_connections})",
+                "error_type": "ServiceUnavailable",
+                "status": 503,
+            }
+        ).encode()
+        try:
+            request.settimeout(1.0)
+            request.sendall(_BUSY % (len(body), body))
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
 
 
 class ReceiverHTTPServer:
     """Serves :class:`ReceiverRoutes` on ``host:port`` from a background thread.
 
     ``port=0`` picks a free port; :attr:`url` tells which. A non-loopback ``host`` needs the
-    routes to have an API key (:func:`check_bind`).
+    routes to have an API key (:func:`check_bind`). ``limits`` bounds what peers may hold
+    (:class:`ServerLimits`; the defaults are in docs/http.md).
     """
 
-    def __init__(self, routes: ReceiverRoutes, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        routes: ReceiverRoutes,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits: ServerLimits | None = None,
+    ) -> None:
         check_bind(host, routes.requires_auth)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.routes = routes
-        self._server = _Server((host, port), routes, family)
+        self.limits = limits or ServerLimits()
+        self._server = _Server((host, port), routes, family, self.limits)
         self._thread: threading.Thread | None = None
 
     @property
