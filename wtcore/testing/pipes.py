@@ -40,7 +40,12 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from wtcore import errors as _errors
-from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.errors import (
+    PayloadError,
+    TransferError,
+    TransferTimeoutError,
+    UnknownNameError,
+)
 from wtcore.fanout import FanOutClient
 from wtcore.procs import stop_processes
 
@@ -156,7 +161,9 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
             elif call in handlers:
                 result = handlers[call](*args)
             else:
-                raise KeyError(f"unknown call {call!r}; this child answers {sorted(handlers)}")
+                raise UnknownNameError(
+                    f"unknown call {call!r}; this child answers {sorted(handlers)}"
+                )
             reply = {"id": req_id, "ok": True, "result": result}
             data = json.dumps(reply).encode()  # a result that is not JSON is the child's error
         except Exception as e:
@@ -281,7 +288,7 @@ class PipeClient(FanOutClient):
     ) -> None:
         labels = [f"worker[rank={i}]" for i in range(len(conns))] if labels is None else labels
         if len(labels) != len(conns):
-            raise ValueError(f"{len(conns)} connections but {len(labels)} labels")
+            raise PayloadError(f"{len(conns)} connections but {len(labels)} labels")
         self.timeout_s = timeout_s
         self.channels = [
             c if isinstance(c, PipeChannel) else PipeChannel(c, lbl, timeout_s=timeout_s)
