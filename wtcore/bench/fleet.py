@@ -21,19 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = ["InProcessFleet", "ModelSpec", "ReceiverFleet", "launch_fleet"]
 
-#: What the bench calls on a fleet's client: the four vLLM calls and the inspection calls.
-_NEEDED_CALLS = (
-    "init_weight_transfer_engine",
-    "start_weight_update",
-    "update_weights",
-    "finish_weight_update",
-    "weight_info",
-    "checksums",
-    "abort_weight_update",
-    "get_world_size",
-    "close",
-)
-
 
 class InProcessFleet:
     """Receivers in this process, driven by one fan-out client of ``client_cls``."""
@@ -104,13 +91,15 @@ def launch_fleet(
 
 def _inspectable(client: str, fleet: ReceiverFleet) -> ReceiverFleet:
     """``fleet``, if its client can inspect its receivers; else stop them and say so."""
-    from wtcore.client import InspectableClient
+    from wtcore.client import InspectableClient, calls_of
 
     if isinstance(fleet.client, InspectableClient):
         return fleet
     fleet.close()
     kind = type(fleet.client)
-    missing = [n for n in _NEEDED_CALLS if not callable(getattr(fleet.client, n, None))]
+    missing = [
+        n for n in calls_of(InspectableClient) if not callable(getattr(fleet.client, n, None))
+    ]
     raise WrongTypeError(
         f"client {client!r}: the bench needs a wtcore.client.InspectableClient, but its launcher "
         f"returned a {kind.__module__}.{kind.__qualname__}, which lacks {', '.join(missing)}"
