@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from wtcore.errors import PayloadError
 from wtcore.meta import ParamMeta
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class Bucket:
 def plan_buckets(metas: Sequence[ParamMeta], buffer_size_bytes: int) -> list[Bucket]:
     """Split ``metas`` into buckets of at most ``buffer_size_bytes`` (see module docstring)."""
     if buffer_size_bytes <= 0:
-        raise ValueError(f"buffer_size_bytes must be positive, got {buffer_size_bytes}")
+        raise PayloadError(f"buffer_size_bytes must be positive, got {buffer_size_bytes}")
     buckets: list[Bucket] = []
     cur: list[ParamMeta] = []
     offsets: list[int] = []
@@ -110,11 +111,11 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """Copy ``tensors`` into the flat ``uint8`` buffer ``out``; returns ``out[:nbytes]``."""
     if len(tensors) != len(bucket.metas):
-        raise ValueError(
+        raise PayloadError(
             f"bucket {bucket.index} holds {len(bucket.metas)} tensors, got {len(tensors)}"
         )
     if out.numel() < bucket.nbytes:
-        raise ValueError(
+        raise PayloadError(
             f"buffer of {out.numel()} bytes is too small for bucket of {bucket.nbytes}"
         )
     for meta, off, t in zip(bucket.metas, bucket.offsets, tensors, strict=True):
@@ -126,7 +127,7 @@ def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tens
 def unpack_bucket(bucket: Bucket, buf: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
     """Views of each tensor inside the flat ``uint8`` buffer ``buf`` (no copies)."""
     if buf.numel() < bucket.nbytes:
-        raise ValueError(
+        raise PayloadError(
             f"buffer of {buf.numel()} bytes is too small for bucket of {bucket.nbytes}"
         )
     for meta, off in zip(bucket.metas, bucket.offsets, strict=True):
@@ -156,7 +157,7 @@ def pack_source(
     for i, bucket in enumerate(buckets):
         buf = buffer_for(bucket)
         if buf.numel() < bucket.nbytes:
-            raise ValueError(
+            raise PayloadError(
                 f"buffer of {buf.numel()} bytes is too small for bucket of {bucket.nbytes}"
             )
         for off in bucket.offsets:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["InspectableClient", "WeightSyncClient"]
+__all__ = ["InspectableClient", "WeightSyncClient", "calls_of"]
 
 
 @runtime_checkable
@@ -67,3 +67,16 @@ class InspectableClient(WeightSyncClient, Protocol):
     def close(self) -> None:
         """Release the client's own resources (connections); the receivers keep running."""
         ...
+
+
+def calls_of(protocol: type) -> tuple[str, ...]:
+    """The public calls ``protocol`` declares, its bases' first, in declaration order.
+
+    The one list of names for anything that must answer or check a protocol's calls (a test
+    control plane, the bench's client check), so none of them spells the calls out again.
+    """
+    names: dict[str, None] = {}
+    for cls in reversed(protocol.__mro__):
+        if cls.__module__ == __name__:
+            names.update((n, None) for n, v in vars(cls).items() if callable(v) and n[0] != "_")
+    return tuple(names)

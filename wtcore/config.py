@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wtcore._parse import parse_dataclass
-from wtcore.errors import PayloadError
+from wtcore.errors import MissingFileError, PayloadError
 from wtcore.registry import CLIENTS, TRAINER_ENGINES
 
 if TYPE_CHECKING:
@@ -33,24 +33,34 @@ __all__ = ["build_client", "load_config", "trainer_from_config"]
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read a ``.json`` or ``.toml`` config file."""
+    """Read a ``.json`` or ``.toml`` config file.
+
+    A missing file is a :class:`~wtcore.errors.MissingFileError` (also a
+    ``FileNotFoundError``) naming the path, so the CLI prints it as one line.
+    """
     p = Path(path)
+    if p.suffix not in (".toml", ".json"):
+        raise PayloadError(f"config file must end in .json or .toml, got {p.name!r}")
+    try:
+        text = p.read_text()
+    except FileNotFoundError as e:
+        raise MissingFileError(f"config: {p}: no such file") from e
+    except OSError as e:
+        raise PayloadError(f"config: {p} cannot be read ({e.strerror or e})") from e
     if p.suffix == ".toml":
         if sys.version_info >= (3, 11):
             import tomllib
         else:  # pragma: no cover - Python 3.10
             import tomli as tomllib
         try:
-            data: Any = tomllib.loads(p.read_text())
+            data: Any = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise PayloadError(f"config: {p} is not valid TOML ({e})") from e
-    elif p.suffix == ".json":
+    else:
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise PayloadError(f"config: {p} is not valid JSON ({e})") from e
-    else:
-        raise PayloadError(f"config file must end in .json or .toml, got {p.name!r}")
     if not isinstance(data, dict):
         raise PayloadError(
             f"config: expected a table/object at the top of {p}, got {type(data).__name__}"

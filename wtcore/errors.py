@@ -11,6 +11,9 @@ The family is deliberately small::
     WtcoreError
     +-- PayloadError (ValueError)            bad input; nothing was applied          HTTP 400
     |   +-- WrongTypeError (TypeError)       an object of the wrong kind             HTTP 400
+    |   +-- UnknownNameError (KeyError)      a name that is not one of the known ones HTTP 400
+    |   +-- MissingFileError                 a file named in the input does not exist HTTP 400
+    |       (FileNotFoundError)
     +-- MetadataMismatchError (ValueError)   a source broke its own metadata()       HTTP 400
     +-- ProtocolStateError (RuntimeError)    a call out of order (incl. no init)     HTTP 409
     +-- TransferError (RuntimeError)         the data plane failed                   HTTP 500
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "MetadataMismatchError",
+    "MissingFileError",
     "PayloadError",
     "PluginConflictError",
     "PluginLoadError",
@@ -45,6 +49,7 @@ __all__ = [
     "ReceiverTimeoutError",
     "TransferError",
     "TransferTimeoutError",
+    "UnknownNameError",
     "VerificationError",
     "WrongTypeError",
     "WtcoreError",
@@ -65,6 +70,25 @@ class PayloadError(WtcoreError, ValueError):
 
 class WrongTypeError(PayloadError, TypeError):
     """An argument is an object of the wrong kind (a client without inspection calls, ...)."""
+
+
+class UnknownNameError(PayloadError, KeyError):
+    """A name that is not one of a fixed set (a stats phase, ...); the message lists the set.
+
+    Also a ``KeyError``, which is what a lookup by name raises without wtcore.
+    """
+
+    def __str__(self) -> str:
+        # KeyError quotes its argument (it is usually a key); this one is a sentence.
+        return Exception.__str__(self)
+
+
+class MissingFileError(PayloadError, FileNotFoundError):
+    """A file named in the input (a config file, a checkpoint) does not exist.
+
+    Also a ``FileNotFoundError``, so ``except FileNotFoundError`` and ``except OSError`` keep
+    working; the message names the path.
+    """
 
 
 class ProtocolStateError(WtcoreError, RuntimeError):

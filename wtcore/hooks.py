@@ -13,7 +13,7 @@ from typing import Any
 
 import pluggy
 
-from wtcore.errors import PluginLoadError
+from wtcore.errors import PluginConflictError, PluginLoadError
 from wtcore.registry import autoload_disabled
 
 __all__ = [
@@ -83,9 +83,12 @@ def hook_plugin_origins() -> dict[str, str]:
 
 def register_hooks(plugin: object, name: str | None = None) -> str:
     """Register a hook implementation object or module explicitly; returns its name."""
-    registered = get_plugin_manager().register(plugin, name=name)
+    try:
+        registered = get_plugin_manager().register(plugin, name=name)
+    except ValueError as e:  # pluggy's own error for a name or object registered twice
+        raise PluginConflictError(f"hook plugin {name or plugin!r} is already registered") from e
     if registered is None:
-        raise ValueError(f"hook plugin {name or plugin!r} is already registered")
+        raise PluginConflictError(f"hook plugin {name or plugin!r} is blocked")
     return registered
 
 

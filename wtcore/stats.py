@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from wtcore.errors import UnknownNameError
+
 __all__ = ["PHASES", "TransferStats"]
 
 #: The phases every engine accounts for. Time not spent in one of them is "other".
@@ -34,7 +36,7 @@ class TransferStats:
     def phase(self, name: str) -> Iterator[None]:
         """Add the time spent in the ``with`` block to phase ``name``."""
         if name not in self.phase_seconds:
-            raise KeyError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+            raise UnknownNameError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
         t0 = time.perf_counter()
         try:
             yield

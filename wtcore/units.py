@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from wtcore.errors import PayloadError
+
 __all__ = ["format_size", "parse_size"]
 
 _UNITS = {
@@ -20,12 +22,13 @@ _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-z]*)\s*$")
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes in ``text``; raises ``ValueError`` naming the accepted units."""
+    """Bytes in ``text``; raises :class:`~wtcore.errors.PayloadError` (a ``ValueError``) naming
+    the accepted units."""
     if isinstance(text, int):
         return text
     m = _PATTERN.match(text.lower())
     if m is None or m.group(2) not in _UNITS:
-        raise ValueError(
+        raise PayloadError(
             f"expected a size such as 4096, 64MiB or 1GiB (units: B, KB, MB, GB, KiB, MiB, GiB), "
             f"got {text!r}"
         )
@@ -35,8 +38,10 @@ def parse_size(text: str | int) -> int:
 def format_size(n: int) -> str:
     """``1073741824`` -> ``1.0 GiB``."""
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    if value < 1024:
+        return f"{value:.0f} B"
+    for unit in ("KiB", "MiB"):
         value /= 1024
-    raise AssertionError("unreachable")
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} GiB"

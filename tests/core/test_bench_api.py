@@ -241,6 +241,45 @@ def test_client_without_a_launcher_is_a_clear_error() -> None:
         CLIENTS.unregister("thirdparty-nolaunch")
 
 
+class _FourCallsOnly(_NoLauncherClient):
+    """Launches real in-process receivers, but offers only the four vLLM calls."""
+
+    bench_launcher: ClassVar[str] = "wtcore.bench.fleet:InProcessFleet"
+
+
+def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from wtcore.bench.fleet import InProcessFleet
+    from wtcore.errors import WrongTypeError
+
+    closed: list[InProcessFleet] = []
+    real_close = InProcessFleet.close
+
+    def close(self: InProcessFleet) -> None:
+        closed.append(self)
+        real_close(self)
+
+    monkeypatch.setattr(InProcessFleet, "close", close)
+    CLIENTS.register("thirdparty-fourcalls", _FourCallsOnly)
+    try:
+        with pytest.raises(WrongTypeError) as info:
+            run_bench(
+                BenchOptions(client="thirdparty-fourcalls", baselines="none", size_bytes=4096)
+            )
+    finally:
+        CLIENTS.unregister("thirdparty-fourcalls")
+    message = str(info.value)
+    assert "client 'thirdparty-fourcalls': the bench needs a wtcore.client.InspectableClient" in (
+        message
+    )
+    assert message.endswith(
+        "_FourCallsOnly, which lacks weight_info, checksums, abort_weight_update, "
+        "get_world_size, close"
+    )
+    assert len(closed) == 1, "the receivers it started must be stopped"
+
+
 def test_deprecated_launch_hook_is_a_fallback_that_warns() -> None:
     from wtcore.bench.fleet import InProcessFleet
     from wtcore.hooks import register_hooks, unregister_hooks

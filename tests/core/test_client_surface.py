@@ -118,3 +118,17 @@ def client_status(worker: WeightSyncWorker) -> int | None:
     (failure,) = err.value.failures
     assert failure.error_type == "ProtocolStateError"
     return failure.status
+
+
+def test_calls_of_lists_each_protocols_calls_in_order() -> None:
+    from wtcore.client import InspectableClient, WeightSyncClient, calls_of
+
+    four = (
+        "init_weight_transfer_engine",
+        "start_weight_update",
+        "update_weights",
+        "finish_weight_update",
+    )
+    assert calls_of(WeightSyncClient) == four
+    inspect = ("weight_info", "checksums", "abort_weight_update", "get_world_size", "close")
+    assert calls_of(InspectableClient) == four + inspect

@@ -8,7 +8,9 @@ timeout instead of a hang.
 
 from __future__ import annotations
 
+import base64
 import functools
+import json
 import os
 import signal
 import time
@@ -161,3 +163,32 @@ def test_error_records_round_trip() -> None:
     odd = remote_error("SomethingOnlyTheChildKnows", "boom")
     assert type(odd).__name__ == "SomethingOnlyTheChildKnows" and isinstance(odd, RemoteError)
     assert isinstance(remote_error("KeyError", "x"), KeyError)
+
+
+def test_decoding_checks_the_state_like_an_update() -> None:
+    state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    good = json.loads(json.dumps(encode_state(state)))
+    assert set(good) == {"names", "dtype_names", "shapes", "data"}
+    with pytest.raises(PayloadError, match="shapes\\[0\\]"):
+        decode_state({**good, "shapes": [[-1, 3]]})
+    with pytest.raises(PayloadError, match="data: 20 bytes, but the metadata plans 24"):
+        decode_state({**good, "data": base64.b64encode(bytes(20)).decode()})
+    assert decode_state({"names": [], "dtype_names": [], "shapes": [], "data": ""}) == {}
+
+
+def test_a_remote_error_reads_like_every_transport() -> None:
+    from wtcore.errors import ReceiverTimeoutError
+    from wtcore.fanout import failure_of
+
+    e = remote_error("ProtocolStateError", "start twice", "w0.start_weight_update")
+    failure = failure_of("w0", e)
+    assert (failure.error_type, failure.message, failure.status) == (
+        "ProtocolStateError",
+        "start twice",
+        409,
+    )
+    assert remote_error("WrongTypeError", "x").status == 400  # the core's map, not a copy
+    assert remote_error("TransferTimeoutError", "x").status == 504
+    # a ReceiverError's constructor takes failures: the name survives, the call does not fail
+    assert type(remote_error("ReceiverTimeoutError", "x")).__name__ == "ReceiverTimeoutError"
+    assert not isinstance(remote_error("ReceiverTimeoutError", "x"), ReceiverTimeoutError)

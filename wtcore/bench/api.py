@@ -28,6 +28,7 @@ from wtcore.errors import PayloadError, WtcoreError
 if TYPE_CHECKING:
     import torch
 
+    from wtcore.client import InspectableClient
     from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 
 __all__ = [
@@ -99,11 +100,12 @@ class Baseline:
 class ReceiverFleet(Protocol):
     """A started set of receivers: a fan-out ``client`` and the PIDs behind it.
 
-    ``client`` offers the four vLLM calls plus ``weight_info()`` and ``checksums()``; ``close``
-    stops every receiver (always, even after a failure) and may be called once.
+    ``client`` is an :class:`~wtcore.client.InspectableClient` (the four vLLM calls plus
+    ``weight_info()``, ``checksums()``, ...; ``launch_fleet`` checks it); ``close`` stops every
+    receiver (always, even after a failure) and may be called once.
     """
 
-    client: Any
+    client: InspectableClient
 
     def pids(self) -> list[int]: ...
 

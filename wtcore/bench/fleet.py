@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from wtcore.bench.api import BenchNotSupportedError, ModelSpec, ReceiverFleet
+from wtcore.errors import WrongTypeError
 
 if TYPE_CHECKING:
     from wtcore.worker import WeightSyncWorker
@@ -62,25 +63,46 @@ def launch_fleet(
     timeout_s: float,
     options: Mapping[str, Any] | None = None,
 ) -> ReceiverFleet:
-    """Start ``count`` receivers reachable by the client registered as ``client``."""
+    """Start ``count`` receivers reachable by the client registered as ``client``.
+
+    The fleet's client must be an :class:`~wtcore.client.InspectableClient` (the bench reads
+    every receiver's ``checksums()`` and ``weight_info()``); checked here, once, so the runner
+    never guesses at return shapes.
+    """
     from wtcore.registry import CLIENTS
 
     cls = CLIENTS.load(client)  # unknown name -> the registry's "did you mean" error
     target = getattr(cls, "bench_launcher", None)
     opts = dict(options or {})
+    fleet: ReceiverFleet | None
     if isinstance(target, str):
         launcher = pkgutil.resolve_name(target)
-        fleet: ReceiverFleet = launcher(
-            cls, backend, count, model, timeout_s=timeout_s, options=opts
-        )
-        return fleet
-    legacy = _legacy_hook(client, backend, count, model, timeout_s, opts)
-    if legacy is not None:
-        return legacy
+        fleet = launcher(cls, backend, count, model, timeout_s=timeout_s, options=opts)
+    else:
+        fleet = _legacy_hook(client, backend, count, model, timeout_s, opts)
+    if fleet is not None:
+        return _inspectable(client, fleet)
     raise BenchNotSupportedError(
         f"client {client!r} ({cls.__module__}.{cls.__qualname__}) cannot start receivers for "
         "wtcore bench: set its `bench_launcher` class attribute to the import target of a "
         "wtcore.bench.ReceiverLauncher (see docs/writing-an-engine.md)"
+    )
+
+
+def _inspectable(client: str, fleet: ReceiverFleet) -> ReceiverFleet:
+    """``fleet``, if its client can inspect its receivers; else stop them and say so."""
+    from wtcore.client import InspectableClient, calls_of
+
+    if isinstance(fleet.client, InspectableClient):
+        return fleet
+    fleet.close()
+    kind = type(fleet.client)
+    missing = [
+        n for n in calls_of(InspectableClient) if not callable(getattr(fleet.client, n, None))
+    ]
+    raise WrongTypeError(
+        f"client {client!r}: the bench needs a wtcore.client.InspectableClient, but its launcher "
+        f"returned a {kind.__module__}.{kind.__qualname__}, which lacks {', '.join(missing)}"
     )
 
 

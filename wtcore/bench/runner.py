@@ -7,7 +7,6 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -127,11 +126,9 @@ def _run_engine(
                 if opts.corrupt_round == r:
                     _corrupt(fleet)
                 want = digest_named(model.named_parameters())
-                got = fleet.client.checksums()
-                per = [got] if isinstance(got, Mapping) else list(got)
+                per = fleet.client.checksums()
                 bad = [sum(d.get(n) != v for n, v in want.items()) for d in per]
                 infos = fleet.client.weight_info()
-                infos = [infos] if isinstance(infos, Mapping) else list(infos)
                 versions = [i.get("weight_version") for i in infos]
                 rounds.append(
                     {

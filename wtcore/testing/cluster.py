@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wtcore.errors import PayloadError
 from wtcore.procs import stop_processes
 
 __all__ = [
@@ -71,7 +72,7 @@ def unavailable_reason() -> str | None:
 def rate_bits(rate: str) -> float:
     """``tc``'s rate syntax (``1gbit``, ``100mbit``, ``50mbps``) in bits per second."""
     if not _RATE.match(rate):
-        raise ValueError(f"link rate: expected a tc rate like '1gbit' or '100mbit', got {rate!r}")
+        raise PayloadError(f"link rate: expected a tc rate like '1gbit' or '100mbit', got {rate!r}")
     unit = rate.lstrip("0123456789.")
     value = float(rate[: len(rate) - len(unit)])
     return value * (_RATE_BITS.get(unit) or _RATE_BYTES[unit])
@@ -230,10 +231,10 @@ class Cluster:
 
     def __init__(self, n: int, *, subnet: str = DEFAULT_SUBNET, rate: str | None = None) -> None:
         if n < 1:
-            raise ValueError(f"n: expected at least 1 node, got {n}")
+            raise PayloadError(f"n: expected at least 1 node, got {n}")
         net = ipaddress.ip_network(subnet)
         if n > net.num_addresses - 2:
-            raise ValueError(f"subnet {subnet} has no room for {n} nodes")
+            raise PayloadError(f"subnet {subnet} has no room for {n} nodes")
         self.token = f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}"
         self.switch = f"{self.token}-sw"
         self.prefixlen = net.prefixlen

@@ -1,26 +1,15 @@
 """A control plane over ``multiprocessing`` pipes, for tests and benchmarks with real processes.
 
-Engine tests and benchmarks need receivers in *other* processes (a shared-memory segment or a
-gloo group inside one process proves little), but not an HTTP server or a Ray cluster. This
-module is the one small control plane they share:
-
-* child side: :func:`serve` answers requests on a :class:`~multiprocessing.connection.Connection`
-  one at a time; :func:`serve_worker` does so for a :class:`~wtcore.worker.WeightSyncWorker`
-  built in the child (the four protocol calls, ``weight_info``, ``checksums``, ``abort``,
-  plus any extra handlers a test adds);
-* parent side: :class:`PipeClient` is a ``WeightSyncClient`` that fans every protocol call out
-  to all children (:func:`wtcore.fanout.fan_out`, so failures arrive as one
-  :class:`~wtcore.errors.ReceiverError`) and bounds every wait: a dead or hung child costs one
-  timeout, never a hang;
-* :func:`pipe_fleet` starts the children (``spawn``) and always stops them;
-* :func:`encode_state` / :func:`decode_state` carry tensors as JSON so that the parent can
-  compare them bit for bit (``torch.equal``).
-
-Every message is JSON bytes (``send_bytes``), never a pickle, as on every production control
-plane: a payload that only works because pickle carried it would be a bug these tests hide.
-Errors cross as ``{"ok": false, "type": ..., "message": ...}`` and come back as
-:class:`RemoteError` subclasses that keep the remote type's *name* and, for wtcore's own errors
-and common builtins, its *class* too (``except PayloadError`` / ``except ValueError`` still work).
+Engine tests need receivers in *other* processes, but not an HTTP server or a Ray cluster. The
+child runs :func:`serve` (or :func:`serve_worker` for a :class:`~wtcore.worker.WeightSyncWorker`);
+the parent's :class:`PipeClient` is a :class:`~wtcore.fanout.FanOutClient` (one
+:class:`~wtcore.errors.ReceiverError` per fanned-out call) whose every wait is bounded, and
+:func:`pipe_fleet` starts the children and always stops them. Messages are JSON, never pickles,
+as on every production control plane. A child's error crosses as :func:`error_record` and comes
+back as :func:`remote_error`, which keeps the remote type's name and, where it is one of
+wtcore's or a builtin, its class; like an HTTP error it carries ``server_error_type``,
+``detail`` and the ``status`` of :func:`~wtcore.errors.http_status`, so
+:func:`~wtcore.fanout.failure_of` reports it as it reports every other transport's.
 """
 
 from __future__ import annotations
@@ -40,7 +29,14 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from wtcore import errors as _errors
-from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.client import WeightSyncClient, calls_of
+from wtcore.errors import (
+    PayloadError,
+    TransferError,
+    TransferTimeoutError,
+    UnknownNameError,
+    http_status,
+)
 from wtcore.fanout import FanOutClient
 from wtcore.procs import stop_processes
 
@@ -70,15 +66,7 @@ __all__ = [
 Handlers = dict[str, Callable[..., Any]]
 
 #: The calls :func:`worker_handlers` answers: the protocol, plus the inspection calls.
-WORKER_CALLS = (
-    "init_weight_transfer_engine",
-    "start_weight_update",
-    "update_weights",
-    "finish_weight_update",
-    "abort_weight_update",
-    "weight_info",
-    "checksums",
-)
+WORKER_CALLS = (*calls_of(WeightSyncClient), "abort_weight_update", "weight_info", "checksums")
 
 # Request ids are unique across every client of this process, so an answer that arrives
 # after its call was abandoned (timeout) can never be taken for the answer to a later call.
@@ -92,18 +80,15 @@ def error_record(e: BaseException) -> dict[str, Any]:
 
 
 class RemoteError(RuntimeError):
-    """An error raised in another process; ``error_type`` is the remote type's name.
-
-    ``status`` follows the HTTP mapping of wtcore's errors (400/409/500), so fan-out failures
-    read like those of the HTTP client.
-    """
+    """An error raised in another process; ``error_type`` is the remote type's name."""
 
     def __init__(self, error_type: str, message: str, where: str = "") -> None:
-        prefix = f"{where}: " if where else ""
-        super().__init__(f"{prefix}{error_type}: {message}")
-        self.error_type = error_type
-        self.remote_message = message
-        self.status = {"PayloadError": 400, "ProtocolStateError": 409}.get(error_type, 500)
+        super().__init__(
+            f"{where}: {error_type}: {message}" if where else f"{error_type}: {message}"
+        )
+        self.error_type = self.server_error_type = error_type
+        self.remote_message = self.detail = message
+        self.status = http_status(self)
 
 
 @functools.cache
@@ -111,11 +96,15 @@ def _remote_class(error_type: str) -> type[RemoteError]:
     """A class *named* ``error_type`` that also derives from the local class of that name
     (wtcore's errors, then builtins) where one exists, so callers catch it as they would
     locally; ``functools.cache`` makes it one class per name."""
-    local = getattr(_errors, error_type, None) if error_type in _errors.__all__ else None
-    if local is None or error_type == "ReceiverError":  # ReceiverError has its own init
-        local = getattr(builtins, error_type, None) if local is None else None
+    home = _errors if error_type in _errors.__all__ else builtins
+    local = getattr(home, error_type, None)
     bases: tuple[type, ...] = (RemoteError,)
-    if isinstance(local, type) and issubclass(local, Exception):
+    # ReceiverError (and its subclass) take a list of failures, not a message: name only.
+    if (
+        isinstance(local, type)
+        and issubclass(local, Exception)
+        and not issubclass(local, _errors.ReceiverError)
+    ):
         bases += (local,)
     try:
         return type(error_type, bases, {"__module__": __name__})
@@ -129,8 +118,17 @@ def remote_error(error_type: str, message: str, where: str = "") -> RemoteError:
 
 
 # ---------------------------------------------------------------------- child side
+def _encode(msg: Mapping[str, Any]) -> bytes:
+    """One message, as JSON: a value that is not JSON fails here, in the sender."""
+    return json.dumps(msg).encode()
+
+
 def _send(conn: Connection, msg: Mapping[str, Any]) -> None:
-    conn.send_bytes(json.dumps(msg).encode())
+    conn.send_bytes(_encode(msg))
+
+
+def _recv(conn: Connection) -> Any:
+    return json.loads(conn.recv_bytes())
 
 
 def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
@@ -142,28 +140,27 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
     """
     while True:
         try:
-            req = json.loads(conn.recv_bytes())
+            req = _recv(conn)
         except (EOFError, OSError):
             return
         req_id, call, args = req.get("id"), req.get("call"), req.get("args", [])
-        if call == "exit":
-            with contextlib.suppress(OSError):
-                _send(conn, {"id": req_id, "ok": True, "result": None})
-            return
         try:
-            if call == "ping":
-                result: Any = True
+            if call in ("exit", "ping"):
+                result: Any = call == "ping"
             elif call in handlers:
                 result = handlers[call](*args)
             else:
-                raise KeyError(f"unknown call {call!r}; this child answers {sorted(handlers)}")
-            reply = {"id": req_id, "ok": True, "result": result}
-            data = json.dumps(reply).encode()  # a result that is not JSON is the child's error
-        except Exception as e:
-            data = json.dumps({"id": req_id, **error_record(e)}).encode()
+                raise UnknownNameError(
+                    f"unknown call {call!r}; this child answers {sorted(handlers)}"
+                )
+            data = _encode({"id": req_id, "ok": True, "result": result})
+        except Exception as e:  # a result that is not JSON is the child's error too
+            data = _encode({"id": req_id, **error_record(e)})
         try:
             conn.send_bytes(data)
         except OSError:
+            return
+        if call == "exit":
             return
 
 
@@ -242,7 +239,7 @@ class PipeChannel:
             while True:
                 try:
                     ready = self.conn.poll(max(0.0, deadline - time.monotonic()))
-                    msg = json.loads(self.conn.recv_bytes()) if ready else None
+                    msg = _recv(self.conn) if ready else None
                 except (EOFError, OSError) as e:
                     raise self._gone(call, "died", e) from e
                 if msg is None:
@@ -281,7 +278,7 @@ class PipeClient(FanOutClient):
     ) -> None:
         labels = [f"worker[rank={i}]" for i in range(len(conns))] if labels is None else labels
         if len(labels) != len(conns):
-            raise ValueError(f"{len(conns)} connections but {len(labels)} labels")
+            raise PayloadError(f"{len(conns)} connections but {len(labels)} labels")
         self.timeout_s = timeout_s
         self.channels = [
             c if isinstance(c, PipeChannel) else PipeChannel(c, lbl, timeout_s=timeout_s)
@@ -318,10 +315,6 @@ class PipeFleet:
         return [p.pid for p in self.procs if p.pid is not None]
 
 
-def _exitcode_of(proc: mp.process.BaseProcess) -> Callable[[], int | None]:
-    return lambda: proc.exitcode
-
-
 @contextlib.contextmanager
 def pipe_fleet(
     make_workers: Sequence[Callable[[], WeightSyncWorker]],
@@ -353,7 +346,12 @@ def pipe_fleet(
             child.close()
             procs.append(proc)
             channels.append(
-                PipeChannel(parent, label, timeout_s=timeout_s, exitcode=_exitcode_of(proc))
+                PipeChannel(
+                    parent,
+                    label,
+                    timeout_s=timeout_s,
+                    exitcode=functools.partial(getattr, proc, "exitcode"),
+                )
             )
         client = PipeClient(channels, timeout_s=timeout_s)
         if ready_timeout_s is not None:
@@ -375,30 +373,44 @@ def pipe_fleet(
 def encode_state(
     items: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
 ) -> dict[str, Any]:
-    """``{name: [dtype name, shape, base64 of the raw bytes]}``: exact for every dtype
-    (bf16 included), and plain JSON."""
-    from wtcore.buckets import as_bytes
-    from wtcore.meta import dtype_name
+    """The wire metadata (``names``, ``dtype_names``, ``shapes``) plus ``data``: base64 of
+    one bucket packed with the core's bucket rule. Exact for every dtype, and plain JSON."""
+    import torch
+
+    from wtcore.buckets import pack_bucket, plan_buckets
+    from wtcore.meta import ParamMeta, metas_to_wire
 
     pairs = items.items() if isinstance(items, Mapping) else items
-    out: dict[str, Any] = {}
-    for name, t in pairs:
-        raw = as_bytes(t.detach().cpu().contiguous()).numpy().tobytes()
-        out[name] = [dtype_name(t.dtype), list(t.shape), base64.b64encode(raw).decode()]
-    return out
+    tensors = {name: t.detach().cpu().contiguous() for name, t in pairs}
+    metas = [ParamMeta.of(name, t) for name, t in tensors.items()]
+    raw = b""
+    for bucket in plan_buckets(metas, _ONE_BUCKET):  # at most one
+        buf = torch.empty(bucket.nbytes, dtype=torch.uint8)
+        raw = pack_bucket(bucket, list(tensors.values()), buf).numpy().tobytes()
+    return {**metas_to_wire(metas), "data": base64.b64encode(raw).decode()}
 
 
 def decode_state(data: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """The inverse of :func:`encode_state`: CPU tensors that own their memory."""
+    """The inverse of :func:`encode_state`, checked as a receiver checks an update (the
+    metadata field by field, the byte count against the plan): CPU tensors that own their
+    memory."""
     import torch
 
-    from wtcore.meta import dtype_from_name
+    from wtcore.buckets import plan_buckets, unpack_bucket
+    from wtcore.meta import metas_from_wire
 
-    out = {}
-    for name, (dname, shape, b64) in data.items():
-        raw = bytearray(base64.b64decode(b64))
-        flat = (
-            torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        )
-        out[name] = flat.view(dtype_from_name(dname)).reshape(shape).clone()
+    metas = metas_from_wire(data.get("names"), data.get("dtype_names"), data.get("shapes"))
+    raw = bytearray(base64.b64decode(str(data.get("data", "")), validate=True))
+    buckets = plan_buckets(metas, _ONE_BUCKET)
+    planned = sum(b.nbytes for b in buckets)
+    if len(raw) != planned:
+        raise PayloadError(f"data: {len(raw)} bytes, but the metadata plans {planned}")
+    out: dict[str, torch.Tensor] = {}
+    for bucket in buckets:
+        buf = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        out.update((name, t.clone()) for name, t in unpack_bucket(bucket, buf))
     return out
+
+
+#: Larger than any state a test sends: every state is one bucket.
+_ONE_BUCKET = 1 << 62

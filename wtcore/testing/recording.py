@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from wtcore.client import WeightSyncClient
+from wtcore.errors import WrongTypeError
 
 __all__ = ["RecordingClient"]
 
@@ -27,9 +28,9 @@ class RecordingClient:
         try:
             same = json.loads(json.dumps(payload)) == payload
         except (TypeError, ValueError) as e:
-            raise TypeError(f"{call}: payload is not JSON-serializable: {e}") from e
+            raise WrongTypeError(f"{call}: payload is not JSON-serializable: {e}") from e
         if not same:
-            raise TypeError(f"{call}: payload changes in a JSON round trip: {payload!r}")
+            raise WrongTypeError(f"{call}: payload changes in a JSON round trip: {payload!r}")
         with self._lock:
             self.calls.append((call, payload))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from wtcore.errors import PayloadError
 from wtcore.meta import ParamMeta
 from wtcore.source import WeightSource
 from wtcore.synthetic import build_module, synthetic_state, zeros_like_state
@@ -47,7 +48,7 @@ class MismatchedSource(WeightSource):
 
     def __init__(self, inner: WeightSource, kind: str) -> None:
         if kind not in MISMATCH_KINDS:
-            raise ValueError(f"kind must be one of {MISMATCH_KINDS}, got {kind!r}")
+            raise PayloadError(f"kind must be one of {MISMATCH_KINDS}, got {kind!r}")
         self.inner = inner
         self.kind = kind
 
@@ -59,7 +60,7 @@ class MismatchedSource(WeightSource):
 
         items = list(self.inner)
         if len(items) < 2:
-            raise ValueError("MismatchedSource needs at least two tensors")
+            raise PayloadError("MismatchedSource needs at least two tensors")
         last = len(items) - 1
         if self.kind == "reordered":
             items[last - 1], items[last] = items[last], items[last - 1]
