@@ -81,9 +81,13 @@ def fleet(
     timeout_s: float = 20.0,
     options: dict[str, Any] | None = None,
     extra: Extra | None = None,
+    ready_timeout_s: float = 180.0,
 ) -> Iterator[Fleet]:
     """Start ``num_workers`` worker processes; on exit stop them, killing by PID if needed,
     and assert that none is left (``pipe_fleet`` does all three).
+
+    The fleet is yielded only once every worker answered (torch imported, worker built), so
+    the caller's timers never include a spawn on a loaded machine.
 
     ``extra(worker)`` may add handlers (the benchmark adds its probes); it must be picklable.
     """
@@ -93,7 +97,10 @@ def fleet(
         for rank in range(num_workers)
     ]
     with pipe_fleet(
-        makes, timeout_s=timeout_s, extra_handlers=functools.partial(_handlers, extra)
+        makes,
+        timeout_s=timeout_s,
+        extra_handlers=functools.partial(_handlers, extra),
+        ready_timeout_s=ready_timeout_s,
     ) as pf:
         yield Fleet(pf.client, pf.procs)
 

@@ -24,6 +24,7 @@ from wtcore.meta import metas_to_wire
 from wtcore.source import iter_checked
 from wtcore.trainer import TrainerInitInfo
 from wtcore_nccl.config import NCCLTrainerInitInfo
+from wtcore_nccl.frames import make_header
 from wtcore_nccl.group import GENERATION_KEY, Group, host_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, wait_work
 from wtcore_nccl.status import host_status
@@ -212,13 +213,15 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
                 continue  # both ends skip empty buckets
             slot = pool.slot_for_last()
             with stats.phase("wire"):
-                slot.work = group.broadcast(filled)
+                slot.work = self._send_frame(group, bucket.index, filled)
             slot.label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
         with stats.phase("wire"):
+            end = self._send_end(group, len(buckets))
             for slot in pool.busy_slots():
                 assert slot.work is not None
                 wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
                 slot.work = None
+            wait_work(end, what="the round's end header", timeout_s=timeout, poll=poll)
 
     def _send_unpacked(
         self,
@@ -234,7 +237,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         timeout = self.info.timeout_s
         device = self.info.device
         it = iter_checked(source, metas)
-        while True:
+        for index in range(len(metas) + 1):
             with stats.phase("materialize"):
                 item = next(it, None)
             if item is None:
@@ -250,14 +253,29 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
                     wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
                 inflight.popleft()
             with stats.phase("wire"):
-                work = group.broadcast(data)
+                work = self._send_frame(group, index, data)
             # The tensor must stay alive until its broadcast completes.
             inflight.append((work, f"broadcast of {meta.name!r} ({meta.nbytes} bytes)", data))
             del t, data
         with stats.phase("wire"):
+            inflight.append((self._send_end(group, len(metas)), "the round's end header", None))
             while inflight:
                 wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
                 inflight.popleft()
+
+    def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
+        """Broadcast bucket ``index``: its header (size and CRC of ``data``), then ``data``.
+
+        The header's work needs no wait of its own: the process group holds it (and its
+        tensor) until it ran, the receiver posts the data's receive only after the header
+        arrived, and a failure shows on the data's work.
+        """
+        group.broadcast(make_header(index, data, self.info.device))
+        return group.broadcast(data)
+
+    def _send_end(self, group: Group, num_buckets: int) -> dist.Work:
+        """Broadcast the end header (so a receiver can tell a round with buckets left over)."""
+        return group.broadcast(make_header(num_buckets, None, self.info.device))
 
     # ------------------------------------------------------------------ failure path
     def _abort(

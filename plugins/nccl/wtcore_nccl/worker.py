@@ -14,10 +14,11 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from wtcore.buckets import plan_round, unpack_bucket
+from wtcore.buckets import Bucket, plan_round, unpack_bucket
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError, TransferTimeoutError
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
+from wtcore_nccl.frames import HEADER_WORDS, check_crc, check_header
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, Slot, wait_work
 from wtcore_nccl.status import host_status
@@ -176,6 +177,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         )
         pool.prepare(buckets)
         slots: list[Slot | None] = [pool.slot_for(b) if b.nbytes else None for b in buckets]
+        crcs: list[int] = [0] * len(buckets)
         empty = torch.empty(0, dtype=torch.uint8, device=self.device)
         n, posted = len(buckets), 0
         for i, bucket in enumerate(buckets):
@@ -185,20 +187,43 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
                 if nxt is not None:
                     if nxt.work is not None:
                         break
-                    nbytes = buckets[posted].nbytes
-                    nxt.work = group.broadcast(nxt.view(nbytes))
-                    nxt.label = f"receive of bucket {posted} ({nbytes} bytes)"
+                    crcs[posted] = self._post_receive(group, info, buckets[posted], nxt)
                 posted += 1
             slot = slots[i]
             buf = empty
             if slot is not None:
                 assert slot.work is not None
                 wait_work(slot.work, what=slot.label, timeout_s=info.timeout_s, poll=self._poll)
+                slot.work = None
                 buf = slot.buf
+                check_crc(slot.view(bucket.nbytes), crcs[i], what=slot.label)
             # The sink copies what it keeps (WeightSink contract), so the buffer is free after.
             self.sink.load_weights(list(unpack_bucket(bucket, buf)))
-            if slot is not None:
-                slot.work = None
+        self._receive_header(group, info, index=n, nbytes=0, what="the round's end header")
+
+    def _receive_header(
+        self, group: Group, info: NCCLInitInfo, *, index: int, nbytes: int, what: str
+    ) -> int:
+        """Receive the sender's next header and check it against the plan; its CRC word."""
+        import torch
+
+        header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+        work = group.broadcast(header)
+        wait_work(work, what=f"header of {what}", timeout_s=info.timeout_s, poll=self._poll)
+        return check_header(header, index=index, nbytes=nbytes, what=what)
+
+    def _post_receive(self, group: Group, info: NCCLInitInfo, bucket: Bucket, slot: Slot) -> int:
+        """Take the bucket's header, then post the receive of exactly the planned bytes.
+
+        A header that disagrees with the plan raises before the receive is posted, so the
+        transport never gets a buffer of another size than the sender's (gloo aborts the
+        process on a longer message, and leaves a stale tail on a shorter one).
+        """
+        nbytes = bucket.nbytes
+        slot.label = f"receive of bucket {bucket.index} ({nbytes} bytes)"
+        crc = self._receive_header(group, info, index=bucket.index, nbytes=nbytes, what=slot.label)
+        slot.work = group.broadcast(slot.view(nbytes))
+        return crc
 
     def _drop_after_failure(self, error: BaseException) -> BaseException | None:
         """A half-received sequence cannot be resumed: drop the group (never blocking).
