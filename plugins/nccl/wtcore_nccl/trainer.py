@@ -11,6 +11,7 @@ cannot be resumed safely) and the next ``send_weights`` runs the handshake again
 
 from __future__ import annotations
 
+import secrets
 import time
 import traceback
 from collections import deque
@@ -116,15 +117,20 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
 
     # ------------------------------------------------------------------ handshake
     def handshake(self) -> None:
-        """Start a new generation: ship the worker init info while joining the group."""
+        """Start a new handshake: ship the worker init info while joining the group.
+
+        Every handshake draws a new rendezvous secret (its key prefix in the store), which
+        only the receivers learn, inside the init call.
+        """
         assert self.client is not None and self._store is not None
         info = self.info
         release_group(self._group)
         self._group = None
         generation = int(self._store.add(GENERATION_KEY, 1))
+        secret = secrets.token_hex(16)
         rpc = BackgroundCall(
             self.client.init_weight_transfer_engine,
-            info.worker_init_info().to_wire(),
+            info.worker_init_info(secret).to_wire(),
             name="init_weight_transfer_engine",
         )
         group = join_group(
@@ -137,6 +143,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             port=info.master_port,
             timeout_s=info.timeout_s,
             poll=_fail_fast(rpc),
+            secret=secret,
         )
         try:
             rpc.result(info.timeout_s)

@@ -10,6 +10,7 @@ trainer runs the init handshake again before its next round.
 
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from wtcore.sink import WeightSink
 
 __all__ = ["WORKER_OPTIONS", "NCCLWorkerEngine"]
+
+_log = logging.getLogger(__name__)
 
 #: Worker-local options (``WeightTransferConfig.options``); nothing here must match the trainer.
 WORKER_OPTIONS: tuple[str, ...] = ("torch_num_threads",)
@@ -100,13 +103,22 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             torch.set_num_threads(self._threads)
         addr, port, timeout = init_info.master_address, init_info.master_port, init_info.timeout_s
         store = connect_store(addr, port, timeout)
-        try:
-            generation = int(store.get(GENERATION_KEY))
-        except RuntimeError as e:
-            raise TransferTimeoutError(
-                f"the nccl rendezvous store at {addr}:{port} announced no handshake within "
-                f"{timeout:g} s: {e}"
-            ) from e
+        generation = 0
+        if not init_info.secret:
+            _log.warning(
+                "nccl init without a rendezvous secret (a third-party trainer?): the group's "
+                "store keys at %s:%s are guessable, so anyone who reaches that port can join "
+                "or break the group",
+                addr,
+                port,
+            )
+            try:
+                generation = int(store.get(GENERATION_KEY))
+            except (RuntimeError, ValueError) as e:
+                raise TransferTimeoutError(
+                    f"the nccl rendezvous store at {addr}:{port} announced no handshake within "
+                    f"{timeout:g} s: {e}"
+                ) from e
         group = join_group(
             store,
             generation=generation,
@@ -117,6 +129,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             port=port,
             timeout_s=timeout,
             poll=self._check_closing,
+            secret=init_info.secret,
         )
         self._store, self._group, self._init = store, group, init_info
         self._pool = BufferPool(
