@@ -50,6 +50,8 @@ GENERATION_KEY = "wtcore/nccl/generation"
 ABORT_KEY = "abort"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _POLL_S = 0.01
+#: One attempt of a worker's store connection; it retries until its timeout, polling between.
+_CONNECT_TRY_S = 1.0
 
 
 def _td(seconds: float) -> datetime.timedelta:
@@ -114,19 +116,35 @@ def host_store(address: str, port: int, world_size: int, timeout_s: float) -> An
         ) from e
 
 
-def connect_store(address: str, port: int, timeout_s: float) -> Any:
-    """Connect a worker to the sender's store, waiting at most ``timeout_s``."""
+def connect_store(
+    address: str, port: int, timeout_s: float, poll: Callable[[], None] | None = None
+) -> Any:
+    """Connect a worker to the sender's store, waiting at most ``timeout_s``.
+
+    Connects in short attempts with ``poll`` between them (it raises to give up early), so a
+    store that never answers does not hold the caller for the whole timeout.
+    """
     import torch.distributed as dist
 
-    try:
-        return dist.TCPStore(  # type: ignore[attr-defined]
-            address, port, None, False, timeout=_td(timeout_s)
-        )
-    except RuntimeError as e:
-        raise TransferTimeoutError(
-            f"could not reach the nccl rendezvous store at {address}:{port} within "
-            f"{timeout_s:g} s (is the trainer running and is master_address reachable?): {e}"
-        ) from e
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                address, port, None, False, timeout=_td(max(0.05, min(_CONNECT_TRY_S, left)))
+            )
+        except RuntimeError as e:
+            if time.monotonic() >= deadline:
+                raise TransferTimeoutError(
+                    f"could not reach the nccl rendezvous store at {address}:{port} within "
+                    f"{timeout_s:g} s (is the trainer running and is master_address "
+                    f"reachable?): {e}"
+                ) from e
+            if poll is not None:
+                poll()
+            continue
+        store.set_timeout(_td(timeout_s))
+        return store
 
 
 @dataclass

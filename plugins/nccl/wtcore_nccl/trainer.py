@@ -77,6 +77,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         self.info: NCCLTrainerInitInfo = init_info
         self._store: Any = None
         self._group: Group | None = None
+        self._headers: list[dist.Work] = []  # this round's header broadcasts
         self._pool = BufferPool(
             init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, init_info.device
         )
@@ -172,6 +173,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             self._close_group(None)
             raise
         inflight: deque[tuple[dist.Work, str, Any]] = deque()
+        self._headers = []
         try:
             if self.info.packed:
                 self._send_packed(group, source, metas, stats, _fail_fast(rpc))
@@ -185,6 +187,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             if cause is not None:
                 raise cause from e
             raise
+        self._headers = []
         with stats.phase("control"):
             self.client.finish_weight_update(stats.weight_version)
 
@@ -273,16 +276,18 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
     def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
         """Broadcast bucket ``index``: its header (size and CRC of ``data``), then ``data``.
 
-        The header's work needs no wait of its own: the process group holds it (and its
-        tensor) until it ran, the receiver posts the data's receive only after the header
-        arrived, and a failure shows on the data's work.
+        The header's work needs no wait of its own (the receiver posts the data's receive
+        only after the header arrived, and a failure shows on the data's work); it is kept
+        for the round only so that a failure path lets the group go after it ended.
         """
-        group.broadcast(make_header(index, data, self.info.device))
+        self._headers.append(group.broadcast(make_header(index, data, self.info.device)))
         return group.broadcast(data)
 
     def _send_end(self, group: Group, num_buckets: int) -> dist.Work:
         """Broadcast the end header (so a receiver can tell a round with buckets left over)."""
-        return group.broadcast(make_header(num_buckets, None, self.info.device))
+        work = group.broadcast(make_header(num_buckets, None, self.info.device))
+        self._headers.append(work)
+        return work
 
     # ------------------------------------------------------------------ failure path
     def _abort(
@@ -297,7 +302,8 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         self._group = None
         if group is not None:
             group.set_abort(f"{type(error).__name__}: {error}")
-        pending = [*inflight, *self._pool.pending()]
+        pending = [*inflight, *self._pool.pending(), *self._headers]
+        self._headers = []
         t0 = time.monotonic()
 
         def give_up_when_rpc_ended() -> None:
@@ -332,7 +338,8 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
 
     def _close_group(self, pending: list[dist.Work] | None) -> None:
         group, self._group = self._group, None
-        release_group(group, pending or self._pool.pending())
+        release_group(group, pending or [*self._pool.pending(), *self._headers])
+        self._headers = []
         self._pool.forget_work()
 
     def shutdown(self) -> None:
