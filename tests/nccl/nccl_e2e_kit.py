@@ -72,6 +72,14 @@ class Fleet:
     def states(self) -> list[dict[str, torch.Tensor]]:
         return [decode_state(self.client.call(i, "state")) for i in range(len(self.procs))]
 
+    def assert_synced(self, state: Mapping[str, torch.Tensor], version: str) -> None:
+        """Every worker published ``version``, consistent, holding ``state`` bit for bit."""
+        for i, got in enumerate(self.states()):
+            info = self.client.call(i, "weight_info")
+            assert (info["weight_version"], info["consistent"]) == (version, True), (i, info)
+            for name, t in state.items():
+                assert torch.equal(got[name], t), (i, name)
+
 
 @contextmanager
 def fleet(

@@ -114,11 +114,7 @@ def test_missized_bucket_is_refused_and_the_receiver_survives(
         monkeypatch.setattr(MisSizedTrainer, "delta", 0)
         fresh = _state(3)
         trainer.send_weights(TensorSource(fresh), weight_version="fresh")
-        for i, got in enumerate(two.states()):
-            info = two.client.call(i, "weight_info")
-            assert (info["weight_version"], info["consistent"]) == ("fresh", True)
-            for name, t in fresh.items():
-                assert torch.equal(got[name], t), name
+        two.assert_synced(fresh, "fresh")
 
 
 def test_torn_bucket_fails_its_crc_and_nothing_of_it_is_applied(two: Fleet) -> None:
