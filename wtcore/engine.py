@@ -102,5 +102,15 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
     def finish_weight_update(self) -> None:
         """Called once at the end of a successful round."""
 
+    def abort(self) -> None:
+        """Make a blocking :meth:`init_transfer_engine` or :meth:`receive_weights` end soon.
+
+        Called from another thread (the receiver state machine, when a restarted trainer's
+        init must take over a call that waits on a peer that is gone or hung). The call in
+        progress raises; the engine then needs a new :meth:`init_transfer_engine`. Unlike
+        :meth:`shutdown` it is not final. The default does nothing (engines whose calls do not
+        block on a peer need nothing).
+        """
+
     def shutdown(self) -> None:
         """Release the data plane. Idempotent."""

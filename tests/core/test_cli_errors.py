@@ -85,4 +85,6 @@ def test_console_script_unknown_backend_is_one_line() -> None:
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     last = out.stderr.replace("\r", "\n").splitlines()[-1]
-    assert last.startswith("wtcore: error: PluginNotFoundError: unknown trainer engine 'no-such-engine'")
+    assert last.startswith(
+        "wtcore: error: PluginNotFoundError: unknown trainer engine 'no-such-engine'"
+    )

@@ -72,6 +72,14 @@ class Fleet:
     def states(self) -> list[dict[str, torch.Tensor]]:
         return [decode_state(self.client.call(i, "state")) for i in range(len(self.procs))]
 
+    def assert_synced(self, state: Mapping[str, torch.Tensor], version: str) -> None:
+        """Every worker published ``version``, consistent, holding ``state`` bit for bit."""
+        for i, got in enumerate(self.states()):
+            info = self.client.call(i, "weight_info")
+            assert (info["weight_version"], info["consistent"]) == (version, True), (i, info)
+            for name, t in state.items():
+                assert torch.equal(got[name], t), (i, name)
+
 
 @contextmanager
 def fleet(
@@ -81,9 +89,13 @@ def fleet(
     timeout_s: float = 20.0,
     options: dict[str, Any] | None = None,
     extra: Extra | None = None,
+    ready_timeout_s: float = 180.0,
 ) -> Iterator[Fleet]:
     """Start ``num_workers`` worker processes; on exit stop them, killing by PID if needed,
     and assert that none is left (``pipe_fleet`` does all three).
+
+    The fleet is yielded only once every worker answered (torch imported, worker built), so
+    the caller's timers never include a spawn on a loaded machine.
 
     ``extra(worker)`` may add handlers (the benchmark adds its probes); it must be picklable.
     """
@@ -93,7 +105,10 @@ def fleet(
         for rank in range(num_workers)
     ]
     with pipe_fleet(
-        makes, timeout_s=timeout_s, extra_handlers=functools.partial(_handlers, extra)
+        makes,
+        timeout_s=timeout_s,
+        extra_handlers=functools.partial(_handlers, extra),
+        ready_timeout_s=ready_timeout_s,
     ) as pf:
         yield Fleet(pf.client, pf.procs)
 

@@ -35,7 +35,9 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "packed_num_buffers": 3,
         "timeout_s": info.timeout_s,
         "transport": "gloo",
+        "secret": "",
     }
+    assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 1 << 30
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_num_buffers == 2
 
@@ -81,6 +83,9 @@ def _worker(rank: int = 0, world_size: int = 1, **options: object) -> WeightSync
         ({"packed": 1}, "packed"),
         ({"packed_buffer_size_bytes": -1}, "packed_buffer_size_bytes"),
         ({"world_size": 2, "bogus": 1}, "bogus"),
+        ({"secret": "not-hex-and-too-short"}, "secret"),
+        ({"secret": "AB" * 16}, "secret"),
+        ({"secret": 12345}, "secret"),
     ],
 )
 def test_worker_rejects_bad_init_info_naming_the_field(

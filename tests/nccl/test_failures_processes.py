@@ -1,6 +1,8 @@
 """Failures with real worker processes: each raises within its timeout, nothing is left behind.
 
-``fleet`` (in ``nccl_e2e_kit``) asserts on exit that every worker process it started is gone.
+``fleet`` (in ``nccl_e2e_kit``) asserts on exit that every worker process it started is gone,
+and yields only once every worker answered, so no timer here includes a worker's start (two
+test runs may share a small machine). Timeouts that are not under test have wide margins.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]
 
-TIMEOUT_S = 8.0
+TIMEOUT_S = 20.0
 
 
 def _info(world_size: int, **kw: object) -> NCCLTrainerInitInfo:
@@ -98,7 +100,7 @@ def test_world_size_too_large_times_out_naming_the_arrived_ranks(two: Fleet) -> 
     with pytest.raises((TransferTimeoutError, ReceiverError)) as exc:
         WeightTransferTrainerFactory.trainer_init(info, client=two.client)
     elapsed = time.monotonic() - t0
-    assert elapsed < 3.0 + 3.0
+    assert elapsed < 3.0 + 10.0  # the 3 s under test, plus a margin for a loaded machine
     msg = str(exc.value)
     assert f"127.0.0.1:{info.master_port}" in msg and "world_size 4" in msg
     assert "ranks [0, 1, 2] arrived" in msg and "[3] never" in msg

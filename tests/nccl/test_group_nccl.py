@@ -124,3 +124,25 @@ def test_shutdown_unblocks_a_worker_waiting_in_a_receive() -> None:
         gate.set()
         with pytest.raises(Exception, match="shut down|failed|closed"):
             send.result(30)
+
+
+@pytest.mark.parametrize("peer", ["no store", "store, no trainer"])
+def test_abort_preempts_a_worker_init_waiting_on_a_peer_that_never_answers(peer: str) -> None:
+    """A restarted trainer's init must not wait out an init stuck on the old one (60 s here)."""
+    worker = WeightSyncWorker("nccl", ModuleSink(build_module({"a.w": torch.zeros(4)})))
+    port = free_port()
+    store = host_store("127.0.0.1", port, 2, 60) if peer != "no store" else None
+    init = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1}
+    if store is not None:
+        init["secret"] = "ab" * 16  # the worker waits for a rank 0 that never arrives
+    call = BackgroundCall(
+        worker.init_weight_transfer_engine, {**init, "world_size": 2, "timeout_s": 60}
+    )
+    time.sleep(1.5)  # the worker is now waiting on its peer
+    assert not call.done()
+    t0 = time.monotonic()
+    worker.engine.abort()
+    with pytest.raises(TransferError, match="aborted"):
+        call.result(10)
+    assert time.monotonic() - t0 < 3
+    del store

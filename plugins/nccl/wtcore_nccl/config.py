@@ -7,6 +7,7 @@ chosen; :meth:`NCCLTrainerInitInfo.worker_init_info` derives the worker's
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -26,6 +27,8 @@ __all__ = [
 
 #: Default size of one packed bucket buffer.
 DEFAULT_BUFFER_SIZE = 1 << 30
+#: What a rendezvous secret looks like (``secrets.token_hex(16)`` and longer).
+_SECRET = re.compile(r"[0-9a-f]{32,128}")
 #: ``auto`` picks NCCL for CUDA devices and gloo otherwise.
 TRANSPORTS: tuple[str, ...] = ("auto", "gloo", "nccl")
 
@@ -95,8 +98,12 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     def resolved_transport(self) -> str:
         return resolve_transport(self.transport, self.device)
 
-    def worker_init_info(self) -> NCCLInitInfo:
-        """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1)."""
+    def worker_init_info(self, secret: str = "") -> NCCLInitInfo:
+        """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1).
+
+        ``secret`` is the handshake's rendezvous secret (the sender draws a new one for every
+        handshake; see :class:`NCCLInitInfo`).
+        """
         return NCCLInitInfo(
             master_address=self.master_address,
             master_port=self.master_port,
@@ -107,6 +114,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
             packed_num_buffers=self.packed_num_buffers,
             timeout_s=self.timeout_s,
             transport=self.resolved_transport,
+            secret=secret,
         )
 
 
@@ -117,6 +125,13 @@ class NCCLInitInfo:
     ``transport`` defaults to ``auto`` (NCCL if the worker's device is CUDA, else gloo) so a
     third-party trainer that sends only the vLLM fields still works; the wtcore trainer
     always sends the transport it resolved, so both ends use the same one.
+
+    ``secret`` is the rendezvous secret: the prefix of every key this handshake uses in the
+    sender's store. The store takes connections from anyone who can reach its port, so keys
+    that a stranger cannot guess are what keeps it from joining or poisoning the group; the
+    secret travels only inside this (authenticated) init call. The wtcore trainer draws a new
+    one for every handshake. It is optional so that a trainer that sends only the vLLM fields
+    still works, with guessable keys (a warning is logged).
     """
 
     master_address: str
@@ -128,8 +143,14 @@ class NCCLInitInfo:
     packed_num_buffers: int = 2
     timeout_s: float = DEFAULT_TIMEOUT_S
     transport: str = "auto"
+    secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
+        if self.secret and not _SECRET.fullmatch(self.secret):
+            raise ValueError(
+                "secret: expected 32 to 128 lowercase hex digits (or '' for none), got "
+                f"{len(self.secret)} characters that are not"
+            )
         _check_group(
             master_address=self.master_address,
             master_port=self.master_port,

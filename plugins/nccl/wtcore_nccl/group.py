@@ -5,15 +5,22 @@ from a ``TCPStore`` (hosted by the sender at ``master_address:master_port``) and
 ``ProcessGroupGloo``/``ProcessGroupNCCL`` object; ``torch.distributed.init_process_group``
 is never called.
 
-Each (re)handshake is one *generation*: the sender bumps a counter in the store and every
-rank builds the group under the prefix of that generation, so a group torn down after a
-failed round never meets the new one. Before the process group is built, every rank records
-its arrival in the store; a rank that waits past the timeout reports which ranks arrived.
+Each (re)handshake has keys of its own, so a group torn down after a failed round never meets
+the new one: the wtcore sender draws a random *secret* per handshake and ships it inside the
+init call, and every rank uses it as its key prefix, so a stranger who reaches the store's
+port can neither guess the keys nor pre-register a rank. A third-party sender without a
+secret falls back to a *generation* counter in the store (guessable keys). Before the process
+group is built, every rank records its arrival in the store; a rank that waits past the
+timeout reports which ranks arrived.
+
+The store listens only on ``master_address`` (the sender binds the listening socket itself
+and hands it to ``TCPStore``, which would otherwise listen on every interface).
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import socket
 import threading
@@ -50,21 +57,61 @@ ABORT_KEY = "abort"
 IFNAME_ENV = "GLOO_SOCKET_IFNAME"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _POLL_S = 0.01
+#: One attempt of a worker's store connection; it retries until its timeout, polling between.
+_CONNECT_TRY_S = 1.0
 
 
 def _td(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def _listen(address: str, port: int) -> int:
+    """A socket listening on ``address:port`` only; returns its file descriptor."""
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            address, port, type=socket.SOCK_STREAM
+        )[0]
+    except OSError as e:
+        raise TransferError(f"cannot resolve master_address {address!r}: {e}") from e
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise TransferError(
+                f"cannot host the nccl rendezvous store at {address}:{port}: the port is "
+                "already in use (pick another master_port)"
+            ) from e
+        raise TransferError(
+            f"cannot host the nccl rendezvous store at {address}:{port}: {e} (master_address "
+            "must be an address of this host: the store listens there only)"
+        ) from e
+    return sock.detach()
+
+
 def host_store(address: str, port: int, world_size: int, timeout_s: float) -> Any:
-    """Host the rendezvous store on the sender; a port in use is a clear error."""
+    """Host the rendezvous store on the sender, listening on ``address`` only.
+
+    A port in use is a clear error.
+    """
     import torch.distributed as dist
 
+    fd = _listen(address, port)
     try:
         return dist.TCPStore(  # type: ignore[attr-defined]
-            address, port, world_size, True, timeout=_td(timeout_s), wait_for_workers=False
+            address,
+            port,
+            world_size,
+            True,
+            timeout=_td(timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=fd,
         )
     except RuntimeError as e:
+        socket.socket(fileno=fd).close()
         text = str(e)
         if "EADDRINUSE" in text or "already in use" in text:
             raise TransferError(
@@ -76,19 +123,35 @@ def host_store(address: str, port: int, world_size: int, timeout_s: float) -> An
         ) from e
 
 
-def connect_store(address: str, port: int, timeout_s: float) -> Any:
-    """Connect a worker to the sender's store, waiting at most ``timeout_s``."""
+def connect_store(
+    address: str, port: int, timeout_s: float, poll: Callable[[], None] | None = None
+) -> Any:
+    """Connect a worker to the sender's store, waiting at most ``timeout_s``.
+
+    Connects in short attempts with ``poll`` between them (it raises to give up early), so a
+    store that never answers does not hold the caller for the whole timeout.
+    """
     import torch.distributed as dist
 
-    try:
-        return dist.TCPStore(  # type: ignore[attr-defined]
-            address, port, None, False, timeout=_td(timeout_s)
-        )
-    except RuntimeError as e:
-        raise TransferTimeoutError(
-            f"could not reach the nccl rendezvous store at {address}:{port} within "
-            f"{timeout_s:g} s (is the trainer running and is master_address reachable?): {e}"
-        ) from e
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store = dist.TCPStore(  # type: ignore[attr-defined]
+                address, port, None, False, timeout=_td(max(0.05, min(_CONNECT_TRY_S, left)))
+            )
+        except RuntimeError as e:
+            if time.monotonic() >= deadline:
+                raise TransferTimeoutError(
+                    f"could not reach the nccl rendezvous store at {address}:{port} within "
+                    f"{timeout_s:g} s (is the trainer running and is master_address "
+                    f"reachable?): {e}"
+                ) from e
+            if poll is not None:
+                poll()
+            continue
+        store.set_timeout(_td(timeout_s))
+        return store
 
 
 @dataclass
@@ -224,15 +287,18 @@ def join_group(
     port: int,
     timeout_s: float,
     poll: Callable[[], None] | None = None,
+    secret: str = "",
 ) -> Group:
     """Record this rank's arrival, wait for all ranks, then build the process group.
 
     ``poll`` runs between short waits (it raises to give up early: the sender uses it to
-    fail fast when the worker RPC was rejected, a worker to notice a shutdown).
+    fail fast when the worker RPC was rejected, a worker to notice a shutdown). With a
+    ``secret`` the handshake's keys live under it (``generation`` is not used).
     """
     import torch.distributed as dist
 
-    gstore = dist.PrefixStore(f"wtcore/nccl/g{generation}/", store)  # type: ignore[attr-defined]
+    prefix = f"wtcore/nccl/s/{secret}/" if secret else f"wtcore/nccl/g{generation}/"
+    gstore = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
     if gstore.add(f"arrived/{rank}", 1) != 1:
         raise TransferError(
             f"rank {rank} joined the nccl transfer group at {address}:{port} twice "

@@ -41,7 +41,9 @@ def wait_work(
 
     The wait itself happens in C++ (``Work.wait`` with a short timeout, without the GIL), so
     it wakes as soon as the work completes; ``poll`` raises to give up early (a rejected RPC,
-    a shutdown). A short wait that expires leaves the work running (gloo only reports it).
+    a shutdown). A short wait that expires leaves the work running (gloo only reports it),
+    and a work that completed successfully is never reported as failed, however close its
+    completion falls to an expiry.
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -49,15 +51,15 @@ def wait_work(
             work.wait(_POLL_TD)
             return
         except RuntimeError:
+            # Either our short wait expired or the work failed. A work that completes right
+            # after the expiry reads as completed here too, so ask the work itself: waiting on
+            # a completed work returns, or raises its own error if it failed.
             if work.is_completed():
-                # Either it failed, or it completed just after our short wait expired (a
-                # race that slow links make common): a completed work's wait returns at
-                # once or raises its own error, never the short wait's "timed out".
                 try:
-                    work.wait(_POLL_TD)
-                    return
+                    work.wait()
                 except RuntimeError as e:
                     raise TransferError(f"{what} failed: {e}") from e
+                return
         if poll is not None:
             poll()
         if time.monotonic() >= deadline:

@@ -11,6 +11,7 @@ cannot be resumed safely) and the next ``send_weights`` runs the handshake again
 
 from __future__ import annotations
 
+import secrets
 import time
 import traceback
 from collections import deque
@@ -24,6 +25,7 @@ from wtcore.meta import metas_to_wire
 from wtcore.source import iter_checked
 from wtcore.trainer import TrainerInitInfo
 from wtcore_nccl.config import NCCLTrainerInitInfo
+from wtcore_nccl.frames import make_header
 from wtcore_nccl.group import GENERATION_KEY, Group, host_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, wait_work
 from wtcore_nccl.status import host_status
@@ -75,6 +77,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         self.info: NCCLTrainerInitInfo = init_info
         self._store: Any = None
         self._group: Group | None = None
+        self._headers: list[dist.Work] = []  # this round's header broadcasts
         self._pool = BufferPool(
             init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, init_info.device
         )
@@ -115,15 +118,20 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
 
     # ------------------------------------------------------------------ handshake
     def handshake(self) -> None:
-        """Start a new generation: ship the worker init info while joining the group."""
+        """Start a new handshake: ship the worker init info while joining the group.
+
+        Every handshake draws a new rendezvous secret (its key prefix in the store), which
+        only the receivers learn, inside the init call.
+        """
         assert self.client is not None and self._store is not None
         info = self.info
         release_group(self._group)
         self._group = None
         generation = int(self._store.add(GENERATION_KEY, 1))
+        secret = secrets.token_hex(16)
         rpc = BackgroundCall(
             self.client.init_weight_transfer_engine,
-            info.worker_init_info().to_wire(),
+            info.worker_init_info(secret).to_wire(),
             name="init_weight_transfer_engine",
         )
         group = join_group(
@@ -136,6 +144,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             port=info.master_port,
             timeout_s=info.timeout_s,
             poll=_fail_fast(rpc),
+            secret=secret,
         )
         try:
             rpc.result(info.timeout_s)
@@ -164,6 +173,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             self._close_group(None)
             raise
         inflight: deque[tuple[dist.Work, str, Any]] = deque()
+        self._headers = []
         try:
             if self.info.packed:
                 self._send_packed(group, source, metas, stats, _fail_fast(rpc))
@@ -177,6 +187,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             if cause is not None:
                 raise cause from e
             raise
+        self._headers = []
         with stats.phase("control"):
             self.client.finish_weight_update(stats.weight_version)
 
@@ -212,13 +223,15 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
                 continue  # both ends skip empty buckets
             slot = pool.slot_for_last()
             with stats.phase("wire"):
-                slot.work = group.broadcast(filled)
+                slot.work = self._send_frame(group, bucket.index, filled)
             slot.label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
         with stats.phase("wire"):
+            end = self._send_end(group, len(buckets))
             for slot in pool.busy_slots():
                 assert slot.work is not None
                 wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
                 slot.work = None
+            wait_work(end, what="the round's end header", timeout_s=timeout, poll=poll)
 
     def _send_unpacked(
         self,
@@ -234,7 +247,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         timeout = self.info.timeout_s
         device = self.info.device
         it = iter_checked(source, metas)
-        while True:
+        for index in range(len(metas) + 1):
             with stats.phase("materialize"):
                 item = next(it, None)
             if item is None:
@@ -250,14 +263,31 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
                     wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
                 inflight.popleft()
             with stats.phase("wire"):
-                work = group.broadcast(data)
+                work = self._send_frame(group, index, data)
             # The tensor must stay alive until its broadcast completes.
             inflight.append((work, f"broadcast of {meta.name!r} ({meta.nbytes} bytes)", data))
             del t, data
         with stats.phase("wire"):
+            inflight.append((self._send_end(group, len(metas)), "the round's end header", None))
             while inflight:
                 wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
                 inflight.popleft()
+
+    def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
+        """Broadcast bucket ``index``: its header (size and CRC of ``data``), then ``data``.
+
+        The header's work needs no wait of its own (the receiver posts the data's receive
+        only after the header arrived, and a failure shows on the data's work); it is kept
+        for the round only so that a failure path lets the group go after it ended.
+        """
+        self._headers.append(group.broadcast(make_header(index, data, self.info.device)))
+        return group.broadcast(data)
+
+    def _send_end(self, group: Group, num_buckets: int) -> dist.Work:
+        """Broadcast the end header (so a receiver can tell a round with buckets left over)."""
+        work = group.broadcast(make_header(num_buckets, None, self.info.device))
+        self._headers.append(work)
+        return work
 
     # ------------------------------------------------------------------ failure path
     def _abort(
@@ -272,7 +302,8 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         self._group = None
         if group is not None:
             group.set_abort(f"{type(error).__name__}: {error}")
-        pending = [*inflight, *self._pool.pending()]
+        pending = [*inflight, *self._pool.pending(), *self._headers]
+        self._headers = []
         t0 = time.monotonic()
 
         def give_up_when_rpc_ended() -> None:
@@ -307,7 +338,8 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
 
     def _close_group(self, pending: list[dist.Work] | None) -> None:
         group, self._group = self._group, None
-        release_group(group, pending or self._pool.pending())
+        release_group(group, pending or [*self._pool.pending(), *self._headers])
+        self._headers = []
         self._pool.forget_work()
 
     def shutdown(self) -> None:

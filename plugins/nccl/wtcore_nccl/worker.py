@@ -10,14 +10,18 @@ trainer runs the init handshake again before its next round.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from wtcore.buckets import plan_round, unpack_bucket
+from wtcore.buckets import Bucket, plan_round, unpack_bucket
+from wtcore.concurrency import BackgroundCall
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError, TransferTimeoutError
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
+from wtcore_nccl.frames import HEADER_WORDS, check_crc, check_header
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, Slot, wait_work
 from wtcore_nccl.status import host_status
@@ -27,8 +31,13 @@ if TYPE_CHECKING:
 
 __all__ = ["WORKER_OPTIONS", "NCCLWorkerEngine"]
 
+_log = logging.getLogger(__name__)
+
+
 #: Worker-local options (``WeightTransferConfig.options``); nothing here must match the trainer.
 WORKER_OPTIONS: tuple[str, ...] = ("torch_num_threads",)
+#: After a failed receive, how long to wait for the sender's abort notice (a clearer error).
+_NOTICE_WAIT_S = 1.0
 #: How often (in polls of 50 ms) a waiting receiver asks the store whether the sender gave up.
 _ABORT_CHECK_EVERY = 4
 
@@ -68,9 +77,12 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         self._group: Group | None = None
         self._pool: BufferPool | None = None
         self._closing = threading.Event()
+        self._aborting = threading.Event()
         self._lock = threading.Lock()
         self._receiving = False
         self._polls = 0
+        self._notice: BackgroundCall[str | None] | None = None
+        self._header_work: Any = None  # dist.Work of a header receive in progress
 
     @classmethod
     def host_status(cls) -> str:
@@ -93,19 +105,23 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             )
         self._release()
         self._closing.clear()
+        self._aborting.clear()
         if self._threads is not None:
             import torch
 
             torch.set_num_threads(self._threads)
         addr, port, timeout = init_info.master_address, init_info.master_port, init_info.timeout_s
-        store = connect_store(addr, port, timeout)
-        try:
-            generation = int(store.get(GENERATION_KEY))
-        except RuntimeError as e:
-            raise TransferTimeoutError(
-                f"the nccl rendezvous store at {addr}:{port} announced no handshake within "
-                f"{timeout:g} s: {e}"
-            ) from e
+        store = connect_store(addr, port, timeout, poll=self._check_closing)
+        generation = 0
+        if not init_info.secret:
+            _log.warning(
+                "nccl init without a rendezvous secret (a third-party trainer?): the group's "
+                "store keys at %s:%s are guessable, so anyone who reaches that port can join "
+                "or break the group",
+                addr,
+                port,
+            )
+            generation = self._wait_generation(store, addr, port, timeout)
         group = join_group(
             store,
             generation=generation,
@@ -116,24 +132,59 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             port=port,
             timeout_s=timeout,
             poll=self._check_closing,
+            secret=init_info.secret,
         )
         self._store, self._group, self._init = store, group, init_info
         self._pool = BufferPool(
             init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, self.device
         )
 
+    def _wait_generation(self, store: Any, addr: str, port: int, timeout: float) -> int:
+        """The handshake counter of a sender without a secret (polled, so abort ends it)."""
+        deadline = time.monotonic() + timeout
+        while not store.check([GENERATION_KEY]):
+            self._check_closing()
+            if time.monotonic() >= deadline:
+                raise TransferTimeoutError(
+                    f"the nccl rendezvous store at {addr}:{port} announced no handshake "
+                    f"within {timeout:g} s"
+                )
+            time.sleep(0.01)
+        try:
+            return int(store.get(GENERATION_KEY))
+        except ValueError as e:
+            raise TransferError(
+                f"the nccl rendezvous store at {addr}:{port} holds a malformed handshake "
+                f"counter: {e}"
+            ) from e
+
     def _check_closing(self) -> None:
         if self._closing.is_set():
             raise TransferError("nccl worker engine was shut down")
+        if self._aborting.is_set():
+            raise TransferError(
+                "nccl worker engine: aborted (a new init_weight_transfer_engine takes over)"
+            )
 
     def _poll(self) -> None:
-        """Between short waits: stop on shutdown, or when the sender abandoned the round."""
+        """Between short waits: stop on shutdown or abort, or when the sender gave up.
+
+        The sender's abort notice is read from its store on a helper thread: a hung sender's
+        store accepts the request and never answers, and that must not hold this thread
+        (nor, through it, an abort or a shutdown).
+        """
         self._check_closing()
         self._polls += 1
-        if self._polls % _ABORT_CHECK_EVERY == 0 and self._group is not None:
-            reason = self._group.abort_reason()
+        group, notice = self._group, self._notice
+        if group is None:
+            return
+        if notice is not None and notice.done():
+            self._notice = None
+            reason = notice.result(0) if notice.error is None else None
             if reason is not None:
                 raise TransferError(f"the trainer abandoned the round: {reason}")
+        elif notice is None and self._polls % _ABORT_CHECK_EVERY == 0:
+            self._notice = BackgroundCall(group.abort_reason, name="nccl-abort-notice")
 
     # ------------------------------------------------------------------ rounds
     def start_weight_update(self) -> None:
@@ -176,6 +227,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         )
         pool.prepare(buckets)
         slots: list[Slot | None] = [pool.slot_for(b) if b.nbytes else None for b in buckets]
+        crcs: list[int] = [0] * len(buckets)
         empty = torch.empty(0, dtype=torch.uint8, device=self.device)
         n, posted = len(buckets), 0
         for i, bucket in enumerate(buckets):
@@ -185,20 +237,45 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
                 if nxt is not None:
                     if nxt.work is not None:
                         break
-                    nbytes = buckets[posted].nbytes
-                    nxt.work = group.broadcast(nxt.view(nbytes))
-                    nxt.label = f"receive of bucket {posted} ({nbytes} bytes)"
+                    crcs[posted] = self._post_receive(group, info, buckets[posted], nxt)
                 posted += 1
             slot = slots[i]
             buf = empty
             if slot is not None:
                 assert slot.work is not None
                 wait_work(slot.work, what=slot.label, timeout_s=info.timeout_s, poll=self._poll)
+                slot.work = None
                 buf = slot.buf
+                check_crc(slot.view(bucket.nbytes), crcs[i], what=slot.label)
             # The sink copies what it keeps (WeightSink contract), so the buffer is free after.
             self.sink.load_weights(list(unpack_bucket(bucket, buf)))
-            if slot is not None:
-                slot.work = None
+        self._receive_header(group, info, index=n, nbytes=0, what="the round's end header")
+
+    def _receive_header(
+        self, group: Group, info: NCCLInitInfo, *, index: int, nbytes: int, what: str
+    ) -> int:
+        """Receive the sender's next header and check it against the plan; its CRC word."""
+        import torch
+
+        header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+        # Kept where a failure path finds it: a group is let go only once its work ended.
+        self._header_work = work = group.broadcast(header)
+        wait_work(work, what=f"header of {what}", timeout_s=info.timeout_s, poll=self._poll)
+        self._header_work = None
+        return check_header(header, index=index, nbytes=nbytes, what=what)
+
+    def _post_receive(self, group: Group, info: NCCLInitInfo, bucket: Bucket, slot: Slot) -> int:
+        """Take the bucket's header, then post the receive of exactly the planned bytes.
+
+        A header that disagrees with the plan raises before the receive is posted, so the
+        transport never gets a buffer of another size than the sender's (gloo aborts the
+        process on a longer message, and leaves a stale tail on a shorter one).
+        """
+        nbytes = bucket.nbytes
+        slot.label = f"receive of bucket {bucket.index} ({nbytes} bytes)"
+        crc = self._receive_header(group, info, index=bucket.index, nbytes=nbytes, what=slot.label)
+        slot.work = group.broadcast(slot.view(nbytes))
+        return crc
 
     def _drop_after_failure(self, error: BaseException) -> BaseException | None:
         """A half-received sequence cannot be resumed: drop the group (never blocking).
@@ -207,12 +284,15 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         """
         with self._lock:
             group, self._group = self._group, None
-            pending = self._pool.pending() if self._pool is not None else []
+            pending = self._pending()
             if self._pool is not None:
                 self._pool.forget_work()
         replacement: BaseException | None = None
-        if group is not None and isinstance(error, TransferError):
-            reason = group.abort_reason()
+        self._notice = None
+        stopped = self._closing.is_set() or self._aborting.is_set()
+        if group is not None and isinstance(error, TransferError) and not stopped:
+            notice = BackgroundCall(group.abort_reason, name="nccl-abort-notice")
+            reason = notice.result(_NOTICE_WAIT_S) if notice.wait(_NOTICE_WAIT_S) else None
             if reason is not None and "abandoned" not in str(error):
                 replacement = TransferError(f"the trainer abandoned the round: {reason}")
         release_group(group, pending)
@@ -221,14 +301,32 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         return replacement
 
     # ------------------------------------------------------------------ teardown
+    def _pending(self) -> list[Any]:
+        """Receives that may still use the group (and its buffers); takes them over."""
+        pending = self._pool.pending() if self._pool is not None else []
+        header, self._header_work = self._header_work, None
+        return [*pending, *([header] if header is not None else [])]
+
     def _release(self) -> None:
         """Drop the group, the store and the buffers (a re-init may use other sizes)."""
         with self._lock:
             group, self._group = self._group, None
-            pending = self._pool.pending() if self._pool is not None else []
+            pending = self._pending()
             self._pool = None
             self._store = None
         release_group(group, pending)
+
+    def abort(self) -> None:
+        """End a blocking init or receive within about 50 ms; a new init clears it.
+
+        The call in progress raises ``TransferError`` and drops the group (the trainer it was
+        talking to is gone or hung); the engine is usable again after the next init.
+        """
+        self._aborting.set()
+        with self._lock:
+            if self._receiving:
+                return  # the receiving thread sees the flag within 50 ms and drops the group
+        self._release()
 
     def shutdown(self) -> None:
         """Drop the group and the store; a receive in progress ends with an error. Idempotent."""

@@ -1,0 +1,131 @@
+"""A sender whose bytes disagree with its announcement: the receiver refuses, survives, recovers.
+
+The trainer (this process) is a test-only subclass that broadcasts more or fewer bytes than
+the bucket it announced; the workers are real processes on a real gloo group. Without frame
+headers gloo aborts a receiver given too many bytes (SIGABRT) and leaves stale bytes in a
+receiver given too few, which then published the round as consistent.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, ClassVar
+
+import pytest
+import torch
+from nccl_e2e_kit import Fleet, fleet, make_state, spec_of, wait_until
+
+from wtcore import ReceiverError, TensorSource, TransferError
+from wtcore.testing import free_port
+from wtcore_nccl import NCCLTrainerInitInfo
+from wtcore_nccl.frames import make_header
+from wtcore_nccl.trainer import NCCLTrainerEngine
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import torch.distributed as dist
+
+    from wtcore_nccl.group import Group
+
+pytestmark = [pytest.mark.timeout(180)]
+
+TIMEOUT_S = 20.0
+#: float32 elements of the big tensor: 2.8 MB, a bucket of its own (larger than the buffer).
+BIG_NUMEL = 700_000
+
+
+class MisSizedTrainer(NCCLTrainerEngine):
+    """Broadcasts ``delta`` bytes more (or fewer, negative) for the big tensor's bucket."""
+
+    delta: ClassVar[int] = 0
+
+    def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
+        d = type(self).delta
+        if d and data.numel() >= BIG_NUMEL * 4:
+            data = torch.cat([data, torch.full((d,), 7, dtype=torch.uint8)]) if d > 0 else data[:d]
+        return super()._send_frame(group, index, data)
+
+
+class TornTrainer(NCCLTrainerEngine):
+    """With ``tear`` set, announces the big bucket's true size and CRC, then sends it with
+    one byte changed."""
+
+    tear = False
+
+    def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
+        if not self.tear or data.numel() < BIG_NUMEL * 4:
+            return super()._send_frame(group, index, data)
+        group.broadcast(make_header(index, data, "cpu"))
+        torn = data.clone()
+        torn[len(torn) // 2] ^= 0xFF
+        return group.broadcast(torn)
+
+
+def _info(packed: bool) -> NCCLTrainerInitInfo:
+    return NCCLTrainerInitInfo(
+        rank=0,
+        master_address="127.0.0.1",
+        master_port=free_port(),
+        world_size=3,
+        packed=packed,
+        packed_buffer_size_bytes=16 << 10,
+        timeout_s=TIMEOUT_S,
+        torch_num_threads=1,
+    )
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    return make_state(seed, big_numel=BIG_NUMEL, tiny=20)
+
+
+@pytest.fixture(scope="module")
+def two() -> Iterator[Fleet]:
+    with fleet(2, spec_of(_state(0)), timeout_s=2 * TIMEOUT_S) as f:
+        yield f
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
+@pytest.mark.parametrize("delta", [1, 4096, -4096, -(2 << 20)])
+def test_missized_bucket_is_refused_and_the_receiver_survives(
+    two: Fleet, delta: int, packed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = _state(1)
+    with MisSizedTrainer.trainer_init(_info(packed), client=two.client) as trainer:
+        trainer.send_weights(TensorSource(good), weight_version="good")
+        monkeypatch.setattr(MisSizedTrainer, "delta", delta)
+        t0 = time.monotonic()
+        with pytest.raises((TransferError, ReceiverError)) as exc:
+            trainer.send_weights(TensorSource(_state(2)), weight_version="bad")
+        assert time.monotonic() - t0 < TIMEOUT_S  # refused at once, not at the timeout
+        print(f"delta {delta}: {type(exc.value).__name__}: {exc.value}")
+        for i, proc in enumerate(two.procs):
+            assert proc.is_alive(), f"worker {i} died (exit code {proc.exitcode})"
+            wait_until(
+                lambda i=i: two.client.call(i, "weight_info")["state"] == "idle",
+                TIMEOUT_S,
+                f"worker {i} to end the round",
+            )
+            info = two.client.call(i, "weight_info")
+            assert info["weight_version"] == "good"
+            assert info["consistent"] is False
+            assert "planned bucket" in info["last_error"], info["last_error"]
+        # An honest sender recovers on the next round (re-handshake), bit-exact.
+        monkeypatch.setattr(MisSizedTrainer, "delta", 0)
+        fresh = _state(3)
+        trainer.send_weights(TensorSource(fresh), weight_version="fresh")
+        two.assert_synced(fresh, "fresh")
+
+
+def test_torn_bucket_fails_its_crc_and_nothing_of_it_is_applied(two: Fleet) -> None:
+    good = _state(1)
+    with TornTrainer.trainer_init(_info(True), client=two.client) as trainer:
+        trainer.send_weights(TensorSource(good), weight_version="good")
+        assert isinstance(trainer, TornTrainer)
+        trainer.tear = True
+        with pytest.raises((TransferError, ReceiverError), match="CRC-32"):
+            trainer.send_weights(TensorSource(_state(2)), weight_version="torn")
+        for i, got in enumerate(two.states()):
+            info = two.client.call(i, "weight_info")
+            assert (info["weight_version"], info["consistent"]) == ("good", False)
+            assert torch.equal(got["big.weight"], good["big.weight"])  # the torn bucket: untouched
