@@ -6,6 +6,7 @@ it pins its own torch and friends. Without that venv every test here is skipped,
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -38,23 +39,29 @@ class Checkpoint:
     state: Path  # the same tensors, torch.save'd, for the trainer
 
 
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Checkpoint, Checkpoint]:
-    """Checkpoints A and B: the same tiny Llama architecture, different seeds."""
-    root = tmp_path_factory.mktemp("ckpt")
+def make_checkpoints(root: Path, seeds: tuple[str, str], *, tied: bool) -> list[Checkpoint]:
+    """Two checkpoints of one architecture (different seeds), written concurrently."""
     made = [Checkpoint(root / name, root / f"{name}.pt") for name in ("A", "B")]
     procs = [
         subprocess.Popen(
-            [str(VLLM_PYTHON), str(HERE / "make_checkpoint.py"), str(c.dir), str(c.state), seed],
+            [str(VLLM_PYTHON), str(HERE / "make_checkpoint.py"), str(c.dir), str(c.state), seed]
+            + (["tied"] if tied else []),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        for c, seed in zip(made, ("1", "2"), strict=True)
+        for c, seed in zip(made, seeds, strict=True)
     ]
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out.decode(errors="replace")[-3000:]
-    return made[0], made[1]
+    return made
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Checkpoint, Checkpoint]:
+    """Checkpoints A and B: the same tiny Llama architecture, different seeds."""
+    a, b = make_checkpoints(tmp_path_factory.mktemp("ckpt"), ("1", "2"), tied=False)
+    return a, b
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,21 @@ class Servers:
 def vllm_servers(
     checkpoints: tuple[Checkpoint, Checkpoint], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Servers]:
-    a, b = checkpoints
-    logs = tmp_path_factory.mktemp("vllm-logs")
+    with serve(*checkpoints, tmp_path_factory.mktemp("vllm-logs")) as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def tied_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """Like :func:`vllm_servers`, for a tiny Llama whose output layer is its input embedding."""
+    a, b = make_checkpoints(tmp_path_factory.mktemp("ckpt-tied"), ("3", "4"), tied=True)
+    with serve(a, b, tmp_path_factory.mktemp("vllm-logs-tied")) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def serve(a: Checkpoint, b: Checkpoint, logs: Path) -> Iterator[Servers]:
+    """A with ``wtcore_nccl`` and B as the reference, both started at once."""
     specs = [(a.dir, logs / "a.log", "wtcore_nccl"), (b.dir, logs / "ref.log", None)]
     with servers(specs) as (server_a, server_ref):
         original, reference = generate(server_a), generate(server_ref)

@@ -1,7 +1,8 @@
 """Write a tiny Llama checkpoint (safetensors + a local tokenizer) and its state dict.
 
 Run with the vLLM venv's Python (it has transformers):
-``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED``. Nothing is downloaded: the tokenizer
+``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED [tied]``. With ``tied`` the input
+embedding and the output layer share one tensor (``tie_word_embeddings=True``). Nothing is downloaded: the tokenizer
 is a word-level one built here. Heads are 32 wide (vLLM's CPU attention rejects narrower ones).
 The state dict (``torch.save`` of the checkpoint's tensors, saved outside the model folder so
 vLLM never sees it) is what a test's trainer sends.
@@ -19,7 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 VOCAB = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(253)]
 
 
-def main(out_dir: str, state_path: str, seed: int) -> None:
+def main(out_dir: str, state_path: str, seed: int, *, tied: bool = False) -> None:
     out = Path(out_dir)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -35,13 +36,14 @@ def main(out_dir: str, state_path: str, seed: int) -> None:
         num_key_value_heads=1,
         head_dim=32,
         max_position_embeddings=256,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=1,
         eos_token_id=2,
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     with torch.no_grad():  # the default init is tiny; spread the logits so argmax is stable
         for p in model.parameters():
             if p.dim() == 2:
@@ -53,4 +55,4 @@ def main(out_dir: str, state_path: str, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), tied=sys.argv[4:] == ["tied"])

@@ -106,6 +106,30 @@ def test_killed_trainer_leaves_server_ready_for_a_fresh_round(  # type: ignore[n
     assert generate(s.a) == s.original
 
 
+def test_round_missing_a_layer_fails_and_publishes_nothing(vllm_servers) -> None:  # type: ignore[no-untyped-def]
+    """A layer that got none of its tensors fails the round, naming it; nothing is published.
+
+    vLLM's layerwise reload only logs "Failed to load weights" for such a layer and puts its
+    old weights back, so the round would otherwise be published as complete.
+    """
+    s = vllm_servers
+    before_version = s.a.weight_version()
+    missing = "model.layers.1.post_attention_layernorm.weight"
+    s.a.post("/pause")
+    try:
+        out = run_trainer(s.a.url, s.ckpt_b.state, "partial", "--omit", missing, expect_ok=False)
+    finally:
+        s.a.post("/resume")
+    assert "model.layers.1.post_attention_layernorm" in out  # the layer, named to the trainer
+    assert s.a.weight_version() == before_version
+    assert len(generate(s.a)) == len(s.original)  # still serving
+
+    sync(s.a, s.ckpt_b.state, "step-5")  # the server accepts a fresh round at once
+    assert generate(s.a) == s.reference
+    sync(s.a, s.ckpt_a.state, "step-6")
+    assert generate(s.a) == s.original
+
+
 def test_bad_init_info_is_rejected_naming_the_field(vllm_servers) -> None:  # type: ignore[no-untyped-def]
     """wtcore's parsing runs inside vLLM: the error names the field; the server keeps serving."""
     s = vllm_servers

@@ -179,18 +179,33 @@ def generate(server: VLLMServer) -> Outputs:
     return [(c["token_ids"], c["logprobs"]["token_logprobs"]) for c in choices]
 
 
-def trainer_cmd(url: str, state: Path, version: str | None, *extra: str) -> list[str]:
-    cmd = [MAIN_PYTHON, str(HERE / "vllm_trainer.py"), "--url", url, "--state", str(state)]
-    cmd += ["--port", str(free_port())]
+def trainer_cmd(
+    url: str, state: Path | None, version: str | None, *extra: str, python: str = MAIN_PYTHON
+) -> list[str]:
+    """``state=None``: ``extra`` names the source (``--hf-model DIR``, with the vLLM venv)."""
+    cmd = [python, str(HERE / "vllm_trainer.py"), "--url", url, "--port", str(free_port())]
+    if state is not None:
+        cmd += ["--state", str(state)]
     if version is not None:
         cmd += ["--version", version]
     return [*cmd, *extra]
 
 
-def run_trainer(url: str, state: Path, version: str | None, timeout_s: float = 120.0) -> Any:
-    """One full round in a trainer process; returns its stats, raises with its output."""
+def run_trainer(
+    url: str,
+    state: Path | None,
+    version: str | None,
+    *extra: str,
+    python: str = MAIN_PYTHON,
+    timeout_s: float = 120.0,
+    expect_ok: bool = True,
+) -> Any:
+    """One full round in a trainer process.
+
+    Returns its stats, or with ``expect_ok=False`` its output, and asserts that it failed.
+    """
     proc = subprocess.Popen(
-        trainer_cmd(url, state, version),
+        trainer_cmd(url, state, version, *extra, python=python),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -200,6 +215,9 @@ def run_trainer(url: str, state: Path, version: str | None, timeout_s: float = 1
     finally:
         stop_process(proc, timeout_s=5)
     text = out.decode(errors="replace")
+    if not expect_ok:
+        assert proc.returncode != 0, f"the round was expected to fail:\n{text[-3000:]}"
+        return text
     assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{text[-3000:]}"
     return json.loads(text.strip().splitlines()[-1])
 

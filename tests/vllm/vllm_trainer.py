@@ -6,6 +6,11 @@ Runs with the MAIN venv (no vLLM): wtcore's ``nccl`` trainer engine over gloo, d
 ``--stall-after K`` makes the source stop after its K-th tensor (with small buckets, earlier
 buckets are already on the wire): it writes ``--ready-file`` and sleeps until the test kills
 this process, which is how a test fails a round midway.
+
+``--hf-model DIR`` sends ``ModuleSource(model)`` of transformers' model loaded from DIR instead
+of a saved state dict (what a trainer naturally sends: ``named_parameters()``, so a tied
+weight once); it needs transformers, so run it with the vLLM venv's Python. ``--omit NAME``
+leaves one tensor out of the round.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from wtcore import TensorSource, WeightTransferTrainerFactory
+from wtcore import ModuleSource, TensorSource, WeightTransferTrainerFactory
 from wtcore.meta import ParamMeta
 from wtcore.source import WeightSource
 from wtcore_http_client import HTTPWeightSyncClient
@@ -42,20 +47,49 @@ class StallingSource(WeightSource):
             yield item
 
 
+class OmittingSource(WeightSource):
+    """The inner source without one tensor (a round that leaves a layer incomplete)."""
+
+    def __init__(self, inner: WeightSource, omit: str) -> None:
+        self.inner, self.omit = inner, omit
+        assert any(m.name == omit for m in inner.metadata()), f"no tensor named {omit!r}"
+
+    def metadata(self) -> list[ParamMeta]:
+        return [m for m in self.inner.metadata() if m.name != self.omit]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return ((n, t) for n, t in self.inner if n != self.omit)
+
+
+def module_source(model_dir: str) -> WeightSource:
+    from transformers import AutoModelForCausalLM  # the vLLM venv has it; the main one not
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    return ModuleSource(model)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
-    p.add_argument("--state", required=True, help="torch.save'd {name: tensor}")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--state", help="torch.save'd {name: tensor}")
+    src.add_argument("--hf-model", help="a checkpoint folder: send ModuleSource(model)")
     p.add_argument("--port", type=int, required=True, help="rendezvous port hosted here")
     p.add_argument("--version", default=None)
     p.add_argument("--buffer-bytes", type=int, default=64 << 10)
     p.add_argument("--timeout-s", type=float, default=60.0)
     p.add_argument("--stall-after", type=int, default=None)
     p.add_argument("--ready-file", default=None)
+    p.add_argument("--omit", default=None, help="leave this tensor out of the round")
     args = p.parse_args()
 
-    state = torch.load(args.state, weights_only=True)
-    source: WeightSource = TensorSource(state)
+    source: WeightSource
+    if args.hf_model is not None:
+        source = module_source(args.hf_model)
+    else:
+        source = TensorSource(torch.load(args.state, weights_only=True))
+    if args.omit is not None:
+        source = OmittingSource(source, args.omit)
     if args.stall_after is not None:
         source = StallingSource(source, args.stall_after, Path(args.ready_file))
     info = NCCLTrainerInitInfo(

@@ -15,13 +15,20 @@ Three things differ from a plain wtcore worker:
   references to a layer's tensors until the layer is complete.
 - vLLM's base ``update_weights`` ends with ``torch.accelerator.synchronize()``, which raises
   on CPU; the adapter synchronizes only on an accelerator.
+- Finish fails the round when a layer got none of its tensors, and keeps tied layers (an output
+  layer that is the input embedding) exact when the shared tensor arrives once
+  (:func:`wtcore_vllm.reload.check_layerwise_reload`). A failed finish publishes nothing and
+  ends vLLM's session, so the server takes the next round.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
 from collections.abc import Iterable, Iterator
 from functools import cache
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +39,7 @@ from wtcore.registry import ENGINES
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
 from wtcore_vllm.reload import (
     abort_layerwise_reload,
+    check_layerwise_reload,
     finalize_layerwise_reload,
     initialize_layerwise_reload,
 )
@@ -40,6 +48,8 @@ if TYPE_CHECKING:
     from wtcore.engine import WeightTransferEngine as WtcoreEngine
 
 __all__ = ["ModelSink", "WtcoreVLLMEngine", "adapter_class", "worker_place"]
+
+log = logging.getLogger(__name__)
 
 
 class ModelSink:
@@ -152,15 +162,41 @@ class WtcoreVLLMEngine(VLLMEngine):  # type: ignore[type-arg]
         try:
             self.inner.finish_weight_update()
             if self._reloading:
+                tied = check_layerwise_reload(self.model)  # a layer got nothing: raises
                 self._reloading = False
-                finalize_layerwise_reload(self.model, self.model_config)
+                finalize_layerwise_reload(self.model, self.model_config, tied)
         except BaseException:
             self._abort_reload()
+            self._end_vllm_session()
             raise
 
     def shutdown(self) -> None:
         self._abort_reload()
         self.inner.shutdown()
+
+    def _end_vllm_session(self) -> None:
+        """End vLLM's worker session after a failed finish, as vLLM does for a failed update.
+
+        vLLM's worker closes its weight-update session when ``update_weights`` raises, but not
+        when ``finish_weight_update`` does: every later ``start_weight_update`` would then be
+        refused ("already active") and the server could never take another round. vLLM gives
+        the engine no handle on its worker, so this finds the worker among the callers (the
+        frame whose ``self.weight_transfer_engine`` is this engine) and closes the session the
+        way its own ``update_weights`` failure path does.
+        """
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            owner: Any = frame.f_locals.get("self")
+            if (
+                owner is not self
+                and getattr(owner, "weight_transfer_engine", None) is self
+                and isinstance(getattr(owner, "_weight_update_active", None), bool)
+            ):
+                owner._weight_update_active = False
+                self.reset_weight_update_target()
+                return
+            frame = frame.f_back
+        log.warning("no vLLM worker among the callers: its weight-update session stays open")
 
     def _abort_reload(self) -> None:
         if self._reloading:

@@ -13,16 +13,40 @@ number and process a layer before all its new tensors arrived). vLLM has no publ
 finalizing would process partially loaded layers with uninitialized memory, so
 :func:`abort_layerwise_reload` puts the untouched kernel tensors back on every layer that was
 not yet processed: each layer then holds either its old or its new weights, never a mix.
+
+Two things vLLM's finalize does not do, :func:`check_layerwise_reload` does before it:
+
+- **A layer that got none of its tensors fails the round.** vLLM logs "Failed to load
+  weights" and puts the layer's old weights back, so a round that left a layer out would be
+  published as complete. Here it raises a :class:`~wtcore.errors.TransferError` naming the
+  layer, and the adapter aborts the reload instead of finalizing.
+- **Tied layers stay tied.** The reload gives each layer tensors of its own, so in a model
+  whose output layer is its input embedding (``tie_word_embeddings``), a round that sends the
+  shared tensor once (``named_parameters()`` does, like the checkpoint) completes one layer
+  and leaves the other empty. Its kernel tensor is the shared one, already holding the new
+  values, but on CPU the output layer also keeps a prepacked copy of the old ones. Such a
+  layer is not a failure: it gets the shared tensor back and is processed again (unquantized
+  embeddings only, whose kernel format is the checkpoint format; any other tied layer fails
+  the round, naming it).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["abort_layerwise_reload", "finalize_layerwise_reload", "initialize_layerwise_reload"]
+from wtcore.errors import TransferError
+
+__all__ = [
+    "TiedLayers",
+    "abort_layerwise_reload",
+    "check_layerwise_reload",
+    "finalize_layerwise_reload",
+    "initialize_layerwise_reload",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +57,94 @@ def initialize_layerwise_reload(model: torch.nn.Module) -> None:
     init(model)
 
 
-def finalize_layerwise_reload(model: torch.nn.Module, model_config: Any) -> None:
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload as fin
+@dataclass(frozen=True)
+class TiedLayers:
+    """Layers that got nothing this round because their tensors are tied to a loaded layer."""
 
+    layers: tuple[torch.nn.Module, ...] = ()
+
+
+def check_layerwise_reload(model: torch.nn.Module) -> TiedLayers:
+    """Raise if a layer got none of its tensors this round; return the layers fed by a tie.
+
+    Changes nothing, so a round that fails here can still be aborted.
+    """
+    from vllm.model_executor.model_loader.reload import layerwise as lw
+
+    info_map = getattr(lw, "LAYERWISE_INFO", None)
+    deferred = getattr(lw, "is_deferred_attention_layer", None)
+    if info_map is None or deferred is None:
+        log.warning("vLLM has no layerwise internals to check; layers are not checked")
+        return TiedLayers()
+    # Who holds each tensor now: processed layers hold their kernel tensors again, layers
+    # still waiting for tensors hold meta tensors.
+    holders: dict[int, list[str]] = {}
+    for name, layer in model.named_modules(remove_duplicate=False):
+        for t in [*layer._parameters.values(), *layer._buffers.values()]:
+            if t is not None:
+                holders.setdefault(id(t), []).append(name)
+    failed: list[str] = []
+    tied: list[torch.nn.Module] = []
+    for name, layer in model.named_modules():
+        info = info_map.get(layer)
+        if info is None or not info.can_load() or info.kernel_tensors is None:
+            continue  # processed this round, or never part of it
+        if deferred(layer) or info.load_numel > 0:
+            continue  # vLLM processes these in finalize
+        wanted = _checkpoint_tensors(info)
+        if not wanted:
+            continue  # nothing a checkpoint carries (a rotary cache, ...)
+        if all(any(h != name for h in holders.get(id(t), ())) for t in wanted):
+            if _reprocessable(layer):
+                tied.append(layer)
+                continue
+            failed.append(f"{name!r} ({type(layer).__name__}, tied to a loaded layer)")
+        else:
+            failed.append(f"{name!r} ({type(layer).__name__})")
+    if failed:
+        shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+        raise TransferError(
+            f"vLLM loaded none of the tensors of layer {shown} in this round; the round is "
+            "failed and no version is published (send every tensor of the model; a tied "
+            "tensor that is quantized must be sent under each of its names)"
+        )
+    return TiedLayers(tuple(tied))
+
+
+def _checkpoint_tensors(info: Any) -> list[torch.Tensor]:
+    """The layer's tensors a checkpoint carries: parameters and persistent buffers."""
+    from vllm.model_executor.model_loader.reload.meta import SKIP_LOAD_TENSORS
+
+    params, buffers = info.kernel_tensors
+    skip = set(SKIP_LOAD_TENSORS) | set(info.kernel_non_persistent_buffers)
+    return [t for n, t in [*params.items(), *buffers.items()] if n not in skip]
+
+
+def _reprocessable(layer: torch.nn.Module) -> bool:
+    """A layer whose kernel tensors are its checkpoint tensors, so processing is repeatable."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    method = getattr(layer, "quant_method", None)
+    return method is None or isinstance(method, UnquantizedEmbeddingMethod)
+
+
+@torch.no_grad()
+def finalize_layerwise_reload(
+    model: torch.nn.Module, model_config: Any, tied: TiedLayers = TiedLayers()
+) -> None:
+    """vLLM's finalize, after giving the ``tied`` layers their shared (new) tensors back."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload as fin
+    from vllm.model_executor.model_loader.reload import layerwise as lw
+
+    for layer in tied.layers:
+        info = lw.LAYERWISE_INFO[layer]
+        lw._place_kernel_tensors(layer, info)
+        info.reset()
     fin(model, model_config)  # type: ignore[no-untyped-call]
+    for layer in tied.layers:
+        method = getattr(layer, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(layer)  # on CPU: prepack the new weights
 
 
 @torch.no_grad()
