@@ -102,5 +102,15 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
     def finish_weight_update(self) -> None:
         """Called once at the end of a successful round."""
 
+    def abort(self) -> None:
+        """Give up the current round: make a blocked call return early, drop its leftovers.
+
+        Called by the receiver when a round is abandoned (a new init, an abort, the round
+        deadline), possibly from another thread while :meth:`receive_weights` or
+        :meth:`init_transfer_engine` is blocked, so it must be quick and thread-safe. The
+        call it interrupts should raise; the receiver ignores what it does afterwards. The
+        engine stays usable: the next init re-initializes it. The default does nothing.
+        """
+
     def shutdown(self) -> None:
         """Release the data plane. Idempotent."""
