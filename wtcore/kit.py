@@ -222,9 +222,6 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         assert self.client is not None, "the sender always has a client"
         metas = source.metadata()
-        if not metas:
-            # Receivers refuse to publish a round that changed nothing (docs/protocol.md).
-            raise PayloadError("send_weights: the source has no tensors; nothing to send")
         buckets = self.info.plan(metas)
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)

@@ -166,6 +166,9 @@ class TrainerWeightTransferEngine(ABC):
                     stats.num_bytes += meta.nbytes
             stats.seconds = time.perf_counter() - t0
             return stats
+        if not src.metadata():
+            # Receivers refuse to publish a round that changed nothing (docs/protocol.md).
+            raise PayloadError("send_weights: the source has no tensors; nothing to send")
         notify("wtcore_update_started", engine=self, weight_version=weight_version)
         client = self.client
         try:

@@ -137,6 +137,7 @@ class WeightSyncWorker:
         self._rounds_ok = 0
         self._rounds_failed = 0
         self._updates_in_round = 0
+        self._touched = False  # whether an update of the open round reached the engine
         # The open round's owner (None: unowned), its deadline, and the last ended round's
         # id with why it ended (for a clear error to a caller that still thinks it is open).
         self._round_id: str | None = None
@@ -286,8 +287,8 @@ class WeightSyncWorker:
             self._state = WorkerState.IDLE
         if self._staging is not None and not sink_touched:
             self._staging.rollback()  # the old weights keep serving, untouched
-        else:
-            self._consistent = False
+        elif self._touched or sink_touched:
+            self._consistent = False  # (a round that began no update changed nothing)
         self._rounds_failed += 1
         self._last_error = f"{name}: {type(error).__name__}: {error}"
         if self._round_id is not None:
@@ -373,6 +374,7 @@ class WeightSyncWorker:
                 self._staging.begin()
             self._state = WorkerState.UPDATING
             self._updates_in_round = 0
+            self._touched = False
             self._round_id = round_id
 
     def update_weights(
@@ -392,6 +394,7 @@ class WeightSyncWorker:
         ) as generation:
             entry = self._entry_for_rank(update_info)
             typed = self.engine.parse_update_info(entry)  # PayloadError: round stays open
+            self._touched = True
             if self._staging is None:
                 # From the first byte applied until finish, the model may be half new, half
                 # old: say so, so that a round abandoned later never reads as consistent.
