@@ -197,13 +197,22 @@ class WeightSyncWorker:
                     self._stuck, self._busy = False, None  # a timed-out preemption ended
                 self._idle.notify_all()
 
-    def _current(self, name: str, generation: int) -> None:
+    def _current(self, name: str, generation: int, error: BaseException | None = None) -> None:
         """Under the lock: raise if the call of ``generation`` was preempted meanwhile."""
         if self._generation != generation:
             raise ProtocolStateError(
                 f"{name}: preempted by a later init_weight_transfer_engine; nothing of this "
                 "call was published"
-            )
+                + (f" (it then ended with {type(error).__name__}: {error})" if error else "")
+            ) from error
+
+    def _call_failed(
+        self, name: str, generation: int, error: BaseException, *, sink_touched: bool = False
+    ) -> None:
+        """A call of the round failed: end the round, or say it had been preempted."""
+        with self._lock:
+            self._current(name, generation, error)
+            self._fail_round(name, error, sink_touched=sink_touched)
 
     def _check_owner(self, name: str, round_id: str | None) -> None:
         """Under the lock: only the round's owner may continue it (see :mod:`wtcore.rounds`)."""
@@ -352,8 +361,8 @@ class WeightSyncWorker:
                 self.engine.init_transfer_engine(typed)
             except BaseException as e:
                 with self._lock:
-                    if self._generation == generation:
-                        self._last_error = f"{name}: {type(e).__name__}: {e}"
+                    self._current(name, generation, e)
+                    self._last_error = f"{name}: {type(e).__name__}: {e}"
                 raise
             with self._lock:
                 self._current(name, generation)
@@ -404,9 +413,7 @@ class WeightSyncWorker:
             except BaseException as e:
                 # Even when the sink refused this batch before writing it, earlier updates
                 # of the round may be applied: the round is over and the weights may be mixed.
-                with self._lock:
-                    if self._generation == generation:
-                        self._fail_round(name, e)
+                self._call_failed(name, generation, e)
                 raise
             with self._lock:
                 self._current(name, generation)
@@ -437,17 +444,13 @@ class WeightSyncWorker:
             try:
                 self.engine.finish_weight_update()
             except BaseException as e:
-                with self._lock:
-                    if self._generation == generation:
-                        self._fail_round(name, e)
+                self._call_failed(name, generation, e)
                 raise
             if self._staging is not None:
                 try:
                     self._staging.commit()
                 except BaseException as e:
-                    with self._lock:
-                        if self._generation == generation:
-                            self._fail_round(f"{name} (commit)", e, sink_touched=True)
+                    self._call_failed(f"{name} (commit)", generation, e, sink_touched=True)
                     raise
             with self._lock:
                 self._current(name, generation)
