@@ -293,6 +293,44 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any) -> None:
         worker.world_size = 2
 
 
+def test_trainer_killed_between_updates_round_deadline_unlinks(
+    two_workers: list[Any], procs: Any
+) -> None:
+    """The trainer dies between two updates and nothing arrives any more: the round's
+    deadline abandons it (no call needed), the receiver reports it, and the orphaned
+    segment is unlinked."""
+    state = procs.make_state(7)
+    worker = two_workers[0]
+    worker.world_size = 1
+    try:
+        worker.setup(state, round_timeout_s=1.0)
+        trainer = TrainerProc(procs, "7", "4096", "1")
+        try:
+            updates = 0
+            while updates < 3:
+                msg = trainer.next_message()
+                updates += msg["call"] == "update_weights"
+                relay(trainer, worker, msg)
+            segment = msg["args"][0]["segment"]
+            assert exists(segment)
+            trainer.proc.kill()  # SIGKILL between two updates
+            trainer.proc.wait(10)
+            deadline = time.monotonic() + 60
+            while worker.call("weight_info")["state"] != "idle":
+                assert time.monotonic() < deadline, "the round deadline never fired"
+                time.sleep(0.1)
+            info = worker.call("weight_info")
+            assert info["consistent"] is False and info["weight_version"] is None
+            assert "round deadline" in info["last_error"]
+            assert not exists(segment), "the orphaned segment was unlinked"
+            worker.call("shutdown")
+            assert not procs.our_segments([trainer.proc.pid])
+        finally:
+            trainer.close()
+    finally:
+        worker.world_size = 2
+
+
 @pytest.mark.parametrize("shutdown", [True, False], ids=["shutdown", "exit_without_shutdown"])
 def test_trainer_process_exit_unlinks(two_workers: list[Any], procs: Any, shutdown: bool) -> None:
     state = procs.make_state(7)
