@@ -115,13 +115,13 @@ def worker_main(argv: list[str]) -> None:
             **({"round_timeout_s": round_timeout_s} if round_timeout_s else {}),
         )
 
-    def update_weights(update_info: Any) -> None:
+    def update_weights(update_info: Any, round_id: str | None = None) -> None:
         held["updates"] += 1
         if held["updates"] == die_at:
             os.kill(os.getpid(), signal.SIGKILL)
         if held["updates"] == hang_at:
             time.sleep(600)
-        current().update_weights(update_info)
+        current().update_weights(update_info, round_id=round_id)
 
     def shutdown() -> None:
         if held["worker"] is not None:
