@@ -68,9 +68,7 @@ def _envelopes() -> st.SearchStrategy[Any]:
                     st.fixed_dictionaries(
                         {},
                         optional={
-                            "packed_buffer_size_bytes": st.one_of(
-                                st.integers(-5, 2**80), json_values
-                            )
+                            "packed_buffer_size_bytes": st.one_of(st.integers(-5, 2**80), json_values)
                         },
                     ),
                 )
