@@ -214,7 +214,9 @@ class TrainerWeightTransferEngine(ABC):
         try:
             client.abort_weight_update(reason)
         except Exception as e:  # the round already failed; say why the abort did too
-            log.warning("abort_weight_update after a failed round failed too: %s", e)
+            # A string, not the exception: a kept log record must not keep the traceback's
+            # frames (and through them this engine's data plane) alive.
+            log.warning("abort_weight_update after a failed round failed too: %s", str(e))
 
     @abstractmethod
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
