@@ -34,10 +34,10 @@ import hmac
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from wtcore.defaults import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
+from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
 from wtcore.digest import digest_named
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
@@ -60,15 +60,10 @@ DEFAULT_PREEMPT_TIMEOUT_S = 30.0
 
 
 def _check_seconds(name: str, value: object) -> float:
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not 0 < value <= MAX_TIMEOUT_S
-    ):
-        raise PayloadError(
-            f"{name}: expected a positive number of seconds up to {MAX_TIMEOUT_S:g}, got {value!r}"
-        )
-    return float(value)
+    try:
+        return check_timeout(name, value)
+    except ValueError as e:
+        raise PayloadError(str(e)) from None
 
 
 class WorkerState(str, enum.Enum):
@@ -196,6 +191,16 @@ class WeightSyncWorker:
                 elif self._stuck and not self._inside:
                     self._stuck, self._busy = False, None  # a timed-out preemption ended
                 self._idle.notify_all()
+
+    def _round_call(self, name: str, round_id: str | None) -> AbstractContextManager[int]:
+        """:meth:`_call` for a call inside the open round, by its owner only."""
+        return self._call(
+            name,
+            (WorkerState.UPDATING,),
+            "call start_weight_update first",
+            round_id=round_id,
+            owned=True,
+        )
 
     def _current(self, name: str, generation: int, error: BaseException | None = None) -> None:
         """Under the lock: raise if the call of ``generation`` was preempted meanwhile."""
@@ -394,13 +399,7 @@ class WeightSyncWorker:
     ) -> None:
         """Receive and load one update; a list holds one entry per worker rank."""
         name = "update_weights"
-        with self._call(
-            name,
-            (WorkerState.UPDATING,),
-            "call start_weight_update first",
-            round_id=round_id,
-            owned=True,
-        ) as generation:
+        with self._round_call(name, round_id) as generation:
             entry = self._entry_for_rank(update_info)
             typed = self.engine.parse_update_info(entry)  # PayloadError: round stays open
             self._touched = True
@@ -424,13 +423,7 @@ class WeightSyncWorker:
     ) -> None:
         """Publish ``weight_version``; refused for a round that applied no update."""
         name = "finish_weight_update"
-        with self._call(
-            name,
-            (WorkerState.UPDATING,),
-            "call start_weight_update first",
-            round_id=round_id,
-            owned=True,
-        ) as generation:
+        with self._round_call(name, round_id) as generation:
             if weight_version is not None and not isinstance(weight_version, str):
                 raise PayloadError(
                     f"weight_version: expected a string or null, got {weight_version!r}"
