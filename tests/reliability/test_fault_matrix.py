@@ -11,6 +11,7 @@ the other rows are tested.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -403,19 +404,28 @@ def test_two_trainers_at_once(local_pair: list[ServeProcess]) -> None:
         assert checksums_of(server) == digest_named(first.items())
 
 
-@pytest.mark.timeout(120)
-def test_second_trainer_init_abandons_the_round(local_pair: list[ServeProcess]) -> None:
-    """A second trainer's *init* during a round is not refused: re-init is how a trainer
-    recovers from a failed round, so it abandons the open round. The first trainer then fails
-    with a clear 409, nothing is published, and the receivers say their weights may be
-    mixed until the next round completes."""
-    urls = [s.url for s in local_pair]
+@contextlib.contextmanager
+def trainer_a_and_client_b(
+    servers: list[ServeProcess],
+) -> Iterator[tuple[Any, HTTPWeightSyncClient]]:
+    """Trainer A, synced to version ``base``, and a second client B for the same receivers."""
+    urls = [s.url for s in servers]
     with (
         HTTPWeightSyncClient(urls, timeout_s=TIMEOUT_S) as ca,
         HTTPWeightSyncClient(urls, timeout_s=TIMEOUT_S) as cb,
     ):
         a = local_trainer(ca)
         a.send_weights(TensorSource(state_of(5)), weight_version="base")
+        yield a, cb
+
+
+@pytest.mark.timeout(120)
+def test_second_trainer_init_abandons_the_round(local_pair: list[ServeProcess]) -> None:
+    """A second trainer's *init* during a round is not refused: re-init is how a trainer
+    recovers from a failed round, so it abandons the open round. The first trainer then fails
+    with a clear 409, nothing is published, and the receivers say their weights may be
+    mixed until the next round completes."""
+    with trainer_a_and_client_b(local_pair) as (a, cb):
         gated = GatedSource(TensorSource(state_of(7)), at=TENSORS // 2)
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(a.send_weights, gated, weight_version="a2")
@@ -443,13 +453,7 @@ def test_second_trainer_round_inside_the_first_is_never_mixed(
     """A starts and updates; B inits, starts and updates; then A carries on. Every call of A
     is refused (409: its round is no longer open), nothing of A's is applied after B's init,
     and B's round publishes exactly B's weights, consistent."""
-    urls = [s.url for s in local_pair]
-    with (
-        HTTPWeightSyncClient(urls, timeout_s=TIMEOUT_S) as ca,
-        HTTPWeightSyncClient(urls, timeout_s=TIMEOUT_S) as cb,
-    ):
-        a = local_trainer(ca)
-        a.send_weights(TensorSource(state_of(5)), weight_version="base")
+    with trainer_a_and_client_b(local_pair) as (a, cb):
         gated_a = GatedSource(TensorSource(state_of(7)), at=TENSORS // 2)
         gated_b = GatedSource(TensorSource(state_of(9)), at=TENSORS // 2)
         with ThreadPoolExecutor(2) as pool:
