@@ -257,12 +257,16 @@ def relay(trainer: TrainerProc, worker: Any, msg: dict[str, Any]) -> None:
         trainer.answer(error_record(e))
 
 
-def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any) -> None:
+@pytest.mark.parametrize("then", ["late_update", "silence"])
+def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str) -> None:
+    """The trainer is SIGKILLed between two updates. Either its last announced update still
+    arrives (the worker sees the orphaned segment), or nothing arrives any more and the
+    round's deadline abandons the round; both ways the orphaned segment is unlinked."""
     state = procs.make_state(7)
     worker = two_workers[0]
     worker.world_size = 1
     try:
-        worker.setup(state)
+        worker.setup(state, round_timeout_s=1.0 if then == "silence" else 0)
         trainer = TrainerProc(procs, "7", "4096", "1")
         try:
             updates = 0
@@ -278,51 +282,19 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any) -> None:
             before = worker.dump()
             trainer.proc.kill()  # SIGKILL: no atexit, no finalizer, nothing runs
             trainer.proc.wait(10)
-            # the update the trainer announced arrives after its death
-            with pytest.raises(TransferError, match="trainer process that owned it has exited"):
-                worker.call("update_weights", msg["args"][0])
+            if then == "late_update":
+                with pytest.raises(TransferError, match="trainer process that owned it has exited"):
+                    worker.call("update_weights", msg["args"][0])
+            else:
+                deadline = time.monotonic() + 60
+                while worker.call("weight_info")["state"] != "idle":
+                    assert time.monotonic() < deadline, "the round deadline never fired"
+                    time.sleep(0.1)
+                assert "round deadline" in worker.call("weight_info")["last_error"]
             assert_bit_exact(worker.dump(), before)
             info = worker.call("weight_info")
             assert info["consistent"] is False and info["weight_version"] is None
             assert not exists(segment), "the worker unlinked the orphaned segment"
-            worker.call("shutdown")
-            assert not procs.our_segments([trainer.proc.pid])
-        finally:
-            trainer.close()
-    finally:
-        worker.world_size = 2
-
-
-def test_trainer_killed_between_updates_round_deadline_unlinks(
-    two_workers: list[Any], procs: Any
-) -> None:
-    """The trainer dies between two updates and nothing arrives any more: the round's
-    deadline abandons it (no call needed), the receiver reports it, and the orphaned
-    segment is unlinked."""
-    state = procs.make_state(7)
-    worker = two_workers[0]
-    worker.world_size = 1
-    try:
-        worker.setup(state, round_timeout_s=1.0)
-        trainer = TrainerProc(procs, "7", "4096", "1")
-        try:
-            updates = 0
-            while updates < 3:
-                msg = trainer.next_message()
-                updates += msg["call"] == "update_weights"
-                relay(trainer, worker, msg)
-            segment = msg["args"][0]["segment"]
-            assert exists(segment)
-            trainer.proc.kill()  # SIGKILL between two updates
-            trainer.proc.wait(10)
-            deadline = time.monotonic() + 60
-            while worker.call("weight_info")["state"] != "idle":
-                assert time.monotonic() < deadline, "the round deadline never fired"
-                time.sleep(0.1)
-            info = worker.call("weight_info")
-            assert info["consistent"] is False and info["weight_version"] is None
-            assert "round deadline" in info["last_error"]
-            assert not exists(segment), "the orphaned segment was unlinked"
             worker.call("shutdown")
             assert not procs.our_segments([trainer.proc.pid])
         finally:
