@@ -9,10 +9,23 @@ has failed (see :mod:`wtcore.fanout`).
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "check_timeout"]
 
 #: Default bound on every blocking wait, in seconds.
 DEFAULT_TIMEOUT_S = 300.0
 #: Upper bound on any ``timeout_s``: one day. Larger values (or Infinity, which JSON decoders
 #: accept) overflow torch's timeouts, and "wait forever" is what a timeout exists to avoid.
 MAX_TIMEOUT_S = 86400.0
+
+
+def check_timeout(name: str, value: object) -> float:
+    """``value`` as seconds if it is in (0, :data:`MAX_TIMEOUT_S`], else a ``ValueError``."""
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not 0 < value <= MAX_TIMEOUT_S
+    ):
+        raise ValueError(
+            f"{name}: expected a positive number of seconds up to {MAX_TIMEOUT_S:g}, got {value!r}"
+        )
+    return float(value)

@@ -103,13 +103,13 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
         """Called once at the end of a successful round."""
 
     def abort(self) -> None:
-        """Make a blocking :meth:`init_transfer_engine` or :meth:`receive_weights` end soon.
+        """Give up the current round: make a blocked call return early, drop its leftovers.
 
-        Called from another thread (the receiver state machine, when a restarted trainer's
-        init must take over a call that waits on a peer that is gone or hung). The call in
-        progress raises; the engine then needs a new :meth:`init_transfer_engine`. Unlike
-        :meth:`shutdown` it is not final. The default does nothing (engines whose calls do not
-        block on a peer need nothing).
+        Called by the receiver when a round is abandoned (a new init, an abort, the round
+        deadline), possibly from another thread while :meth:`receive_weights` or
+        :meth:`init_transfer_engine` is blocked, so it must be quick and thread-safe. The
+        call it interrupts should raise; the receiver ignores what it does afterwards. The
+        engine stays usable: the next init re-initializes it. The default does nothing.
         """
 
     def shutdown(self) -> None:

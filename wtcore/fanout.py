@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from wtcore.concurrency import BackgroundCall
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import ReceiverError, ReceiverFailure, WtcoreError, http_status
+from wtcore.rounds import new_round_id
 
 __all__ = ["DEFAULT_TIMEOUT_S", "FAIL_FAST_S", "FanOutClient", "failure_of", "fan_out"]
 
@@ -122,14 +123,23 @@ class FanOutClient(ABC):
     inference ranks they reach with :meth:`get_world_size`; the fan-out, the shared deadline,
     fail-fast and the single :class:`~wtcore.errors.ReceiverError` come from here. Results of
     the inspection calls are lists with one entry per receiver, in the subclass's order.
+
+    Round ownership (:mod:`wtcore.rounds`): :meth:`start_weight_update` draws a new
+    :attr:`round_id` and every later call of the round carries it (the ``round_id`` keyword
+    of :meth:`_targets`), so receivers refuse any other trainer's calls inside this round.
     """
 
     timeout_s: float = DEFAULT_TIMEOUT_S
     fail_fast_s: float | None = FAIL_FAST_S
+    #: The id of the round this client started and has not finished (``None``: none open).
+    round_id: str | None = None
 
     @abstractmethod
-    def _targets(self, call: str, *args: Any) -> list[Target[Any]]:
-        """``(label, thunk)`` per receiver, each thunk making ``call(*args)`` on it."""
+    def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
+        """``(label, thunk)`` per receiver, each thunk making ``call(*args, **kwargs)`` on it.
+
+        The only keyword is ``round_id`` (on start, update, finish and abort).
+        """
 
     def _deadline_s(self) -> float:
         """The fan-out's own deadline (a backstop when each call bounds itself)."""
@@ -139,10 +149,10 @@ class FanOutClient(ABC):
         """How a receiver's exception is reported (a transport may unwrap its own errors)."""
         return failure_of(label, error)
 
-    def _each(self, call: str, *args: Any) -> list[Any]:
+    def _each(self, call: str, *args: Any, **kwargs: Any) -> list[Any]:
         return fan_out(
             call,
-            self._targets(call, *args),
+            self._targets(call, *args, **kwargs),
             timeout_s=self._deadline_s(),
             fail_fast_s=self.fail_fast_s,
             describe=self._describe,
@@ -150,16 +160,20 @@ class FanOutClient(ABC):
 
     # ------------------------------------------------------------------ WeightSyncClient
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.round_id = None  # an init abandons any round this client had open
         self._each("init_weight_transfer_engine", init_info)
 
     def start_weight_update(self) -> None:
-        self._each("start_weight_update")
+        # Set before the call: if only some receivers start, the abort must still carry it.
+        self.round_id = new_round_id()
+        self._each("start_weight_update", round_id=self.round_id)
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._each("update_weights", update_info)
+        self._each("update_weights", update_info, round_id=self.round_id)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._each("finish_weight_update", weight_version)
+        self._each("finish_weight_update", weight_version, round_id=self.round_id)
+        self.round_id = None
 
     # ------------------------------------------------------------------ InspectableClient
     def weight_info(self) -> list[dict[str, Any]]:
@@ -171,8 +185,14 @@ class FanOutClient(ABC):
         return self._each("checksums")
 
     def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
-        """End an open round on every receiver without publishing a version (best effort)."""
-        self._each("abort_weight_update", reason)
+        """End this client's open round on every receiver without publishing (best effort).
+
+        With no round of this client open, it ends an unowned round only.
+        """
+        try:
+            self._each("abort_weight_update", reason, round_id=self.round_id)
+        finally:
+            self.round_id = None
 
     @abstractmethod
     def get_world_size(self) -> int:

@@ -38,9 +38,9 @@ class InProcessClient(FanOutClient):
             raise PayloadError("workers: InProcessClient needs at least one worker")
         self.timeout_s = timeout_s
 
-    def _targets(self, call: str, *args: Any) -> list[Target[Any]]:
+    def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
         return [
-            (f"worker[rank={w.rank}]", functools.partial(getattr(w, call), *args))
+            (f"worker[rank={w.rank}]", functools.partial(getattr(w, call), *args, **kwargs))
             for w in self.workers
         ]
 

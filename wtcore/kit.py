@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from wtcore.buckets import max_bucket_nbytes, pack_source, plan_round
 from wtcore.concurrency import BackgroundCall
-from wtcore.defaults import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
+from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
 from wtcore.engine import WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
 from wtcore.meta import ParamMeta, metas_from_wire, metas_to_wire
@@ -65,15 +65,7 @@ def check_bucket_options(
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    if (
-        not isinstance(timeout_s, (int, float))
-        or isinstance(timeout_s, bool)
-        or not 0 < timeout_s <= MAX_TIMEOUT_S
-    ):
-        raise ValueError(
-            f"timeout_s: expected a positive number of seconds up to {MAX_TIMEOUT_S:g}, "
-            f"got {timeout_s!r}"
-        )
+    check_timeout("timeout_s", timeout_s)
 
 
 def renamed_fields(

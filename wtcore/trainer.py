@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from wtcore.client import WeightSyncClient
 
 __all__ = ["TrainerInitInfo", "TrainerWeightTransferEngine"]
+
+log = logging.getLogger("wtcore.trainer")
 
 E = TypeVar("E", bound="TrainerWeightTransferEngine")
 
@@ -163,6 +166,9 @@ class TrainerWeightTransferEngine(ABC):
                     stats.num_bytes += meta.nbytes
             stats.seconds = time.perf_counter() - t0
             return stats
+        if not src.metadata():
+            # Receivers refuse to publish a round that changed nothing (docs/protocol.md).
+            raise PayloadError("send_weights: the source has no tensors; nothing to send")
         notify("wtcore_update_started", engine=self, weight_version=weight_version)
         client = self.client
         try:
@@ -179,8 +185,11 @@ class TrainerWeightTransferEngine(ABC):
             self._send(src, stats)
         except BaseException as e:
             # Whatever failed, some receivers may be mid-round or hold a torn-down data plane:
-            # the next round starts with a fresh handshake (see the class docstring).
+            # end the round there now (so none keeps reporting consistent over what it got),
+            # and start the next round with a fresh handshake (see the class docstring).
             self.needs_handshake = True
+            self.client = client
+            self._abort_round(e)
             notify("wtcore_update_failed", engine=self, weight_version=weight_version, error=e)
             raise
         finally:
@@ -188,6 +197,26 @@ class TrainerWeightTransferEngine(ABC):
         stats.seconds = time.perf_counter() - t0
         notify("wtcore_update_finished", engine=self, stats=stats)
         return stats
+
+    def _abort_round(self, error: BaseException) -> None:
+        """Best effort, bounded by the client's timeout: end this round on every receiver.
+
+        Only clients that can (an :class:`~wtcore.client.InspectableClient`) are asked; a
+        receiver that cannot abort, or does not answer, is left to the next handshake and
+        its round deadline. Never raises: the round's own error is the one that matters.
+        """
+        from wtcore.client import InspectableClient
+
+        client = self.client
+        if not isinstance(client, InspectableClient):
+            return
+        reason = f"the trainer's round failed: {type(error).__name__}: {error}"[:500]
+        try:
+            client.abort_weight_update(reason)
+        except Exception as e:  # the round already failed; say why the abort did too
+            # A string, not the exception: a kept log record must not keep the traceback's
+            # frames (and through them this engine's data plane) alive.
+            log.warning("abort_weight_update after a failed round failed too: %s", str(e))
 
     @abstractmethod
     def _send(self, source: WeightSource, stats: TransferStats) -> None:

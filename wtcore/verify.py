@@ -4,7 +4,10 @@
 materialized (no second pass over the source, which for FSDP would mean a second gather), and
 wraps the client so that, just before ``finish_weight_update``, every receiver's
 ``checksums()`` is compared with those digests. On a mismatch the round is *not* finished: no
-receiver publishes the version, and the error names the receivers and tensors that differ.
+receiver publishes the version, the trainer aborts the round on every receiver (so they report
+``consistent: false``), and the error names the receivers and tensors that differ. A second
+trainer cannot slip an update in between the check and the finish: rounds are owned
+(:mod:`wtcore.rounds`), so such an update, or the finish after it, is refused.
 
 The digest is CRC-32 over dtype, shape and raw bytes (:mod:`wtcore.digest`); ``docs/reliability.md``
 has its measured cost.
@@ -86,7 +89,7 @@ class VerifyingClient:
                 )
         if problems:
             raise VerificationError(
-                "verification failed; the round was NOT finished and no receiver published the "
-                "new version (re-run trainer_init before the next round):\n  - "
-                + "\n  - ".join(problems)
+                "verification failed; the round was NOT finished, no receiver published the "
+                "new version, and the round is aborted on every receiver (the next send_weights "
+                "re-initializes them):\n  - " + "\n  - ".join(problems)
             )

@@ -11,29 +11,59 @@ rules live in one place:
   *inconsistent* (they may be mixed); any other failure inside a round ends the round, and an
   ``init_weight_transfer_engine`` mid-round abandons it, leaving them inconsistent until a
   later round finishes (the recovery contract, see ``docs/protocol.md``);
+* a round has an owner: the id its start carried (:mod:`wtcore.rounds`); update, finish and
+  abort of an owned round must carry the same id, anything else is a ``ProtocolStateError``
+  that changes nothing, so two trainers can never mix tensors into one published round;
+* an open round that sees no call for ``round_timeout_s`` is abandoned (its owner is presumed
+  dead), so a killed trainer cannot leave a receiver ``updating`` forever;
+* a round that applied no update cannot be finished: a version is published only over
+  weights that a round changed;
 * ``weight_version`` is published only by a successful finish;
 * with ``transactional=True`` a round is staged and applied only at finish, so a failed round
   leaves the old weights serving and the receiver consistent (see :mod:`wtcore.staging`).
 
-State reads (:meth:`weight_info`) never wait for a long call to end.
+State reads (:meth:`weight_info`) never wait for a long call to end. An init that arrives
+while a call runs preempts it (the engine's :meth:`~wtcore.engine.WeightTransferEngine.abort`
+hook makes the call end early); the preempted call, whenever it returns, changes no state.
 """
 
 from __future__ import annotations
 
 import enum
+import hmac
 import threading
+import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
 from wtcore.digest import digest_named
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
-from wtcore.errors import PayloadError, ProtocolStateError
+from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
 from wtcore.guards import FiniteCheckSink
+from wtcore.rounds import check_round_id
 from wtcore.sink import ReadableSink, WeightSink
 from wtcore.staging import StagingSink
 
-__all__ = ["WeightSyncWorker", "WorkerState"]
+__all__ = [
+    "DEFAULT_PREEMPT_TIMEOUT_S",
+    "DEFAULT_ROUND_TIMEOUT_S",
+    "WeightSyncWorker",
+    "WorkerState",
+]
+
+#: How long an open round may go without a call before it is abandoned (seconds).
+DEFAULT_ROUND_TIMEOUT_S = DEFAULT_TIMEOUT_S
+#: How long an init waits for a call it preempted to end (seconds).
+DEFAULT_PREEMPT_TIMEOUT_S = 30.0
+
+
+def _check_seconds(name: str, value: object) -> float:
+    try:
+        return check_timeout(name, value)
+    except ValueError as e:
+        raise PayloadError(str(e)) from None
 
 
 class WorkerState(str, enum.Enum):
@@ -44,7 +74,12 @@ class WorkerState(str, enum.Enum):
 
 
 class WeightSyncWorker:
-    """One inference worker's end of the protocol; also an in-process ``WeightSyncClient``."""
+    """One inference worker's end of the protocol; also an in-process ``WeightSyncClient``.
+
+    ``round_timeout_s`` (default :data:`DEFAULT_ROUND_TIMEOUT_S`) is how long an open round
+    may go without a call before it is abandoned; ``None`` turns the deadline off.
+    ``preempt_timeout_s`` bounds how long an init waits for a call it preempted to end.
+    """
 
     def __init__(
         self,
@@ -56,6 +91,8 @@ class WeightSyncWorker:
         world_size: int = 1,
         transactional: bool = False,
         reject_nonfinite: bool = False,
+        round_timeout_s: float | None = DEFAULT_ROUND_TIMEOUT_S,
+        preempt_timeout_s: float = DEFAULT_PREEMPT_TIMEOUT_S,
     ) -> None:
         from wtcore.factory import WeightTransferEngineFactory
 
@@ -65,6 +102,10 @@ class WeightSyncWorker:
         self.world_size = world_size
         self.transactional = transactional
         self.reject_nonfinite = reject_nonfinite
+        self.round_timeout_s = (
+            None if round_timeout_s is None else _check_seconds("round_timeout_s", round_timeout_s)
+        )
+        self.preempt_timeout_s = _check_seconds("preempt_timeout_s", preempt_timeout_s)
         # The engine loads into a chain: [finite check] -> [staging] -> the user's sink.
         self._staging: StagingSink | None = None
         engine_sink: WeightSink = sink
@@ -77,69 +118,264 @@ class WeightSyncWorker:
         )
         self._state = WorkerState.UNINITIALIZED
         self._busy: str | None = None
+        # One lock guards every field below; the condition wakes an init waiting for a call
+        # it preempted. ``_generation`` changes whenever a running call is preempted, so that
+        # call can tell, when it returns, that it must not touch the state any more.
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._generation = 0
+        self._inside = 0
+        self._stuck = False
         self._version: str | None = None
         self._consistent = True
         self._last_error: str | None = None
         self._rounds_ok = 0
         self._rounds_failed = 0
         self._updates_in_round = 0
+        self._touched = False  # whether an update of the open round reached the engine
+        # The open round's owner (None: unowned), its deadline, and the last ended round's
+        # id with why it ended (for a clear error to a caller that still thinks it is open).
+        self._round_id: str | None = None
+        self._deadline: float | None = None
+        self._timer: threading.Timer | None = None
+        self._ended: tuple[str, str] | None = None
 
     # ------------------------------------------------------------------ state handling
     @property
     def state(self) -> WorkerState:
         return self._state
 
+    def _admit(self, name: str, allowed: tuple[WorkerState, ...], hint: str) -> None:
+        """Under the lock: refuse a call while another runs or from a wrong state."""
+        if self._busy is not None:
+            raise ProtocolStateError(f"{name}: rejected, {self._busy} is still running")
+        if self._state not in allowed:
+            raise ProtocolStateError(f"{name}: not allowed in state {self._state.value!r}; {hint}")
+
     @contextmanager
-    def _call(self, name: str, allowed: tuple[WorkerState, ...], hint: str) -> Iterator[None]:
-        """Admit one call at a time, and only from an allowed state."""
+    def _call(
+        self,
+        name: str,
+        allowed: tuple[WorkerState, ...],
+        hint: str,
+        *,
+        round_id: str | None = None,
+        owned: bool = False,
+        preempt: bool = False,
+    ) -> Iterator[int]:
+        """Admit one call at a time, from an allowed state, and (``owned``) only its owner.
+
+        With ``preempt`` a running call is preempted instead of refusing this one. Yields the
+        generation the call runs in; :meth:`_current` tells the call, after a long engine
+        call, whether it was preempted meanwhile.
+        """
         with self._lock:
-            if self._busy is not None:
-                raise ProtocolStateError(f"{name}: rejected, {self._busy} is still running")
-            if self._state not in allowed:
-                raise ProtocolStateError(
-                    f"{name}: not allowed in state {self._state.value!r}; {hint}"
-                )
+            self._expire_if_due()
+            if owned:
+                self._check_owner(name, round_id)
+            if preempt and self._busy is not None:
+                self._preempt(name)
+            self._admit(name, allowed, hint)
             self._busy = name
+            self._inside += 1
+            self._disarm()
+            generation = self._generation
         try:
-            yield
+            yield generation
         finally:
             with self._lock:
-                self._busy = None
+                self._inside -= 1
+                if self._generation == generation:
+                    self._busy = None
+                    self._arm()
+                elif self._stuck and not self._inside:
+                    self._stuck, self._busy = False, None  # a timed-out preemption ended
+                self._idle.notify_all()
+
+    def _round_call(self, name: str, round_id: str | None) -> AbstractContextManager[int]:
+        """:meth:`_call` for a call inside the open round, by its owner only."""
+        return self._call(
+            name,
+            (WorkerState.UPDATING,),
+            "call start_weight_update first",
+            round_id=round_id,
+            owned=True,
+        )
+
+    def _current(self, name: str, generation: int, error: BaseException | None = None) -> None:
+        """Under the lock: raise if the call of ``generation`` was preempted meanwhile."""
+        if self._generation != generation:
+            raise ProtocolStateError(
+                f"{name}: preempted by a later init_weight_transfer_engine; nothing of this "
+                "call was published"
+                + (f" (it then ended with {type(error).__name__}: {error})" if error else "")
+            ) from error
+
+    def _call_failed(
+        self, name: str, generation: int, error: BaseException, *, sink_touched: bool = False
+    ) -> None:
+        """A call of the round failed: end the round, or say it had been preempted."""
+        with self._lock:
+            self._current(name, generation, error)
+            self._fail_round(name, error, sink_touched=sink_touched)
+
+    def _check_owner(self, name: str, round_id: str | None) -> None:
+        """Under the lock: only the round's owner may continue it (see :mod:`wtcore.rounds`)."""
+        round_id = check_round_id(round_id)
+        if self._state is not WorkerState.UPDATING:
+            if round_id is not None and self._ended is not None and self._ended[0] == round_id:
+                raise ProtocolStateError(
+                    f"{name}: refused, this round is no longer open ({self._ended[1]}); "
+                    "nothing was applied"
+                )
+            return  # the state check names what is wrong
+        owner = self._round_id
+        if owner is None and round_id is None:
+            return
+        if owner is not None and round_id is not None and hmac.compare_digest(owner, round_id):
+            return
+        if owner is None:
+            why = "the open round was started without a round id, this call carries one"
+        elif round_id is None:
+            why = "the open round belongs to another trainer and this call carries no round id"
+        elif self._ended is not None and self._ended[0] == round_id:
+            why = f"this call's round is no longer open ({self._ended[1]})"
+        else:
+            why = "the open round belongs to another trainer (round id mismatch)"
+        raise ProtocolStateError(f"{name}: refused, {why}; nothing was applied")
+
+    # ------------------------------------------------------------------ the round deadline
+    def _arm(self) -> None:
+        """Under the lock: (re)start the open round's idle deadline.
+
+        One daemon timer per round at most: it sleeps until the deadline, and when a later
+        call moved the deadline it sleeps again for the rest (no thread per call).
+        """
+        if self._state is not WorkerState.UPDATING or self.round_timeout_s is None:
+            return
+        self._deadline = time.monotonic() + self.round_timeout_s
+        if self._timer is None:
+            self._schedule(self.round_timeout_s)
+
+    def _schedule(self, delay: float) -> None:
+        timer = threading.Timer(delay + 0.01, self._on_timer)
+        timer.daemon = True
+        timer.name = "wtcore-round-deadline"
+        self._timer = timer
+        timer.start()
+
+    def _disarm(self) -> None:
+        """Under the lock: no deadline while a call runs (each call bounds itself)."""
+        self._deadline = None
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+            self._expire_if_due()
+            if self._deadline is not None and self._state is WorkerState.UPDATING:
+                self._schedule(max(0.0, self._deadline - time.monotonic()))
+
+    def _expire_if_due(self) -> None:
+        """Under the lock: abandon an open round whose deadline has passed."""
+        if (
+            self._state is WorkerState.UPDATING
+            and self._busy is None
+            and self._deadline is not None
+            and time.monotonic() >= self._deadline
+        ):
+            self._end_round(
+                "round deadline",
+                RuntimeError(
+                    f"no call for {self.round_timeout_s:g} s (round_timeout_s): the round was "
+                    "abandoned, its trainer is presumed dead"
+                ),
+            )
+
+    def _end_round(self, name: str, error: BaseException) -> None:
+        """Under the lock, no call running: abandon the open round and let the engine clean up."""
+        self._fail_round(name, error)
+        self.engine.abort()
 
     def _fail_round(self, name: str, error: BaseException, *, sink_touched: bool = False) -> None:
         if self._state is not WorkerState.CLOSED:  # a shutdown mid-call stays final
             self._state = WorkerState.IDLE
         if self._staging is not None and not sink_touched:
             self._staging.rollback()  # the old weights keep serving, untouched
-        else:
-            self._consistent = False
+        elif self._touched or sink_touched:
+            self._consistent = False  # (a round that began no update changed nothing)
         self._rounds_failed += 1
         self._last_error = f"{name}: {type(error).__name__}: {error}"
+        if self._round_id is not None:
+            self._ended = (self._round_id, self._last_error)
+        self._round_id = None
+        self._disarm()
+
+    def _preempt(self, name: str) -> None:
+        """Under the lock: end the running call early (engine ``abort``) and wait for it.
+
+        The round it belonged to is abandoned at once, so the state is honest even if the
+        call takes a while to notice; the call itself, when it returns, changes nothing
+        (:meth:`_current`). Raises if it has not left the engine within ``preempt_timeout_s``
+        (engine calls are not reentrant, so this call cannot start before).
+        """
+        running = self._busy
+        self._generation += 1
+        self._busy = f"{name} (preempting {running})"
+        if self._state is WorkerState.UPDATING:
+            self._fail_round(name, RuntimeError(f"round abandoned while {running} was running"))
+        self._lock.release()
+        try:
+            self.engine.abort()
+        finally:
+            self._lock.acquire()
+        deadline = time.monotonic() + self.preempt_timeout_s
+        while self._inside:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._busy = f"{running} (preempted, still ending)"  # nothing else starts
+                self._stuck = True
+                raise TransferTimeoutError(
+                    f"{name}: {running} did not end within {self.preempt_timeout_s:g} s of "
+                    "being preempted (preempt_timeout_s); its round is abandoned, retry later"
+                )
+            self._idle.wait(left)
+        self._busy = None
 
     # ------------------------------------------------------------------ the protocol
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        """Join the data plane. Allowed again between rounds (re-init after a failure)."""
+        """Join the data plane. Allowed again at any time (re-init after a failure).
+
+        Mid-round it abandons the open round; while another call runs it preempts that call
+        (see :meth:`_preempt`), so a trainer can always recover a receiver.
+        """
+        name = "init_weight_transfer_engine"
+        typed = self.engine.parse_init_info(init_info)  # PayloadError: nothing changes
         with self._call(
-            "init_weight_transfer_engine",
+            name,
             (WorkerState.UNINITIALIZED, WorkerState.IDLE, WorkerState.UPDATING),
             "the worker is shut down",
-        ):
-            typed = self.engine.parse_init_info(init_info)
+            preempt=True,
+        ) as generation:
             if self._state is WorkerState.UPDATING:
                 # A trainer that failed mid-round re-initializes: the open round is abandoned.
-                self._fail_round("init_weight_transfer_engine", RuntimeError("round abandoned"))
+                self._end_round(name, RuntimeError("round abandoned by a new init"))
             if self._state is WorkerState.IDLE:
                 self.engine.shutdown()
             self._state = WorkerState.UNINITIALIZED
             try:
                 self.engine.init_transfer_engine(typed)
             except BaseException as e:
-                self._last_error = f"init_weight_transfer_engine: {type(e).__name__}: {e}"
+                with self._lock:
+                    self._current(name, generation, e)
+                    self._last_error = f"{name}: {type(e).__name__}: {e}"
                 raise
-            self._state = WorkerState.IDLE
+            with self._lock:
+                self._current(name, generation)
+                self._state = WorkerState.IDLE
 
-    def start_weight_update(self) -> None:
+    def start_weight_update(self, *, round_id: str | None = None) -> None:
+        """Open a round; ``round_id`` (see :mod:`wtcore.rounds`) makes the caller its owner."""
+        round_id = check_round_id(round_id)
         with self._call(
             "start_weight_update",
             (WorkerState.IDLE,),
@@ -152,14 +388,21 @@ class WeightSyncWorker:
                 self._staging.begin()
             self._state = WorkerState.UPDATING
             self._updates_in_round = 0
+            self._touched = False
+            self._round_id = round_id
 
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+    def update_weights(
+        self,
+        update_info: dict[str, Any] | list[dict[str, Any]],
+        *,
+        round_id: str | None = None,
+    ) -> None:
         """Receive and load one update; a list holds one entry per worker rank."""
-        with self._call(
-            "update_weights", (WorkerState.UPDATING,), "call start_weight_update first"
-        ):
+        name = "update_weights"
+        with self._round_call(name, round_id) as generation:
             entry = self._entry_for_rank(update_info)
             typed = self.engine.parse_update_info(entry)  # PayloadError: round stays open
+            self._touched = True
             if self._staging is None:
                 # From the first byte applied until finish, the model may be half new, half
                 # old: say so, so that a round abandoned later never reads as consistent.
@@ -169,40 +412,65 @@ class WeightSyncWorker:
             except BaseException as e:
                 # Even when the sink refused this batch before writing it, earlier updates
                 # of the round may be applied: the round is over and the weights may be mixed.
-                self._fail_round("update_weights", e)
+                self._call_failed(name, generation, e)
                 raise
-            self._updates_in_round += 1
+            with self._lock:
+                self._current(name, generation)
+                self._updates_in_round += 1
 
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        with self._call(
-            "finish_weight_update", (WorkerState.UPDATING,), "call start_weight_update first"
-        ):
+    def finish_weight_update(
+        self, weight_version: str | None = None, *, round_id: str | None = None
+    ) -> None:
+        """Publish ``weight_version``; refused for a round that applied no update."""
+        name = "finish_weight_update"
+        with self._round_call(name, round_id) as generation:
             if weight_version is not None and not isinstance(weight_version, str):
                 raise PayloadError(
                     f"weight_version: expected a string or null, got {weight_version!r}"
                 )
+            if self._updates_in_round == 0:
+                raise ProtocolStateError(
+                    f"{name}: refused, this round applied no update_weights; a version is "
+                    "published only over weights a round changed (send an update, or end the "
+                    "round with abort_weight_update); the round stays open"
+                )
             try:
                 self.engine.finish_weight_update()
             except BaseException as e:
-                self._fail_round("finish_weight_update", e)
+                self._call_failed(name, generation, e)
                 raise
             if self._staging is not None:
                 try:
                     self._staging.commit()
                 except BaseException as e:
-                    self._fail_round("finish_weight_update (commit)", e, sink_touched=True)
+                    self._call_failed(f"{name} (commit)", generation, e, sink_touched=True)
                     raise
-            self._state = WorkerState.IDLE
-            self._version = weight_version
-            self._consistent = True
-            self._last_error = None
-            self._rounds_ok += 1
+            with self._lock:
+                self._current(name, generation)
+                self._state = WorkerState.IDLE
+                self._version = weight_version
+                self._consistent = True
+                self._last_error = None
+                self._rounds_ok += 1
+                self._round_id = None
+                self._ended = None
 
-    def abort_weight_update(self, reason: str = "aborted by caller") -> None:
-        """End an open round without publishing; the weights are reported inconsistent."""
+    def abort_weight_update(
+        self, reason: str = "aborted by caller", *, round_id: str | None = None
+    ) -> None:
+        """End an open round without publishing; the weights are reported inconsistent.
+
+        Only the round's owner may abort an owned round. With no round open this does
+        nothing; while a call of the round runs it does nothing either (that call's own
+        failure ends the round, and a later init preempts it).
+        """
         with self._lock:
-            if self._state is WorkerState.UPDATING and self._busy is None:
-                self._fail_round("abort_weight_update", RuntimeError(reason))
+            self._expire_if_due()
+            if self._state is not WorkerState.UPDATING or self._busy is not None:
+                check_round_id(round_id)
+                return
+            self._check_owner("abort_weight_update", round_id)
+            self._end_round("abort_weight_update", RuntimeError(reason))
 
     def _entry_for_rank(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(update_info, list):
@@ -227,6 +495,11 @@ class WeightSyncWorker:
     # ------------------------------------------------------------------ introspection
     def weight_info(self) -> dict[str, Any]:
         """The published version and whether the weights are consistent (never blocks)."""
+        if self._lock.acquire(blocking=False):  # an expired round reads as abandoned at once
+            try:
+                self._expire_if_due()
+            finally:
+                self._lock.release()
         return {
             "weight_version": self._version,
             "consistent": self._consistent,

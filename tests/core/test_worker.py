@@ -162,8 +162,13 @@ def test_reinit_abandons_an_open_round(worker: WeightSyncWorker) -> None:
     worker.start_weight_update()
     _init(worker)
     info = worker.weight_info()
-    assert info["state"] == "idle" and info["consistent"] is False
+    # A round that applied nothing changed nothing: still consistent.
+    assert info["state"] == "idle" and info["consistent"] is True
     worker.start_weight_update()  # a fresh round works without restarting anything
+    worker.update_weights(_payload({"a.w": torch.ones(4)}))
+    _init(worker)
+    info = worker.weight_info()
+    assert info["state"] == "idle" and info["consistent"] is False
 
 
 def test_list_update_picks_this_ranks_entry(model: torch.nn.Module) -> None:

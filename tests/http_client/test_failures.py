@@ -65,9 +65,11 @@ def test_server_killed_mid_round(start_server: Any) -> None:
         assert failure.status is None and failure.error_type == "HTTPConnectionError"
         assert f"{doomed.url}: HTTPConnectionError: POST /update_weights" in str(err.value)
         assert err.value.total == 2
-        # the survivor is mid-round and published nothing
+        # the trainer aborted the round on the survivor: it published nothing, and says
+        # that the round's first buckets are in
         (info,) = HTTPWeightSyncClient(alive.url, timeout_s=TIMEOUT_S).weight_info()
-        assert info["weight_version"] is None and info["state"] == "updating"
+        assert (info["weight_version"], info["state"], info["consistent"]) == (None, "idle", False)
+        assert "abort_weight_update" in info["last_error"]
 
 
 def test_hung_server_times_out(start_server: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from wtcore import ReceiverError, WeightSyncWorker
+from wtcore.rounds import ROUND_HEADER, new_round_id
 from wtcore.sink import ModuleSink
 from wtcore.testing.sources import build_module, mixed_dtype_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverRoutes
@@ -169,6 +170,9 @@ def test_the_routes_accept_exactly_those_bodies() -> None:
     assert status == 200 and info["weight_version"] == "step-42"
     assert routes.handle("GET", "/get_world_size", {}, b"") == (200, {"world_size": 1})
     assert post("/start_weight_update", {}) == (200, {"status": "ok"})  # {} is "no body" too
+    status, body = post("/finish_weight_update")  # a round without an update: not published
+    assert status == 409 and "applied no update_weights" in body["error"]
+    assert post("/update_weights", {"update_info": empty})[0] == 200
     assert post("/finish_weight_update") == (200, {"status": "ok"})
     assert routes.handle("GET", "/weight_info", {}, b"").body["weight_version"] is None
 
@@ -254,3 +258,36 @@ def test_abort_on_a_receiver_without_the_route_is_skipped(recorder: Recorder) ->
     recorder.answer = lambda _r: (500, b'{"error": "boom"}', "application/json")
     with HTTPWeightSyncClient(recorder.url, timeout_s=10) as client, pytest.raises(ReceiverError):
         client.abort_weight_update()
+
+
+def test_the_round_id_travels_in_a_header_and_guards_the_round() -> None:
+    """``X-Wtcore-Round`` makes the starter the round's owner; the bodies stay vLLM's."""
+    worker = WeightSyncWorker("local", ModuleSink(build_module(mixed_dtype_state(0))))
+    routes = ReceiverRoutes(worker)
+    owner = {"Content-Type": "application/json", ROUND_HEADER: new_round_id()}
+    stranger = {"Content-Type": "application/json", ROUND_HEADER: new_round_id()}
+    bare = {"Content-Type": "application/json"}
+
+    def post(path: str, headers: dict[str, str], body: Any = None) -> tuple[int, dict[str, Any]]:
+        raw = b"" if body is None else json.dumps(body).encode()
+        return tuple(routes.handle("POST", path, headers, raw))  # type: ignore[return-value]
+
+    empty = {"update_info": {"names": [], "dtype_names": [], "shapes": [], "data": ""}}
+    assert (
+        post("/init_weight_transfer_engine", bare, {"init_info": {"packed_buffer_size_bytes": 64}})[
+            0
+        ]
+        == 200
+    )
+    assert post("/start_weight_update", owner) == (200, {"status": "ok"})
+    for headers in (bare, stranger):
+        for path, body in (("/update_weights", empty), ("/finish_weight_update", None)):
+            status, answer = post(path, headers, body)
+            assert status == 409 and "belongs to another trainer" in answer["error"], answer
+            assert owner[ROUND_HEADER] not in answer["error"]  # the id is never echoed
+    status, answer = post("/update_weights", {**bare, ROUND_HEADER: "bad id"}, empty)
+    assert status == 400 and "round_id" in answer["error"]
+    assert worker.weight_info()["state"] == "updating"
+    assert post("/update_weights", owner, empty)[0] == 200
+    assert post("/finish_weight_update", owner, {"weight_version": "mine"})[0] == 200
+    assert worker.weight_info()["weight_version"] == "mine"

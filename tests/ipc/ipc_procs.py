@@ -97,7 +97,9 @@ def worker_main(argv: list[str]) -> None:
         worker: WeightSyncWorker = held["worker"]
         return worker
 
-    def setup(spec: dict[str, Any], rank: int, world: int, device: str) -> None:
+    def setup(
+        spec: dict[str, Any], rank: int, world: int, device: str, round_timeout_s: float = 0
+    ) -> None:
         if held["worker"] is not None:
             held["worker"].shutdown()
         metas = metas_from_wire(spec["names"], spec["dtype_names"], spec["shapes"])
@@ -105,16 +107,21 @@ def worker_main(argv: list[str]) -> None:
         module.to(device)
         held["module"] = module
         held["worker"] = WeightSyncWorker(
-            "ipc", ModuleSink(module), device=device, rank=rank, world_size=world
+            "ipc",
+            ModuleSink(module),
+            device=device,
+            rank=rank,
+            world_size=world,
+            **({"round_timeout_s": round_timeout_s} if round_timeout_s else {}),
         )
 
-    def update_weights(update_info: Any) -> None:
+    def update_weights(update_info: Any, round_id: str | None = None) -> None:
         held["updates"] += 1
         if held["updates"] == die_at:
             os.kill(os.getpid(), signal.SIGKILL)
         if held["updates"] == hang_at:
             time.sleep(600)
-        current().update_weights(update_info)
+        current().update_weights(update_info, round_id=round_id)
 
     def shutdown() -> None:
         if held["worker"] is not None:
@@ -169,8 +176,11 @@ class PipeWorker:
     def call(self, call: str, *args: Any, timeout_s: float = 60.0) -> Any:
         return self.channel.call(call, *args, timeout_s=timeout_s)
 
-    def setup(self, state: Mapping[str, Any], device: str = "cpu") -> None:
-        self.call("setup", spec_of(state), self.rank, self.world_size, device)
+    def setup(
+        self, state: Mapping[str, Any], device: str = "cpu", round_timeout_s: float = 0
+    ) -> None:
+        """Build the worker for ``state``; ``round_timeout_s`` (0: the default) as in the core."""
+        self.call("setup", spec_of(state), self.rank, self.world_size, device, round_timeout_s)
 
     def dump(self) -> dict[str, Any]:
         return decode_state(self.call("dump"))

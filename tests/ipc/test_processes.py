@@ -257,12 +257,16 @@ def relay(trainer: TrainerProc, worker: Any, msg: dict[str, Any]) -> None:
         trainer.answer(error_record(e))
 
 
-def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any) -> None:
+@pytest.mark.parametrize("then", ["late_update", "silence"])
+def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str) -> None:
+    """The trainer is SIGKILLed between two updates. Either its last announced update still
+    arrives (the worker sees the orphaned segment), or nothing arrives any more and the
+    round's deadline abandons the round; both ways the orphaned segment is unlinked."""
     state = procs.make_state(7)
     worker = two_workers[0]
     worker.world_size = 1
     try:
-        worker.setup(state)
+        worker.setup(state, round_timeout_s=1.0 if then == "silence" else 0)
         trainer = TrainerProc(procs, "7", "4096", "1")
         try:
             updates = 0
@@ -278,9 +282,15 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any) -> None:
             before = worker.dump()
             trainer.proc.kill()  # SIGKILL: no atexit, no finalizer, nothing runs
             trainer.proc.wait(10)
-            # the update the trainer announced arrives after its death
-            with pytest.raises(TransferError, match="trainer process that owned it has exited"):
-                worker.call("update_weights", msg["args"][0])
+            if then == "late_update":
+                with pytest.raises(TransferError, match="trainer process that owned it has exited"):
+                    worker.call("update_weights", msg["args"][0])
+            else:
+                deadline = time.monotonic() + 60
+                while worker.call("weight_info")["state"] != "idle":
+                    assert time.monotonic() < deadline, "the round deadline never fired"
+                    time.sleep(0.1)
+                assert "round deadline" in worker.call("weight_info")["last_error"]
             assert_bit_exact(worker.dump(), before)
             info = worker.call("weight_info")
             assert info["consistent"] is False and info["weight_version"] is None

@@ -11,7 +11,7 @@ import pytest
 import torch
 from nccl_e2e_kit import fleet, make_state, spec_of
 
-from wtcore import TensorSource, WeightTransferTrainerFactory
+from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
 from wtcore.testing import free_port
 from wtcore_nccl import NCCLTrainerInitInfo
 
@@ -57,10 +57,11 @@ def test_rounds_bit_exact_across_buffer_sizes_and_modes(num_workers: int) -> Non
                         for i, got in enumerate(f.states()):
                             _assert_bit_exact(got, state)
                             assert f.client.call(i, "weight_info")["weight_version"] == version
-                    # An empty model is a valid round: nothing moves, the version is published.
+                    # An empty source is refused before the round starts: a version is
+                    # published only over weights a round changed (docs/protocol.md).
                     before = f.states()
-                    stats = trainer.send_weights(TensorSource({}), weight_version="empty")
-                    assert stats.num_tensors == 0 and stats.num_bytes == 0
+                    with pytest.raises(PayloadError, match="no tensors"):
+                        trainer.send_weights(TensorSource({}), weight_version="empty")
                     for i, got in enumerate(f.states()):
                         _assert_bit_exact(got, before[i])
-                        assert f.client.call(i, "weight_info")["weight_version"] == "empty"
+                        assert f.client.call(i, "weight_info")["weight_version"] == version

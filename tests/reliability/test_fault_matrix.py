@@ -11,6 +11,7 @@ the other rows are tested.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -403,19 +404,28 @@ def test_two_trainers_at_once(local_pair: list[ServeProcess]) -> None:
         assert checksums_of(server) == digest_named(first.items())
 
 
-@pytest.mark.timeout(120)
-def test_second_trainer_init_abandons_the_round(local_pair: list[ServeProcess]) -> None:
-    """A second trainer's *init* during a round is not refused: re-init is how a trainer
-    recovers from a failed round, so it abandons the open round. The first trainer then fails
-    with a clear 409, nothing is published, and the receivers say their weights may be
-    mixed until the next round completes."""
-    urls = [s.url for s in local_pair]
+@contextlib.contextmanager
+def trainer_a_and_client_b(
+    servers: list[ServeProcess],
+) -> Iterator[tuple[Any, HTTPWeightSyncClient]]:
+    """Trainer A, synced to version ``base``, and a second client B for the same receivers."""
+    urls = [s.url for s in servers]
     with (
         HTTPWeightSyncClient(urls, timeout_s=TIMEOUT_S) as ca,
         HTTPWeightSyncClient(urls, timeout_s=TIMEOUT_S) as cb,
     ):
         a = local_trainer(ca)
         a.send_weights(TensorSource(state_of(5)), weight_version="base")
+        yield a, cb
+
+
+@pytest.mark.timeout(120)
+def test_second_trainer_init_abandons_the_round(local_pair: list[ServeProcess]) -> None:
+    """A second trainer's *init* during a round is not refused: re-init is how a trainer
+    recovers from a failed round, so it abandons the open round. The first trainer then fails
+    with a clear 409, nothing is published, and the receivers say their weights may be
+    mixed until the next round completes."""
+    with trainer_a_and_client_b(local_pair) as (a, cb):
         gated = GatedSource(TensorSource(state_of(7)), at=TENSORS // 2)
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(a.send_weights, gated, weight_version="a2")
@@ -425,7 +435,8 @@ def test_second_trainer_init_abandons_the_round(local_pair: list[ServeProcess]) 
             with pytest.raises(ReceiverError) as err:
                 running.result(60)
         assert err.value.call == "update_weights" and err.value.failures[0].status == 409
-        assert "call start_weight_update first" in str(err.value)
+        assert "round is no longer open" in str(err.value)
+        assert "abandoned by a new init" in str(err.value)
         for server in local_pair:
             info = info_of(server)
             assert (info["weight_version"], info["consistent"]) == ("base", False)
@@ -433,6 +444,38 @@ def test_second_trainer_init_abandons_the_round(local_pair: list[ServeProcess]) 
     for server in local_pair:
         info = info_of(server)
         assert (info["weight_version"], info["consistent"]) == ("b", True)
+
+
+@pytest.mark.timeout(180)
+def test_second_trainer_round_inside_the_first_is_never_mixed(
+    local_pair: list[ServeProcess],
+) -> None:
+    """A starts and updates; B inits, starts and updates; then A carries on. Every call of A
+    is refused (409: its round is no longer open), nothing of A's is applied after B's init,
+    and B's round publishes exactly B's weights, consistent."""
+    with trainer_a_and_client_b(local_pair) as (a, cb):
+        gated_a = GatedSource(TensorSource(state_of(7)), at=TENSORS // 2)
+        gated_b = GatedSource(TensorSource(state_of(9)), at=TENSORS // 2)
+        with ThreadPoolExecutor(2) as pool:
+            running_a = pool.submit(a.send_weights, gated_a, weight_version="a2")
+            assert gated_a.paused.wait(30)
+            b = local_trainer(cb)
+            running_b = pool.submit(b.send_weights, gated_b, weight_version="b")
+            assert gated_b.paused.wait(30)  # B's round is open, with updates applied
+            gated_a.go.set()
+            with pytest.raises(ReceiverError) as err:
+                running_a.result(60)
+            for server in local_pair:  # A did not disturb B's open round
+                assert info_of(server)["state"] == "updating"
+            gated_b.go.set()
+            running_b.result(60)
+        assert err.value.call == "update_weights"
+        assert {f.status for f in err.value.failures} == {409}
+        assert "no longer open" in str(err.value)
+    for server in local_pair:
+        info = info_of(server)
+        assert (info["weight_version"], info["consistent"], info["state"]) == ("b", True, "idle")
+        assert checksums_of(server) == digest_named(state_of(9).items())
 
 
 # ---------------------------------------------------------------------- NaN/Inf, transactional

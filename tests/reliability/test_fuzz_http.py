@@ -135,7 +135,8 @@ def _worker_in(state: str) -> tuple[WeightSyncWorker, torch.nn.Module]:
     if state != "uninitialized":
         worker.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 12})
         worker.start_weight_update()
-        worker.finish_weight_update("v0")
+        worker.update_weights({"names": [], "dtype_names": [], "shapes": [], "data": ""})
+        worker.finish_weight_update("v0")  # (a round without an update is not published)
     if state == "updating":
         worker.start_weight_update()
     return worker, model

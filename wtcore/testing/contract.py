@@ -252,10 +252,16 @@ class EngineContractSuite:
                     assert w.weight_info()["weight_version"] == f"s{step}"
 
     def test_empty_model(self) -> None:
+        # A round that would change no weight publishes nothing: refused before it starts.
         with self.pair({}) as p:
-            stats = p.trainer.send_weights(weight_version="empty")
-            assert stats.num_tensors == 0
-            assert p.workers[0].weight_info()["weight_version"] == "empty"
+            with pytest.raises(PayloadError, match="no tensors"):
+                p.trainer.send_weights(weight_version="empty")
+            info = p.workers[0].weight_info()
+            assert (info["weight_version"], info["state"], info["consistent"]) == (
+                None,
+                "idle",
+                True,
+            )
 
     def test_payloads_are_json(self) -> None:
         state = mixed_dtype_state(seed=5)

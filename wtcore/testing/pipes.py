@@ -132,7 +132,7 @@ def _recv(conn: Connection) -> Any:
 
 
 def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
-    """Answer ``{"id", "call", "args"}`` requests on ``conn`` one at a time.
+    """Answer ``{"id", "call", "args", "kwargs"}`` requests on ``conn`` one at a time.
 
     Returns on ``exit`` or when the parent closes its end (EOF), so a parent that dies takes
     its children with it instead of leaving them blocked. ``ping`` is always answered (the
@@ -144,11 +144,16 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
         except (EOFError, OSError):
             return
         req_id, call, args = req.get("id"), req.get("call"), req.get("args", [])
+        kwargs = req.get("kwargs") or {}
+        if call == "exit":
+            with contextlib.suppress(OSError):
+                _send(conn, {"id": req_id, "ok": True, "result": None})
+            return
         try:
             if call in ("exit", "ping"):
                 result: Any = call == "ping"
             elif call in handlers:
-                result = handlers[call](*args)
+                result = handlers[call](*args, **kwargs)
             else:
                 raise UnknownNameError(
                     f"unknown call {call!r}; this child answers {sorted(handlers)}"
@@ -167,7 +172,10 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
 def worker_handlers(get_worker: Callable[[], WeightSyncWorker]) -> Handlers:
     """Handlers for :data:`WORKER_CALLS`, on whatever worker ``get_worker()`` returns *now*
     (a test may rebuild the worker between calls)."""
-    return {name: (lambda *a, _n=name: getattr(get_worker(), _n)(*a)) for name in WORKER_CALLS}
+    return {
+        name: (lambda *a, _n=name, **kw: getattr(get_worker(), _n)(*a, **kw))
+        for name in WORKER_CALLS
+    }
 
 
 def serve_worker(
@@ -217,7 +225,7 @@ class PipeChannel:
         code = f", exit code {self._exitcode()}" if self._exitcode is not None else ""
         return TransferError(f"{self.label}.{call}: child process {what} ({cause!r}{code})")
 
-    def call(self, call: str, *args: Any, timeout_s: float | None = None) -> Any:
+    def call(self, call: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Send one request and wait (bounded) for its answer; late answers are skipped by id.
 
         A remote error raises :func:`remote_error`; a dead child :class:`TransferError`; no
@@ -233,7 +241,10 @@ class PipeChannel:
         try:
             req_id = next(_IDS)
             try:
-                _send(self.conn, {"id": req_id, "call": call, "args": list(args)})
+                request = {"id": req_id, "call": call, "args": list(args)}
+                if kwargs:
+                    request["kwargs"] = kwargs
+                _send(self.conn, request)
             except (OSError, ValueError) as e:  # ValueError: our end is already closed
                 raise self._gone(call, "is gone", e) from e
             while True:
@@ -285,15 +296,17 @@ class PipeClient(FanOutClient):
             for c, lbl in zip(conns, labels, strict=True)
         ]
 
-    def call(self, i: int, call: str, *args: Any, timeout_s: float | None = None) -> Any:
+    def call(
+        self, i: int, call: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> Any:
         """One call on child ``i`` (default timeout: the client's)."""
         return self.channels[i].call(
-            call, *args, timeout_s=self.timeout_s if timeout_s is None else timeout_s
+            call, *args, timeout_s=self.timeout_s if timeout_s is None else timeout_s, **kwargs
         )
 
-    def _targets(self, call: str, *args: Any) -> list[tuple[str, Callable[[], Any]]]:
+    def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[tuple[str, Callable[[], Any]]]:
         return [
-            (ch.label, functools.partial(self.call, i, call, *args))
+            (ch.label, functools.partial(self.call, i, call, *args, **kwargs))
             for i, ch in enumerate(self.channels)
         ]
 

@@ -35,6 +35,7 @@ from requests.adapters import HTTPAdapter
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError, TransferTimeoutError
 from wtcore.fanout import FanOutClient, Target
+from wtcore.rounds import ROUND_HEADER
 from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError
 from wtcore_http_client.pause import PAUSE_MODES, check_pause_mode
 
@@ -139,13 +140,14 @@ class HTTPWeightSyncClient(FanOutClient):
         route: str,
         body: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
+        round_id: str | None = None,
         *,
         session: requests.Session | None = None,
     ) -> Any:
         """One HTTP call; returns the decoded JSON answer or raises a named error."""
         where = f"{method} {route}"
         data = None
-        headers = {}
+        headers = {} if round_id is None else {ROUND_HEADER: round_id}
         if body is not None:
             data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
@@ -203,23 +205,31 @@ class HTTPWeightSyncClient(FanOutClient):
         finally:
             fresh.close()
 
-    def _targets(self, call: str, *args: Any) -> list[Target[Any]]:
-        return [(url, functools.partial(self._call, url, call, *args)) for url in self.base_urls]
+    def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
+        return [
+            (url, functools.partial(self._call, url, call, *args, **kwargs))
+            for url in self.base_urls
+        ]
 
     def _deadline_s(self) -> float:
         return self.timeout_s + _GRACE_S
 
-    def _call(self, url: str, call: str, *args: Any) -> Any:
-        """One call on one replica: the route and body of ``call(*args)``."""
+    def _call(self, url: str, call: str, *args: Any, round_id: str | None = None) -> Any:
+        """One call on one replica: the route and body of ``call(*args)``.
+
+        ``round_id`` travels in the ``X-Wtcore-Round`` header, so the bodies stay vLLM's.
+        """
         if call == "init_weight_transfer_engine":
             return self._request(url, "POST", f"/{call}", {"init_info": args[0]})
         if call == "update_weights":
-            return self._request(url, "POST", f"/{call}", {"update_info": args[0]})
+            return self._request(
+                url, "POST", f"/{call}", {"update_info": args[0]}, round_id=round_id
+            )
         if call == "finish_weight_update":
             body = None if args[0] is None else {"weight_version": args[0]}
-            return self._request(url, "POST", f"/{call}", body)
+            return self._request(url, "POST", f"/{call}", body, round_id=round_id)
         if call == "start_weight_update":
-            return self._request(url, "POST", f"/{call}")
+            return self._request(url, "POST", f"/{call}", round_id=round_id)
         if call == "resume":
             return self._request_retrying(url, "POST", f"/{call}")
         if call == "pause":
@@ -227,13 +237,15 @@ class HTTPWeightSyncClient(FanOutClient):
         if call == "checksums":
             return self._request_retrying(url, "POST", "/weight_checksums")["checksums"]
         if call == "abort_weight_update":
-            return self._abort(url, args[0])
+            return self._abort(url, args[0], round_id)
         assert call in IDEMPOTENT_CALLS, call
         return self._request_retrying(url, "GET", f"/{call}")  # weight_info, get_world_size, ...
 
-    def _abort(self, url: str, reason: str) -> None:
+    def _abort(self, url: str, reason: str, round_id: str | None) -> None:
         try:
-            self._request(url, "POST", "/abort_weight_update", {"reason": reason})
+            self._request(
+                url, "POST", "/abort_weight_update", {"reason": reason}, round_id=round_id
+            )
         except HTTPStatusError as e:
             if e.status != 404:
                 raise
@@ -261,7 +273,7 @@ class HTTPWeightSyncClient(FanOutClient):
         not raised. Such a replica's open round is abandoned by the next
         ``init_weight_transfer_engine`` instead.
         """
-        self._each("abort_weight_update", reason)
+        super().abort_weight_update(reason)
 
     def world_sizes(self) -> list[int]:
         """``GET /get_world_size`` of every replica, in ``base_urls`` order."""

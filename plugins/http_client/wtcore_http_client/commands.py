@@ -98,6 +98,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reject-nonfinite", action="store_true", help="refuse batches holding NaN or Inf"
     )
+    p.add_argument(
+        "--round-timeout-s",
+        type=float,
+        default=None,
+        help="abandon an open round after this many seconds without a call "
+        "(default: the core's DEFAULT_ROUND_TIMEOUT_S; see docs/protocol.md)",
+    )
     model = p.add_argument_group("model (synthetic unless --safetensors is given)")
     model.add_argument("--safetensors", metavar="PATH", help="load the model from this file")
     model.add_argument(
@@ -157,6 +164,7 @@ def run_serve(args: argparse.Namespace) -> int:
         world_size=args.world_size,
         transactional=args.transactional,
         reject_nonfinite=args.reject_nonfinite,
+        **({} if args.round_timeout_s is None else {"round_timeout_s": args.round_timeout_s}),
     )
     routes = ReceiverRoutes(
         worker, api_key=args.api_key, max_body_bytes=args.max_body or DEFAULT_MAX_BODY_BYTES

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 from wtcore.errors import PayloadError, ProtocolStateError, WtcoreError, http_status
+from wtcore.rounds import ROUND_HEADER
 from wtcore.worker import WeightSyncWorker
 from wtcore_http_client.framing import FramingError, parse_content_length
 from wtcore_http_client.pause import check_pause_mode
@@ -246,6 +247,7 @@ class ReceiverRoutes:
         self._check_length(method, path, len(body))
         query = parse_qs(parts.query, keep_blank_values=True)
         w = self.worker
+        round_id = _header(headers, ROUND_HEADER.lower())  # the worker checks its form
         if path != "/pause" and query:
             raise PayloadError(f"{path}: takes no query parameters, got {sorted(query)}")
         if path == "/health":
@@ -264,10 +266,10 @@ class ReceiverRoutes:
             w.init_weight_transfer_engine(init_info)
         elif path == "/start_weight_update":
             _json_object(body)
-            w.start_weight_update()
+            w.start_weight_update(round_id=round_id)
         elif path == "/update_weights":
             fields = _json_object(body, required=("update_info",))
-            w.update_weights(fields["update_info"])  # the worker checks dict | list
+            w.update_weights(fields["update_info"], round_id=round_id)  # checks dict | list
         elif path == "/finish_weight_update":
             fields = _json_object(body, optional=("weight_version",))
             version = fields.get("weight_version")
@@ -280,7 +282,7 @@ class ReceiverRoutes:
                     f"weight_version: {len(version)} characters, over the limit of "
                     f"{MAX_VERSION_CHARS}"
                 )
-            w.finish_weight_update(version)
+            w.finish_weight_update(version, round_id=round_id)
         elif path == "/pause":
             _json_object(body)
             self._pause(query)
@@ -303,7 +305,7 @@ class ReceiverRoutes:
                 raise PayloadError(
                     f"reason: {len(reason)} characters, over the limit of {MAX_REASON_CHARS}"
                 )
-            w.abort_weight_update(reason)
+            w.abort_weight_update(reason, round_id=round_id)
         return Response(200, {"status": "ok"})
 
     def _pause(self, query: dict[str, list[str]]) -> None:

@@ -122,6 +122,16 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         self.sink.load_weights(list(unpack_bucket(bucket, local)))
 
     # ------------------------------------------------------------------ lifetime
+    def abort(self) -> None:
+        """An abandoned round: unlink the mapped segment if its trainer has exited.
+
+        A live trainer keeps (and reuses) its segment; a killed one leaves it in ``/dev/shm``
+        until someone unlinks it. Safe while a copy runs: the mapping stays valid.
+        """
+        reader = self._reader
+        if reader is not None:
+            reader.unlink_orphan()
+
     def _release(self) -> None:
         if self._reader is not None:
             self._reader.unlink_orphan()

@@ -122,18 +122,25 @@ class WeightSyncActor:
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self.weight_sync_worker.init_weight_transfer_engine(init_info)
 
-    def start_weight_update(self) -> None:
-        self.weight_sync_worker.start_weight_update()
+    # ``round_id`` is the round's owner (wtcore.rounds); the Ray client passes it.
+    def start_weight_update(self, *, round_id: str | None = None) -> None:
+        self.weight_sync_worker.start_weight_update(round_id=round_id)
 
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self.weight_sync_worker.update_weights(update_info)
+    def update_weights(
+        self, update_info: dict[str, Any] | list[dict[str, Any]], *, round_id: str | None = None
+    ) -> None:
+        self.weight_sync_worker.update_weights(update_info, round_id=round_id)
 
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.weight_sync_worker.finish_weight_update(weight_version)
+    def finish_weight_update(
+        self, weight_version: str | None = None, *, round_id: str | None = None
+    ) -> None:
+        self.weight_sync_worker.finish_weight_update(weight_version, round_id=round_id)
 
-    def abort_weight_update(self, reason: str = "aborted by caller") -> None:
+    def abort_weight_update(
+        self, reason: str = "aborted by caller", *, round_id: str | None = None
+    ) -> None:
         """End an open round without publishing (the weights are reported inconsistent)."""
-        self.weight_sync_worker.abort_weight_update(reason)
+        self.weight_sync_worker.abort_weight_update(reason, round_id=round_id)
 
     # ------------------------------------------------------------------ introspection
     def weight_info(self) -> dict[str, Any]:

@@ -109,7 +109,7 @@ class RayWeightSyncClient(FanOutClient):
         self.fail_fast_s = None if fail_fast_s is None else float(fail_fast_s)
 
     # ------------------------------------------------------------------ fan-out
-    def _targets(self, call: str, *args: Any) -> list[Target[Any]]:
+    def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
         """Submit ``call`` to every actor now; each target waits for its own answer.
 
         Submitting first and waiting on helper threads keeps one round trip for N actors;
@@ -119,7 +119,7 @@ class RayWeightSyncClient(FanOutClient):
         out: list[Target[Any]] = []
         for label, h in zip(self.labels, self.handles, strict=True):
             try:
-                ref, error = getattr(h, call).remote(*args), None
+                ref, error = getattr(h, call).remote(*args, **kwargs), None
             except Exception as e:  # submission itself failed (no such method, Ray shut down)
                 ref, error = None, e
             out.append((label, _RayCall(ref, error, self.timeout_s + _GRACE_S)))
@@ -131,10 +131,7 @@ class RayWeightSyncClient(FanOutClient):
     # ------------------------------------------------------------------ the protocol
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         check_json_safe(init_info, "init_info")
-        self._each("init_weight_transfer_engine", init_info)
-
-    def start_weight_update(self) -> None:
-        self._each("start_weight_update")
+        super().init_weight_transfer_engine(init_info)
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         import ray
@@ -146,12 +143,13 @@ class RayWeightSyncClient(FanOutClient):
                 f"{len(self.handles)}, got {len(update_info)}"
             )
         # One copy in the object store, shared by every actor (Ray resolves top-level refs).
-        self._each("update_weights", ray.put(update_info) if len(self.handles) > 1 else update_info)
+        payload = ray.put(update_info) if len(self.handles) > 1 else update_info
+        self._each("update_weights", payload, round_id=self.round_id)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         if weight_version is not None and not isinstance(weight_version, str):
             raise PayloadError(f"weight_version: expected a string or None, got {weight_version!r}")
-        self._each("finish_weight_update", weight_version)
+        super().finish_weight_update(weight_version)
 
     # ------------------------------------------------------------------ beyond the protocols
     def identities(self) -> list[dict[str, Any]]:

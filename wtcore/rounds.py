@@ -1,0 +1,44 @@
+"""Round ownership: the id a trainer's client gives its round, and how receivers check it.
+
+A round is started by one trainer, and only that trainer may update, finish or abort it:
+otherwise a second trainer's tensors (or a stale call from a first one) can land inside a
+round and be published as one trainer's consistent version. The client that starts a round
+draws a random, unguessable id (:func:`new_round_id`) and sends it with every later call of
+that round: as a keyword in process and over Ray, as the :data:`ROUND_HEADER` header over
+HTTP, so vLLM's request bodies stay as they are. The receiver keeps it only in memory and
+never echoes it (an error message or ``weight_info`` would leak it to whoever reads them).
+
+A start *without* an id opens an unowned round, for third-party clients that speak only
+vLLM's routes: such a round accepts calls without an id, and refuses calls with one. An
+owned round refuses every call whose id is missing or different. The rules are in
+``docs/protocol.md``; the state machine that applies them is :mod:`wtcore.worker`.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from wtcore.errors import PayloadError
+
+__all__ = ["ROUND_HEADER", "ROUND_ID_RE", "check_round_id", "new_round_id"]
+
+#: The HTTP header that carries a round's id (vLLM ignores headers it does not know).
+ROUND_HEADER = "X-Wtcore-Round"
+#: What a round id may look like: long enough to be unguessable, safe in a header.
+ROUND_ID_RE = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+
+
+def new_round_id() -> str:
+    """A fresh id for one round: 128 random bits, hex-encoded."""
+    return secrets.token_hex(16)
+
+
+def check_round_id(value: object, *, field: str = "round_id") -> str | None:
+    """``value`` if it is ``None`` or a well-formed id, else a :class:`PayloadError`."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not ROUND_ID_RE.match(value):
+        shown = f"a {type(value).__name__}" if not isinstance(value, str) else "a malformed id"
+        raise PayloadError(f"{field}: expected {ROUND_ID_RE.pattern}, got {shown}")
+    return value
