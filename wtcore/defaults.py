@@ -9,6 +9,8 @@ has failed (see :mod:`wtcore.fanout`).
 
 from __future__ import annotations
 
+from wtcore.errors import PayloadError
+
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "check_timeout"]
 
 #: Default bound on every blocking wait, in seconds.
@@ -19,13 +21,13 @@ MAX_TIMEOUT_S = 86400.0
 
 
 def check_timeout(name: str, value: object) -> float:
-    """``value`` as seconds if it is in (0, :data:`MAX_TIMEOUT_S`], else a ``ValueError``."""
+    """``value`` as seconds if in (0, :data:`MAX_TIMEOUT_S`], else a ``PayloadError`` naming it."""
     if (
         not isinstance(value, (int, float))
         or isinstance(value, bool)
         or not 0 < value <= MAX_TIMEOUT_S
     ):
-        raise ValueError(
+        raise PayloadError(
             f"{name}: expected a positive number of seconds up to {MAX_TIMEOUT_S:g}, got {value!r}"
         )
     return float(value)

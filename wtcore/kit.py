@@ -64,7 +64,7 @@ def check_bucket_options(
         ("packed_num_buffers", packed_num_buffers),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+            raise PayloadError(f"{name}: expected a positive integer, got {value!r}")
     check_timeout("timeout_s", timeout_s)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
 from wtcore.digest import digest_named
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
-from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
+from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError, WrongTypeError
 from wtcore.guards import FiniteCheckSink
 from wtcore.rounds import check_round_id
 from wtcore.sink import ReadableSink, WeightSink
@@ -524,7 +524,7 @@ class WeightSyncWorker:
         if self._staging is not None and self._state is WorkerState.UPDATING:
             readable = self._staging
         if not isinstance(readable, ReadableSink):
-            raise TypeError(
+            raise WrongTypeError(
                 f"checksums need a sink with named_tensors(); {type(self.sink).__name__} has none"
             )
         return digest_named(readable.named_tensors())

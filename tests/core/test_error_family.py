@@ -149,31 +149,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
 
 #: Files owned by other work in progress; each entry must go (the integrator fixes them). The
 #: test fails on an entry that no longer matches, so this list only shrinks.
-PENDING: frozenset[tuple[str, str, str]] = frozenset(
-    {
-        ("plugins/http_client/wtcore_http_client/commands.py", "run_serve", "ValueError"),
-        ("plugins/http_client/wtcore_http_client/process.py", "launch_serve", "RuntimeError"),
-        (
-            "plugins/http_client/wtcore_http_client/safetensors.py",
-            "load_safetensors",
-            "FileNotFoundError",
-        ),
-        ("plugins/http_client/wtcore_http_client/server.py", "check_bind", "ValueError"),
-        ("plugins/ipc/wtcore_ipc/shm.py", "StagingSegment.__init__", "ValueError"),
-        ("plugins/ipc/wtcore_ipc/wire.py", "IPCInitInfo.__post_init__", "ValueError"),
-        ("plugins/nccl/wtcore_nccl/config.py", "NCCLInitInfo.__post_init__", "ValueError"),
-        ("plugins/nccl/wtcore_nccl/config.py", "_check_group", "ValueError"),
-        ("plugins/nccl/wtcore_nccl/config.py", "resolve_transport", "ValueError"),
-        ("plugins/nccl/wtcore_nccl/group.py", "_make_pg", "ValueError"),
-        ("plugins/nccl/wtcore_nccl/trainer.py", "NCCLTrainerEngine._send", "RuntimeError"),
-        ("plugins/nccl/wtcore_nccl/worker.py", "NCCLWorkerEngine.__init__", "ValueError"),
-        ("plugins/ray_client/wtcore_ray_client/launch.py", "launch_receivers", "ValueError"),
-        ("plugins/vllm/wtcore_vllm/names.py", "wtcore_engine_name", "ValueError"),
-        ("wtcore/guards.py", "FiniteCheckSink.named_tensors", "TypeError"),
-        ("wtcore/kit.py", "check_bucket_options", "ValueError"),
-        ("wtcore/worker.py", "WeightSyncWorker.checksums", "TypeError"),
-    }
-)
+PENDING: frozenset[tuple[str, str, str]] = frozenset()
 
 
 def _raises(path: Path) -> Iterator[tuple[str, str, int]]:

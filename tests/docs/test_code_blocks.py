@@ -101,9 +101,7 @@ UNTAGGED_OK: dict[tuple[str, str], str] = {
 }
 
 #: Blocks that fail their rule today; strict xfail, so the entry must go once fixed.
-KNOWN_DOC_BUGS: dict[str, str] = {
-    "docs/protocol.md:52": "the weight_info sample lacks the 'transactional' key",
-}
+KNOWN_DOC_BUGS: dict[str, str] = {}
 
 
 def _claimed(table: dict[tuple[str, str], str], b: Block) -> str | None:

@@ -332,11 +332,13 @@ def _read_bounded(r: requests.Response, limit: int) -> tuple[bytes, bool]:
 
 def _server_message(content: bytes, complete: bool, reason: str | None) -> tuple[str, str | None]:
     """The server's message: ``{"error": ...}`` (wtcore, vLLM) or ``{"detail": ...}`` (FastAPI)."""
-    try:
-        if not complete:
-            raise ValueError("truncated")
-        body = json.loads(content)
-    except ValueError:
+    body: Any = None
+    if complete:
+        try:
+            body = json.loads(content)
+        except ValueError:
+            body = None
+    if body is None:  # cut short, or not JSON: show the start of the text
         text = content[:500].decode("utf-8", "replace").strip()
         more = f" (cut at {MAX_ERROR_BYTES} bytes)" if not complete else ""
         return (text or reason or "no message") + more, None

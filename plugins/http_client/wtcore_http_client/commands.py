@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from wtcore._parse import size_argument
+from wtcore.errors import PayloadError
 from wtcore.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -138,13 +139,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         if args.api_key == "":
-            raise ValueError(
+            raise PayloadError(
                 "--api-key (or WTCORE_API_KEY) is empty: set a key, or unset it to run "
                 "without authentication on a loopback address"
             )
         options = json.loads(args.backend_options)
         if not isinstance(options, dict):
-            raise ValueError("--backend-options: expected a JSON object")
+            raise PayloadError("--backend-options: expected a JSON object")
         check_bind(args.host, bool(args.api_key))
         limits = ServerLimits(
             max_connections=args.max_connections,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wtcore.errors import TransferError
 from wtcore.procs import stop_processes
 from wtcore_http_client.commands import LISTENING
 
@@ -80,4 +81,6 @@ def launch_serve(
             break
         time.sleep(0.05)
     server.stop(signal.SIGKILL)
-    raise RuntimeError(f"wtcore serve did not start (status {proc.returncode}):\n{server.output()}")
+    raise TransferError(
+        f"wtcore serve did not start (status {proc.returncode}):\n{server.output()}"
+    )

@@ -69,7 +69,7 @@ def is_loopback(host: str) -> bool:
 def check_bind(host: str, has_api_key: bool) -> None:
     """Refuse to expose an unauthenticated receiver beyond this machine."""
     if not is_loopback(host) and not has_api_key:
-        raise ValueError(
+        raise PayloadError(
             f"refusing to bind {host!r} without an API key: anyone who can reach it could "
             "replace the model's weights. Pass --api-key (or WTCORE_API_KEY), or bind 127.0.0.1"
         )

@@ -115,7 +115,7 @@ class StagingSegment:
         import torch
 
         if capacity < 0 or num_slots < 1:
-            raise ValueError(f"bad segment shape: capacity={capacity}, num_slots={num_slots}")
+            raise PayloadError(f"bad segment shape: capacity={capacity}, num_slots={num_slots}")
         self.capacity = align(max(capacity, 1))
         self.num_slots = num_slots
         self.stride = HEADER_BYTES + self.capacity

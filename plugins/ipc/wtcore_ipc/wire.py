@@ -70,7 +70,7 @@ class IPCInitInfo:
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
-            raise ValueError(
+            raise PayloadError(
                 f"transport: expected one of {', '.join(TRANSPORTS)}, got {self.transport!r}"
             )
         check_bucket_options(

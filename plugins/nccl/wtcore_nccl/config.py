@@ -36,7 +36,7 @@ TRANSPORTS: tuple[str, ...] = ("auto", "gloo", "nccl")
 def resolve_transport(transport: str, device: str) -> str:
     """The concrete transport for ``device``: ``auto`` means NCCL on CUDA, gloo elsewhere."""
     if transport not in TRANSPORTS:
-        raise ValueError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if transport != "auto":
         return transport
     return "nccl" if str(device).startswith("cuda") else "gloo"
@@ -44,15 +44,15 @@ def resolve_transport(transport: str, device: str) -> str:
 
 def _check_group(*, master_address: str, master_port: int, world_size: int, transport: str) -> None:
     if not master_address:
-        raise ValueError("master_address: expected a host name or IP address, got ''")
+        raise PayloadError("master_address: expected a host name or IP address, got ''")
     if not 0 < master_port < 65536:
-        raise ValueError(f"master_port: expected a port in [1, 65535], got {master_port}")
+        raise PayloadError(f"master_port: expected a port in [1, 65535], got {master_port}")
     if world_size < 2:
-        raise ValueError(
+        raise PayloadError(
             f"world_size: expected at least 2 (the sender plus one worker), got {world_size}"
         )
     if transport not in TRANSPORTS:
-        raise ValueError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
 
 
 @dataclass
@@ -147,7 +147,7 @@ class NCCLInitInfo:
 
     def __post_init__(self) -> None:
         if self.secret and not _SECRET.fullmatch(self.secret):
-            raise ValueError(
+            raise PayloadError(
                 "secret: expected 32 to 128 lowercase hex digits (or '' for none), got "
                 f"{len(self.secret)} characters that are not"
             )
@@ -163,7 +163,7 @@ class NCCLInitInfo:
             timeout_s=self.timeout_s,
         )
         if self.rank_offset < 1:
-            raise ValueError(
+            raise PayloadError(
                 f"rank_offset: expected at least 1 (rank 0 is the sender), got {self.rank_offset}"
             )
 

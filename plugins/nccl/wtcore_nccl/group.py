@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 
 if TYPE_CHECKING:
     import torch
@@ -273,7 +273,7 @@ def _make_pg(
         nopts = nccl.Options()
         nopts._timeout = _td(timeout_s)
         return nccl(store, rank, world_size, nopts)
-    raise ValueError(f"transport: expected 'gloo' or 'nccl', got {transport!r}")
+    raise PayloadError(f"transport: expected 'gloo' or 'nccl', got {transport!r}")
 
 
 def join_group(

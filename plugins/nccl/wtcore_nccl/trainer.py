@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import as_bytes, pack_source, plan_buckets
 from wtcore.concurrency import BackgroundCall
-from wtcore.errors import MetadataMismatchError, PayloadError, TransferError
+from wtcore.errors import MetadataMismatchError, PayloadError, ProtocolStateError, TransferError
 from wtcore.kit import BucketedTrainerEngine
 from wtcore.meta import metas_to_wire
 from wtcore.source import iter_checked
@@ -157,7 +157,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         assert self.client is not None
         if self._store is None:
-            raise RuntimeError("NCCLTrainerEngine: the sender was shut down")
+            raise ProtocolStateError("NCCLTrainerEngine: the sender was shut down")
         group = self._group
         assert group is not None, "a failed round sets needs_handshake; send_weights re-joins"
         metas = source.metadata()

@@ -64,13 +64,13 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         super().__init__(config, sink=sink, device=device, rank=rank, world_size=world_size)
         unknown = sorted(set(config.options) - set(WORKER_OPTIONS))
         if unknown:
-            raise ValueError(
+            raise PayloadError(
                 f"nccl worker options: unknown {', '.join(map(repr, unknown))}; "
                 f"valid options: {', '.join(WORKER_OPTIONS)}"
             )
         threads = config.options.get("torch_num_threads")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"torch_num_threads: expected a positive int, got {threads!r}")
+            raise PayloadError(f"torch_num_threads: expected a positive int, got {threads!r}")
         self._threads: int | None = threads
         self._init: NCCLInitInfo | None = None
         self._store: Any = None

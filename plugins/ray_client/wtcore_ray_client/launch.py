@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from wtcore.engine import WeightTransferConfig
+from wtcore.errors import PayloadError
 from wtcore_ray_client.actor import SinkFactory, WeightSyncActor
 from wtcore_ray_client.client import DEFAULT_TIMEOUT_S, RayWeightSyncClient, actor_label
 
@@ -137,11 +138,11 @@ def launch_receivers(
     import ray
 
     if not isinstance(num_actors, int) or num_actors < 1:
-        raise ValueError(f"num_actors: expected a positive int, got {num_actors!r}")
+        raise PayloadError(f"num_actors: expected a positive int, got {num_actors!r}")
     if not isinstance(rank_offset, int) or rank_offset < 0:
-        raise ValueError(f"rank_offset: expected a non-negative int, got {rank_offset!r}")
+        raise PayloadError(f"rank_offset: expected a non-negative int, got {rank_offset!r}")
     if per_actor_options is not None and len(per_actor_options) != num_actors:
-        raise ValueError(
+        raise PayloadError(
             f"per_actor_options: expected one mapping per actor ({num_actors}), "
             f"got {len(per_actor_options)}"
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from wtcore.errors import PayloadError
+
 __all__ = ["PREFIX", "vllm_backend_name", "wtcore_engine_name"]
 
 #: Every wtcore engine appears in vLLM under this prefix, so that it can never collide with
@@ -17,7 +19,7 @@ def vllm_backend_name(engine: str) -> str:
 def wtcore_engine_name(backend: str) -> str:
     """``wtcore_nccl`` -> ``nccl``; a name without the prefix is a ``ValueError``."""
     if not backend.startswith(PREFIX) or len(backend) == len(PREFIX):
-        raise ValueError(
+        raise PayloadError(
             f"weight_transfer_config.backend: expected '{PREFIX}<engine>', got {backend!r}"
         )
     return backend[len(PREFIX) :]
