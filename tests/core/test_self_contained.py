@@ -13,7 +13,10 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OUTSIDE = re.compile(r"DESIGN\s*§|DESIGN\.md|PERF_NOTES|\.\./shared/")
+#: The first wave's notes, kept outside the repository: their names are spelled in pieces here
+#: so that this file does not itself read as a citation.
+_NOTES = ("DES" + "IGN", "PERF" + "_NOTES")
+OUTSIDE = re.compile(rf"{_NOTES[0]}\s*§|{_NOTES[0]}\.md|{_NOTES[1]}|\.\./shared/")
 #: A throughput figure (``12.5 GB/s``) in a source file's comments or docstrings.
 NUMBER = re.compile(r"\b\d+(\.\d+)?\s*GB/s")
 
@@ -26,10 +29,9 @@ def _tracked() -> list[Path]:
 
 
 def test_nothing_cites_documents_outside_the_repository() -> None:
-    me = Path(__file__).resolve()
     offenders = []
     for path in _tracked():
-        if path == me or not path.is_file() or path.suffix in {".png", ".whl"}:
+        if not path.is_file() or path.suffix in {".png", ".whl"}:
             continue
         text = path.read_text(errors="replace")
         offenders += [

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import as_bytes, pack_source, plan_buckets
 from wtcore.concurrency import BackgroundCall
-from wtcore.errors import MetadataMismatchError, PayloadError, ProtocolStateError, TransferError
+from wtcore.errors import MetadataMismatchError, TransferError
 from wtcore.kit import BucketedTrainerEngine
 from wtcore.meta import metas_to_wire
 from wtcore.source import iter_checked
@@ -86,36 +86,6 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
     def host_status(cls) -> str:
         return host_status()
 
-    @classmethod
-    def trainer_init(
-        cls,
-        init_info: TrainerInitInfo,
-        *,
-        client: WeightSyncClient | None,
-        source: WeightSource | None = None,
-    ) -> NCCLTrainerEngine:
-        if not isinstance(init_info, NCCLTrainerInitInfo):
-            raise PayloadError(f"expected NCCLTrainerInitInfo, got {type(init_info).__name__}")
-        engine = cls(init_info, client=client, source=source)
-        if not init_info.is_sender:
-            return engine  # non-sender ranks never touch the client or the group
-        if init_info.torch_num_threads is not None:
-            import torch
-
-            torch.set_num_threads(init_info.torch_num_threads)
-        engine._store = host_store(
-            init_info.master_address,
-            init_info.master_port,
-            init_info.world_size,
-            init_info.timeout_s,
-        )
-        try:
-            engine.handshake()
-        except BaseException:
-            engine.shutdown()
-            raise
-        return engine
-
     # ------------------------------------------------------------------ handshake
     def handshake(self) -> None:
         """Start a new handshake: ship the worker init info while joining the group.
@@ -123,8 +93,16 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         Every handshake draws a new rendezvous secret (its key prefix in the store), which
         only the receivers learn, inside the init call.
         """
-        assert self.client is not None and self._store is not None
+        assert self.client is not None
         info = self.info
+        if self._store is None:  # the first handshake: this process hosts the rendezvous
+            if info.torch_num_threads is not None:
+                import torch
+
+                torch.set_num_threads(info.torch_num_threads)
+            self._store = host_store(
+                info.master_address, info.master_port, info.world_size, info.timeout_s
+            )
         release_group(self._group)
         self._group = None
         generation = int(self._store.add(GENERATION_KEY, 1))
@@ -156,8 +134,6 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
     # ------------------------------------------------------------------ one round
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         assert self.client is not None
-        if self._store is None:
-            raise ProtocolStateError("NCCLTrainerEngine: the sender was shut down")
         group = self._group
         assert group is not None, "a failed round sets needs_handshake; send_weights re-joins"
         metas = source.metadata()
