@@ -17,6 +17,7 @@ from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_o
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
+    "DEFAULT_DIRECT_MIN_BYTES",
     "DEFAULT_TIMEOUT_S",
     "TRANSPORTS",
     "NCCLInitInfo",
@@ -27,6 +28,8 @@ __all__ = [
 
 #: Default size of one packed bucket buffer.
 DEFAULT_BUFFER_SIZE = 1 << 30
+#: Default ``direct_min_bytes`` of the wtcore trainer: tensors this large travel in place.
+DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 #: What a rendezvous secret looks like (``secrets.token_hex(16)`` and longer).
 _SECRET = re.compile(r"[0-9a-f]{32,128}")
 #: ``auto`` picks NCCL for CUDA devices and gloo otherwise.
@@ -55,6 +58,11 @@ def _check_group(*, master_address: str, master_port: int, world_size: int, tran
         raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
 
 
+def _check_direct(value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PayloadError(f"direct_min_bytes: expected an integer >= 0, got {value!r}")
+
+
 @dataclass
 class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     """Trainer settings of the ``nccl`` engine.
@@ -67,6 +75,13 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     threads starve gloo's network threads (see docs/benchmarks.md), so transfer-only processes
     should use 1. It is ``None`` (leave torch alone) by default because the trainer process
     also trains.
+
+    ``direct_min_bytes``: a tensor at least this large travels as a bucket of its own and, when
+    it lies on the group's device, is broadcast straight from its storage and received straight
+    into the receiver's parameter (when the sink offers it); 0 packs everything
+    (:mod:`wtcore_nccl.plan`). ``checksum``: add a CRC-32 of every bucket to its frame header;
+    receivers then verify each bucket before applying it, and stage every bucket to do so
+    (:mod:`wtcore_nccl.frames`). Sizes are always checked.
     """
 
     backend: ClassVar[str] = "nccl"
@@ -77,9 +92,15 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     transport: str = field(default="auto", kw_only=True)
     device: str = field(default="cpu", kw_only=True)
     torch_num_threads: int | None = field(default=None, kw_only=True)
+    # In-place transfer and integrity (see wtcore_nccl.plan and wtcore_nccl.frames).
+    direct_min_bytes: int = field(default=DEFAULT_DIRECT_MIN_BYTES, kw_only=True)
+    checksum: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check_direct(self.direct_min_bytes)
+        if not isinstance(self.checksum, bool):
+            raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
         try:
             _check_group(
                 master_address=self.master_address,
@@ -115,6 +136,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
             timeout_s=self.timeout_s,
             transport=self.resolved_transport,
             secret=secret,
+            direct_min_bytes=self.direct_min_bytes,
         )
 
 
@@ -144,8 +166,11 @@ class NCCLInitInfo:
     timeout_s: float = DEFAULT_TIMEOUT_S
     transport: str = "auto"
     secret: str = field(default="", repr=False)
+    #: 0 (the plain packing rule) for a trainer that does not send it.
+    direct_min_bytes: int = 0
 
     def __post_init__(self) -> None:
+        _check_direct(self.direct_min_bytes)
         if self.secret and not _SECRET.fullmatch(self.secret):
             raise PayloadError(
                 "secret: expected 32 to 128 lowercase hex digits (or '' for none), got "

@@ -17,17 +17,16 @@ import traceback
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from wtcore.buckets import as_bytes, pack_source, plan_buckets
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import MetadataMismatchError, TransferError
 from wtcore.kit import BucketedTrainerEngine
 from wtcore.meta import metas_to_wire
-from wtcore.source import iter_checked
 from wtcore.trainer import TrainerInitInfo
 from wtcore_nccl.config import NCCLTrainerInitInfo
 from wtcore_nccl.frames import make_header
 from wtcore_nccl.group import GENERATION_KEY, Group, host_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, wait_work
+from wtcore_nccl.plan import iter_frames, plan_nccl
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
@@ -151,10 +150,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         inflight: deque[tuple[dist.Work, str, Any]] = deque()
         self._headers = []
         try:
-            if self.info.packed:
-                self._send_packed(group, source, metas, stats, _fail_fast(rpc))
-            else:
-                self._send_unpacked(group, source, metas, stats, _fail_fast(rpc), inflight)
+            self._send_frames(group, source, metas, stats, _fail_fast(rpc), inflight)
             with stats.phase("control"):
                 rpc.result(self.info.timeout_s)
         except BaseException as e:
@@ -167,49 +163,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         with stats.phase("control"):
             self.client.finish_weight_update(stats.weight_version)
 
-    def _send_packed(
-        self,
-        group: Group,
-        source: WeightSource,
-        metas: list[ParamMeta],
-        stats: TransferStats,
-        poll: Any,
-    ) -> None:
-        import torch
-
-        pool = self._pool
-        buckets = plan_buckets(metas, self.info.packed_buffer_size_bytes)
-        pool.prepare(buckets)
-        empty = torch.empty(0, dtype=torch.uint8, device=self.info.device)
-        timeout = self.info.timeout_s
-
-        def buffer_for(bucket: Bucket) -> torch.Tensor:
-            if bucket.nbytes == 0:
-                return empty
-            slot = pool.slot_for(bucket)
-            if slot.work is not None:
-                with stats.phase("wire"):
-                    wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
-                slot.work = None
-            return slot.buf
-
-        for bucket, filled in pack_source(source, metas, buckets, buffer_for, stats):
-            stats.num_buckets += 1
-            if bucket.nbytes == 0:
-                continue  # both ends skip empty buckets
-            slot = pool.slot_for_last()
-            with stats.phase("wire"):
-                slot.work = self._send_frame(group, bucket.index, filled)
-            slot.label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
-        with stats.phase("wire"):
-            end = self._send_end(group, len(buckets))
-            for slot in pool.busy_slots():
-                assert slot.work is not None
-                wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
-                slot.work = None
-            wait_work(end, what="the round's end header", timeout_s=timeout, poll=poll)
-
-    def _send_unpacked(
+    def _send_frames(
         self,
         group: Group,
         source: WeightSource,
@@ -218,45 +172,66 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         poll: Any,
         inflight: deque[tuple[dist.Work, str, Any]],
     ) -> None:
-        import torch
+        """Broadcast every bucket: packed ones from reused buffers, single tensors in place.
 
-        timeout = self.info.timeout_s
-        device = self.info.device
-        it = iter_checked(source, metas)
-        for index in range(len(metas) + 1):
-            with stats.phase("materialize"):
-                item = next(it, None)
-            if item is None:
-                break
-            meta, t = item
-            stats.num_buckets += 1
-            if meta.nbytes == 0:
-                continue
-            t = t.detach()
-            data = as_bytes(t if t.device == torch.device(device) else t.to(device))
-            while len(inflight) >= self.info.packed_num_buffers:
+        At most ``packed_num_buffers`` broadcasts are in flight; each keeps what it reads
+        (its buffer, or the source tensor) alive until it completed, and a buffer is packed
+        again only once its previous broadcast completed.
+        """
+        info, pool = self.info, self._pool
+        timeout = info.timeout_s
+        buckets = plan_nccl(
+            metas,
+            packed=info.packed,
+            buffer_size_bytes=info.packed_buffer_size_bytes,
+            direct_min_bytes=info.direct_min_bytes,
+        )
+        pool.prepare(buckets)
+
+        def buffer_for(bucket: Bucket) -> torch.Tensor:
+            slot = pool.slot_for(bucket)
+            if slot.work is not None:
                 with stats.phase("wire"):
-                    wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
-                inflight.popleft()
+                    wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
+                slot.work = None
+            return slot.buf
+
+        def settle_oldest() -> None:
             with stats.phase("wire"):
-                work = self._send_frame(group, index, data)
-            # The tensor must stay alive until its broadcast completes.
-            inflight.append((work, f"broadcast of {meta.name!r} ({meta.nbytes} bytes)", data))
-            del t, data
-        with stats.phase("wire"):
-            inflight.append((self._send_end(group, len(metas)), "the round's end header", None))
-            while inflight:
                 wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
-                inflight.popleft()
+            inflight.popleft()
+
+        frames = iter_frames(
+            source, metas, buckets, buffer_for=buffer_for, device=info.device, stats=stats
+        )
+        for bucket, data, staged in frames:
+            stats.num_buckets += 1
+            if bucket.nbytes == 0:
+                continue  # both ends skip empty buckets
+            while len(inflight) >= info.packed_num_buffers:
+                settle_oldest()
+            label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
+            with stats.phase("wire"):
+                work = self._send_frame(group, bucket.index, data)
+            if staged:
+                slot = pool.slot_for_last()
+                slot.work, slot.label = work, label
+            inflight.append((work, label, data))
+            del data
+        inflight.append((self._send_end(group, len(buckets)), "the round's end header", None))
+        while inflight:
+            settle_oldest()
+        pool.forget_work()
 
     def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
-        """Broadcast bucket ``index``: its header (size and CRC of ``data``), then ``data``.
+        """Broadcast bucket ``index``: its header (size, and CRC with ``checksum``), then ``data``.
 
         The header's work needs no wait of its own (the receiver posts the data's receive
         only after the header arrived, and a failure shows on the data's work); it is kept
         for the round only so that a failure path lets the group go after it ended.
         """
-        self._headers.append(group.broadcast(make_header(index, data, self.info.device)))
+        header = make_header(index, data, self.info.device, checksum=self.info.checksum)
+        self._headers.append(group.broadcast(header))
         return group.broadcast(data)
 
     def _send_end(self, group: Group, num_buckets: int) -> dist.Work:
