@@ -39,7 +39,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "direct_min_bytes": DEFAULT_DIRECT_MIN_BYTES,
     }
     assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
-    assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 1 << 30
+    assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 64 << 20
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_num_buffers == 2
 
 

@@ -26,8 +26,9 @@ __all__ = [
     "resolve_transport",
 ]
 
-#: Default size of one packed bucket buffer.
-DEFAULT_BUFFER_SIZE = 1 << 30
+#: Default size of one packed bucket buffer (docs/benchmarks.md: 1 GiB made a 1 GiB model one
+#: bucket, unpipelined, with 1 GiB of staging on each end; 32-256 MiB measured alike).
+DEFAULT_BUFFER_SIZE = 64 << 20
 #: Default ``direct_min_bytes`` of the wtcore trainer: tensors this large travel in place.
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 #: What a rendezvous secret looks like (``secrets.token_hex(16)`` and longer).
@@ -161,7 +162,8 @@ class NCCLInitInfo:
     rank_offset: int
     world_size: int
     packed: bool = True
-    packed_buffer_size_bytes: int = DEFAULT_BUFFER_SIZE
+    #: What a trainer that leaves it out means (vLLM's default); the wtcore trainer sends its own.
+    packed_buffer_size_bytes: int = 1 << 30
     packed_num_buffers: int = 2
     timeout_s: float = DEFAULT_TIMEOUT_S
     transport: str = "auto"
