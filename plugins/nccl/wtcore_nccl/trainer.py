@@ -54,6 +54,53 @@ def _fail_fast(rpc: BackgroundCall[Any]) -> Any:
     return poll
 
 
+class _RoundCalls:
+    """A round's control calls, off the critical path: start, then at once ``update_weights``.
+
+    A helper thread sends ``start_weight_update`` and, as soon as it returned, launches the
+    round's single ``update_weights`` (on a thread of its own: it returns only once the whole
+    round was received), while this thread reads and packs the first bucket; :meth:`open`,
+    called before the first broadcast, waits for that. The start's round trip no longer adds
+    to the round.
+    """
+
+    def __init__(self, client: WeightSyncClient, metas: list[ParamMeta], timeout_s: float):
+        self.timeout_s = timeout_s
+        self.rpc: BackgroundCall[None] | None = None
+        wire = metas_to_wire(metas)
+
+        def start_then_update() -> None:
+            client.start_weight_update()
+            self.rpc = BackgroundCall(client.update_weights, wire, name="update_weights")
+
+        self.start: BackgroundCall[None] = BackgroundCall(
+            start_then_update, name="start_weight_update"
+        )
+
+    def open(self, stats: TransferStats) -> BackgroundCall[None]:
+        """Wait for the start (bounded); the ``update_weights`` call it launched."""
+        if self.rpc is None:
+            with stats.phase("control"):
+                self.start.result(self.timeout_s)
+        assert self.rpc is not None
+        return self.rpc
+
+    def settle(self) -> BackgroundCall[None] | None:
+        """After a failure: let the start end (bounded); the update call, if it was sent."""
+        self.start.wait(min(_ERROR_GRACE_S, self.timeout_s))
+        return self.rpc
+
+    def poll(self) -> None:
+        """Between short waits: raise a call's error at once (fail fast)."""
+        call = self.rpc if self.rpc is not None else self.start
+        err = call.error
+        if err is not None:
+            raise err
+
+    def update_result(self, stats: TransferStats) -> None:
+        self.open(stats).result(self.timeout_s)
+
+
 class NCCLTrainerEngine(BucketedTrainerEngine):
     """Trainer half of the ``nccl`` engine (see the module docstring).
 
@@ -138,22 +185,18 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         metas = source.metadata()
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
-        try:
-            with stats.phase("control"):
-                self.client.start_weight_update()
-            rpc = BackgroundCall(
-                self.client.update_weights, metas_to_wire(metas), name="update_weights"
-            )
-        except BaseException:
-            self._close_group(None)
-            raise
+        calls = _RoundCalls(self.client, metas, self.info.timeout_s)
         inflight: deque[tuple[dist.Work, str, Any]] = deque()
         self._headers = []
         try:
-            self._send_frames(group, source, metas, stats, _fail_fast(rpc), inflight)
+            self._send_frames(group, source, metas, stats, calls, inflight)
             with stats.phase("control"):
-                rpc.result(self.info.timeout_s)
+                calls.update_result(stats)
         except BaseException as e:
+            rpc = calls.settle()
+            if rpc is None:  # the round never got its update: nothing was broadcast
+                self._close_group(None)
+                raise
             cause = self._abort(e, rpc, [w for w, _, _ in inflight])
             inflight.clear()
             if cause is not None:
@@ -169,7 +212,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         source: WeightSource,
         metas: list[ParamMeta],
         stats: TransferStats,
-        poll: Any,
+        calls: _RoundCalls,
         inflight: deque[tuple[dist.Work, str, Any]],
     ) -> None:
         """Broadcast every bucket: packed ones from reused buffers, single tensors in place.
@@ -187,6 +230,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             direct_min_bytes=info.direct_min_bytes,
         )
         pool.prepare(buckets)
+        poll = calls.poll
 
         def buffer_for(bucket: Bucket) -> torch.Tensor:
             slot = pool.slot_for(bucket)
@@ -208,6 +252,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             stats.num_buckets += 1
             if bucket.nbytes == 0:
                 continue  # both ends skip empty buckets
+            calls.open(stats)  # the first broadcast needs the update announced
             while len(inflight) >= info.packed_num_buffers:
                 settle_oldest()
             label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
@@ -218,6 +263,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
                 slot.work, slot.label = work, label
             inflight.append((work, label, data))
             del data
+        calls.open(stats)
         inflight.append((self._send_end(group, len(buckets)), "the round's end header", None))
         while inflight:
             settle_oldest()
