@@ -1,5 +1,7 @@
 """The sender: packs buckets into reused buffers and broadcasts them, pipelined.
 
+Large tensors are broadcast in place, straight from the source (:mod:`wtcore_nccl.plan`).
+
 Every worker RPC (the init handshake and the round's single ``update_weights``)
 runs on a helper thread while this thread joins the group or broadcasts, because both block
 until the other side takes part. Every wait polls the RPC, so a rejected call fails the

@@ -1,7 +1,8 @@
 """The receiver: joins the transfer group, receives buckets into reused buffers, loads views.
 
-Receives are posted ahead, in bucket order, into ``packed_num_buffers`` reused buffers, so
-the next bucket is on the wire while the sink copies the current one. Every wait is bounded
+Receives are posted ahead, in bucket order (at most ``packed_num_buffers`` of them), so the
+next bucket is on the wire while the sink copies the current one. A large tensor is received
+in place, straight into the tensor the sink offers (:mod:`wtcore_nccl.plan`). Every wait is bounded
 by the timeout and polls for a shutdown and for the sender's abort notice, so a trainer
 that abandons a round (a metadata mismatch, a crash) ends this worker's ``update_weights``
 with an error instead of leaving it blocked. After a failed round the group is dropped; the
