@@ -11,6 +11,7 @@ workers, checksummed rounds, offers that do not fit.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -256,3 +257,48 @@ def test_direct_destination_checks_the_offer() -> None:
             super().load_weights(weights)
 
     assert direct_destination(Overrides(module), "w", torch.float32, (4, 4), "cpu") is None
+
+
+class _SourceStarted(TensorSource):
+    """Sets ``started`` when the trainer begins reading it."""
+
+    def __init__(self, state: dict[str, torch.Tensor], started: threading.Event) -> None:
+        super().__init__(state)
+        self.started = started
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.started.set()
+        yield from super().__iter__()
+
+
+class _StartWaitsForTheSource(InProcessClient):
+    """``start_weight_update`` answers only once the trainer reads its source (or after 10 s)."""
+
+    def __init__(self, workers: list[WeightSyncWorker], started: threading.Event) -> None:
+        super().__init__(workers, timeout_s=TIMEOUT_S)
+        self.started = started
+        self.overlapped: list[bool] = []
+
+    def start_weight_update(self) -> None:
+        self.overlapped.append(self.started.wait(10))
+        super().start_weight_update()
+
+
+def test_the_start_round_trip_overlaps_reading_the_first_bucket() -> None:
+    """The trainer reads (and packs) the first bucket while ``start_weight_update`` is out."""
+    state = _state(8)
+    module = build_module(zeros_like_state(state))
+    worker = WeightSyncWorker("nccl", ModuleSink(module))
+    started = threading.Event()
+    client = _StartWaitsForTheSource([worker], started)
+    trainer = WeightTransferTrainerFactory.trainer_init(_info(), client=client)
+    try:
+        for r in range(2):
+            started.clear()
+            state = _state(20 + r)
+            trainer.send_weights(_SourceStarted(state, started), weight_version=f"v{r}")
+            assert_state_equal(module, state)
+        assert client.overlapped == [True, True]
+    finally:
+        trainer.shutdown()
+        worker.shutdown()
