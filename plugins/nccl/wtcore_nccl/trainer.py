@@ -19,16 +19,18 @@ import traceback
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from wtcore.buckets import pack_source
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import MetadataMismatchError, TransferError
 from wtcore.kit import BucketedTrainerEngine
 from wtcore.meta import metas_to_wire
+from wtcore.sink import on_device
 from wtcore.trainer import TrainerInitInfo
 from wtcore_nccl.config import NCCLTrainerInitInfo
 from wtcore_nccl.frames import make_header
 from wtcore_nccl.group import GENERATION_KEY, Group, host_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, wait_work
-from wtcore_nccl.plan import iter_frames, plan_nccl
+from wtcore_nccl.plan import plan_nccl
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
@@ -223,6 +225,8 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         (its buffer, or the source tensor) alive until it completed, and a buffer is packed
         again only once its previous broadcast completed.
         """
+        import torch
+
         info, pool = self.info, self._pool
         timeout = info.timeout_s
         buckets = plan_nccl(
@@ -233,13 +237,18 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         )
         pool.prepare(buckets)
         poll = calls.poll
+        empty = torch.empty(0, dtype=torch.uint8, device=info.device)
+        staged: set[int] = set()  # buckets packed into a buffer this round
 
         def buffer_for(bucket: Bucket) -> torch.Tensor:
+            if bucket.nbytes == 0:
+                return empty
             slot = pool.slot_for(bucket)
             if slot.work is not None:
                 with stats.phase("wire"):
                     wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
                 slot.work = None
+            staged.add(bucket.index)
             return slot.buf
 
         def settle_oldest() -> None:
@@ -247,10 +256,11 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
                 wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
             inflight.popleft()
 
-        frames = iter_frames(
-            source, metas, buckets, buffer_for=buffer_for, device=info.device, stats=stats
-        )
-        for bucket, data, staged in frames:
+        def in_place(t: torch.Tensor) -> bool:
+            return on_device(t, info.device)
+
+        frames = pack_source(source, metas, buckets, buffer_for, stats, in_place=in_place)
+        for bucket, data in frames:
             stats.num_buckets += 1
             if bucket.nbytes == 0:
                 continue  # both ends skip empty buckets
@@ -260,7 +270,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
             with stats.phase("wire"):
                 work = self._send_frame(group, bucket.index, data)
-            if staged:
+            if bucket.index in staged:
                 slot = pool.slot_for_last()
                 slot.work, slot.label = work, label
             inflight.append((work, label, data))
