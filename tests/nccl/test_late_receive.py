@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from nccl_e2e_kit import wait_until
 
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.buckets import as_bytes
@@ -44,13 +45,6 @@ def _info() -> NCCLTrainerInitInfo:
     )
 
 
-def _wait(cond: object, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
     module = build_module({"w": torch.zeros(64, 64)})
     worker = WeightSyncWorker("nccl", ModuleSink(module))
@@ -65,10 +59,10 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
         rpc = BackgroundCall(old_client.update_weights, metas_to_wire([ParamMeta.of("w", stale)]))
         group = old._group  # type: ignore[attr-defined]
         group.broadcast(make_header(0, as_bytes(stale), "cpu", checksum=False)).wait()
-        _wait(lambda: engine._in_place, "the in-place receive to be posted")  # type: ignore[attr-defined]
+        wait_until(lambda: engine._in_place, 10.0, "the in-place receive to be posted")  # type: ignore[attr-defined]
         # The receiver gives up on the old trainer (as on a new trainer's init).
         engine.abort()
-        _wait(rpc.done, "the old round to end")
+        wait_until(rpc.done, 10.0, "the old round to end")
         assert rpc.error is not None
         # A new trainer syncs the receiver while the old one still holds its bytes.
         fresh = {"w": torch.randn(64, 64)}
@@ -81,7 +75,7 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
         group.broadcast(as_bytes(stale)).wait()  # the stale bytes arrive at last
         send.result(TIMEOUT_S)
         late = list(engine._late)  # type: ignore[attr-defined]
-        _wait(lambda: all(w.is_completed() for w in late), "the stale receive to land")
+        wait_until(lambda: all(w.is_completed() for w in late), 10.0, "the stale receive to land")
         time.sleep(0.5)
         assert torch.equal(module.get_parameter("w").detach(), fresh["w"])
         info = worker.weight_info()
