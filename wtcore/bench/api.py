@@ -158,7 +158,7 @@ class EngineBench:
         buffer_size_bytes: int | None,
     ) -> TrainerInitInfo:
         """The sender's (rank 0) init info for ``receivers`` receivers on ``host``."""
-        kwargs = self.buffer_kwargs(engine, buffer_size_bytes)
+        kwargs: dict[str, Any] = dict(self.buffer_kwargs(engine, buffer_size_bytes))
         try:
             return engine.init_info_cls(rank=0, **kwargs)
         except TypeError as e:  # a field this default does not know how to fill
