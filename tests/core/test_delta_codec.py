@@ -46,7 +46,7 @@ def pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
     return base, new
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(pairs())
 def test_round_trip_is_bit_exact(pair: tuple[torch.Tensor, torch.Tensor]) -> None:
     base, new = pair
@@ -63,7 +63,7 @@ def test_round_trip_is_bit_exact(pair: tuple[torch.Tensor, torch.Tensor]) -> Non
         assert enc.kind == "full" and enc.count > 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(pairs(), st.data())
 def test_corrupted_blobs_are_refused_or_stay_in_bounds(
     pair: tuple[torch.Tensor, torch.Tensor], data: st.DataObject

@@ -214,11 +214,14 @@ class _Refreshing(WeightSource):
 
 
 def _refused(error: BaseException) -> bool:
-    """Whether a round failed only because receivers refused its base."""
-    return (
-        isinstance(error, ReceiverError)
-        and bool(error.failures)
-        and all(f.error_type == "StaleBaseError" for f in error.failures)
+    """Whether a receiver refused the round's base.
+
+    Any one is enough: with a broadcast engine the other receivers then fail too (the
+    collective broke), and the full round that follows is the remedy for all of them; a
+    failure with another cause fails that full round again and reaches the caller.
+    """
+    return isinstance(error, ReceiverError) and any(
+        f.error_type == "StaleBaseError" for f in error.failures
     )
 
 
