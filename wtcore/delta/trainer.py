@@ -17,7 +17,9 @@ once per call however the round ends.
 Cost control: a large tensor is first compared on a small strided sample; when even the
 densest encoding could not beat the whole tensor, it is sent whole without the exact
 comparison and its base is dropped (not copied), so a round in which everything changed costs
-about what a full round costs. The next round refreshes that tensor's base.
+about what a full round costs. A later round refreshes that tensor's base (a copy): the next
+one after the first dense round, then after 1, 3, 7, at most 15 rounds sent whole without a
+copy while the tensor stays dense, so a model that changes entirely every round rarely pays it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ log = logging.getLogger("wtcore.delta")
 #: Tensors with more elements than this are sampled before the exact comparison.
 SAMPLE_ABOVE = 1 << 14
 SAMPLE_SIZE = 2048
+#: The most rounds a dense tensor is sent whole without refreshing its base.
+MAX_DENSE_WAIT = 15
 
 
 @dataclass
@@ -76,9 +80,9 @@ def _dense_by_sample(new: torch.Tensor, base: torch.Tensor) -> bool:
     if n <= SAMPLE_ABOVE:
         return False
     step = n // SAMPLE_SIZE
-    s_new = nb[::step][:SAMPLE_SIZE]
-    s_base = bb[::step][:SAMPLE_SIZE].to(s_new.device)
-    changed = float((s_new != s_base).float().mean())
+    s_new = nb[::step][:SAMPLE_SIZE].cpu().numpy()
+    s_base = bb[::step][:SAMPLE_SIZE].cpu().numpy()
+    changed = float((s_new != s_base).mean())
     # A mask patch costs n/8 bytes plus the changed values: it loses from this density up.
     return changed >= 1.0 - 1.0 / (8 * nb.element_size())
 
@@ -93,10 +97,12 @@ class DeltaTracker:
         self._base: dict[str, torch.Tensor | None] = {}
         self._order: list[str] = []
         self._kept: dict[str, torch.Tensor] = {}
+        #: name -> (rounds found dense in a row, rounds left before its base is refreshed).
+        self._dense: dict[str, tuple[int, int]] = {}
 
     def invalidate(self) -> None:
         """Forget the base: the next round is full."""
-        self.version, self._base, self._order, self._kept = None, {}, [], {}
+        self.version, self._base, self._order, self._kept, self._dense = None, {}, [], {}, {}
 
     def commit(self, version: str | None) -> None:
         """The round completed on every receiver: its weights are the base of the next."""
@@ -153,16 +159,24 @@ class DeltaTracker:
             report.elements += t.numel()
             report.model_bytes += meta.nbytes
             base = self._base.get(meta.name)
-            if base is None or base.dtype != t.dtype or base.shape != t.shape:
+            streak, wait = self._dense.get(meta.name, (0, 0))
+            if base is None and meta.name in self._base and wait > 0:
+                kind = "full"  # dense lately: whole again, base still not copied
+                self._dense[meta.name] = (streak, wait - 1)
+                kept[meta.name] = t
+                report.changed += t.numel()
+            elif base is None or base.dtype != t.dtype or base.shape != t.shape:
                 kind = "full"  # new, dropped, or reshaped: whole, and the base is refreshed
                 self._store(meta.name, t)
                 report.changed += t.numel()
             elif _dense_by_sample(t, base):
                 kind = "full"
                 self._base[meta.name] = None
+                self._dense[meta.name] = (streak + 1, min(2**streak - 1, MAX_DENSE_WAIT))
                 kept[meta.name] = t
                 report.changed += t.numel()
             else:
+                self._dense.pop(meta.name, None)
                 cmp_base = base if base.device == t.device else base.to(t.device)
                 enc, idx = encode(t, cmp_base)
                 report.changed += enc.count
@@ -181,6 +195,7 @@ class DeltaTracker:
                 items[meta.name] = kind
         for gone in set(self._base) - set(names):
             del self._base[gone]
+            self._dense.pop(gone, None)
         self._order, self._kept = names, kept
         header = DeltaHeader(self.version, items).to_tensor()
         return TensorSource([(HEADER_NAME, header), *out])
