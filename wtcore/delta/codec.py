@@ -225,4 +225,7 @@ def apply_patch(target: torch.Tensor, patch: Decoded) -> None:
     if not target.is_contiguous():
         raise PayloadError("apply_patch: the target tensor must be contiguous")
     tb = bits(target)
-    tb[patch.positions.to(tb.device)] = patch.values.to(tb.device)
+    if tb.device.type == "cpu":
+        tb.numpy()[patch.positions.numpy()] = patch.values.numpy()
+    else:
+        tb[patch.positions.to(tb.device)] = patch.values.to(tb.device)

@@ -87,6 +87,15 @@ def _dense_by_sample(new: torch.Tensor, base: torch.Tensor) -> bool:
     return changed >= 1.0 - 1.0 / (8 * nb.element_size())
 
 
+def _update_base(base: torch.Tensor, new: torch.Tensor, idx: torch.Tensor) -> None:
+    """``base[idx] = new[idx]`` (flat integer views); numpy when both are on the CPU."""
+    if base.device.type == "cpu" and new.device.type == "cpu":
+        i = idx.numpy()
+        base.numpy()[i] = new.numpy()[i]
+    else:
+        base[idx.to(base.device)] = new[idx].to(base.device)
+
+
 class DeltaTracker:
     """The base and its version; ``base_device`` keeps it elsewhere (``"cpu"``)."""
 
@@ -183,8 +192,7 @@ class DeltaTracker:
                 kind = enc.kind
                 if enc.kind == "patch":
                     assert enc.blob is not None and idx is not None
-                    bb = bits(base)
-                    bb[idx.to(bb.device)] = bits(t)[idx].to(bb.device)
+                    _update_base(bits(base), bits(t), idx)
                     out.append((meta.name, enc.blob))
                 elif enc.kind == "full":
                     base.copy_(t)
