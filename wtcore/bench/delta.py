@@ -30,7 +30,7 @@ class DeltaBenchOptions:
     backend: str = "local"
     receivers: int = 2
     steps: int = 8  # real training steps
-    dense_rounds: int = 4  # rounds where every element changes
+    dense_rounds: int = 12  # rounds where every element changes
     width: int = 256  # the transformer's d_model (4 layers, 8192-token vocabulary)
     lr: float = 1e-5
     timeout_s: float = 300.0
@@ -129,6 +129,10 @@ def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
                     assert stats.delta is not None
                     row["mode"] = stats.delta["mode"]
                     row["tensors"] = stats.delta["tensors"]
+                    row["base_copies"] = stats.delta["base_copies"]
+                    row["added_seconds"] = (
+                        stats.delta["check_seconds"] + stats.delta["encode_seconds"]
+                    )
             rounds.append(row)
     finally:
         for engine in trainers.values():
@@ -138,7 +142,9 @@ def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
             for w in workers:
                 w.shutdown()
     real = [x for x in rounds if x["kind"] == "real step"]
-    dense = [x for x in rounds if x["kind"] == "dense"]
+    # Every element changed, no base copied: the round delta cannot help (the sample path).
+    dense = [x for x in rounds if x["kind"] == "dense" and not x["base_copies"]]
+    refresh = [x for x in rounds if x["kind"] == "dense" and x["base_copies"]]
 
     def ratio(rows: list[dict[str, Any]], key: str) -> float | None:
         vals = [x[f"full_{key}"] / x[f"delta_{key}"] for x in rows if x[f"delta_{key}"]]
@@ -155,8 +161,22 @@ def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
             "bytes_ratio_median": ratio(real, "bytes"),
             "speedup_median": ratio(real, "seconds"),
         },
-        "dense_steps": {"slowdown_median": 1 / (ratio(dense, "seconds") or 1) if dense else None},
+        "overhead": {
+            "real_median": _median_share(real),
+            "dense_median": _median_share(dense),
+            "dense_best": min((x["added_seconds"] / x["full_seconds"] for x in dense), default=0.0),
+        },
+        "dense_steps": {
+            "slowdown_median": 1 / (ratio(dense, "seconds") or 1) if dense else None,
+            "refresh_slowdown_median": 1 / (ratio(refresh, "seconds") or 1) if refresh else None,
+        },
     }
+
+
+def _median_share(rows: list[dict[str, Any]]) -> float | None:
+    """Median of what delta added (version check + encoding) over the full round's time."""
+    vals = [x["added_seconds"] / x["full_seconds"] for x in rows if x["full_seconds"]]
+    return statistics.median(vals) if vals else None
 
 
 def print_delta_table(record: dict[str, Any], out: TextIO) -> None:
@@ -167,18 +187,27 @@ def print_delta_table(record: dict[str, Any], out: TextIO) -> None:
     )
     out.write(
         f"{'round':>5} {'kind':<10} {'changed':>8} {'mode':<6} {'delta MiB':>10} "
-        f"{'full MiB':>9} {'bytes x':>8} {'delta s':>8} {'full s':>8} {'speedup':>8}\n"
+        f"{'full MiB':>9} {'bytes x':>8} {'delta s':>8} {'full s':>8} {'speedup':>8} "
+        f"{'copies':>6}\n"
     )
     for x in record["rounds"]:
         out.write(
             f"{x['round']:>5} {x['kind']:<10} {x['changed_fraction']:>8.2%} {x['mode']:<6} "
             f"{x['delta_bytes'] / 2**20:>10.3f} {x['full_bytes'] / 2**20:>9.3f} "
             f"{x['full_bytes'] / max(x['delta_bytes'], 1):>8.1f} {x['delta_seconds']:>8.4f} "
-            f"{x['full_seconds']:>8.4f} {x['full_seconds'] / x['delta_seconds']:>8.2f}\n"
+            f"{x['full_seconds']:>8.4f} {x['full_seconds'] / x['delta_seconds']:>8.2f} "
+            f"{x['base_copies']:>6}\n"
         )
     rs, ds = record["real_steps"], record["dense_steps"]
     out.write(
         f"real steps: median {rs['bytes_ratio_median']:.1f}x fewer bytes, "
         f"median speedup {rs['speedup_median']:.2f}x; every element changed: median "
-        f"{ds['slowdown_median']:.3f}x the full round's time\n"
+        f"{ds['slowdown_median']:.3f}x the full round's time (rounds that also copy the "
+        f"base: {ds['refresh_slowdown_median']:.3f}x)\n"
+    )
+    ov = record["overhead"]
+    out.write(
+        f"added by delta (version check + encoding) / full round time, median: real steps "
+        f"{ov['real_median']:.1%}, every element changed {ov['dense_median']:.1%} "
+        f"(best {ov['dense_best']:.1%})\n"
     )

@@ -25,6 +25,7 @@ copy while the tensor stays dense, so a model that changes entirely every round 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,11 @@ class DeltaReport:
     elements: int = 0
     changed: int = 0
     tensors: dict[str, int] = field(default_factory=lambda: {"same": 0, "patch": 0, "full": 0})
+    #: Tensors whose base was copied whole this round (new, reshaped, refreshed).
+    base_copies: int = 0
+    #: What delta added to the round: asking the receivers' versions, encoding (seconds).
+    check_seconds: float = 0.0
+    encode_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +76,9 @@ class DeltaReport:
             "model_bytes": self.model_bytes,
             "changed_fraction": self.changed / self.elements if self.elements else 0.0,
             "tensors": dict(self.tensors),
+            "base_copies": self.base_copies,
+            "check_seconds": self.check_seconds,
+            "encode_seconds": self.encode_seconds,
         }
 
 
@@ -178,6 +187,7 @@ class DeltaTracker:
                 kind = "full"  # new, dropped, or reshaped: whole, and the base is refreshed
                 self._store(meta.name, t)
                 report.changed += t.numel()
+                report.base_copies += 1
             elif _dense_by_sample(t, base):
                 kind = "full"
                 self._base[meta.name] = None
@@ -256,15 +266,21 @@ def send_round(
 ) -> None:
     """One round of ``engine`` with delta on: a delta round when it can, else a full one."""
     report = DeltaReport()
+    t0 = time.perf_counter()
     with stats.phase("control"):
         why = tracker.why_full(engine.client)
+    report.check_seconds = time.perf_counter() - t0
     if why is not None:
         report.why = why
-        report.model_bytes = sum(m.nbytes for m in source.metadata())
+        metas = source.metadata()
+        report.model_bytes = sum(m.nbytes for m in metas)
+        report.base_copies = len(metas)
         engine._send(tracker.refreshing(source), stats)
     else:
+        t0 = time.perf_counter()
         with stats.phase("pack"):
             sent = tracker.encode(source, report)
+        report.encode_seconds = time.perf_counter() - t0
         try:
             engine._send(sent, stats)
             report.mode = "delta"
