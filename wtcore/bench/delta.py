@@ -1,7 +1,8 @@
 """``wtcore bench --delta``: delta rounds against full rounds, on real training steps.
 
 Two fleets of in-process receivers over the chosen engine get the same weights each round,
-one from a trainer with ``delta=True``, one from a plain trainer, in alternating order. The
+one from a trainer with ``delta=True``, one from a plain trainer (before and after the delta
+round; its time is the mean of the two). The
 weights are real training steps (:func:`wtcore.delta.realistic.realistic_steps`); then the
 bench alternates steps where every element changes, to measure what delta costs when it cannot
 help. Every round is checked (checksums of every receiver against the trainer's weights).
@@ -116,15 +117,20 @@ def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
                 "kind": "initial" if r == 0 else ("real step" if r <= opts.steps else "dense"),
                 "changed_fraction": 1.0 if prev is None else changed_fraction(prev, new),
             }
-            order = ("d", "f") if r % 2 else ("f", "d")
-            for k in order:
-                stats = trainers[k].send_weights(weight_version=f"r{r}")
+            # The full round runs before and after the delta round (its time is the mean), so
+            # neither pays or gains from going first on a busy machine.
+            full_seconds = []
+            for i, k in enumerate(("f", "d", "f")):
+                stats = trainers[k].send_weights(weight_version=f"r{r}.{i}")
                 per = fleets[k][1].checksums()
                 if any(d != want for d in per):
                     raise TransferError(f"round {r}: a receiver differs from the trainer")
                 key = "delta" if k == "d" else "full"
                 row[f"{key}_bytes"] = stats.num_bytes
                 row[f"{key}_seconds"] = stats.seconds
+                if k == "f":
+                    full_seconds.append(stats.seconds)
+                    row["full_seconds"] = statistics.mean(full_seconds)
                 if k == "d":
                     assert stats.delta is not None
                     row["mode"] = stats.delta["mode"]
