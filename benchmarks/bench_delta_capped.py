@@ -8,7 +8,7 @@ order, never at the same time: the real training steps of
 :func:`wtcore.delta.realistic.realistic_steps`, then rounds where every element changes.
 Every round is checked (the receivers' checksums against the trainer's weights).
 
-    sudo .venv/bin/python benchmarks/bench_delta_capped.py --rate 1gbit --json out.json
+    .venv/bin/python benchmarks/bench_delta_capped.py --rate 1gbit --json out.json  # as root
 """
 
 from __future__ import annotations
