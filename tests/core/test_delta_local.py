@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from wtcore.local import LocalTrainerInitInfo
 from wtcore.testing.delta import DeltaContractSuite
 
@@ -41,3 +43,56 @@ def test_dense_tensor_refreshes_its_base_ever_less_often() -> None:
         tracker.commit(f"v{r + 1}")
         stored.append(tracker._base["w"] is not None)
     assert stored == [False, True, False, False, True, False, False, False, False, True]
+
+
+def test_a_refused_delta_round_leaves_the_receiver_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The header is refused before anything is applied: the receiver keeps its version and
+    # stays consistent (without the safety net's full round, the error reaches the caller).
+    import torch
+
+    from wtcore.errors import ReceiverError
+    from wtcore.factory import WeightTransferTrainerFactory
+    from wtcore.inproc import InProcessClient
+    from wtcore.sink import ModuleSink
+    from wtcore.source import TensorSource
+    from wtcore.testing.delta import assert_bits_equal
+    from wtcore.testing.sources import build_module, zeros_like_state
+    from wtcore.worker import WeightSyncWorker
+
+    state = {"w": torch.randn(64, 64).to(torch.bfloat16)}
+    sink = ModuleSink(build_module(zeros_like_state(state)))
+    worker = WeightSyncWorker("local", sink)
+    info = LocalTrainerInitInfo(rank=0, delta=True)
+    client = InProcessClient([worker], timeout_s=30)
+    with WeightTransferTrainerFactory.trainer_init(
+        info, client=client, source=TensorSource(state)
+    ) as trainer:
+        trainer.send_weights(weight_version="v1")
+        sent = {"w": state["w"].clone()}
+        state["w"][0, :3] += 1
+        tracker = trainer._delta
+        assert tracker is not None
+        tracker.version = "not-v1"  # as if the trainer's view were stale
+        monkeypatch.setattr(tracker, "why_full", lambda client: None)
+        monkeypatch.setattr("wtcore.delta.trainer._refused", lambda e: False)
+        with pytest.raises(ReceiverError, match="StaleBaseError") as err:
+            trainer.send_weights(weight_version="v2")
+        assert "[409]" in str(err.value) and "'not-v1'" in str(err.value)
+    info_after = worker.weight_info()
+    assert (info_after["weight_version"], info_after["consistent"]) == ("v1", True)
+    assert info_after["rounds_failed"] == 1
+    assert_bits_equal(dict(sink.named_tensors()), sent)
+    worker.shutdown()
+
+
+def test_bench_delta_runs_and_counts_bytes() -> None:
+    from wtcore.bench.delta import DeltaBenchOptions, run_delta_bench
+
+    record = run_delta_bench(DeltaBenchOptions(steps=1, dense_rounds=2, width=32))
+    assert record["ok"]
+    rounds = record["rounds"]
+    assert [r["mode"] for r in rounds] == ["full", "delta", "delta", "delta"]
+    assert rounds[1]["delta_bytes"] * 3 < rounds[1]["full_bytes"]
+    assert rounds[2]["changed_fraction"] == 1.0 and rounds[2]["tensors"]["patch"] == 0
