@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import test_contract_nccl  # this folder is on sys.path (conftest); its init info is reused
 
-from wtcore.testing import free_port
 from wtcore.testing.delta import DeltaContractSuite
-from wtcore_nccl import NCCLTrainerInitInfo
 
 
 class TestNCCLDelta(DeltaContractSuite):
     backend = "nccl"
-
-    def make_trainer_init_info(
-        self, *, num_workers: int, buffer_size_bytes: int
-    ) -> NCCLTrainerInitInfo:
-        return NCCLTrainerInitInfo(
-            master_address="127.0.0.1",
-            master_port=free_port(),
-            world_size=1 + num_workers,
-            packed_buffer_size_bytes=buffer_size_bytes,
-            timeout_s=20.0,
-            rank=0,
-        )
+    make_trainer_init_info = test_contract_nccl.TestNCCLContract.make_trainer_init_info
 
 
 pytestmark = [pytest.mark.timeout(180)]
