@@ -253,8 +253,9 @@ def _refused(error: BaseException) -> bool:
     collective broke), and the full round that follows is the remedy for all of them; a
     failure with another cause fails that full round again and reaches the caller.
     """
+    # Ray names a remote error's type "RayTaskError(StaleBaseError)": match the name inside.
     return isinstance(error, ReceiverError) and any(
-        f.error_type == "StaleBaseError" for f in error.failures
+        "StaleBaseError" in (f.error_type or "") for f in error.failures
     )
 
 
