@@ -303,6 +303,32 @@ class DeltaContractSuite:
             for s in p.sinks:
                 assert_bits_equal(_held(s), chain[2])
 
+    def test_verify_checks_whole_weights_after_a_delta_round(self) -> None:
+        # A receiver whose weights drifted without a failed round (a bit flipped in memory)
+        # still reports the base version: the patches apply over the drift, and verify=True,
+        # comparing whole-tensor digests, refuses to publish; the next round is full and exact.
+        import torch
+
+        from wtcore.errors import VerificationError
+
+        chain = delta_chain()
+        state = {n: t.clone() for n, t in chain[0].items()}
+        with self.pair(state) as p:
+            self.run_chain(p, chain[:2])
+            name, held = next(iter(_held(p.sinks[0]).items()))
+            same = bits(chain[1][name]) == bits(chain[2][name])
+            at = int(same.nonzero()[0])  # an element the next step leaves alone
+            with torch.no_grad():
+                b = bits(held.detach())
+                b[at] ^= 1 << 3
+            self.step_to(p, chain[2])
+            with pytest.raises(VerificationError, match="receiver 0"):
+                p.trainer.send_weights(weight_version="drifted", verify=True)
+            stats = p.trainer.send_weights(weight_version="repaired", verify=True)
+            assert stats.delta is not None and stats.delta["mode"] == "full"
+            for s in p.sinks:
+                assert_bits_equal(_held(s), chain[2])
+
     def test_sink_without_patches_gets_full_rounds(self) -> None:
         class LoadOnly:
             """Like vLLM's layerwise reload: takes whole tensors, shows nothing."""
