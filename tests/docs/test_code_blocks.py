@@ -92,6 +92,8 @@ NEEDS_CLUSTER: dict[tuple[str, str], str] = {
     ("docs/ray.md", "import functools, ray, torch"): "a Ray cluster with GPUs",
     ("docs/ray.md", "from wtcore_ray_client import WeightSyncActor"): "a Ray cluster with GPUs",
     ("docs/vllm.md", "from wtcore import ModuleSource"): "a vLLM server with the nccl engine",
+    # tests/multinode/fsdp_trainer.py runs the same steps on namespaced nodes.
+    ("docs/nccl.md", "import os"): "two trainer nodes and two receiver nodes",
 }
 
 #: Untagged blocks (should be ``text``; the pages belong to other work in progress).
