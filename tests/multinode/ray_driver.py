@@ -1,6 +1,6 @@
 """The Ray driver of the multinode Ray test, run inside node 0: docs/ray.md's recipe, as written.
 
-Argument: a JSON file ``{"address": "ip:port", "node_ip": ip, "nodes": n, "code": python}``.
+Argument: a JSON file ``{"address": "ip:port", "nodes": n, "code": python}``.
 The driver first waits (bounded) until ``nodes`` Ray nodes are alive, so that the recipe's
 ``ray.nodes()`` sees the worker nodes, then runs ``code`` (the page's block, addresses already
 replaced) as this script's ``__main__``, and prints one JSON line: when the nodes were up, what
@@ -22,10 +22,10 @@ from wtcore.digest import digest_named
 NODES_TIMEOUT_S = 120.0
 
 
-def wait_for_nodes(address: str, node_ip: str, n: int) -> float:
+def wait_for_nodes(address: str, n: int) -> float:
     """Connect, wait until ``n`` nodes are alive, disconnect; returns the wall clock then."""
     deadline = time.monotonic() + NODES_TIMEOUT_S
-    ray.init(address=address, _node_ip_address=node_ip, log_to_driver=False)
+    ray.init(address=address, log_to_driver=False)
     try:
         while True:
             nodes = ray.nodes()  # type: ignore[no-untyped-call]
@@ -42,7 +42,7 @@ def wait_for_nodes(address: str, node_ip: str, n: int) -> float:
 def main() -> None:
     with open(sys.argv[1]) as f:
         cmd = json.load(f)
-    up_at = wait_for_nodes(cmd["address"], cmd["node_ip"], cmd["nodes"])
+    up_at = wait_for_nodes(cmd["address"], cmd["nodes"])
     namespace: dict[str, Any] = {"__name__": "__main__"}
     t0 = time.monotonic()
     exec(compile(cmd["code"], "docs/ray.md", "exec"), namespace)

@@ -131,7 +131,6 @@ def test_ray_cluster_across_nodes_runs_the_recipe_bit_exact(ray_nodes: Any) -> N
     [code] = page_blocks("python")
     cmd = {
         "address": localize("10.0.0.1:6380", c),
-        "node_ip": c[0].address,
         "nodes": len(c),
         "code": localize(code, c),
     }
