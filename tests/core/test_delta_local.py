@@ -96,3 +96,34 @@ def test_bench_delta_runs_and_counts_bytes() -> None:
     assert [r["mode"] for r in rounds] == ["full", "delta", "delta", "delta"]
     assert rounds[1]["delta_bytes"] * 3 < rounds[1]["full_bytes"]
     assert rounds[2]["changed_fraction"] == 1.0 and rounds[2]["tensors"]["patch"] == 0
+
+
+def test_rounds_without_a_version_are_full_and_keep_no_base() -> None:
+    import torch
+
+    from wtcore.factory import WeightTransferTrainerFactory
+    from wtcore.inproc import InProcessClient
+    from wtcore.sink import ModuleSink
+    from wtcore.source import TensorSource
+    from wtcore.testing.sources import build_module, zeros_like_state
+    from wtcore.worker import WeightSyncWorker
+
+    state = {"w": torch.randn(300, 300).to(torch.bfloat16)}
+    worker = WeightSyncWorker("local", ModuleSink(build_module(zeros_like_state(state))))
+    client = InProcessClient([worker], timeout_s=30)
+    info = LocalTrainerInitInfo(rank=0, delta=True)
+    with WeightTransferTrainerFactory.trainer_init(
+        info, client=client, source=TensorSource(state)
+    ) as trainer:
+        for _ in range(2):
+            stats = trainer.send_weights()
+            assert stats.delta is not None and stats.delta["mode"] == "full"
+            assert "no weight_version" in stats.delta["why"]
+            assert trainer._delta is not None and trainer._delta._base == {}
+        stats = trainer.send_weights(weight_version="v1")
+        assert stats.delta is not None and stats.delta["base_copies"] == 1
+        state["w"][0, 0] += 1
+        stats = trainer.send_weights(weight_version="v2")
+        assert stats.delta is not None and stats.delta["mode"] == "delta"
+        assert stats.num_bytes < 200
+    worker.shutdown()

@@ -267,6 +267,14 @@ def send_round(
 ) -> None:
     """One round of ``engine`` with delta on: a delta round when it can, else a full one."""
     report = DeltaReport()
+    if stats.weight_version is None:
+        # Without a version no receiver can name its base: a plain full round, no base copy.
+        tracker.invalidate()
+        report.why = "no weight_version: a base is recognized by its version"
+        report.model_bytes = sum(m.nbytes for m in source.metadata())
+        engine._send(source, stats)
+        stats.delta = report.to_dict()
+        return
     t0 = time.perf_counter()
     with stats.phase("control"):
         why = tracker.why_full(engine.client)
