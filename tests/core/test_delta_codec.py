@@ -131,3 +131,52 @@ def test_hostile_blobs_name_the_tensor(blob: torch.Tensor, why: str) -> None:
 
 def test_stale_base_is_a_409() -> None:
     assert http_status(StaleBaseError("x")) == 409
+
+
+def test_a_patch_for_another_dtype_or_shape_is_refused() -> None:
+    # Same element width, other dtype (bf16 patch, fp16 tensor): the header's spec says so.
+    from wtcore.delta.header import HEADER_NAME, DeltaHeader
+    from wtcore.delta.receiver import DeltaSink
+
+    held = torch.zeros(64, dtype=torch.float16)
+    new = torch.zeros(64, dtype=torch.bfloat16)
+    new[3] = 1.0
+    enc, _ = encode(new, torch.zeros(64, dtype=torch.bfloat16))
+    assert enc.blob is not None
+    sink = DeltaSink(ModuleSinkStub(), readable=None, in_place={"w": held}, accepts=True)
+    for spec in (("bfloat16", [64]), ("float16", [8, 8])):
+        sink.begin("v1", True)
+        header = DeltaHeader("v1", {"w": "patch"}, {"w": spec}).to_tensor()
+        with pytest.raises(PayloadError, match="'w': computed for") as err:
+            sink.load_weights([(HEADER_NAME, header), ("w", enc.blob)])
+        assert "float16 [64]" in str(err.value)
+        assert not bool(held.any())
+
+
+class ModuleSinkStub:
+    def load_weights(self, weights: object) -> None:
+        raise AssertionError("nothing whole in this test")
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [["w", "patch"]],
+        [["w", "patch", "complex32", [4]]],
+        [["w", "patch", "bfloat16", [-1]]],
+        [["w", "patch", "bfloat16", [True]]],
+        [["w", "full"], ["w", "full"]],
+        [["__wtcore_delta__", "full"]],
+        [["w", "same"]],
+        [[1, "full"]],
+        "w",
+    ],
+)
+def test_malformed_headers_are_refused(items: object) -> None:
+    import json
+
+    from wtcore.delta.header import DeltaHeader
+
+    raw = json.dumps({"format": 1, "base": "v1", "items": items}).encode()
+    with pytest.raises(PayloadError, match="delta header"):
+        DeltaHeader.from_tensor(torch.frombuffer(bytearray(raw), dtype=torch.uint8))

@@ -9,10 +9,11 @@ travel; ``patch`` tensors are :mod:`wtcore.delta.codec` blobs; ``full`` tensors 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from wtcore.errors import PayloadError
+from wtcore.meta import ALLOWED_DTYPE_NAMES
 
 if TYPE_CHECKING:
     import torch
@@ -28,17 +29,23 @@ _FORMAT = 1
 
 @dataclass(frozen=True)
 class DeltaHeader:
-    """``base``: the version the patches were computed against; ``items``: name -> kind."""
+    """``base``: the version the patches were computed against; ``items``: name -> kind;
+    ``specs``: name -> (dtype name, shape) of each patched tensor, checked by the receiver
+    against the tensor it patches (a patch carries only the element width)."""
 
     base: str
     items: dict[str, str]
+    specs: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
 
     def to_tensor(self) -> torch.Tensor:
         import torch
 
+        wire = [
+            [name, kind, *self.specs[name]] if kind == "patch" else [name, kind]
+            for name, kind in self.items.items()
+        ]
         raw = json.dumps(
-            {"format": _FORMAT, "base": self.base, "items": list(self.items.items())},
-            separators=(",", ":"),
+            {"format": _FORMAT, "base": self.base, "items": wire}, separators=(",", ":")
         ).encode()
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
@@ -68,15 +75,31 @@ class DeltaHeader:
         if not isinstance(raw_items, list):
             raise bad("items: expected a list of [name, kind] pairs")
         items: dict[str, str] = {}
-        for i, pair in enumerate(raw_items):
-            if (
-                not isinstance(pair, list)
-                or len(pair) != 2
-                or not isinstance(pair[0], str)
-                or pair[1] not in KINDS
-            ):
-                raise bad(f"items[{i}]: expected [name, one of {list(KINDS)}], got {pair!r}")
-            if pair[0] in items or pair[0] == HEADER_NAME:
-                raise bad(f"items[{i}]: name {pair[0]!r} is listed twice or reserved")
-            items[pair[0]] = pair[1]
-        return cls(base, items)
+        specs: dict[str, tuple[str, list[int]]] = {}
+        for i, entry in enumerate(raw_items):
+            if not _well_formed(entry):
+                raise bad(
+                    f'items[{i}]: expected [name, "full"] or [name, "patch", dtype name, '
+                    f"shape], got {str(entry)[:200]}"
+                )
+            name = entry[0]
+            if name in items or name == HEADER_NAME:
+                raise bad(f"items[{i}]: name {name!r} is listed twice or reserved")
+            items[name] = entry[1]
+            if entry[1] == "patch":
+                specs[name] = (entry[2], list(entry[3]))
+        return cls(base, items, specs)
+
+
+def _well_formed(entry: object) -> bool:
+    if not isinstance(entry, list) or not entry or not isinstance(entry[0], str):
+        return False
+    if entry[1:] == ["full"]:
+        return True
+    return (
+        len(entry) == 4
+        and entry[1] == "patch"
+        and entry[2] in ALLOWED_DTYPE_NAMES
+        and isinstance(entry[3], list)
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry[3])
+    )

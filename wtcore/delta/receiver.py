@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from wtcore.delta.codec import apply_patch, decode
 from wtcore.delta.header import HEADER_NAME, DeltaHeader
 from wtcore.errors import PayloadError, StaleBaseError
+from wtcore.meta import dtype_name
 from wtcore.sink import ReadableSink, WeightSink
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class DeltaSink:
         self.accepts = accepts and (readable is not None or in_place is not None)
         self._base: str | None = None
         self._items: dict[str, str] | None = None
+        self._specs: dict[str, tuple[str, list[int]]] = {}
         self._seen: set[str] = set()
         self._first = True
         #: Whether anything of the open round reached the chain.
@@ -111,6 +113,7 @@ class DeltaSink:
                 f"delta round refused: its patches apply to version {header.base!r}, this "
                 f"receiver holds {holds}; nothing was applied, send a full round"
             )
+        self._specs = header.specs
         return header.items
 
     def _load_delta(self, batch: list[tuple[str, torch.Tensor]], items: dict[str, str]) -> None:
@@ -137,6 +140,13 @@ class DeltaSink:
                 raise PayloadError(
                     f"delta patch for {name!r}: the sink holds no tensor of that name; nothing "
                     "of this batch was applied"
+                )
+            want = self._specs[name]
+            held = (dtype_name(target.dtype), list(target.shape))
+            if held != want:
+                raise PayloadError(
+                    f"delta patch for {name!r}: computed for {want[0]} {want[1]}, the sink holds "
+                    f"{held[0]} {held[1]}; nothing of this batch was applied"
                 )
             decoded.append((name, decode(blob, target, name=name)))
         self._seen |= names

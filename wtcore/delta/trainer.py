@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from wtcore.delta.codec import bits, encode
 from wtcore.delta.header import HEADER_NAME, DeltaHeader
 from wtcore.errors import ReceiverError, WtcoreError
-from wtcore.meta import ParamMeta
+from wtcore.meta import ParamMeta, dtype_name
 from wtcore.source import TensorSource, WeightSource, iter_checked
 
 if TYPE_CHECKING:
@@ -169,6 +169,7 @@ class DeltaTracker:
         """Iterate ``source`` once: the delta round's source; the base becomes the new weights."""
         assert self.version is not None, "encode needs a base (why_full said so)"
         items: dict[str, str] = {}
+        specs: dict[str, tuple[str, list[int]]] = {}
         out: list[tuple[str, torch.Tensor]] = []
         kept: dict[str, torch.Tensor] = {}  # tensors sent whole without a base copy
         names = []
@@ -204,6 +205,7 @@ class DeltaTracker:
                     assert enc.blob is not None and idx is not None
                     _update_base(bits(base), bits(t), idx)
                     out.append((meta.name, enc.blob))
+                    specs[meta.name] = (dtype_name(meta.dtype), list(meta.shape))
                 elif enc.kind == "full":
                     base.copy_(t)
             report.tensors[kind] += 1
@@ -215,7 +217,7 @@ class DeltaTracker:
             del self._base[gone]
             self._dense.pop(gone, None)
         self._order, self._kept = names, kept
-        header = DeltaHeader(self.version, items).to_tensor()
+        header = DeltaHeader(self.version, items, specs).to_tensor()
         return TensorSource([(HEADER_NAME, header), *out])
 
     def base_source(self) -> WeightSource:
