@@ -10,15 +10,22 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from wtcore.bench.api import Baseline, BaselineContext, BenchNotSupportedError, ModelSpec
+from wtcore.bench.api import (
+    Baseline,
+    BaselineContext,
+    BenchNotSupportedError,
+    ModelSpec,
+    OptionalDependencyError,
+    device_kind,
+)
 from wtcore.bench.fleet import launch_fleet
 from wtcore.bench.memory import PeakTracker
-from wtcore.errors import WtcoreError
+from wtcore.errors import PayloadError, WtcoreError
 
 if TYPE_CHECKING:
     from wtcore.trainer import TrainerWeightTransferEngine
 
-__all__ = ["BenchOptions", "run_bench"]
+__all__ = ["BASELINE_SETS", "BenchOptions", "run_bench", "select_baselines"]
 
 
 @dataclass
@@ -31,7 +38,10 @@ class BenchOptions:
     dtype: str = "bfloat16"
     rounds: int = 3
     buffer_sizes: list[int] = field(default_factory=list)  # empty: the engine's default
-    baselines: str = "auto"  # auto: generic + the engine's | all: every installed engine's | none
+    # auto: generic + the engine's limits | peers: auto + every installed peer |
+    # all: every installed engine's limits + every peer | none
+    baselines: str = "auto"
+    device: str = "cpu"  # where sources, staging and sinks live: "cpu" or "cuda[:N]"
     transactional: bool = False
     torch_threads: int = 1  # 0: leave torch's default
     timeout_s: float = 300.0
@@ -47,25 +57,103 @@ def _progress(total: int, desc: str) -> Any:
     return tqdm(total=total, desc=desc, file=sys.stderr, unit="round", leave=False)
 
 
-def _baselines(opts: BenchOptions, engine: type[Any]) -> dict[str, Baseline]:
-    """The generic limits plus those the engine declares (``all``: every installed engine's)."""
-    from wtcore.bench.limits import GENERIC_BASELINES
-    from wtcore.registry import TRAINER_ENGINES
+#: ``--baselines`` values.
+BASELINE_SETS = ("auto", "peers", "all", "none")
 
+
+def select_baselines(
+    opts: BenchOptions, engine: type[Any]
+) -> tuple[dict[str, Baseline], dict[str, str]]:
+    """The baselines to measure, and those left out with the reason (``{name: why}``).
+
+    ``auto``: the generic limits and the engine's own limits. ``peers``: those plus every peer
+    declared by any installed engine or client. ``all``: every installed engine's limits and
+    every peer. A plugin that cannot load, or a baseline that cannot run on ``--device``, is
+    left out with its reason rather than failing the run.
+    """
+    from wtcore.bench.limits import GENERIC_BASELINES
+
+    if opts.baselines not in BASELINE_SETS:
+        raise PayloadError(
+            f"baselines: expected one of {', '.join(BASELINE_SETS)}, got {opts.baselines!r}"
+        )
     if opts.baselines == "none":
-        return {}
-    out = dict(GENERIC_BASELINES)
-    engines = [engine]
-    if opts.baselines == "all":
-        for name in TRAINER_ENGINES.names():
-            try:
-                engines.append(TRAINER_ENGINES.load(name))
-            except WtcoreError:
-                continue  # a broken plugin is `wtcore plugins`' news, not the bench's
-    for cls in engines:
+        return {}, {}
+    skipped: dict[str, str] = {}
+    peers = opts.baselines in ("peers", "all")
+    # (declared baselines, take its limits, take its peers)
+    found: list[tuple[dict[str, Baseline], bool, bool]] = [(dict(GENERIC_BASELINES), True, False)]
+    if engine.bench is not None:
+        found.append((dict(engine.bench.baselines), True, peers))
+    if peers:
+        everything = opts.baselines == "all"
+        found += [(b, everything, True) for b in _installed_baselines(skipped)]
+    out: dict[str, Baseline] = {}
+    for declared, limits, with_peers in found:
+        for name, b in declared.items():
+            if name in out or not (with_peers if b.peer else limits):
+                continue
+            if device_kind(opts.device) not in b.devices:
+                skipped[name] = f"runs on {', '.join(b.devices)} only, not --device {opts.device}"
+            else:
+                out[name] = b
+    return out, skipped
+
+
+def _installed_baselines(skipped: dict[str, str]) -> list[dict[str, Baseline]]:
+    """What every installed engine (``bench.baselines``) and client (``bench_baselines``) declares.
+
+    A plugin that fails to load lands in ``skipped`` under ``engine:<name>`` / ``client:<name>``.
+    """
+    import pkgutil
+
+    from wtcore.registry import CLIENTS, TRAINER_ENGINES
+
+    out: list[dict[str, Baseline]] = []
+    for name in TRAINER_ENGINES.names():
+        try:
+            cls = TRAINER_ENGINES.load(name)
+        except WtcoreError as e:
+            skipped[f"engine:{name}"] = str(e)
+            continue
         if cls.bench is not None:
-            out.update({k: v for k, v in cls.bench.baselines.items() if k not in out})
+            out.append(dict(cls.bench.baselines))
+    for name in CLIENTS.names():
+        try:
+            target = getattr(CLIENTS.load(name), "bench_baselines", None)
+            if isinstance(target, str):
+                out.append(dict(pkgutil.resolve_name(target)))
+        except (WtcoreError, ImportError) as e:
+            skipped[f"client:{name}"] = str(e)
     return out
+
+
+def _measure(
+    baselines: dict[str, Baseline], ctx: BaselineContext, skipped: dict[str, str]
+) -> dict[str, float]:
+    """GB/s of each baseline; one whose package is missing joins ``skipped`` instead."""
+    out: dict[str, float] = {}
+    for name, b in baselines.items():
+        try:
+            out[name] = b.measure(ctx)
+        except OptionalDependencyError as e:
+            skipped[name] = str(e)
+    return out
+
+
+def _check_device(device: str) -> None:
+    """A clear one-line error for a device this host (or the bench) cannot use."""
+    kind = device_kind(device)
+    if kind not in ("cpu", "cuda") or (kind == "cpu" and device != "cpu"):
+        raise PayloadError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BenchNotSupportedError(
+                f"--device {device}: this torch ({torch.__version__}) sees no CUDA device "
+                "(torch.cuda.is_available() is False)"
+            )
 
 
 def _versions(opts: BenchOptions) -> dict[str, str]:
@@ -100,8 +188,13 @@ def _run_engine(
     from wtcore.digest import digest_named
     from wtcore.source import ModuleSource
 
+    on_device = {} if opts.device == "cpu" else {"device": opts.device}
     info = engine_cls.bench_support().init_info(
-        engine_cls, receivers=opts.receivers, host=opts.host, buffer_size_bytes=buffer_size
+        engine_cls,
+        receivers=opts.receivers,
+        host=opts.host,
+        buffer_size_bytes=buffer_size,
+        **on_device,
     )
     fleet = launch_fleet(
         opts.client,
@@ -179,18 +272,22 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     from wtcore.registry import TRAINER_ENGINES
     from wtcore.synthetic import build_module
 
+    _check_device(opts.device)
     engine_cls = TRAINER_ENGINES.load(opts.backend)
     support = engine_cls.bench_support()  # before anything starts: a clear error if absent
+    support.check_device(engine_cls, opts.device)
     if opts.buffer_sizes:
         support.buffer_kwargs(engine_cls, opts.buffer_sizes[0])
-    spec = ModelSpec(opts.size_bytes, opts.num_tensors, opts.dtype, seed=0)
+    baselines, skipped = select_baselines(opts, engine_cls)
+    spec = ModelSpec(opts.size_bytes, opts.num_tensors, opts.dtype, seed=0, device=opts.device)
     state = spec.build_state()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    ctx = BaselineContext(state, nbytes, opts.receivers, opts.host, opts.timeout_s)
-    baselines = _baselines(opts, engine_cls)
-    limits = {name: b.measure(ctx) for name, b in baselines.items()}
+    ctx = BaselineContext(
+        state, nbytes, opts.receivers, opts.host, opts.timeout_s, device=opts.device
+    )
+    limits = _measure(baselines, ctx, skipped)
     del ctx
-    model = build_module(state)
+    model = build_module(state).to(opts.device)
     del state
     configs: list[int | None] = list(opts.buffer_sizes) or [None]
     if opts.torch_threads > 0:
@@ -216,7 +313,9 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
             "model_tensors": sum(1 for _ in model.parameters()),
         },
         "limits_gbps": limits,
-        "limit_labels": {name: b.label for name, b in baselines.items()},
+        "limit_labels": {name: b.label for name, b in baselines.items() if name in limits},
+        "peers": [name for name, b in baselines.items() if b.peer and name in limits],
+        "skipped_baselines": skipped,
         "runs": runs,
         "best_median_gbps": best,
         "ratios": ratios,
