@@ -84,3 +84,32 @@ def test_device_cuda_without_cuda_is_one_clear_line() -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "--device cuda" in lines[0] and "no CUDA device" in lines[0]
+
+
+def test_a_peer_whose_receiver_holds_other_bytes_fails_naming_it() -> None:
+    from wtcore.bench.received import check_digests
+    from wtcore.digest import digest_named
+    from wtcore.errors import TransferError
+    from wtcore.testing import mixed_dtype_state
+
+    state = mixed_dtype_state(seed=4)
+    want = digest_named(state.items())
+    check_digests("peer", "rank 1", want, dict(want))  # identical: no error
+    name = next(n for n, t in state.items() if t.numel() and t.dtype.is_floating_point)
+    with torch.no_grad():
+        state[name].view(-1)[:1].add_(1)
+    with pytest.raises(
+        TransferError, match=rf"peer: receiver rank 1 .* 1 tensor\(s\), first '{name}'"
+    ):
+        check_digests("peer", "rank 1", want, digest_named(state.items()))
+
+
+def test_raw_bytes_round_trip_bit_exact_for_every_dtype() -> None:
+    from wtcore.bench.received import raw_state, state_from_raw, state_spec
+    from wtcore.testing import mixed_dtype_state
+
+    state = mixed_dtype_state(seed=6)
+    back = state_from_raw(raw_state(state.items()), state_spec(state))
+    assert list(back) == list(state)
+    for n, t in state.items():
+        assert back[n].dtype == t.dtype and torch.equal(back[n], t), n

@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from wtcore.bench.api import Baseline, BaselineContext, EngineBench
+from wtcore.bench.received import Spec
 from wtcore.procs import stop_processes
 
 if TYPE_CHECKING:
@@ -125,18 +126,9 @@ def per_tensor_gbps(ctx: BaselineContext, repeats: int = 2) -> float:
 
     from wtcore.bench.limits import median_gbps
     from wtcore.errors import TransferTimeoutError
-    from wtcore.meta import dtype_name
-    from wtcore.net import free_port
 
-    port = free_port(ctx.host)
-    world = ctx.receivers + 1
-    pipes = [mp.get_context("spawn").Pipe() for _ in range(ctx.receivers)]
-    metas = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in ctx.state.items()]
-    procs = _spawn(
-        _naive_receiver,
-        ctx.receivers,
-        (world, ctx.host, port, ctx.timeout_s, metas),
-        per_rank=[(child, repeats) for _, child in pipes],
+    port, world, pipes, metas, procs = _start_receivers(
+        ctx, _naive_receiver, (), lambda child: (child, repeats)
     )
     try:
         threads = torch.get_num_threads()
@@ -192,6 +184,7 @@ def _vllm_receiver(
 ) -> None:
     import torch
 
+    from wtcore.bench.received import raw_state
     from wtcore.digest import digest_named
     from wtcore.meta import dtype_from_name
 
@@ -218,9 +211,7 @@ def _vllm_receiver(
                 offset += n
     conn.send(digest_named(model.items()))
     if send_model:  # tests only: raw bytes, compared bit for bit by the caller
-        conn.send(
-            {n: bytes(t.cpu().reshape(-1).view(torch.uint8).numpy()) for n, t in model.items()}
-        )
+        conn.send(raw_state(model.items()))
 
 
 def vllm_packing_run(
@@ -239,22 +230,17 @@ def vllm_packing_run(
     import torch
 
     from wtcore.bench.limits import median_gbps
+    from wtcore.bench.received import check_digests, state_from_raw
     from wtcore.digest import digest_named
-    from wtcore.errors import TransferError, TransferTimeoutError
-    from wtcore.meta import dtype_from_name, dtype_name
-    from wtcore.net import free_port
+    from wtcore.errors import TransferTimeoutError
     from wtcore_nccl.config import DEFAULT_BUFFER_SIZE
 
     target = target_bytes or DEFAULT_BUFFER_SIZE
-    port = free_port(ctx.host)
-    world = ctx.receivers + 1
-    pipes = [mp.get_context("spawn").Pipe() for _ in range(ctx.receivers)]
-    metas = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in ctx.state.items()]
-    procs = _spawn(
+    port, world, pipes, metas, procs = _start_receivers(
+        ctx,
         _vllm_receiver,
-        ctx.receivers,
-        (world, ctx.host, port, ctx.timeout_s, metas, target, ctx.device, repeats, send_models),
-        per_rank=[(child,) for _, child in pipes],
+        (target, ctx.device, repeats, send_models),
+        lambda child: (child,),
     )
     try:
         threads = torch.get_num_threads()
@@ -287,23 +273,9 @@ def vllm_packing_run(
         want = digest_named(ctx.state.items())
         models: list[dict[str, Any]] = []
         for rank, (parent, _) in enumerate(pipes, start=1):
-            got = answer(parent, "digests")
-            bad = sorted(n for n, d in want.items() if got.get(n) != d)
-            if bad:
-                raise TransferError(
-                    f"vllm_packing baseline: receiver rank {rank} holds different bytes for "
-                    f"{len(bad)} tensor(s), first {bad[0]!r}"
-                )
+            check_digests("vllm_packing baseline", f"rank {rank}", want, answer(parent, "digests"))
             if send_models:
-                raw = answer(parent, "model")
-                models.append(
-                    {
-                        n: torch.frombuffer(bytearray(raw[n]), dtype=torch.uint8)
-                        .view(dtype_from_name(d))
-                        .reshape(s)
-                        for n, d, s in metas
-                    }
-                )
+                models.append(state_from_raw(answer(parent, "model"), metas))
         return gbps, models
     finally:
         stop_processes(procs, 30.0)
@@ -312,6 +284,30 @@ def vllm_packing_run(
 def vllm_packing_gbps(ctx: BaselineContext) -> float:
     """The ``vllm_packing`` peer: see :func:`vllm_packing_run`."""
     return vllm_packing_run(ctx)[0]
+
+
+def _start_receivers(
+    ctx: BaselineContext,
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    per_child: Callable[[Any], tuple[Any, ...]],
+) -> tuple[int, int, list[Any], Spec, list[Any]]:
+    """Receiver processes with a pipe each: ``target(rank, world, host, port, timeout, spec,
+    *args, *per_child(pipe end))``; returns the port, world size, pipes, spec and processes."""
+    from wtcore.bench.received import state_spec
+    from wtcore.net import free_port
+
+    port = free_port(ctx.host)
+    world = ctx.receivers + 1
+    pipes = [mp.get_context("spawn").Pipe() for _ in range(ctx.receivers)]
+    metas = state_spec(ctx.state)
+    procs = _spawn(
+        target,
+        ctx.receivers,
+        (world, ctx.host, port, ctx.timeout_s, metas, *args),
+        per_rank=[per_child(child) for _, child in pipes],
+    )
+    return port, world, pipes, metas, procs
 
 
 def _spawn(

@@ -48,9 +48,9 @@ class ObjectStoreReceiver:
 
     def raw(self) -> dict[str, bytes]:
         """Tests only: every tensor's bytes."""
-        from wtcore.buckets import as_bytes
+        from wtcore.bench.received import raw_state
 
-        return {n: bytes(as_bytes(t).numpy()) for n, t in self.model.items()}
+        return raw_state(self.model.items())
 
 
 def object_store_run(
@@ -70,13 +70,13 @@ def object_store_run(
     import torch
 
     from wtcore.bench.limits import median_gbps
+    from wtcore.bench.received import check_digests, state_from_raw, state_spec
     from wtcore.buckets import pack_bucket, plan_buckets
     from wtcore.digest import digest_named
-    from wtcore.errors import TransferError
-    from wtcore.meta import ParamMeta, dtype_from_name, dtype_name
+    from wtcore.meta import ParamMeta
     from wtcore_ray_client.bench import RaySession
 
-    metas = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in ctx.state.items()]
+    metas = state_spec(ctx.state)
     tensors = list(ctx.state.values())
     buckets = plan_buckets([ParamMeta.of(n, t) for n, t in ctx.state.items()], bucket_bytes)
     layouts = [
@@ -107,23 +107,12 @@ def object_store_run(
         gbps = median_gbps(ctx.nbytes, run, repeats)
         want = digest_named(ctx.state.items())
         models: list[dict[str, Any]] = []
-        for rank, got in enumerate(ray.get([a.digests.remote() for a in actors])):
-            bad = sorted(n for n, d in want.items() if got.get(n) != d)
-            if bad:
-                raise TransferError(
-                    f"ray_object_store peer: receiver {rank} holds different bytes for "
-                    f"{len(bad)} tensor(s), first {bad[0]!r}"
-                )
+        digests = ray.get([a.digests.remote() for a in actors], timeout=ctx.timeout_s)
+        for rank, got in enumerate(digests):
+            check_digests("ray_object_store peer", str(rank), want, got)
         if send_models:
-            for raw in ray.get([a.raw.remote() for a in actors], timeout=ctx.timeout_s):
-                models.append(
-                    {
-                        n: torch.frombuffer(bytearray(raw[n]), dtype=torch.uint8)
-                        .view(dtype_from_name(d))
-                        .reshape(s)
-                        for n, d, s in metas
-                    }
-                )
+            raws = ray.get([a.raw.remote() for a in actors], timeout=ctx.timeout_s)
+            models = [state_from_raw(raw, metas) for raw in raws]
         return gbps, models
     finally:
         for a in actors:
