@@ -19,7 +19,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     from wtcore._version import __version__
-    from wtcore.bench.runner import BASELINE_SETS
+    from wtcore.bench.baselines import BASELINE_SETS
     from wtcore.hooks import get_plugin_manager
 
     parser = argparse.ArgumentParser(

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from wtcore.bench import BenchNotSupportedError, BenchOptions
-from wtcore.bench.runner import select_baselines
+from wtcore.bench.baselines import select_baselines
 from wtcore.cli import build_parser
 from wtcore.errors import PayloadError
 from wtcore.registry import TRAINER_ENGINES

@@ -366,7 +366,7 @@ BENCH = NCCLBench(
         "raw_gloo": Baseline("raw gloo broadcast", raw_gloo_gbps),
         "per_tensor": Baseline("per-tensor broadcast + control call", per_tensor_gbps),
         "vllm_packing": Baseline(
-            "vLLM-style packing over gloo (torch.cat per bucket)",
+            "vLLM-style packing over gloo",
             vllm_packing_gbps,
             peer=True,
             devices=("cpu", "cuda"),

@@ -127,7 +127,5 @@ def object_store_gbps(ctx: BaselineContext) -> float:
 
 #: What ``RayWeightSyncClient.bench_baselines`` names.
 BASELINES: dict[str, Baseline] = {
-    "ray_object_store": Baseline(
-        "Ray object store (ray.put per bucket, get + copy)", object_store_gbps, peer=True
-    ),
+    "ray_object_store": Baseline("Ray object store (put, get, copy)", object_store_gbps, peer=True),
 }
