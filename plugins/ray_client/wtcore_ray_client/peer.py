@@ -88,7 +88,7 @@ def object_store_run(
     actors: list[Any] = []
     try:
         remote = ray.remote(num_cpus=0)(ObjectStoreReceiver)
-        actors = [remote.remote(metas) for _ in range(ctx.receivers)]  # type: ignore[attr-defined]
+        actors = [remote.remote(metas) for _ in range(ctx.receivers)]
         ray.get([a.digests.remote() for a in actors], timeout=ctx.timeout_s)  # all up
 
         def run() -> None:
