@@ -19,6 +19,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     from wtcore._version import __version__
+    from wtcore.bench.baselines import BASELINE_SETS
     from wtcore.hooks import get_plugin_manager
 
     parser = argparse.ArgumentParser(
@@ -61,9 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--baselines",
         default="auto",
-        choices=["auto", "all", "none"],
-        help="limits and naive baselines to measure (auto: the generic ones and the backend's; "
-        "all: every installed engine's)",
+        choices=BASELINE_SETS,
+        help="limits, naive baselines and peers to measure in the same run (auto: the generic "
+        "limits and the backend's; peers: those plus what you would use instead of wtcore, "
+        "from every installed plugin; all: every installed engine's limits and every peer)",
+    )
+    b.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the model, staging buffers and receivers' models live (default cpu)",
     )
     b.add_argument("--transactional", action="store_true", help="receivers stage each round")
     b.add_argument(
@@ -176,6 +184,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         buffer_sizes=args.buffer_size,
         baselines=args.baselines,
+        device=args.device,
         transactional=args.transactional,
         torch_threads=args.torch_threads,
         timeout_s=args.timeout,
