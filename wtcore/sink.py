@@ -49,6 +49,10 @@ class ModuleSink:
         if self.include_buffers:
             yield from self.module.named_buffers()
 
+    def patch_targets(self) -> Mapping[str, torch.Tensor]:
+        """The live tensors by name: delta rounds patch these in place (wtcore.delta)."""
+        return self._targets
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         import torch
 
