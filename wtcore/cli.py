@@ -19,6 +19,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     from wtcore._version import __version__
+    from wtcore.bench.baselines import BASELINE_SETS
     from wtcore.hooks import get_plugin_manager
 
     parser = argparse.ArgumentParser(
@@ -61,9 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--baselines",
         default="auto",
-        choices=["auto", "all", "none"],
-        help="limits and naive baselines to measure (auto: the generic ones and the backend's; "
-        "all: every installed engine's)",
+        choices=BASELINE_SETS,
+        help="limits, naive baselines and peers to measure in the same run (auto: the generic "
+        "limits and the backend's; peers: those plus what you would use instead of wtcore, "
+        "from every installed plugin; all: every installed engine's limits and every peer)",
+    )
+    b.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the model, staging buffers and receivers' models live (default cpu)",
     )
     b.add_argument("--transactional", action="store_true", help="receivers stage each round")
     b.add_argument(
@@ -77,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="PATH", help="write the full record as JSON")
     b.add_argument("--plot", metavar="PATH", help="write a PNG of GB/s against buffer size")
     b.add_argument("--corrupt-round", type=int, default=None, help=argparse.SUPPRESS)
+    b.add_argument(
+        "--delta",
+        action="store_true",
+        help="delta rounds against full rounds on real training steps (wtcore.bench.delta); "
+        "uses --backend, --receivers, --timeout, --json, --torch-threads and --delta-* only",
+    )
+    b.add_argument("--delta-steps", type=int, default=8, help="real training steps (default 8)")
+    b.add_argument(
+        "--delta-width", type=int, default=256, help="the trained model's d_model (default 256)"
+    )
     b.set_defaults(func=_cmd_bench)
 
     get_plugin_manager().hook.wtcore_add_commands(subparsers=sub)
@@ -152,6 +170,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.receivers < 1 or args.rounds < 1:
         print("wtcore bench: --receivers and --rounds must be at least 1", file=sys.stderr)
         return 2
+    if args.delta:
+        return _cmd_bench_delta(args)
     if args.plot:
         check_plot_available()  # fail in one line now, not after the whole run
     opts = BenchOptions(
@@ -164,6 +184,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         buffer_sizes=args.buffer_size,
         baselines=args.baselines,
+        device=args.device,
         transactional=args.transactional,
         torch_threads=args.torch_threads,
         timeout_s=args.timeout,
@@ -175,6 +196,31 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         write_json(record, args.json)
     if args.plot:
         write_plot(record, args.plot)
+    return 0 if record["ok"] else 1
+
+
+def _cmd_bench_delta(args: argparse.Namespace) -> int:
+    import json
+
+    from wtcore.bench.delta import DeltaBenchOptions, print_delta_table, run_delta_bench
+
+    if args.torch_threads > 0:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    record = run_delta_bench(
+        DeltaBenchOptions(
+            backend=args.backend,
+            receivers=args.receivers,
+            steps=args.delta_steps,
+            width=args.delta_width,
+            timeout_s=args.timeout,
+        )
+    )
+    print_delta_table(record, sys.stdout)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=2)
     return 0 if record["ok"] else 1
 
 

@@ -16,6 +16,7 @@ The family is deliberately small::
     |       (FileNotFoundError)
     +-- MetadataMismatchError (ValueError)   a source broke its own metadata()       HTTP 400
     +-- ProtocolStateError (RuntimeError)    a call out of order (incl. no init)     HTTP 409
+    |   +-- StaleBaseError                   a delta round's base is not what we hold HTTP 409
     +-- TransferError (RuntimeError)         the data plane failed                   HTTP 500
     |   +-- VerificationError                received bytes differ from those sent   HTTP 500
     +-- TransferTimeoutError (TimeoutError)  a blocking wait ran out                 HTTP 504
@@ -47,6 +48,7 @@ __all__ = [
     "ReceiverError",
     "ReceiverFailure",
     "ReceiverTimeoutError",
+    "StaleBaseError",
     "TransferError",
     "TransferTimeoutError",
     "UnknownNameError",
@@ -101,6 +103,14 @@ class ProtocolStateError(WtcoreError, RuntimeError):
 
 class MetadataMismatchError(WtcoreError, ValueError):
     """A source yielded something other than what its ``metadata()`` promised."""
+
+
+class StaleBaseError(ProtocolStateError):
+    """A delta round's patches were computed against a version this receiver does not hold.
+
+    Raised before anything of the round is applied (a new replica, one that failed a round or
+    restarted, a sink that cannot take patches). The trainer answers with a full round.
+    """
 
 
 class TransferError(WtcoreError, RuntimeError):

@@ -31,6 +31,8 @@ class TransferStats:
     num_buckets: int = 0
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    #: With delta rounds on (``wtcore.delta``): the round's mode, why, density; else None.
+    delta: dict[str, Any] | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -15,6 +15,7 @@ from wtcore.stats import TransferStats
 if TYPE_CHECKING:
     from wtcore.bench.api import EngineBench
     from wtcore.client import WeightSyncClient
+    from wtcore.delta.trainer import DeltaTracker
 
 __all__ = ["TrainerInitInfo", "TrainerWeightTransferEngine"]
 
@@ -33,6 +34,10 @@ class TrainerInitInfo:
 
     backend: ClassVar[str]
     rank: int = field(kw_only=True)
+    #: Delta rounds (:mod:`wtcore.delta`): send only what changed since the receivers' version.
+    delta: bool = field(default=False, kw_only=True)
+    #: Where delta keeps its copy of the base (``"cpu"`` for a model on GPU); None: with it.
+    delta_base_device: str | None = field(default=None, kw_only=True)
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         """Every concrete subclass names its engine; ``abstract=True`` marks a shared base."""
@@ -48,6 +53,11 @@ class TrainerInitInfo:
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
             raise PayloadError(f"rank: expected a non-negative int, got {self.rank!r}")
+        if not isinstance(self.delta, bool):
+            raise PayloadError(f"delta: expected a bool, got {self.delta!r}")
+        if self.delta_base_device is not None and not isinstance(self.delta_base_device, str):
+            got = self.delta_base_device
+            raise PayloadError(f"delta_base_device: expected a device string or None, got {got!r}")
 
     @property
     def is_sender(self) -> bool:
@@ -87,6 +97,11 @@ class TrainerWeightTransferEngine(ABC):
         self._closed = False
         #: Set by a failed round: the next :meth:`send_weights` re-runs :meth:`handshake`.
         self.needs_handshake = False
+        self._delta: DeltaTracker | None = None
+        if init_info.delta and init_info.is_sender:
+            from wtcore.delta.trainer import DeltaTracker
+
+            self._delta = DeltaTracker(init_info.delta_base_device)
 
     @classmethod
     def host_status(cls) -> str:
@@ -182,8 +197,15 @@ class TrainerWeightTransferEngine(ABC):
                 with stats.phase("control"):
                     self.handshake()
                 self.needs_handshake = False
-            self._send(src, stats)
+            if self._delta is None:
+                self._send(src, stats)
+            else:
+                from wtcore.delta.trainer import send_round
+
+                send_round(self, self._delta, src, stats)
         except BaseException as e:
+            if self._delta is not None:
+                self._delta.invalidate()  # the receivers may hold anything: next round full
             # Whatever failed, some receivers may be mid-round or hold a torn-down data plane:
             # end the round there now (so none keeps reporting consistent over what it got),
             # and start the next round with a fresh handshake (see the class docstring).

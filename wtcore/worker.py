@@ -38,9 +38,16 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
+from wtcore.delta.receiver import delta_sink_for
 from wtcore.digest import digest_named
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
-from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError, WrongTypeError
+from wtcore.errors import (
+    PayloadError,
+    ProtocolStateError,
+    StaleBaseError,
+    TransferTimeoutError,
+    WrongTypeError,
+)
 from wtcore.guards import FiniteCheckSink
 from wtcore.rounds import check_round_id
 from wtcore.sink import ReadableSink, WeightSink
@@ -106,13 +113,15 @@ class WeightSyncWorker:
             None if round_timeout_s is None else _check_seconds("round_timeout_s", round_timeout_s)
         )
         self.preempt_timeout_s = _check_seconds("preempt_timeout_s", preempt_timeout_s)
-        # The engine loads into a chain: [finite check] -> [staging] -> the user's sink.
+        # The engine loads into a chain: delta -> [finite check] -> [staging] -> the user's sink.
         self._staging: StagingSink | None = None
         engine_sink: WeightSink = sink
         if transactional:
             engine_sink = self._staging = StagingSink(sink)  # type: ignore[arg-type]
         if reject_nonfinite:
             engine_sink = FiniteCheckSink(engine_sink)
+        self._delta = delta_sink_for(engine_sink, sink, self._staging)
+        engine_sink = self._delta
         self.engine: WeightTransferEngine[Any, Any] = WeightTransferEngineFactory.create_engine(
             self.config, sink=engine_sink, device=device, rank=rank, world_size=world_size
         )
@@ -386,6 +395,7 @@ class WeightSyncWorker:
             self.engine.start_weight_update()
             if self._staging is not None:
                 self._staging.begin()
+            self._delta.begin(self._version, self._consistent)
             self._state = WorkerState.UPDATING
             self._updates_in_round = 0
             self._touched = False
@@ -403,6 +413,7 @@ class WeightSyncWorker:
             entry = self._entry_for_rank(update_info)
             typed = self.engine.parse_update_info(entry)  # PayloadError: round stays open
             self._touched = True
+            was_consistent = self._consistent
             if self._staging is None:
                 # From the first byte applied until finish, the model may be half new, half
                 # old: say so, so that a round abandoned later never reads as consistent.
@@ -410,6 +421,9 @@ class WeightSyncWorker:
             try:
                 self.engine.receive_weights(typed)
             except BaseException as e:
+                if isinstance(e, StaleBaseError) and not self._delta.applied:
+                    # A delta round refused at its header: nothing reached the sink.
+                    self._touched, self._consistent = False, was_consistent
                 # Even when the sink refused this batch before writing it, earlier updates
                 # of the round may be applied: the round is over and the weights may be mixed.
                 self._call_failed(name, generation, e)
@@ -435,6 +449,7 @@ class WeightSyncWorker:
                     "round with abort_weight_update); the round stays open"
                 )
             try:
+                self._delta.finish()
                 self.engine.finish_weight_update()
             except BaseException as e:
                 self._call_failed(name, generation, e)
@@ -512,6 +527,7 @@ class WeightSyncWorker:
             "rank": self.rank,
             "world_size": self.world_size,
             "transactional": self.transactional,
+            "delta": self._delta.accepts,
         }
 
     def checksums(self) -> dict[str, str]:

@@ -58,7 +58,17 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
     }
     assert record["versions"]["wtcore"] and record["versions"]["torch"].startswith("2.13")
     assert record["settings"]["backend"] == "local" and record["settings"]["receivers"] == 2
-    assert set(record["limits_gbps"]) == {"memcpy", "file", "raw_gloo", "per_tensor", "shm_copy"}
+    assert set(record["limits_gbps"]) == {
+        "memcpy",
+        "file",
+        "raw_gloo",
+        "per_tensor",
+        "shm_copy",
+        "vllm_packing",
+        "ray_object_store",
+    }
+    assert set(record["peers"]) == {"vllm_packing", "ray_object_store"}
+    assert record["skipped_baselines"] == {}
     assert all(v > 0 for v in record["limits_gbps"].values())
     assert [r["buffer_size"] for r in record["runs"]] == [64 << 10, 256 << 10]
     for run in record["runs"]:
@@ -72,6 +82,8 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
     assert run["rounds"][0]["num_buckets"] < record["runs"][0]["rounds"][0]["num_buckets"]
     assert "OK: every receiver verified bit-exact" in proc.stdout
     assert "raw gloo broadcast" in proc.stdout
+    peers = proc.stdout.split("peers: what you would use instead", 1)[1]
+    assert "vLLM-style packing" in peers and "Ray object store" in peers
     assert _shm_entries() == before  # no segment left behind
 
 

@@ -50,6 +50,9 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 
 
 BIG = ("a.big", "b.bf16", "c.big")
+#: Those received in place: the worker's first ``packed_num_buffers`` buckets of a round are
+#: posted before its first batch told the delta sink that this is not a delta round.
+IN_PLACE = ("b.bf16", "c.big")
 
 
 class RecordingSink(ModuleSink):
@@ -155,26 +158,26 @@ def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool) -> No
             trainer.send_weights(TensorSource(state), weight_version=f"v{r}")
             assert_state_equal(module, state)
             # The receiver wrote the large tensors into the parameters themselves.
-            assert not set(BIG) & set(sink.loaded), sink.loaded
+            assert not set(IN_PLACE) & set(sink.loaded), sink.loaded
             if packed:  # packed with the empty tensor: a bucket of two
                 assert {"b.tiny", "c.empty"} <= set(sink.loaded)
         assert {n: p.data_ptr() for n, p in module.named_parameters()} == ptrs
         assert worker.weight_info()["consistent"] is True
-        # No buffer holds a large tensor on either end (packed: the small buckets only).
+        # The trainer holds buffers for the small buckets only; the receiver at most that plus
+        # the largest tensor (buffer x num_buffers + largest tensor).
         small = 1024 * 2
         assert trainer._pool.nbytes() <= small
-        assert worker.engine._pool.nbytes() <= small  # type: ignore[attr-defined]
+        assert worker.engine._pool.nbytes() <= small + 64 * 33 * 4  # type: ignore[attr-defined]
 
 
 def test_a_non_contiguous_source_tensor_is_bit_exact() -> None:
     state = _state(2)
-    base = torch.randn(33, 64)
-    state["a.big"] = base.t()  # non-contiguous in the source
-    assert not state["a.big"].is_contiguous()
+    state["c.big"] = torch.randn(40, 40).t()  # non-contiguous in the source
+    assert not state["c.big"].is_contiguous()
     with _pair(state) as (trainer, _worker, module, sink):
         trainer.send_weights(weight_version="v1")
         assert_state_equal(module, state)
-        assert "a.big" not in sink.loaded
+        assert "c.big" not in sink.loaded
 
 
 def test_a_sink_without_destination_gets_every_tensor_through_load_weights() -> None:
@@ -190,7 +193,7 @@ def test_an_offer_that_does_not_fit_is_refused_and_the_tensor_staged() -> None:
     with _pair(state, BadOfferSink) as (trainer, worker, module, sink):
         trainer.send_weights(weight_version="v1")
         assert_state_equal(module, state)
-        assert set(BIG) <= set(sink.offered)
+        assert set(IN_PLACE) <= set(sink.offered)
         assert set(BIG) <= set(sink.loaded)
         assert worker.weight_info()["consistent"] is True
 

@@ -46,26 +46,36 @@ def _info() -> NCCLTrainerInitInfo:
 
 
 def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
-    module = build_module({"w": torch.zeros(64, 64)})
+    module = build_module({"s": torch.zeros(4), "v": torch.zeros(64, 64), "w": torch.zeros(64, 64)})
     worker = WeightSyncWorker("nccl", ModuleSink(module))
     engine = worker.engine
     old_client = InProcessClient(worker, timeout_s=TIMEOUT_S)
     old = WeightTransferTrainerFactory.trainer_init(_info(), client=old_client)
     new = None
     try:
-        # The old trainer announces the tensor and its frame header, then stalls.
-        stale = torch.full((64, 64), 7.0)
+        # The old trainer sends buckets 0 ("s") and 1 ("v"), then announces bucket 2 ("w":
+        # its frame header) and stalls. (A round's first buckets are staged: in place needs
+        # the first batch loaded, which says that the round is not a delta round.)
+        old_state = {"s": torch.ones(4), "v": torch.ones(64, 64), "w": torch.full((64, 64), 7.0)}
         old_client.start_weight_update()
-        rpc = BackgroundCall(old_client.update_weights, metas_to_wire([ParamMeta.of("w", stale)]))
+        rpc = BackgroundCall(
+            old_client.update_weights,
+            metas_to_wire([ParamMeta.of(n, t) for n, t in old_state.items()]),
+        )
         group = old._group  # type: ignore[attr-defined]
-        group.broadcast(make_header(0, as_bytes(stale), "cpu", checksum=False)).wait()
+        for index, name in enumerate(old_state):
+            data = as_bytes(old_state[name])
+            group.broadcast(make_header(index, data, "cpu", checksum=False)).wait()
+            if name != "w":
+                group.broadcast(data).wait()
+        stale = old_state["w"]
         wait_until(lambda: engine._in_place, 10.0, "the in-place receive to be posted")  # type: ignore[attr-defined]
         # The receiver gives up on the old trainer (as on a new trainer's init).
         engine.abort()
         wait_until(rpc.done, 10.0, "the old round to end")
         assert rpc.error is not None
         # A new trainer syncs the receiver while the old one still holds its bytes.
-        fresh = {"w": torch.randn(64, 64)}
+        fresh = {n: torch.randn(t.shape) for n, t in old_state.items()}
         new = WeightTransferTrainerFactory.trainer_init(
             _info(), client=InProcessClient(worker, timeout_s=TIMEOUT_S)
         )
@@ -77,7 +87,8 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
         late = list(engine._late)  # type: ignore[attr-defined]
         wait_until(lambda: all(w.is_completed() for w in late), 10.0, "the stale receive to land")
         time.sleep(0.5)
-        assert torch.equal(module.get_parameter("w").detach(), fresh["w"])
+        for name, want in fresh.items():
+            assert torch.equal(module.get_parameter(name).detach(), want), name
         info = worker.weight_info()
         assert (info["weight_version"], info["consistent"]) == ("new", True)
     finally:

@@ -10,7 +10,14 @@ comes from two class-level APIs:
 * a **client class** (registered in ``wtcore.clients``) sets ``bench_launcher`` to the import
   target (``"package.module:attr"``) of a :class:`ReceiverLauncher`, which starts receivers it
   can reach and returns a :class:`ReceiverFleet`. A target, like an entry point, because the
-  launcher usually imports the client module: the client module never imports it back.
+  launcher usually imports the client module: the client module never imports it back. It may
+  also set ``bench_baselines`` to the target of a mapping of name to :class:`Baseline` (the
+  peers its transport makes possible, such as Ray's object store).
+
+A :class:`Baseline` is a **limit** (a ceiling of this machine: memcpy, a raw collective) or,
+with ``peer=True``, a **peer**: what a user would run instead of wtcore (another library's
+way of moving the same bytes). ``--baselines peers`` measures every installed peer in the same
+run, so wtcore's ratio to each comes from one machine under one load.
 
 Each receiver hosts :meth:`ModelSpec.build_zeros`, the same names, shapes and dtypes as the
 trainer's model, so only the four numbers of a :class:`ModelSpec` travel. See
@@ -40,6 +47,7 @@ __all__ = [
     "OptionalDependencyError",
     "ReceiverFleet",
     "ReceiverLauncher",
+    "device_kind",
 ]
 
 
@@ -59,6 +67,8 @@ class ModelSpec:
     num_tensors: int
     dtype: str
     seed: int = 0
+    #: Where receivers hold the model (``"cpu"`` or ``"cuda[:N]"``, ``wtcore bench --device``).
+    device: str = "cpu"
 
     def build_state(self, seed: int | None = None) -> dict[str, torch.Tensor]:
         from wtcore.synthetic import synthetic_state
@@ -71,7 +81,7 @@ class ModelSpec:
         """A receiver model: the right names, shapes and dtypes, all zeros."""
         from wtcore.synthetic import build_module, zeros_like_state
 
-        return build_module(zeros_like_state(self.build_state()))
+        return build_module(zeros_like_state(self.build_state())).to(self.device)
 
 
 @dataclass(frozen=True)
@@ -83,18 +93,32 @@ class BaselineContext:
     receivers: int
     host: str = "127.0.0.1"
     timeout_s: float = 300.0
+    #: Where the model lives (``state`` is on the CPU; a baseline moves it here first).
+    device: str = "cpu"
+
+
+def device_kind(device: str) -> str:
+    """``"cuda"`` for ``"cuda"``/``"cuda:N"``, else the device string itself (``"cpu"``)."""
+    return device.split(":", 1)[0]
 
 
 @dataclass(frozen=True)
 class Baseline:
-    """One limit or naive baseline: a label for tables and plots, and how to measure it.
+    """One limit, naive baseline or peer: a label for tables and plots, and how to measure it.
 
     ``measure`` returns GB/s (1e9 bytes per second of wall time), typically the median of a
-    few repeats; it must release everything it started (processes, segments) before returning.
+    few repeats; it must release everything it started (processes, segments, a Ray session)
+    before returning, and should check that what arrived is what was sent (a peer that moved
+    the wrong bytes is no yardstick). ``peer`` marks what a user would use instead of wtcore
+    (measured with ``--baselines peers``); ``devices`` are the device kinds it can run on (a
+    baseline is skipped, with the reason in the record, on any other). A measure that needs
+    a missing package raises :class:`OptionalDependencyError`: the run goes on without it.
     """
 
     label: str
     measure: Callable[[BaselineContext], float]
+    peer: bool = False
+    devices: tuple[str, ...] = ("cpu",)
 
 
 class ReceiverFleet(Protocol):
@@ -148,6 +172,17 @@ class EngineBench:
     buffer_option: str | None = None
     #: Limits and naive baselines worth measuring next to this engine, by name.
     baselines: Mapping[str, Baseline] = field(default_factory=dict)
+    #: Device kinds the engine's bench runs on (``--device``); ``"cuda"`` means its init info
+    #: takes a ``device`` field (or :meth:`init_info` is overridden to place it).
+    devices: tuple[str, ...] = ("cpu",)
+
+    def check_device(self, engine: type[TrainerWeightTransferEngine], device: str) -> None:
+        """Refuse, in one line, a ``--device`` this engine's bench does not support."""
+        if device_kind(device) not in self.devices:
+            raise BenchNotSupportedError(
+                f"trainer engine {engine.__name__} cannot run the bench on --device {device}: "
+                f"it supports {', '.join(self.devices)}"
+            )
 
     def init_info(
         self,
@@ -156,9 +191,16 @@ class EngineBench:
         receivers: int,
         host: str,
         buffer_size_bytes: int | None,
+        device: str = "cpu",
     ) -> TrainerInitInfo:
-        """The sender's (rank 0) init info for ``receivers`` receivers on ``host``."""
-        kwargs = self.buffer_kwargs(engine, buffer_size_bytes)
+        """The sender's (rank 0) init info for ``receivers`` receivers on ``host``.
+
+        ``device`` is passed (by the bench) only when it is not ``"cpu"``, so subclasses
+        written before ``--device`` existed keep working on the CPU.
+        """
+        kwargs: dict[str, Any] = dict(self.buffer_kwargs(engine, buffer_size_bytes))
+        if device != "cpu":
+            kwargs["device"] = device
         try:
             return engine.init_info_cls(rank=0, **kwargs)
         except TypeError as e:  # a field this default does not know how to fill

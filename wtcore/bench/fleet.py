@@ -40,7 +40,12 @@ class InProcessFleet:
 
         self.workers: list[WeightSyncWorker] = [
             WeightSyncWorker(
-                backend, ModuleSink(model.build_zeros()), rank=i, world_size=count, **options
+                backend,
+                ModuleSink(model.build_zeros()),
+                device=model.device,
+                rank=i,
+                world_size=count,
+                **options,
             )
             for i in range(count)
         ]

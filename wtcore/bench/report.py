@@ -39,13 +39,21 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
         out.write(f"{'median':>5} {run['median_seconds']:8.3f} {run['median_gbps']:7.2f}\n\n")
     limits = record["limits_gbps"]
     labels = record.get("limit_labels", {})
-    if limits:
-        out.write("measured in this run          GB/s   wtcore (best median) vs it\n")
-        for name, gbps in limits.items():
+    peers = set(record.get("peers", []))
+    width = max([36, *(len(labels.get(n, n)) for n in limits)])
+    for title, names in (
+        ("measured in this run", [n for n in limits if n not in peers]),
+        ("peers: what you would use instead", [n for n in limits if n in peers]),
+    ):
+        if not names:
+            continue
+        out.write(f"{title:<{width + 2}} GB/s   wtcore (best median) vs it\n")
+        for name in names:
             ratio = record["ratios"].get(name)
             rel = "-" if ratio is None else f"{ratio:.2f}x"
-            label = labels.get(name, name)
-            out.write(f"  {label:<36} {gbps:6.2f}   {rel}\n")
+            out.write(f"  {labels.get(name, name):<{width}} {limits[name]:6.2f}   {rel}\n")
+    for name, why in record.get("skipped_baselines", {}).items():
+        out.write(f"  skipped {name}: {why}\n")
     out.write(
         "\nOK: every receiver verified bit-exact\n"
         if record["ok"]

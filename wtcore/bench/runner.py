@@ -10,10 +10,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from wtcore.bench.api import Baseline, BaselineContext, BenchNotSupportedError, ModelSpec
+from wtcore.bench.api import BaselineContext, BenchNotSupportedError, ModelSpec, device_kind
+from wtcore.bench.baselines import measure_baselines, select_baselines
 from wtcore.bench.fleet import launch_fleet
 from wtcore.bench.memory import PeakTracker
-from wtcore.errors import WtcoreError
+from wtcore.errors import PayloadError
 
 if TYPE_CHECKING:
     from wtcore.trainer import TrainerWeightTransferEngine
@@ -31,7 +32,10 @@ class BenchOptions:
     dtype: str = "bfloat16"
     rounds: int = 3
     buffer_sizes: list[int] = field(default_factory=list)  # empty: the engine's default
-    baselines: str = "auto"  # auto: generic + the engine's | all: every installed engine's | none
+    # auto: generic + the engine's limits | peers: auto + every installed peer |
+    # all: every installed engine's limits + every peer | none
+    baselines: str = "auto"
+    device: str = "cpu"  # where sources, staging and sinks live: "cpu" or "cuda[:N]"
     transactional: bool = False
     torch_threads: int = 1  # 0: leave torch's default
     timeout_s: float = 300.0
@@ -47,25 +51,19 @@ def _progress(total: int, desc: str) -> Any:
     return tqdm(total=total, desc=desc, file=sys.stderr, unit="round", leave=False)
 
 
-def _baselines(opts: BenchOptions, engine: type[Any]) -> dict[str, Baseline]:
-    """The generic limits plus those the engine declares (``all``: every installed engine's)."""
-    from wtcore.bench.limits import GENERIC_BASELINES
-    from wtcore.registry import TRAINER_ENGINES
+def _check_device(device: str) -> None:
+    """A clear one-line error for a device this host (or the bench) cannot use."""
+    kind = device_kind(device)
+    if kind not in ("cpu", "cuda") or (kind == "cpu" and device != "cpu"):
+        raise PayloadError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind == "cuda":
+        import torch
 
-    if opts.baselines == "none":
-        return {}
-    out = dict(GENERIC_BASELINES)
-    engines = [engine]
-    if opts.baselines == "all":
-        for name in TRAINER_ENGINES.names():
-            try:
-                engines.append(TRAINER_ENGINES.load(name))
-            except WtcoreError:
-                continue  # a broken plugin is `wtcore plugins`' news, not the bench's
-    for cls in engines:
-        if cls.bench is not None:
-            out.update({k: v for k, v in cls.bench.baselines.items() if k not in out})
-    return out
+        if not torch.cuda.is_available():
+            raise BenchNotSupportedError(
+                f"--device {device}: this torch ({torch.__version__}) sees no CUDA device "
+                "(torch.cuda.is_available() is False)"
+            )
 
 
 def _versions(opts: BenchOptions) -> dict[str, str]:
@@ -100,8 +98,13 @@ def _run_engine(
     from wtcore.digest import digest_named
     from wtcore.source import ModuleSource
 
+    on_device = {} if opts.device == "cpu" else {"device": opts.device}
     info = engine_cls.bench_support().init_info(
-        engine_cls, receivers=opts.receivers, host=opts.host, buffer_size_bytes=buffer_size
+        engine_cls,
+        receivers=opts.receivers,
+        host=opts.host,
+        buffer_size_bytes=buffer_size,
+        **on_device,
     )
     fleet = launch_fleet(
         opts.client,
@@ -179,18 +182,22 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     from wtcore.registry import TRAINER_ENGINES
     from wtcore.synthetic import build_module
 
+    _check_device(opts.device)
     engine_cls = TRAINER_ENGINES.load(opts.backend)
     support = engine_cls.bench_support()  # before anything starts: a clear error if absent
+    support.check_device(engine_cls, opts.device)
     if opts.buffer_sizes:
         support.buffer_kwargs(engine_cls, opts.buffer_sizes[0])
-    spec = ModelSpec(opts.size_bytes, opts.num_tensors, opts.dtype, seed=0)
+    baselines, skipped = select_baselines(opts, engine_cls)
+    spec = ModelSpec(opts.size_bytes, opts.num_tensors, opts.dtype, seed=0, device=opts.device)
     state = spec.build_state()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    ctx = BaselineContext(state, nbytes, opts.receivers, opts.host, opts.timeout_s)
-    baselines = _baselines(opts, engine_cls)
-    limits = {name: b.measure(ctx) for name, b in baselines.items()}
+    ctx = BaselineContext(
+        state, nbytes, opts.receivers, opts.host, opts.timeout_s, device=opts.device
+    )
+    limits = measure_baselines(baselines, ctx, skipped)
     del ctx
-    model = build_module(state)
+    model = build_module(state).to(opts.device)
     del state
     configs: list[int | None] = list(opts.buffer_sizes) or [None]
     if opts.torch_threads > 0:
@@ -216,7 +223,9 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
             "model_tensors": sum(1 for _ in model.parameters()),
         },
         "limits_gbps": limits,
-        "limit_labels": {name: b.label for name, b in baselines.items()},
+        "limit_labels": {name: b.label for name, b in baselines.items() if name in limits},
+        "peers": [name for name, b in baselines.items() if b.peer and name in limits],
+        "skipped_baselines": skipped,
         "runs": runs,
         "best_median_gbps": best,
         "ratios": ratios,

@@ -51,6 +51,7 @@ class HTTPFleet:
                             "--tensors", str(model.num_tensors),
                             "--dtype", model.dtype,
                             "--seed", str(model.seed),
+                            "--device", model.device,
                             "--max-body", "1GiB",
                             *flags,
                         ]

@@ -3,7 +3,7 @@
 ``shm_copy`` is one copy out of a POSIX shared-memory segment that already holds the weights:
 the ceiling of this engine's CPU path, where every receiver copies the sender's segment once.
 The engine needs no rendezvous, so the default :class:`~wtcore.bench.api.EngineBench` init info
-(rank 0 plus the buffer size) is all it takes.
+(rank 0, the buffer size and, on ``--device cuda``, the device: CUDA IPC) is all it takes.
 """
 
 from __future__ import annotations
@@ -37,4 +37,5 @@ def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
 BENCH = EngineBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={"shm_copy": Baseline("one copy out of shared memory", shm_copy_gbps)},
+    devices=("cpu", "cuda"),
 )

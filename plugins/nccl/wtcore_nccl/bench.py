@@ -3,10 +3,17 @@
 * ``raw_gloo``: one preallocated buffer of the model's size broadcast over plain gloo, the
   ceiling of this engine's CPU path;
 * ``per_tensor``: the naive loop users still run: for every tensor a blocking control call,
-  then a broadcast into freshly allocated memory, then a copy into the model.
+  then a broadcast into freshly allocated memory, then a copy into the model;
+* ``vllm_packing`` (a peer, ``--baselines peers``): vLLM's packed broadcast, rebuilt from its
+  description over the same kind of gloo group: buckets of a target size, each a fresh
+  ``torch.cat`` of flattened ``uint8`` views, broadcast with two buckets in flight; the
+  receiver allocates ``torch.empty`` per bucket, unpacks dtype views and copies them into the
+  model. It is what a user of vLLM's own engine gets, so wtcore's ratio to it is the gain.
 
-Both start their own receiver processes (``spawn``) and always reap them. Nothing here is
-imported until the bench asks (the trainer module holds only an :class:`NCCLBench` instance).
+All start their own receiver processes (``spawn``) and always reap them; ``vllm_packing``
+checks every receiver's digests after the last round (a mismatch is a
+:class:`~wtcore.errors.TransferError`). Nothing here is imported until the bench asks (the
+trainer module holds only an :class:`NCCLBench` instance).
 """
 
 from __future__ import annotations
@@ -18,12 +25,23 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from wtcore.bench.api import Baseline, BaselineContext, EngineBench
+from wtcore.bench.received import Spec
 from wtcore.procs import stop_processes
 
 if TYPE_CHECKING:
     from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 
-__all__ = ["BENCH", "NCCLBench", "per_tensor_gbps", "raw_gloo_gbps"]
+__all__ = [
+    "BENCH",
+    "NCCLBench",
+    "per_tensor_gbps",
+    "raw_gloo_gbps",
+    "vllm_packing_gbps",
+    "vllm_packing_run",
+]
+
+#: Broadcasts a vLLM-style sender or receiver keeps in flight (its double buffering).
+_VLLM_IN_FLIGHT = 2
 
 
 def _group(rank: int, world: int, host: str, port: int, timeout_s: float) -> Any:
@@ -108,18 +126,9 @@ def per_tensor_gbps(ctx: BaselineContext, repeats: int = 2) -> float:
 
     from wtcore.bench.limits import median_gbps
     from wtcore.errors import TransferTimeoutError
-    from wtcore.meta import dtype_name
-    from wtcore.net import free_port
 
-    port = free_port(ctx.host)
-    world = ctx.receivers + 1
-    pipes = [mp.get_context("spawn").Pipe() for _ in range(ctx.receivers)]
-    metas = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in ctx.state.items()]
-    procs = _spawn(
-        _naive_receiver,
-        ctx.receivers,
-        (world, ctx.host, port, ctx.timeout_s, metas),
-        per_rank=[(child, repeats) for _, child in pipes],
+    port, world, pipes, metas, procs = _start_receivers(
+        ctx, _naive_receiver, (), lambda child: (child, repeats)
     )
     try:
         threads = torch.get_num_threads()
@@ -147,6 +156,160 @@ def per_tensor_gbps(ctx: BaselineContext, repeats: int = 2) -> float:
         stop_processes(procs, 30.0)
 
 
+def vllm_buckets(sizes: list[int], target: int) -> list[tuple[int, int]]:
+    """vLLM's bucket rule: ``[start, stop)`` index runs; one closes once it exceeds ``target``."""
+    out, start, total = [], 0, 0
+    for i, n in enumerate(sizes):
+        total += n
+        if total > target:
+            out.append((start, i + 1))
+            start, total = i + 1, 0
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
+
+
+def _vllm_receiver(
+    rank: int,
+    world: int,
+    host: str,
+    port: int,
+    timeout_s: float,
+    metas: list[tuple[str, str, list[int]]],
+    target: int,
+    device: str,
+    repeats: int,
+    send_model: bool,
+    conn: Any,
+) -> None:
+    import torch
+
+    from wtcore.bench.received import raw_state
+    from wtcore.digest import digest_named
+    from wtcore.meta import dtype_from_name
+
+    pg = _group(rank, world, host, port, timeout_s)
+    model = {n: torch.zeros(s, dtype=dtype_from_name(d), device=device) for n, d, s in metas}
+    params = list(model.values())
+    sizes = [t.numel() * t.element_size() for t in params]
+    buckets = vllm_buckets(sizes, target)
+
+    def post(start: int, stop: int) -> tuple[Any, Any, int, int]:
+        fresh = torch.empty(sum(sizes[start:stop]), dtype=torch.uint8, device=device)
+        return pg.broadcast(fresh, 0), fresh, start, stop
+
+    for _ in range(repeats + 1):
+        pending = [post(*b) for b in buckets[:_VLLM_IN_FLIGHT]]
+        for k in range(len(buckets)):
+            work, packed, start, stop = pending.pop(0)
+            work.wait()
+            if k + _VLLM_IN_FLIGHT < len(buckets):
+                pending.append(post(*buckets[k + _VLLM_IN_FLIGHT]))
+            offset = 0
+            for t, n in zip(params[start:stop], sizes[start:stop], strict=True):
+                t.copy_(packed[offset : offset + n].view(t.dtype).view(t.shape))
+                offset += n
+    conn.send(digest_named(model.items()))
+    if send_model:  # tests only: raw bytes, compared bit for bit by the caller
+        conn.send(raw_state(model.items()))
+
+
+def vllm_packing_run(
+    ctx: BaselineContext,
+    repeats: int = 2,
+    *,
+    target_bytes: int | None = None,
+    send_models: bool = False,
+) -> tuple[float, list[dict[str, Any]]]:
+    """GB/s of vLLM-style packing, and (with ``send_models``) every receiver's final model.
+
+    ``target_bytes`` is the bucket target (default: this engine's default buffer size, so
+    both sides of the comparison use buckets of one size). Receivers' digests are checked
+    against ``ctx.state`` after the last round.
+    """
+    import torch
+
+    from wtcore.bench.limits import median_gbps
+    from wtcore.bench.received import check_digests, state_from_raw
+    from wtcore.digest import digest_named
+    from wtcore.errors import TransferTimeoutError
+    from wtcore_nccl.config import DEFAULT_BUFFER_SIZE
+
+    target = target_bytes or DEFAULT_BUFFER_SIZE
+    port, world, pipes, metas, procs = _start_receivers(
+        ctx,
+        _vllm_receiver,
+        (target, ctx.device, repeats, send_models),
+        lambda child: (child,),
+    )
+    try:
+        threads = torch.get_num_threads()
+        pg = _group(0, world, ctx.host, port, ctx.timeout_s)
+        tensors = [t.to(ctx.device) for t in ctx.state.values()]
+        buckets = vllm_buckets([t.numel() * t.element_size() for t in tensors], target)
+
+        def run() -> None:
+            in_flight: list[tuple[Any, Any]] = []
+            for start, stop in buckets:
+                packed = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors[start:stop]])
+                in_flight.append((pg.broadcast(packed, 0), packed))
+                if len(in_flight) >= _VLLM_IN_FLIGHT:
+                    in_flight.pop(0)[0].wait()
+            for work, _ in in_flight:
+                work.wait()
+
+        def answer(parent: Any, what: str) -> Any:
+            if not parent.poll(ctx.timeout_s):
+                raise TransferTimeoutError(
+                    f"vllm_packing baseline: a receiver sent no {what} within {ctx.timeout_s}s"
+                )
+            return parent.recv()
+
+        try:
+            run()  # warm-up
+            gbps = median_gbps(ctx.nbytes, run, repeats)
+        finally:
+            torch.set_num_threads(threads)
+        want = digest_named(ctx.state.items())
+        models: list[dict[str, Any]] = []
+        for rank, (parent, _) in enumerate(pipes, start=1):
+            check_digests("vllm_packing baseline", f"rank {rank}", want, answer(parent, "digests"))
+            if send_models:
+                models.append(state_from_raw(answer(parent, "model"), metas))
+        return gbps, models
+    finally:
+        stop_processes(procs, 30.0)
+
+
+def vllm_packing_gbps(ctx: BaselineContext) -> float:
+    """The ``vllm_packing`` peer: see :func:`vllm_packing_run`."""
+    return vllm_packing_run(ctx)[0]
+
+
+def _start_receivers(
+    ctx: BaselineContext,
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    per_child: Callable[[Any], tuple[Any, ...]],
+) -> tuple[int, int, list[Any], Spec, list[Any]]:
+    """Receiver processes with a pipe each: ``target(rank, world, host, port, timeout, spec,
+    *args, *per_child(pipe end))``; returns the port, world size, pipes, spec and processes."""
+    from wtcore.bench.received import state_spec
+    from wtcore.net import free_port
+
+    port = free_port(ctx.host)
+    world = ctx.receivers + 1
+    pipes = [mp.get_context("spawn").Pipe() for _ in range(ctx.receivers)]
+    metas = state_spec(ctx.state)
+    procs = _spawn(
+        target,
+        ctx.receivers,
+        (world, ctx.host, port, ctx.timeout_s, metas, *args),
+        per_rank=[per_child(child) for _, child in pipes],
+    )
+    return port, world, pipes, metas, procs
+
+
 def _spawn(
     target: Callable[..., None],
     receivers: int,
@@ -166,7 +329,12 @@ def _spawn(
 
 @dataclass(frozen=True)
 class NCCLBench(EngineBench):
-    """The sender hosts the rendezvous on ``host`` at a free port; every receiver joins it."""
+    """The sender hosts the rendezvous on ``host`` at a free port; every receiver joins it.
+
+    On ``--device cuda`` the bench's receivers all share one device, and NCCL needs a GPU per
+    rank, so the group is gloo over CUDA tensors (staging on the GPU); NCCL itself is covered
+    by the two-GPU tests.
+    """
 
     def init_info(
         self,
@@ -175,6 +343,7 @@ class NCCLBench(EngineBench):
         receivers: int,
         host: str,
         buffer_size_bytes: int | None,
+        device: str = "cpu",
     ) -> TrainerInitInfo:
         from wtcore.net import free_port
         from wtcore_nccl.config import DEFAULT_BUFFER_SIZE, NCCLTrainerInitInfo
@@ -185,6 +354,8 @@ class NCCLBench(EngineBench):
             master_port=free_port(host),
             world_size=receivers + 1,
             packed_buffer_size_bytes=buffer_size_bytes or DEFAULT_BUFFER_SIZE,
+            device=device,
+            transport="gloo",
         )
 
 
@@ -194,5 +365,12 @@ BENCH = NCCLBench(
     baselines={
         "raw_gloo": Baseline("raw gloo broadcast", raw_gloo_gbps),
         "per_tensor": Baseline("per-tensor broadcast + control call", per_tensor_gbps),
+        "vllm_packing": Baseline(
+            "vLLM-style packing over gloo",
+            vllm_packing_gbps,
+            peer=True,
+            devices=("cpu", "cuda"),
+        ),
     },
+    devices=("cpu", "cuda"),
 )

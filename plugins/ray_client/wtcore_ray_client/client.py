@@ -161,6 +161,7 @@ class RayWeightSyncClient(FanOutClient):
         return len(self.handles)
 
     bench_launcher: ClassVar[str] = "wtcore_ray_client.bench:RayFleet"  # wtcore bench
+    bench_baselines: ClassVar[str] = "wtcore_ray_client.peer:BASELINES"  # --baselines peers
 
 
 class _RayCall:

@@ -1,0 +1,75 @@
+"""Delta rounds over HTTP: real servers, the base checked with weight_info, a 409 refusal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from wtcore import TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
+from wtcore.local import LocalTrainerInitInfo
+from wtcore.sink import ModuleSink
+from wtcore.testing import build_module, zeros_like_state
+from wtcore.testing.delta import assert_bits_equal, delta_chain
+from wtcore_http_client import HTTPWeightSyncClient, ReceiverHTTPServer, ReceiverRoutes
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[tuple[WeightSyncWorker, ModuleSink, ReceiverHTTPServer]]]:
+    chain = delta_chain()
+    out = []
+    for rank in range(2):
+        sink = ModuleSink(build_module(zeros_like_state(chain[0])))
+        worker = WeightSyncWorker("local", sink, rank=rank, world_size=2)
+        out.append((worker, sink, ReceiverHTTPServer(ReceiverRoutes(worker)).start()))
+    try:
+        yield out
+    finally:
+        for worker, _, server in out:
+            server.stop()
+            worker.shutdown()
+
+
+def test_delta_chain_and_refusal_over_http(fleet: list[Any], monkeypatch: Any) -> None:
+    chain = delta_chain()[:4]
+    state = {n: t.clone() for n, t in chain[0].items()}
+    info = LocalTrainerInitInfo(rank=0, delta=True, packed_buffer_size_bytes=1 << 20)
+    with HTTPWeightSyncClient([s.url for _, _, s in fleet], timeout_s=30) as client:
+        trainer = WeightTransferTrainerFactory.trainer_init(
+            info, client=client, source=TensorSource(state)
+        )
+        try:
+            modes = []
+            for step, new in enumerate(chain[:3]):
+                for n, t in state.items():
+                    t.copy_(new[n])
+                stats = trainer.send_weights(weight_version=f"s{step}", verify=step == 2)
+                assert stats.delta is not None
+                modes.append(stats.delta["mode"])
+                for _, sink, _ in fleet:
+                    assert_bits_equal(dict(sink.named_tensors()), new)
+            assert modes == ["full", "delta", "delta"]
+            assert [i["delta"] for i in client.weight_info()] == [True, True]
+            # The trainer's view is stale (it skips the check): both receivers answer 409
+            # StaleBaseError, and the trainer sends a full round by itself.
+            tracker = trainer._delta
+            assert tracker is not None
+            tracker.version = "s1"
+            monkeypatch.setattr(tracker, "why_full", lambda client: None)
+            for n, t in state.items():
+                t.copy_(chain[3][n])
+            stats = trainer.send_weights(weight_version="s3")
+            assert stats.delta is not None
+            assert (stats.delta["mode"], stats.delta["why"]) == (
+                "full",
+                "refused by receivers (StaleBaseError)",
+            )
+            for (worker, sink, _), info_ in zip(fleet, client.weight_info(), strict=True):
+                assert_bits_equal(dict(sink.named_tensors()), chain[3])
+                assert (info_["weight_version"], info_["consistent"]) == ("s3", True)
+                assert worker.weight_info()["rounds_failed"] == 1  # the refused round
+        finally:
+            trainer.shutdown()

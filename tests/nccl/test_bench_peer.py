@@ -1,0 +1,45 @@
+"""The ``vllm_packing`` peer of ``wtcore bench --baselines peers``: real processes, real gloo.
+
+It is a yardstick only if it moves the model exactly: every receiver's final model must equal
+the trainer's, tensor by tensor, and a receiver holding other bytes must fail the measurement.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wtcore.bench import BaselineContext
+from wtcore.synthetic import synthetic_state
+from wtcore_nccl.bench import BENCH, vllm_buckets, vllm_packing_run
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _ctx(receivers: int) -> BaselineContext:
+    state = synthetic_state(2 << 20, 30, "bfloat16", seed=3)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    return BaselineContext(state, nbytes, receivers, timeout_s=120)
+
+
+def test_bucket_rule_closes_a_bucket_once_it_exceeds_the_target() -> None:
+    assert vllm_buckets([4, 4, 4, 4, 4], 8) == [(0, 3), (3, 5)]
+    assert vllm_buckets([100, 1], 8) == [(0, 1), (1, 2)]
+    assert vllm_buckets([], 8) == []
+
+
+def test_vllm_packing_moves_the_model_bit_exact_to_every_receiver() -> None:
+    ctx = _ctx(receivers=2)
+    gbps, models = vllm_packing_run(ctx, repeats=1, target_bytes=256 << 10, send_models=True)
+    assert gbps > 0
+    assert len(models) == 2
+    for model in models:
+        assert list(model) == list(ctx.state)
+        for name, want in ctx.state.items():
+            assert model[name].dtype == want.dtype and torch.equal(model[name], want), name
+
+
+def test_vllm_packing_is_a_peer_on_cpu_and_cuda() -> None:
+    peer = BENCH.baselines["vllm_packing"]
+    assert peer.peer is True and set(peer.devices) == {"cpu", "cuda"}
+    assert not any(b.peer for n, b in BENCH.baselines.items() if n != "vllm_packing")
