@@ -9,8 +9,9 @@ its loopback, and the other nodes through the bridge. Per-link bandwidth caps us
 
 Namespace names carry the creating process' PID and a random token, so parallel runs never
 collide, and a run killed before its teardown is swept by the next one (its PID is gone).
-Needs root and iproute2; :func:`unavailable_reason` says why not, for a test to skip with.
-This is test tooling: production code never imports it.
+Needs root and iproute2; :func:`unavailable_reason` says why not (for a test to skip with,
+or for ``wtcore bench --nodes`` to refuse with a clear error). Used by ``wtcore bench
+--nodes/--link-rate`` and by the multinode tests (``wtcore.testing.cluster`` re-exports it).
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wtcore.errors import PayloadError
+from wtcore.errors import PayloadError, WtcoreError
 from wtcore.procs import stop_processes
 
 __all__ = [
     "Cluster",
+    "NetnsError",
     "Node",
     "cluster",
+    "rate_bits",
     "unavailable_reason",
 ]
 
@@ -50,6 +53,10 @@ CMD_TIMEOUT_S = 30.0
 _RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
 _RATE_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 _RATE_BYTES = {"bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}
+
+
+class NetnsError(WtcoreError, RuntimeError):
+    """A host command (``ip``, ``tc``) that builds or changes the cluster failed."""
 
 
 def unavailable_reason() -> str | None:
@@ -82,7 +89,7 @@ def _ip(*args: str, check: bool = True, netns: str | None = None) -> str:
     argv = ["ip", *(("-n", netns) if netns else ()), *args]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
     if check and r.returncode != 0:
-        raise RuntimeError(f"`{' '.join(argv)}` failed ({r.returncode}): {r.stderr.strip()}")
+        raise NetnsError(f"`{' '.join(argv)}` failed ({r.returncode}): {r.stderr.strip()}")
     return r.stdout
 
 
@@ -90,7 +97,7 @@ def _tc(netns: str, *args: str, check: bool = True) -> None:
     argv = ["ip", "netns", "exec", netns, "tc", *args]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
     if check and r.returncode != 0:
-        raise RuntimeError(f"`{' '.join(argv)}` failed ({r.returncode}): {r.stderr.strip()}")
+        raise NetnsError(f"`{' '.join(argv)}` failed ({r.returncode}): {r.stderr.strip()}")
 
 
 def _netns_pids(netns: str) -> list[int]:
