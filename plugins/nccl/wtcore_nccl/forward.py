@@ -216,7 +216,10 @@ class Chain:
                 try:
                     self._sends.put((work, i, n, pg.send([chunk], self.next, tag)))
                 except RuntimeError as e:
-                    work._fail(f"sending chunk {i} of {n} to rank {self.next} failed: {e}")
+                    work._fail(
+                        f"sending chunk {i} of {n} of {work.label} to rank {self.next} (the "
+                        f"next rank of the chain) failed: {e}"
+                    )
                     return
             work._count(recvs=1)
 
