@@ -80,6 +80,18 @@ class ChainWork:
                 self.error = message
         self.done.set()
 
+    def fail_recv(self, i: int, n: int, error: BaseException) -> None:
+        self._fail(
+            f"receiving chunk {i} of {n} of {self.label} from rank {self.recv_peer} (the "
+            f"previous rank of the chain) failed: {error}"
+        )
+
+    def fail_send(self, i: int, n: int, error: BaseException) -> None:
+        self._fail(
+            f"sending chunk {i} of {n} of {self.label} to rank {self.send_peer} (the next "
+            f"rank of the chain) failed: {error}"
+        )
+
     def _count(self, *, recvs: int = 0, sends: int = 0) -> None:
         with self._lock:
             self.recvs_left -= recvs
@@ -203,10 +215,7 @@ class Chain:
             try:
                 recv.wait()  # bounded by the group's timeout
             except RuntimeError as e:
-                work._fail(
-                    f"receiving chunk {i} of {n} of {work.label} from rank {self.prev} "
-                    f"(the previous rank of the chain) failed: {e}"
-                )
+                work.fail_recv(i, n, e)
                 return
             pg = self.pg
             if self.next is not None:
@@ -216,10 +225,7 @@ class Chain:
                 try:
                     self._sends.put((work, i, n, pg.send([chunk], self.next, tag)))
                 except RuntimeError as e:
-                    work._fail(
-                        f"sending chunk {i} of {n} of {work.label} to rank {self.next} (the "
-                        f"next rank of the chain) failed: {e}"
-                    )
+                    work.fail_send(i, n, e)
                     return
             work._count(recvs=1)
 
@@ -232,10 +238,7 @@ class Chain:
                 try:
                     send.wait()  # bounded by the group's timeout
                 except RuntimeError as e:
-                    work._fail(
-                        f"sending chunk {i} of {n} of {work.label} to rank {self.next} (the "
-                        f"next rank of the chain) failed: {e}"
-                    )
+                    work.fail_send(i, n, e)
                 else:
                     work._count(sends=1)
             del work, send
