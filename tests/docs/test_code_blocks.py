@@ -83,6 +83,7 @@ RUN_ELSEWHERE: dict[tuple[str, str], str] = {
     ("README.md", "import torch"): "tests/core/test_readme.py",
     ("docs/writing-an-engine.md", ""): "tests/core/test_tutorial.py",  # every block, in order
     ("docs/http.md", "import os"): "tests/http_client/test_fastapi_mount.py",
+    ("docs/ray.md", "import ray, torch"): "tests/multinode/test_ray_nodes.py",
 }
 
 #: Python blocks that need hardware or services no test machine is assumed to have: compiled,
@@ -91,6 +92,8 @@ NEEDS_CLUSTER: dict[tuple[str, str], str] = {
     ("docs/ray.md", "import functools, ray, torch"): "a Ray cluster with GPUs",
     ("docs/ray.md", "from wtcore_ray_client import WeightSyncActor"): "a Ray cluster with GPUs",
     ("docs/vllm.md", "from wtcore import ModuleSource"): "a vLLM server with the nccl engine",
+    # tests/multinode/fsdp_trainer.py runs the same steps on namespaced nodes.
+    ("docs/nccl.md", "import os"): "two trainer nodes and two receiver nodes",
 }
 
 #: Untagged blocks (should be ``text``; the pages belong to other work in progress).
@@ -287,6 +290,17 @@ def _check_curl(where: str, args: list[str]) -> None:
     assert ROUTES[path][0] == method, f"{where}: {path} is a {ROUTES[path][0]} route"
 
 
+def _check_ray_start(where: str, args: list[str]) -> None:
+    """Ray's own parser accepts the options (tests/multinode/test_ray_nodes.py runs them)."""
+    import click
+    from ray.scripts.scripts import start
+
+    try:
+        start.make_context("start", list(args))
+    except click.ClickException as e:
+        pytest.fail(f"{where}: `ray start {shlex.join(args)}`: {e.format_message()}")
+
+
 def _check_shell(where: str, argv: list[str]) -> None:
     prog, args = argv[0], argv[1:]
     if prog == "wtcore":
@@ -299,6 +313,8 @@ def _check_shell(where: str, argv: list[str]) -> None:
         pass  # the shell's own job control and waits; nothing of the project's to check
     elif prog == "vllm" and args[:1] == ["serve"]:
         pass  # vLLM's own CLI; tests/vllm starts the same server
+    elif prog == "ray" and args[:1] == ["start"]:
+        _check_ray_start(where, args[1:])
     elif prog.endswith("/python") or prog == "python":
         script = next(a for a in args if not a.startswith("-"))
         if script == "-m" or args[0] == "-m":
