@@ -36,6 +36,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "timeout_s": info.timeout_s,
         "transport": "gloo",
         "secret": "",
+        "broadcast": "collective",
     }
     assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 1 << 30
@@ -52,6 +53,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         ("packed_num_buffers", 0),
         ("timeout_s", 0.0),
         ("transport", "mpi"),
+        ("broadcast", "ring"),
         ("torch_num_threads", 0),
     ],
 )

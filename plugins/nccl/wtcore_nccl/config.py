@@ -14,8 +14,10 @@ from typing import Any, ClassVar
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
+from wtcore_nccl.forward import BROADCASTS
 
 __all__ = [
+    "BROADCASTS",
     "DEFAULT_BUFFER_SIZE",
     "DEFAULT_TIMEOUT_S",
     "TRANSPORTS",
@@ -42,7 +44,9 @@ def resolve_transport(transport: str, device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-def _check_group(*, master_address: str, master_port: int, world_size: int, transport: str) -> None:
+def _check_group(
+    *, master_address: str, master_port: int, world_size: int, transport: str, broadcast: str
+) -> None:
     if not master_address:
         raise PayloadError("master_address: expected a host name or IP address, got ''")
     if not 0 < master_port < 65536:
@@ -53,6 +57,8 @@ def _check_group(*, master_address: str, master_port: int, world_size: int, tran
         )
     if transport not in TRANSPORTS:
         raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if broadcast not in BROADCASTS:
+        raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
 
 
 @dataclass
@@ -67,6 +73,10 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     threads starve gloo's network threads (see docs/benchmarks.md), so transfer-only processes
     should use 1. It is ``None`` (leave torch alone) by default because the trainer process
     also trains.
+
+    ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
+    broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
+    carries each byte once; :mod:`wtcore_nccl.forward`). docs/nccl.md says when each wins.
     """
 
     backend: ClassVar[str] = "nccl"
@@ -77,6 +87,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     transport: str = field(default="auto", kw_only=True)
     device: str = field(default="cpu", kw_only=True)
     torch_num_threads: int | None = field(default=None, kw_only=True)
+    broadcast: str = field(default="collective", kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +97,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
                 master_port=self.master_port,
                 world_size=self.world_size,
                 transport=self.transport,
+                broadcast=self.broadcast,
             )
         except ValueError as e:
             raise PayloadError(str(e)) from None
@@ -115,6 +127,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
             timeout_s=self.timeout_s,
             transport=self.resolved_transport,
             secret=secret,
+            broadcast=self.broadcast,
         )
 
 
@@ -132,6 +145,9 @@ class NCCLInitInfo:
     secret travels only inside this (authenticated) init call. The wtcore trainer draws a new
     one for every handshake. It is optional so that a trainer that sends only the vLLM fields
     still works, with guessable keys (a warning is logged).
+
+    ``broadcast`` is the trainer's choice (see :class:`NCCLTrainerInitInfo`); a trainer that
+    sends only the vLLM fields gets the collective broadcast.
     """
 
     master_address: str
@@ -144,6 +160,7 @@ class NCCLInitInfo:
     timeout_s: float = DEFAULT_TIMEOUT_S
     transport: str = "auto"
     secret: str = field(default="", repr=False)
+    broadcast: str = "collective"
 
     def __post_init__(self) -> None:
         if self.secret and not _SECRET.fullmatch(self.secret):
@@ -156,6 +173,7 @@ class NCCLInitInfo:
             master_port=self.master_port,
             world_size=self.world_size,
             transport=self.transport,
+            broadcast=self.broadcast,
         )
         check_bucket_options(
             packed_buffer_size_bytes=self.packed_buffer_size_bytes,
