@@ -30,6 +30,7 @@ from wtcore.testing.pipes import (
     PipeChannel,
     decode_state,
     encode_state,
+    error_record,
     remote_error,
     serve,
     worker_handlers,
@@ -239,6 +240,51 @@ class _StdioClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._call("finish_weight_update", weight_version)
+
+
+class TrainerProc:
+    """An ipc trainer in its own process; the test relays its client calls to workers."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, HERE, "trainer", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        STARTED_PIDS.append(self.proc.pid)
+
+    def next_message(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the trainer's own timeouts bound this
+        assert line, f"trainer exited early (rc={self.proc.poll()})"
+        msg: dict[str, Any] = json.loads(line)
+        return msg
+
+    def answer(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        for s in (self.proc.stdin, self.proc.stdout):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+def relay(trainer: TrainerProc, worker: PipeWorker, msg: dict[str, Any]) -> None:
+    try:
+        result = worker.call(msg["call"], *msg["args"])
+        trainer.answer({"ok": True, "result": result})
+    except Exception as e:
+        trainer.answer(error_record(e))
 
 
 _KEEP: list[Any] = []

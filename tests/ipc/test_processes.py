@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -15,7 +13,6 @@ import torch
 from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing import RecordingClient
-from wtcore.testing.pipes import error_record
 from wtcore_ipc import IPCTrainerInitInfo
 from wtcore_ipc.shm import SHM_DIR
 
@@ -212,51 +209,6 @@ def test_worker_error_is_fast_and_bounded(procs: Any) -> None:
 
 
 # ---------------------------------------------------------------------- the trainer dies or exits
-class TrainerProc:
-    """An ipc trainer in its own process; the test relays its client calls to workers."""
-
-    def __init__(self, procs: Any, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, procs.HERE, "trainer", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        procs.STARTED_PIDS.append(self.proc.pid)
-
-    def next_message(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the trainer's own timeouts bound this
-        assert line, f"trainer exited early (rc={self.proc.poll()})"
-        msg: dict[str, Any] = json.loads(line)
-        return msg
-
-    def answer(self, msg: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        for s in (self.proc.stdin, self.proc.stdout):
-            if s is not None:
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-
-def relay(trainer: TrainerProc, worker: Any, msg: dict[str, Any]) -> None:
-    try:
-        result = worker.call(msg["call"], *msg["args"])
-        trainer.answer({"ok": True, "result": result})
-    except Exception as e:
-        trainer.answer(error_record(e))
-
-
 @pytest.mark.parametrize("then", ["late_update", "silence"])
 def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str) -> None:
     """The trainer is SIGKILLed between two updates. Either its last announced update still
@@ -267,7 +219,7 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str)
     worker.world_size = 1
     try:
         worker.setup(state, round_timeout_s=1.0 if then == "silence" else 0)
-        trainer = TrainerProc(procs, "7", "4096", "1")
+        trainer = procs.TrainerProc("7", "4096", "1")
         try:
             updates = 0
             while True:
@@ -276,7 +228,7 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str)
                     updates += 1
                     if updates == 3:
                         break
-                relay(trainer, worker, msg)
+                procs.relay(trainer, worker, msg)
             segment = msg["args"][0]["segment"]
             assert exists(segment)
             before = worker.dump()
@@ -311,7 +263,7 @@ def test_trainer_process_exit_unlinks(two_workers: list[Any], procs: Any, shutdo
     try:
         worker.setup(state)
         args = ["7", "4096", "2"] + ([] if shutdown else ["--no-shutdown"])
-        trainer = TrainerProc(procs, *args)
+        trainer = procs.TrainerProc(*args)
         try:
             rounds = 0
             while rounds < 2:
@@ -320,7 +272,7 @@ def test_trainer_process_exit_unlinks(two_workers: list[Any], procs: Any, shutdo
                     rounds += 1
                     assert exists(msg["name"]), "alive and reused between rounds"
                     continue
-                relay(trainer, worker, msg)
+                procs.relay(trainer, worker, msg)
             assert_bit_exact(worker.dump(), state)
             trainer.answer({})  # go on: exit (with or without shutdown)
             assert trainer.proc.wait(30) == 0

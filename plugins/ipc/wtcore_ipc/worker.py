@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 from wtcore.buckets import Bucket, unpack_bucket
 from wtcore.errors import PayloadError, TransferError
 from wtcore.kit import BucketedWorkerEngine
-from wtcore_ipc.shm import SegmentReader, host_status
+from wtcore_ipc.shm import SegmentReader, host_status, reclaim_orphans
 from wtcore_ipc.wire import IPCInitInfo, IPCUpdateInfo
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     def init_transfer_engine(self, init_info: IPCInitInfo) -> None:
         self._release()
+        reclaim_orphans()  # segments of trainers killed before any worker mapped them
         if init_info.transport == "cuda":
             import torch
 
@@ -80,6 +81,11 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     def _receive_shm(self, u: IPCUpdateInfo, bucket: Bucket, name: str) -> None:
         r = self._segment(name)
+        try:
+            r.check_size()
+        except TransferError:
+            self._release()  # re-open (and re-check) on the next update
+            raise
         if u.offset + u.length > r.size:
             raise PayloadError(
                 f"offset/length: bytes [{u.offset}, {u.offset + u.length}) are outside segment "
