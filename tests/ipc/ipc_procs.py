@@ -4,7 +4,7 @@ Run as a script: ``python ipc_procs.py worker --conn-fd FD [--die-at-update N]
 [--hang-at-update N]`` serves a :class:`wtcore.WeightSyncWorker` (backend ``ipc``) on the
 inherited socket ``FD`` with the shared pipe control plane of :mod:`wtcore.testing.pipes`
 (JSON only, no pickle, as in production); ``python ipc_procs.py trainer SEED BUFFER ROUNDS
-[--no-shutdown]`` runs an ipc trainer whose client writes each call to stdout and reads the
+[--no-shutdown] [--die-after-tensors N]`` runs an ipc trainer whose client writes each call to stdout and reads the
 answer from stdin, so the test process relays (and can interfere). Imported by the tests (by
 path) for :class:`PipeWorker`, :class:`PipeClient` and :func:`make_state`.
 
@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
@@ -302,8 +302,24 @@ def trainer_main(argv: list[str]) -> None:
     os.dup2(2, 1)
     info = IPCTrainerInitInfo(packed_buffer_size_bytes=buffer, timeout_s=30, rank=0)
     state = make_state(seed)
+    die_after = (
+        int(argv[argv.index("--die-after-tensors") + 1]) if "--die-after-tensors" in argv else 0
+    )
+
+    class DyingSource(TensorSource):
+        """SIGKILLs this trainer mid-round, after ``die_after`` tensors were packed."""
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            for i, item in enumerate(super().__iter__()):
+                if i == die_after:
+                    time.sleep(0.5)  # let the worker consume what was published
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield item
+
     engine = WeightTransferTrainerFactory.trainer_init(
-        info, client=_StdioClient(out), source=TensorSource(state)
+        info,
+        client=_StdioClient(out),
+        source=DyingSource(state) if die_after else TensorSource(state),
     )
     for r in range(rounds):
         engine.send_weights(weight_version=f"r{r}")

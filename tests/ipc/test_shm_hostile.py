@@ -99,7 +99,7 @@ def test_small_dev_shm_is_a_clear_error_and_leaves_nothing() -> None:
     assert out["error"] is not None, "the round cannot fit in 64 MiB"
     kind, message, mro = out["error"]
     assert "WtcoreError" in mro and kind == "TransferError"
-    size = 2 * (64 + (40 << 20))
+    size = 4096 + 2 * (64 + (40 << 20))  # the control page, two slots
     assert f"{size}-byte staging segment" in message
     assert "--shm-size" in message and "packed_buffer_size_bytes" in message
     assert out["left"] == [], "no segment is left in /dev/shm"

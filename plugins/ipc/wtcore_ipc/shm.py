@@ -22,10 +22,13 @@ which also runs at exit). A trainer killed before any worker saw its segment lea
 :func:`reclaim_orphans`, which every new segment and every worker init runs: it unlinks each
 ``wtcore_ipc_*`` segment of this user whose lock nobody holds.
 
-Layout: ``num_slots`` slots, each a 64-byte header followed by ``capacity`` data bytes. The
-header holds a magic tag, the sequence number of the bucket the slot holds and its length; the
-trainer writes it after the data, the worker checks it before and after copying, so a stale,
-replayed or mis-addressed payload is an error instead of silently loading the wrong bytes.
+Layout: a control area of :data:`CONTROL_BYTES` (one 64-byte acknowledgement entry per
+receiver rank, the only bytes a worker writes), then ``num_slots`` slots, each a 64-byte header
+followed by ``capacity`` data bytes. The header holds a magic tag, the sequence number of the
+bucket the slot holds and its length; the trainer writes it after the data, the worker checks
+it before and after copying, so a stale, replayed or forged slot is an error instead of
+silently loading the wrong bytes. Every field either side reads from the segment is checked
+before use: the other process is not trusted.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ import os
 import re
 import secrets
 import stat
-import struct
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,9 +51,14 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "ACK_BYTES",
+    "CANCELLED",
+    "CONTROL_BYTES",
     "HEADER_BYTES",
+    "MAX_RECEIVERS",
     "SEGMENT_NAME_RE",
     "SHM_DIR",
+    "Ack",
     "SegmentReader",
     "SlotHeader",
     "StagingSegment",
@@ -59,6 +66,7 @@ __all__ = [
     "host_status",
     "reclaim_orphans",
     "segment_prefix",
+    "trainer_of",
 ]
 
 #: Where Linux exposes POSIX shared memory.
@@ -68,8 +76,18 @@ SHM_DIR = "/dev/shm"
 SEGMENT_NAME_RE = re.compile(r"wtcore_[A-Za-z0-9_]{1,200}")
 #: Bytes of the header in front of each slot (one alignment unit keeps data aligned).
 HEADER_BYTES = ALIGNMENT
-_MAGIC = b"WTCIPC01"
-_HEADER = struct.Struct("<8sQQ")  # magic, seq, length
+#: One acknowledgement entry per receiver rank, each on its own cache line.
+ACK_BYTES = 64
+#: Receiver ranks one segment can serve (the control area is one page).
+MAX_RECEIVERS = 64
+CONTROL_BYTES = ACK_BYTES * MAX_RECEIVERS
+_MAGIC = b"WTCIPC02"
+# A slot header: magic (8 bytes), seq (u64, the commit word), length (u64), then padding.
+# An acknowledgement entry: round token (the round's first seq), buckets consumed, world size.
+_SEQ_AT = 8  # the header's commit word: written last by the trainer, read first by the worker
+_LENGTH_AT = 16
+#: A header ``length`` meaning "the trainer abandoned the round at this bucket".
+CANCELLED = (1 << 64) - 1
 
 
 def host_status() -> str:
@@ -81,6 +99,12 @@ def host_status() -> str:
 def segment_prefix(pid: int | None = None) -> str:
     """The name prefix of every segment created by process ``pid`` (default: this one)."""
     return f"wtcore_ipc_{os.getpid() if pid is None else pid}_"
+
+
+def trainer_of(name: str) -> str:
+    """Who created segment ``name``, for error messages (the PID its name carries, unverified)."""
+    pid = name[len("wtcore_ipc_") :].split("_", 1)[0] if name.startswith("wtcore_ipc_") else ""
+    return f"trainer pid {pid}" if pid.isdigit() and len(pid) < 12 else "its trainer"
 
 
 def check_segment_name(name: object, *, field: str = "segment") -> str:
@@ -95,6 +119,30 @@ def _path(name: str) -> str:
     return os.path.join(SHM_DIR, name)
 
 
+class _Words:
+    """The mapping as 64-bit words: each read or write is ONE aligned 8-byte access.
+
+    Not :mod:`struct`: ``pack_into`` zeroes the target before writing it, so a peer polling the
+    word can read a transient 0 (a world size of 0, a sequence number gone back).
+    """
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        self._view: memoryview | None = memoryview(mm).cast("Q")
+
+    def __getitem__(self, byte_offset: int) -> int:
+        assert self._view is not None and byte_offset % 8 == 0
+        return int(self._view[byte_offset // 8])
+
+    def __setitem__(self, byte_offset: int, value: int) -> None:
+        assert self._view is not None and byte_offset % 8 == 0
+        self._view[byte_offset // 8] = value
+
+    def release(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+
+
 def _unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
@@ -102,12 +150,13 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
-def _open_checked(name: str) -> tuple[int, os.stat_result]:
-    """Open ``/dev/shm/<name>`` read-only without following links or blocking on a FIFO, and
-    check it is a non-empty regular file of this user before anything reads it."""
+def _open_checked(name: str, *, write: bool = False) -> tuple[int, os.stat_result]:
+    """Open ``/dev/shm/<name>`` without following links or blocking on a FIFO, and check it is
+    a non-empty regular file of this user before anything reads it."""
     path = _path(name)
+    mode = os.O_RDWR if write else os.O_RDONLY
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, mode | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise PayloadError(
             f"segment: no shared-memory segment named {name!r} in {SHM_DIR} (it was "
@@ -210,6 +259,20 @@ class SlotHeader:
     def valid(self) -> bool:
         return self.magic == _MAGIC
 
+    @property
+    def blank(self) -> bool:
+        """Never written (a fresh segment is zeros)."""
+        return self.magic == bytes(8) and self.seq == 0 and self.length == 0
+
+
+@dataclass(frozen=True)
+class Ack:
+    """What receiver ``rank`` wrote in its control entry: how far it got in round ``token``."""
+
+    token: int
+    consumed: int
+    world_size: int
+
 
 class StagingSegment:
     """A trainer-owned segment of ``num_slots`` reusable staging buffers.
@@ -226,7 +289,7 @@ class StagingSegment:
         self.capacity = align(max(capacity, 1))
         self.num_slots = num_slots
         self.stride = HEADER_BYTES + self.capacity
-        self.size = self.stride * num_slots
+        self.size = CONTROL_BYTES + self.stride * num_slots
         self.name = f"{segment_prefix()}{secrets.token_hex(6)}"
         self.path = _path(self.name)
         reclaim_orphans()
@@ -250,13 +313,14 @@ class StagingSegment:
         self._finalizer = weakref.finalize(self, _unlink_quietly, self.path)
         self._fd: int | None = fd
         self._buf: torch.Tensor | None = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self._words = _Words(self._mm)
 
     @property
     def closed(self) -> bool:
         return self._buf is None
 
     def data_offset(self, slot: int) -> int:
-        return slot * self.stride + HEADER_BYTES
+        return CONTROL_BYTES + slot * self.stride + HEADER_BYTES
 
     def slot(self, slot: int) -> torch.Tensor:
         """The data area of ``slot`` as a flat ``uint8`` tensor (``capacity`` bytes)."""
@@ -266,14 +330,30 @@ class StagingSegment:
         return self._buf[off : off + self.capacity]
 
     def publish(self, slot: int, seq: int, length: int) -> None:
-        """Stamp ``slot``'s header once its data is written."""
+        """Stamp ``slot``'s header once its data is written; ``seq`` last (it commits)."""
         assert self._mm is not None
-        _HEADER.pack_into(self._mm, slot * self.stride, _MAGIC, seq, length)
+        at = self.data_offset(slot) - HEADER_BYTES
+        self._mm[at : at + 8] = _MAGIC
+        self._words[at + _LENGTH_AT] = length
+        self._words[at + _SEQ_AT] = seq
+
+    def cancel(self, slot: int, seq: int) -> None:
+        """Tell workers waiting for bucket ``seq`` (in ``slot``) that the round is abandoned."""
+        if self._mm is not None:
+            self.publish(slot, seq, CANCELLED)
+
+    def ack(self, rank: int) -> Ack:
+        """Receiver ``rank``'s control entry, as written (untrusted: the caller checks it)."""
+        assert self._mm is not None and 0 <= rank < MAX_RECEIVERS
+        at = rank * ACK_BYTES
+        token = self._words[at]  # first: the commit word
+        return Ack(token, self._words[at + 8], self._words[at + 16])
 
     def close(self) -> None:
         """Unlink and unmap. Idempotent; safe while a worker still maps the segment."""
         self._finalizer()  # unlink first: nothing new can attach
         self._buf = None
+        self._words.release()
         if self._mm is not None:
             try:
                 self._mm.close()
@@ -286,24 +366,33 @@ class StagingSegment:
 
 
 class SegmentReader:
-    """A worker's read-only map of one trainer segment, kept across buckets and rounds."""
+    """A worker's map of one trainer segment, kept across buckets and rounds.
+
+    Shared and writable, because the worker acknowledges what it consumed in its entry of the
+    control area; it writes nothing else.
+    """
 
     def __init__(self, name: str) -> None:
         import torch
 
         self.name = check_segment_name(name)
-        fd, st = _open_checked(name)
+        fd, st = _open_checked(name, write=True)
         try:
             self.size = st.st_size
-            # ACCESS_COPY is a private mapping of a read-only fd: torch gets a "writable"
-            # buffer (no warning from frombuffer), we never write, so no page is ever copied
-            # and the trainer's later writes stay visible.
-            self._mm: mmap.mmap | None = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)
+            if self.size < CONTROL_BYTES + HEADER_BYTES:
+                raise PayloadError(
+                    f"segment: {name!r} has {self.size} bytes, less than a control area and "
+                    "one slot header"
+                )
+            if self.size % 8:
+                raise PayloadError(f"segment: {name!r} has {self.size} bytes, not whole words")
+            self._mm: mmap.mmap | None = mmap.mmap(fd, self.size)
         except BaseException:
             os.close(fd)
             raise
         self._fd: int | None = fd
         self._buf: torch.Tensor | None = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self._words = _Words(self._mm)
 
     def owner_alive(self) -> bool:
         """False when no process holds the trainer's lock any more (an orphaned segment)."""
@@ -324,11 +413,22 @@ class SegmentReader:
                 "bytes at open); refusing to read it (the trainer must stage the round again)"
             )
 
+    def ack(self, rank: int, token: int, consumed: int, world_size: int) -> None:
+        """Tell the trainer this rank has consumed ``consumed`` buckets of round ``token``."""
+        assert self._mm is not None and 0 <= rank < MAX_RECEIVERS
+        self.check_size()
+        at = rank * ACK_BYTES
+        self._words[at + 16] = world_size
+        self._words[at + 8] = consumed
+        self._words[at] = token  # last: the entry's commit word
+
     def header(self, data_offset: int) -> SlotHeader:
+        """The slot's header, commit word first (see :meth:`StagingSegment.publish`)."""
         assert self._mm is not None
         self.check_size()
-        magic, seq, length = _HEADER.unpack_from(self._mm, data_offset - HEADER_BYTES)
-        return SlotHeader(magic, seq, length)
+        at = data_offset - HEADER_BYTES
+        seq = self._words[at + _SEQ_AT]
+        return SlotHeader(bytes(self._mm[at : at + 8]), seq, self._words[at + _LENGTH_AT])
 
     def view(self, offset: int, length: int) -> torch.Tensor:
         if self._buf is None:
@@ -343,6 +443,7 @@ class SegmentReader:
 
     def close(self) -> None:
         self._buf = None
+        self._words.release()
         if self._mm is not None:
             try:
                 self._mm.close()

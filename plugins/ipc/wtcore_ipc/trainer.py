@@ -1,9 +1,11 @@
 """The trainer half of ``ipc``: pack buckets into reused staging buffers, announce them as JSON.
 
-Built on :class:`wtcore.kit.BucketedTrainerEngine`, which plans, packs, pipelines (the
-``update_weights`` call for bucket ``k`` runs while bucket ``k+1`` is packed into the other
-staging buffer) and recovers; this module only puts the staging buffers in shared memory (CPU)
-or exported GPU memory (CUDA) and says where each bucket lies.
+Built on :class:`wtcore.kit.BucketedTrainerEngine` (planning, staging reuse, recovery). CPU
+(``shm``): ONE ``update_weights`` per round announces the ring (segment, slots, first sequence
+number) and the whole plan; the trainer then packs bucket after bucket into the ring while the
+workers copy the previous ones out, with no control call per bucket, so buckets can be small
+and packing and copying overlap. GPU (``cuda``): the kit's per-bucket pipeline, one call per
+bucket.
 
 Multi-rank trainers: only the sender (rank 0) stages. Every rank materializes the full tensors
 in lockstep anyway (that is what gathers FSDP shards), so a second gather would add nothing;
@@ -16,17 +18,89 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from wtcore.buckets import max_bucket_nbytes, pack_source
+from wtcore.concurrency import BackgroundCall
+from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.kit import BucketedTrainerEngine, BucketUpdateInfo
-from wtcore_ipc.shm import StagingSegment, host_status
+from wtcore_ipc.ring import wait_until
+from wtcore_ipc.shm import MAX_RECEIVERS, StagingSegment, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
     from wtcore_ipc.cuda import CudaStaging
 
+
 __all__ = ["IPCTrainerEngine"]
+
+
+class _Ring:
+    """The trainer's view of one round in the ring: which slots every worker has released.
+
+    The workers' acknowledgements live in shared memory and are checked before use: a world
+    size out of range, entries that disagree, or a count beyond what was published is an
+    error naming the rank, never a reason to overwrite a slot early.
+    """
+
+    def __init__(self, memory: StagingSegment, first: int, timeout_s: float) -> None:
+        self.memory = memory
+        self.first = first
+        self.timeout_s = timeout_s
+        self.call: BackgroundCall[Any] | None = None
+
+    def consumed(self, published: int) -> int:
+        """How many buckets of this round every worker has consumed (0 before all reported)."""
+        head = self.memory.ack(0)
+        if head.token != self.first:
+            return 0
+        world = head.world_size
+        if world == 0:
+            return 0  # rank 0 is writing its first entry of the round
+        if world > MAX_RECEIVERS:
+            raise TransferError(
+                f"ipc ring {self.memory.name}: rank 0 reports world_size={world}, expected "
+                f"1..{MAX_RECEIVERS}"
+            )
+        low = published
+        for rank in range(world):
+            ack = self.memory.ack(rank)
+            if ack.token != self.first:
+                return 0
+            if ack.world_size != world or ack.consumed > published:
+                raise TransferError(
+                    f"ipc ring {self.memory.name}: rank {rank} acknowledged {ack.consumed} of "
+                    f"{published} published buckets with world_size={ack.world_size} (rank 0 "
+                    f"says {world}): refusing to trust the ring"
+                )
+            low = min(low, ack.consumed)
+        return low
+
+    def wait_free(self, index: int) -> None:
+        """Block until bucket ``index - num_slots`` (the slot's last tenant) was consumed."""
+        need = index - self.memory.num_slots + 1
+        if need <= 0:
+            return
+
+        def check() -> None:
+            call = self.call
+            if call is not None and call.done():
+                if call.error is not None:
+                    raise call.error
+                raise TransferError(
+                    f"ipc ring {self.memory.name}: every worker returned from update_weights "
+                    f"before bucket {index} was published"
+                )
+
+        wait_until(
+            lambda: self.consumed(index) >= need,
+            timeout_s=self.timeout_s,
+            check=check,
+            what=f"every worker consuming bucket {need - 1} (to free a slot for bucket {index})",
+        )
 
 
 class IPCTrainerEngine(BucketedTrainerEngine):
@@ -54,6 +128,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
                 packed=info.packed,
                 packed_buffer_size_bytes=info.packed_buffer_size_bytes,
                 packed_num_buffers=info.packed_num_buffers,
+                timeout_s=info.timeout_s,
             )
         )
 
@@ -76,23 +151,77 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         super().release_staging()
 
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
+        """The ``cuda`` transport: one ``update_weights`` per bucket (the kit's pipeline)."""
         memory = self._memory
-        assert memory is not None, "the kit allocates staging before packing"
+        assert memory is not None and not isinstance(memory, StagingSegment)
         self._seq += 1
-        payload: dict[str, Any] = {
+        memory.publish(slot)
+        return {
             **BucketUpdateInfo.wire(bucket.metas),
             "sizes": [m.nbytes for m in bucket.metas],
             "length": bucket.nbytes,
             "seq": self._seq,
+            "offset": 0,
+            "cuda": dict(memory.handles[slot]),
         }
-        if isinstance(memory, StagingSegment):
-            memory.publish(slot, self._seq, bucket.nbytes)
-            payload["offset"] = memory.data_offset(slot)
-            payload["segment"] = memory.name
-        else:
-            memory.publish(slot)
-            payload["offset"] = 0
-            payload["cuda"] = dict(memory.handles[slot])
-        return payload
+
+    def _send(self, source: WeightSource, stats: TransferStats) -> None:
+        """``shm``: the whole round in one ``update_weights``, buckets streamed through the ring.
+
+        The call goes out first (on a helper thread) and blocks in every worker, which then
+        consumes slot after slot as they are stamped here. Bucket ``k`` is packed into slot
+        ``k % num_slots`` once every worker has acknowledged bucket ``k - num_slots``.
+        """
+        if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
+            super()._send(source, stats)
+            return
+        assert self.client is not None, "the sender always has a client"
+        metas = source.metadata()
+        buckets = self.info.plan(metas)
+        stats.num_tensors = len(metas)
+        stats.num_bytes = sum(m.nbytes for m in metas)
+        slots = self.staging(max_bucket_nbytes(buckets) if buckets else 1)
+        memory = self._memory
+        assert isinstance(memory, StagingSegment)
+        with stats.phase("control"):
+            self.client.start_weight_update()
+        first = self._seq + 1
+        self._seq += len(buckets)
+        ring = _Ring(memory, first, self.info.timeout_s)
+        published = 0
+        try:
+            self.begin_round(metas, buckets)
+            payload = {
+                **BucketUpdateInfo.wire(metas),
+                "segment": memory.name,
+                "seq": first,
+                "num_slots": memory.num_slots,
+                "slot_bytes": memory.capacity,
+            }
+            self._inflight = ring.call = BackgroundCall(
+                self.client.update_weights, payload, name="update_weights"
+            )
+
+            def slot_for(bucket: Bucket) -> torch.Tensor:
+                with stats.phase("wire"):
+                    ring.wait_free(bucket.index)
+                return slots[bucket.index % len(slots)]
+
+            for bucket, _filled in pack_source(source, metas, buckets, slot_for, stats):
+                memory.publish(bucket.index % len(slots), first + bucket.index, bucket.nbytes)
+                published += 1
+                stats.num_buckets += 1
+            self._settle(stats)
+            self.end_round(stats)
+        except BaseException as e:
+            if published < len(buckets):
+                memory.cancel(published % len(slots), first + published)
+            call, self._inflight = self._inflight, None
+            if call is not None and not isinstance(e, TransferTimeoutError):
+                call.wait(self.info.timeout_s)  # workers see the cancel mark at once
+            self.release_staging()
+            raise
+        with stats.phase("control"):
+            self.client.finish_weight_update(stats.weight_version)
 
     from wtcore_ipc.bench import BENCH as bench  # wtcore bench: see wtcore_ipc/bench.py

@@ -2,8 +2,9 @@
 
 * :class:`IPCTrainerInitInfo`: the trainer's settings (the only place they live).
 * :class:`IPCInitInfo`: what the trainer ships to every worker at init.
-* :class:`IPCUpdateInfo`: one bucket: the kit's bucket metadata plus where its bytes are (a shared
-  memory segment on CPU, an encoded CUDA IPC handle on GPU), validated on arrival.
+* :class:`IPCUpdateInfo`: the kit's bucket metadata plus where the bytes are: on CPU the whole
+  round's ring of shared-memory slots (one call per round), on GPU one bucket in an encoded
+  CUDA IPC buffer; validated on arrival.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from wtcore.buckets import ALIGNMENT, Bucket, plan_round
+from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
-from wtcore_ipc.shm import HEADER_BYTES, check_segment_name
+from wtcore_ipc.shm import check_segment_name
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
@@ -61,12 +63,14 @@ class IPCTrainerInitInfo(BucketedTrainerInitInfo):
 
 @dataclass
 class IPCInitInfo:
-    """Shipped to every worker at init: how buckets are planned and where bytes come from."""
+    """Shipped to every worker at init: how buckets are planned, where bytes come from, and
+    how long a worker waits for the trainer's next slot (``timeout_s``)."""
 
     transport: str
     packed: bool
     packed_buffer_size_bytes: int
     packed_num_buffers: int
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -76,55 +80,100 @@ class IPCInitInfo:
         check_bucket_options(
             packed_buffer_size_bytes=self.packed_buffer_size_bytes,
             packed_num_buffers=self.packed_num_buffers,
+            timeout_s=self.timeout_s,
         )
+
+
+def _non_negative(info: object, *names: str) -> None:
+    for name in names:
+        value = getattr(info, name)
+        if value is not None and value < 0:
+            raise PayloadError(f"{name}: expected a non-negative integer, got {value}")
+
+
+def _require(info: object, kind: str, *names: str) -> None:
+    missing = [n for n in names if getattr(info, n) is None]
+    if missing:
+        raise PayloadError(f"update_info: {kind} needs {', '.join(repr(n) for n in missing)}")
 
 
 @dataclass
 class IPCUpdateInfo(BucketUpdateInfo):
-    """One bucket. ``offset``/``length`` locate its bytes in the segment (CPU) or in the
-    exported CUDA buffer; ``sizes`` are the tensors' byte sizes, checked against the metadata;
-    ``seq`` must match the slot header the trainer stamped (CPU)."""
+    """One ``update_weights`` call. Two shapes, one per transport:
 
-    sizes: list[int]
-    offset: int
-    length: int
+    * ``shm`` (CPU): the whole round in ONE call. The metadata lists every tensor of the round;
+      ``segment`` names the trainer's ring of ``num_slots`` slots of ``slot_bytes`` each;
+      bucket ``k`` of the shared plan arrives in slot ``k % num_slots`` with sequence number
+      ``seq + k`` in its header. The worker consumes slot after slot as the trainer fills them.
+    * ``cuda`` (GPU): one bucket per call, at ``offset``/``length`` of the exported buffer
+      ``cuda``; ``sizes`` are the tensors' byte sizes, checked against the metadata.
+    """
+
     seq: int
     segment: str | None = None
+    num_slots: int | None = None
+    slot_bytes: int | None = None
     cuda: dict[str, Any] | None = None
+    sizes: list[int] | None = None
+    offset: int | None = None
+    length: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if len(self.sizes) != len(self.metas):
-            raise PayloadError(
-                f"sizes: expected {len(self.metas)} entries (one per name), got {len(self.sizes)}"
-            )
-        for i, (m, s) in enumerate(zip(self.metas, self.sizes, strict=True)):
-            if s != m.nbytes:
-                raise PayloadError(
-                    f"sizes[{i}]: {m.name!r} is {m.dtype} {list(m.shape)} = {m.nbytes} bytes, "
-                    f"got {s}"
-                )
-        for name in ("offset", "length", "seq"):
-            if getattr(self, name) < 0:
-                raise PayloadError(
-                    f"{name}: expected a non-negative integer, got {getattr(self, name)}"
-                )
-        if self.offset % ALIGNMENT:
-            raise PayloadError(f"offset: expected a multiple of {ALIGNMENT}, got {self.offset}")
+        _non_negative(self, "seq", "num_slots", "slot_bytes", "offset", "length")
+        if self.seq >= 1 << 62:
+            raise PayloadError(f"seq: expected a number below 2**62, got {self.seq}")
         if (self.segment is None) == (self.cuda is None):
             raise PayloadError(
                 "update_info: exactly one of 'segment' (CPU) or 'cuda' (GPU) is needed"
             )
         if self.segment is not None:
             check_segment_name(self.segment)
-            if self.offset < HEADER_BYTES:
+            _require(self, "a 'segment' (ring) update", "num_slots", "slot_bytes")
+            assert self.num_slots is not None and self.slot_bytes is not None
+            if self.num_slots < 1:
+                raise PayloadError(f"num_slots: expected at least 1, got {self.num_slots}")
+            if self.slot_bytes % ALIGNMENT:
                 raise PayloadError(
-                    f"offset: a slot's data starts at or after byte {HEADER_BYTES}, "
-                    f"got {self.offset}"
+                    f"slot_bytes: expected a multiple of {ALIGNMENT}, got {self.slot_bytes}"
                 )
+            return
+        _require(self, "a 'cuda' update", "sizes", "offset", "length")
+        assert self.sizes is not None and self.offset is not None
+        if len(self.sizes) != len(self.metas):
+            raise PayloadError(
+                f"sizes: expected {len(self.metas)} entries (one per name), got {len(self.sizes)}"
+            )
+        for i, (m, sz) in enumerate(zip(self.metas, self.sizes, strict=True)):
+            if sz != m.nbytes:
+                raise PayloadError(
+                    f"sizes[{i}]: {m.name!r} is {m.dtype} {list(m.shape)} = {m.nbytes} bytes, "
+                    f"got {sz}"
+                )
+        if self.offset % ALIGNMENT:
+            raise PayloadError(f"offset: expected a multiple of {ALIGNMENT}, got {self.offset}")
+
+    def plan(self, init: IPCInitInfo) -> list[Bucket]:
+        """The round's buckets, re-planned with the shared rule (``shm``): each must fit a slot."""
+        assert self.slot_bytes is not None and self.num_slots is not None
+        if self.num_slots != init.packed_num_buffers:
+            raise PayloadError(
+                f"num_slots: the trainer advertised packed_num_buffers="
+                f"{init.packed_num_buffers} at init, got {self.num_slots}"
+            )
+        buckets = plan_round(
+            self.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
+        )
+        for b in buckets:
+            if b.nbytes > self.slot_bytes:
+                raise PayloadError(
+                    f"slot_bytes: bucket {b.index} holds {b.nbytes} bytes, more than a slot "
+                    f"({self.slot_bytes})"
+                )
+        return buckets
 
     def bucket(self, init: IPCInitInfo) -> Bucket:
-        """Re-plan with the shared rule; the update must be exactly one bucket of ``length``."""
+        """Re-plan with the shared rule (``cuda``): exactly one bucket of ``length``."""
         buckets = plan_round(
             self.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
         )
