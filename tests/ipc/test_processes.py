@@ -73,7 +73,7 @@ def test_rounds_bit_exact_two_workers(two_workers: list[Any], procs: Any) -> Non
         for u in updates:
             json.dumps(u)  # plain JSON (RecordingClient checked the round trip too)
             assert len(u["names"]) == len(state) and u["num_slots"] == 2
-            assert u["slot_bytes"] >= 20_000 * 4, "a slot holds the largest tensor"
+            assert u["slot_bytes"] == buffer, "slots are the bucket size: big tensors stream"
         assert [u["seq"] for u in updates] == sorted({u["seq"] for u in updates})
         name = trainer.segment_name
         assert exists(name)
@@ -82,25 +82,33 @@ def test_rounds_bit_exact_two_workers(two_workers: list[Any], procs: Any) -> Non
     assert not exists(name), "shutdown unlinks the segment"
 
 
-def test_bigger_bucket_replaces_segment(two_workers: list[Any], procs: Any) -> None:
-    full = procs.make_state(2, big=50_000)
+def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
+    two_workers: list[Any], procs: Any
+) -> None:
+    """A tensor 3x the slot size travels in slot-sized frames: the segment is sized by the
+    bucket size and slot count only, never by the largest tensor, and is never replaced."""
+    full = procs.make_state(2, big=200_000)  # 800 kB, slots of 256 KiB
     small = {k: v for k, v in full.items() if k != "huge.w"}
     for w in two_workers:
         w.setup(full)
-    trainer, _ = trainer_for(two_workers, procs, small, packed_buffer_size_bytes=1 << 20)
+    trainer, _ = trainer_for(two_workers, procs, small, packed_buffer_size_bytes=256 << 10)
     try:
         trainer.send_weights(weight_version="small")
         first = trainer.segment_name
+        size = os.path.getsize(os.path.join(SHM_DIR, first))
+        assert size == 4096 + 2 * (64 + (256 << 10)), "control page + 2 slots, nothing more"
         trainer.send_weights(TensorSource(full), weight_version="full")
-        second = trainer.segment_name
-        assert first != second and not exists(first) and exists(second)
+        assert trainer.segment_name == first, "a bigger tensor does not grow the ring"
         for w in two_workers:
             assert_bit_exact(w.dump(), full)
-        trainer.send_weights(TensorSource(small), weight_version="small-again")
-        assert trainer.segment_name == second, "a smaller round reuses the bigger segment"
+            assert w.call("weight_info")["consistent"] is True
+        bump(full)
+        trainer.send_weights(TensorSource(full), weight_version="full-again")
+        for w in two_workers:
+            assert_bit_exact(w.dump(), full)
     finally:
         trainer.shutdown()
-    assert not exists(second)
+    assert not exists(first)
 
 
 # ---------------------------------------------------------------------- bad payloads
@@ -114,9 +122,9 @@ BAD_PAYLOADS = {
         "segment: expected a segment name",
     ),
     "num_slots_not_advertised": (lambda u: {**u, "num_slots": 3}, "num_slots: the trainer"),
-    "slot_too_small": (lambda u: {**u, "slot_bytes": 64}, "more than a slot"),
+    "slot_not_advertised": (lambda u: {**u, "slot_bytes": 64}, "slot_bytes: the trainer"),
     "slot_unaligned": (lambda u: {**u, "slot_bytes": u["slot_bytes"] + 1}, "slot_bytes: expected"),
-    "ring_outside_segment": (lambda u: {**u, "slot_bytes": 1 << 40}, "do not fit segment"),
+    "slot_bytes_huge": (lambda u: {**u, "slot_bytes": 1 << 40}, "slot_bytes: the trainer"),
     "seq_huge": (lambda u: {**u, "seq": 1 << 63}, "seq: expected a number below"),
     "replayed_round": (lambda u: u, "cannot have stamped yet"),
 }

@@ -57,11 +57,13 @@ _SMALL_SHM_CHILD = textwrap.dedent(
     from wtcore.testing import build_module
     from wtcore_ipc import IPCTrainerInitInfo
 
-    state = {"w": torch.arange(10 << 20, dtype=torch.float32)}  # 40 MiB, 2 slots: 80 MiB
+    state = {"w": torch.arange(10 << 20, dtype=torch.float32)}  # 40 MiB; 2 slots: 128 MiB
     worker = WeightSyncWorker("ipc", ModuleSink(build_module({"w": torch.zeros(10 << 20)})))
     out = {"error": None}
     trainer = WeightTransferTrainerFactory.trainer_init(
-        IPCTrainerInitInfo(rank=0, timeout_s=30, packed_buffer_size_bytes=64 << 20),
+        IPCTrainerInitInfo(
+            rank=0, timeout_s=30, packed_buffer_size_bytes=64 << 20, packed_num_buffers=2
+        ),
         client=InProcessClient([worker], timeout_s=30),
         source=TensorSource(state),
     )
@@ -84,7 +86,7 @@ _SMALL_SHM_CHILD = textwrap.dedent(
     "and unshare(1)",
 )
 def test_small_dev_shm_is_a_clear_error_and_leaves_nothing() -> None:
-    """Docker's default 64 MiB /dev/shm, an 80 MiB staging segment: before, the trainer died of
+    """Docker's default 64 MiB /dev/shm, a 128 MiB staging segment: before, the trainer died of
     SIGBUS while packing and left the segment behind; now it is a WtcoreError naming the size
     and the fix, raised before anything is written, and /dev/shm is empty afterwards."""
     script = 'mount -t tmpfs -o size=64m wtcore-test /dev/shm && exec "$0" -c "$1"'
@@ -99,7 +101,7 @@ def test_small_dev_shm_is_a_clear_error_and_leaves_nothing() -> None:
     assert out["error"] is not None, "the round cannot fit in 64 MiB"
     kind, message, mro = out["error"]
     assert "WtcoreError" in mro and kind == "TransferError"
-    size = 4096 + 2 * (64 + (40 << 20))  # the control page, two slots
+    size = 4096 + 2 * (64 + (64 << 20))  # the control page, two slots of 64 MiB
     assert f"{size}-byte staging segment" in message
     assert "--shm-size" in message and "packed_buffer_size_bytes" in message
     assert out["left"] == [], "no segment is left in /dev/shm"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from wtcore.errors import TransferTimeoutError
 
-__all__ = ["CHECK_EVERY_S", "MAX_SLEEP_S", "wait_until"]
+__all__ = ["CHECK_EVERY_S", "MAX_SLEEP_S", "frames", "wait_until"]
 
 #: Longest single sleep of a waiter: bounds the latency a slow wake-up adds per bucket.
 MAX_SLEEP_S = 0.001
@@ -50,3 +50,15 @@ def wait_until(
             raise TransferTimeoutError(f"{what} did not happen within {timeout_s:g} s")
         time.sleep(sleep_s)
         sleep_s = min(sleep_s * 2, MAX_SLEEP_S)
+
+
+def frames(nbytes: int, slot_bytes: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of each frame of a bucket of ``nbytes`` in slots of ``slot_bytes``.
+
+    A bucket that fits a slot is one frame; a bigger one (a single tensor larger than the
+    bucket size, by the shared planning rule) is streamed through consecutive slots, so the
+    ring never grows with the model's largest tensor. An empty bucket is one empty frame.
+    """
+    if nbytes <= slot_bytes:
+        return [(0, nbytes)]
+    return [(s, min(slot_bytes, nbytes - s)) for s in range(0, nbytes, slot_bytes)]

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from wtcore.buckets import max_bucket_nbytes, pack_source
+from wtcore.buckets import pack_source
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.kit import BucketedTrainerEngine, BucketUpdateInfo
-from wtcore_ipc.ring import wait_until
+from wtcore_ipc.ring import frames, wait_until
 from wtcore_ipc.shm import MAX_RECEIVERS, StagingSegment, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo
 
@@ -73,14 +73,14 @@ class _Ring:
             if ack.world_size != world or ack.consumed > published:
                 raise TransferError(
                     f"ipc ring {self.memory.name}: rank {rank} acknowledged {ack.consumed} of "
-                    f"{published} published buckets with world_size={ack.world_size} (rank 0 "
+                    f"{published} published frames with world_size={ack.world_size} (rank 0 "
                     f"says {world}): refusing to trust the ring"
                 )
             low = min(low, ack.consumed)
         return low
 
     def wait_free(self, index: int) -> None:
-        """Block until bucket ``index - num_slots`` (the slot's last tenant) was consumed."""
+        """Block until frame ``index - num_slots`` (the slot's last tenant) was consumed."""
         need = index - self.memory.num_slots + 1
         if need <= 0:
             return
@@ -92,14 +92,14 @@ class _Ring:
                     raise call.error
                 raise TransferError(
                     f"ipc ring {self.memory.name}: every worker returned from update_weights "
-                    f"before bucket {index} was published"
+                    f"before frame {index} was published"
                 )
 
         wait_until(
             lambda: self.consumed(index) >= need,
             timeout_s=self.timeout_s,
             check=check,
-            what=f"every worker consuming bucket {need - 1} (to free a slot for bucket {index})",
+            what=f"every worker consuming frame {need - 1} (to free a slot for frame {index})",
         )
 
 
@@ -108,6 +108,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
 
     init_info_cls = IPCTrainerInitInfo
     _memory: StagingSegment | CudaStaging | None = None
+    _big: torch.Tensor | None = None
     _seq = 0
 
     @classmethod
@@ -148,7 +149,18 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         if self._memory is not None:
             self._memory.close()
             self._memory = None
+        self._big = None
         super().release_staging()
+
+    def _oversized(self, nbytes: int) -> torch.Tensor:
+        """Where a tensor larger than a slot is packed before it is streamed in chunks: one
+        private buffer, kept and grown to the largest such tensor (the ring stays fixed)."""
+        import torch
+
+        if self._big is None or self._big.numel() < nbytes:
+            self._big = None
+            self._big = torch.empty(nbytes, dtype=torch.uint8)
+        return self._big
 
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
         """The ``cuda`` transport: one ``update_weights`` per bucket (the kit's pipeline)."""
@@ -166,11 +178,12 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         }
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
-        """``shm``: the whole round in one ``update_weights``, buckets streamed through the ring.
+        """``shm``: the whole round in one ``update_weights``, streamed through the ring.
 
         The call goes out first (on a helper thread) and blocks in every worker, which then
-        consumes slot after slot as they are stamped here. Bucket ``k`` is packed into slot
-        ``k % num_slots`` once every worker has acknowledged bucket ``k - num_slots``.
+        consumes slot after slot as they are stamped here. Frame ``f`` of the round (a bucket,
+        or a chunk of a bucket larger than a slot) goes into slot ``f % num_slots`` once every
+        worker has acknowledged frame ``f - num_slots``.
         """
         if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
             super()._send(source, stats)
@@ -180,42 +193,60 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         buckets = self.info.plan(metas)
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
-        slots = self.staging(max_bucket_nbytes(buckets) if buckets else 1)
+        slots = self.staging(self.info.packed_buffer_size_bytes)
         memory = self._memory
         assert isinstance(memory, StagingSegment)
+        nslots, slot_bytes = memory.num_slots, memory.capacity
         with stats.phase("control"):
             self.client.start_weight_update()
         first = self._seq + 1
-        self._seq += len(buckets)
+        total = sum(len(frames(b.nbytes, slot_bytes)) for b in buckets)
+        self._seq += total
         ring = _Ring(memory, first, self.info.timeout_s)
         published = 0
+
+        def free_slot() -> torch.Tensor:
+            with stats.phase("wire"):
+                ring.wait_free(published)
+            return slots[published % nslots]
+
+        def stamp(length: int) -> None:
+            nonlocal published
+            memory.publish(published % nslots, first + published, length)
+            published += 1
+
+        def buffer_for(bucket: Bucket) -> torch.Tensor:
+            if bucket.nbytes <= slot_bytes:
+                return free_slot()
+            return self._oversized(bucket.nbytes)  # packed once, then streamed in chunks
+
         try:
             self.begin_round(metas, buckets)
             payload = {
                 **BucketUpdateInfo.wire(metas),
                 "segment": memory.name,
                 "seq": first,
-                "num_slots": memory.num_slots,
-                "slot_bytes": memory.capacity,
+                "num_slots": nslots,
+                "slot_bytes": slot_bytes,
             }
             self._inflight = ring.call = BackgroundCall(
                 self.client.update_weights, payload, name="update_weights"
             )
-
-            def slot_for(bucket: Bucket) -> torch.Tensor:
-                with stats.phase("wire"):
-                    ring.wait_free(bucket.index)
-                return slots[bucket.index % len(slots)]
-
-            for bucket, _filled in pack_source(source, metas, buckets, slot_for, stats):
-                memory.publish(bucket.index % len(slots), first + bucket.index, bucket.nbytes)
-                published += 1
+            for bucket, filled in pack_source(source, metas, buckets, buffer_for, stats):
+                if bucket.nbytes <= slot_bytes:
+                    stamp(bucket.nbytes)
+                else:
+                    for start, length in frames(bucket.nbytes, slot_bytes):
+                        slot = free_slot()
+                        with stats.phase("pack"):
+                            slot[:length].copy_(filled[start : start + length])
+                        stamp(length)
                 stats.num_buckets += 1
             self._settle(stats)
             self.end_round(stats)
         except BaseException as e:
-            if published < len(buckets):
-                memory.cancel(published % len(slots), first + published)
+            if published < total:
+                memory.cancel(published % nslots, first + published)
             call, self._inflight = self._inflight, None
             if call is not None and not isinstance(e, TransferTimeoutError):
                 call.wait(self.info.timeout_s)  # workers see the cancel mark at once

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.buckets import ALIGNMENT, Bucket, plan_round
+from wtcore.buckets import ALIGNMENT, Bucket, align, plan_round
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
@@ -20,17 +20,20 @@ from wtcore_ipc.shm import check_segment_name
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
+    "DEFAULT_NUM_BUFFERS",
     "TRANSPORTS",
     "IPCInitInfo",
     "IPCTrainerInitInfo",
     "IPCUpdateInfo",
 ]
 
-#: Default bucket size: small enough that packing one bucket overlaps the worker's copy of
-#: the previous one, large enough that per-call overhead is noise; the fastest setting measured
-#: (docs/benchmarks.md, "ipc"). The segment is sized to the largest bucket, so small models
-#: never pay for it.
-DEFAULT_BUFFER_SIZE = 256 << 20
+#: Default bucket (= slot) size. With one control call per round a bucket costs no round trip,
+#: so small slots let packing (trainer) and copying out (worker) overlap from the first bucket
+#: and keep the ring small; measured in docs/benchmarks.md ("ipc"). A tensor larger than a
+#: slot is streamed through the ring in slot-sized frames.
+DEFAULT_BUFFER_SIZE = 16 << 20
+#: Default slot count: enough that a worker waking up late finds the next slots filled.
+DEFAULT_NUM_BUFFERS = 4
 #: ``shm``: POSIX shared memory (CPU). ``cuda``: CUDA IPC handles (GPU, untested here).
 TRANSPORTS = ("shm", "cuda")
 
@@ -39,14 +42,15 @@ TRANSPORTS = ("shm", "cuda")
 class IPCTrainerInitInfo(BucketedTrainerInitInfo):
     """Trainer settings of the ``ipc`` engine (see :class:`~wtcore.kit.BucketedTrainerInitInfo`).
 
-    ``packed_num_buffers`` staging buffers let the trainer pack the next bucket while the
-    worker copies the previous one; the worker serializes calls, so more than two add nothing.
+    ``packed_num_buffers`` slots of ``packed_buffer_size_bytes`` form the ring (CPU): the
+    trainer packs the next frames while workers copy out the previous ones.
     ``device`` picks the transport: ``"cpu"`` stages in POSIX shared memory, ``"cuda[:N]"`` in
     GPU memory shared by CUDA IPC.
     """
 
     backend: ClassVar[str] = "ipc"
     packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
+    packed_num_buffers: int = field(default=DEFAULT_NUM_BUFFERS, kw_only=True)
     device: str = field(default="cpu", kw_only=True)
 
     def __post_init__(self) -> None:
@@ -102,9 +106,11 @@ class IPCUpdateInfo(BucketUpdateInfo):
     """One ``update_weights`` call. Two shapes, one per transport:
 
     * ``shm`` (CPU): the whole round in ONE call. The metadata lists every tensor of the round;
-      ``segment`` names the trainer's ring of ``num_slots`` slots of ``slot_bytes`` each;
-      bucket ``k`` of the shared plan arrives in slot ``k % num_slots`` with sequence number
-      ``seq + k`` in its header. The worker consumes slot after slot as the trainer fills them.
+      ``segment`` names the trainer's ring of ``num_slots`` slots of ``slot_bytes`` each (the
+      bucket size, aligned). The buckets of the shared plan travel as frames: a bucket that
+      fits a slot is one frame, a bigger one (a single large tensor) is cut into slot-sized
+      frames; frame ``f`` of the round arrives in slot ``f % num_slots`` with sequence number
+      ``seq + f`` in its header. The worker consumes slot after slot as the trainer fills them.
     * ``cuda`` (GPU): one bucket per call, at ``offset``/``length`` of the exported buffer
       ``cuda``; ``sizes`` are the tensors' byte sizes, checked against the metadata.
     """
@@ -154,23 +160,22 @@ class IPCUpdateInfo(BucketUpdateInfo):
             raise PayloadError(f"offset: expected a multiple of {ALIGNMENT}, got {self.offset}")
 
     def plan(self, init: IPCInitInfo) -> list[Bucket]:
-        """The round's buckets, re-planned with the shared rule (``shm``): each must fit a slot."""
-        assert self.slot_bytes is not None and self.num_slots is not None
+        """The round's buckets, re-planned with the shared rule (``shm``), once the ring's shape
+        is checked against what the trainer advertised at init."""
         if self.num_slots != init.packed_num_buffers:
             raise PayloadError(
                 f"num_slots: the trainer advertised packed_num_buffers="
                 f"{init.packed_num_buffers} at init, got {self.num_slots}"
             )
-        buckets = plan_round(
+        if self.slot_bytes != align(init.packed_buffer_size_bytes):
+            raise PayloadError(
+                f"slot_bytes: the trainer advertised packed_buffer_size_bytes="
+                f"{init.packed_buffer_size_bytes} at init (slots of "
+                f"{align(init.packed_buffer_size_bytes)} bytes), got {self.slot_bytes}"
+            )
+        return plan_round(
             self.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
         )
-        for b in buckets:
-            if b.nbytes > self.slot_bytes:
-                raise PayloadError(
-                    f"slot_bytes: bucket {b.index} holds {b.nbytes} bytes, more than a slot "
-                    f"({self.slot_bytes})"
-                )
-        return buckets
 
     def bucket(self, init: IPCInitInfo) -> Bucket:
         """Re-plan with the shared rule (``cuda``): exactly one bucket of ``length``."""

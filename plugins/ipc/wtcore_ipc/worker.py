@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from wtcore.buckets import Bucket, unpack_bucket
 from wtcore.errors import PayloadError, TransferError
 from wtcore.kit import BucketedWorkerEngine
-from wtcore_ipc.ring import wait_until
+from wtcore_ipc.ring import frames, wait_until
 from wtcore_ipc.shm import (
     CANCELLED,
     CONTROL_BYTES,
@@ -91,7 +91,9 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         return reader
 
     def _receive_ring(self, u: IPCUpdateInfo, name: str) -> None:
-        """Consume the round's buckets slot by slot as the trainer stamps them."""
+        """Consume the round's frames slot by slot as the trainer stamps them."""
+        import torch
+
         assert u.num_slots is not None and u.slot_bytes is not None
         buckets = u.plan(self.settings)
         if self.rank >= MAX_RECEIVERS:
@@ -111,20 +113,33 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             )
         self._check_owner(r)
         r.ack(self.rank, u.seq, 0, self.world_size)  # tells the trainer the world size
-        for k, bucket in enumerate(buckets):
-            offset = CONTROL_BYTES + (k % u.num_slots) * stride + HEADER_BYTES
-            self._wait_slot(r, offset, u.seq + k, bucket, aborted)
-            views = list(unpack_bucket(bucket, r.view(offset, bucket.nbytes)))
-            try:
-                self.sink.load_weights(views)
-            finally:
-                del views
-            if r.header(offset).seq != u.seq + k:
-                raise TransferError(
-                    f"segment {name!r}: slot {k % u.num_slots} was overwritten while bucket {k} "
-                    "was copied out of it; the loaded weights may be mixed"
-                )
-            r.ack(self.rank, u.seq, k + 1, self.world_size)
+        f = 0  # frames consumed
+        for bucket in buckets:
+            chunks = frames(bucket.nbytes, u.slot_bytes)
+            # A bucket bigger than a slot (one big tensor) is gathered here, then loaded.
+            whole = None if len(chunks) == 1 else torch.empty(bucket.nbytes, dtype=torch.uint8)
+            for start, length in chunks:
+                offset = CONTROL_BYTES + (f % u.num_slots) * stride + HEADER_BYTES
+                seq = u.seq + f
+                self._wait_slot(r, offset, seq, length, bucket, aborted)
+                if whole is None:
+                    views = list(unpack_bucket(bucket, r.view(offset, length)))
+                    try:
+                        self.sink.load_weights(views)
+                    finally:
+                        del views
+                else:
+                    whole[start : start + length].copy_(r.view(offset, length))
+                if r.header(offset).seq != seq:
+                    raise TransferError(
+                        f"segment {name!r}: slot {f % u.num_slots} was overwritten while frame "
+                        f"seq={seq} was copied out of it; the loaded weights may be mixed"
+                    )
+                f += 1
+                r.ack(self.rank, u.seq, f, self.world_size)
+            if whole is not None:
+                self.sink.load_weights(list(unpack_bucket(bucket, whole)))
+                del whole
 
     def _check_owner(self, r: SegmentReader) -> None:
         if not r.owner_alive():
@@ -135,7 +150,13 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             )
 
     def _wait_slot(
-        self, r: SegmentReader, offset: int, seq: int, bucket: Bucket, aborted: threading.Event
+        self,
+        r: SegmentReader,
+        offset: int,
+        seq: int,
+        length: int,
+        bucket: Bucket,
+        aborted: threading.Event,
     ) -> None:
         """Wait (bounded) until the slot at ``offset`` holds bucket ``seq``; check its header.
 
@@ -162,10 +183,10 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                     f"segment {r.name!r}: the trainer ({trainer_of(r.name)}) abandoned the "
                     f"round before bucket {bucket.index}"
                 )
-            if head.length != bucket.nbytes:
+            if head.length != length:
                 raise PayloadError(
-                    f"segment {r.name!r}: the slot header says bucket seq={seq} has "
-                    f"{head.length} bytes; the plan says {bucket.nbytes}"
+                    f"segment {r.name!r}: the slot header says frame seq={seq} has "
+                    f"{head.length} bytes; the plan says {length}"
                 )
             return True
 
@@ -182,7 +203,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             timeout_s=self.settings.timeout_s,
             check=check,
             what=f"the trainer ({trainer_of(r.name)}) stamping bucket {bucket.index} "
-            f"(seq={seq}) in segment {r.name!r}",
+            f"(frame seq={seq}) in segment {r.name!r}",
         )
 
     # ------------------------------------------------------------------ GPU (untested here)
