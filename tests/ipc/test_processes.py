@@ -72,7 +72,7 @@ def test_rounds_bit_exact_two_workers(two_workers: list[Any], procs: Any) -> Non
         assert {u["segment"] for u in updates} == segments
         for u in updates:
             json.dumps(u)  # plain JSON (RecordingClient checked the round trip too)
-            assert len(u["names"]) == len(state) and u["num_slots"] == 2
+            assert len(u["names"]) == len(state) and u["num_slots"] == 4
             assert u["slot_bytes"] == buffer, "slots are the bucket size: big tensors stream"
         assert [u["seq"] for u in updates] == sorted({u["seq"] for u in updates})
         name = trainer.segment_name
@@ -96,7 +96,7 @@ def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
         trainer.send_weights(weight_version="small")
         first = trainer.segment_name
         size = os.path.getsize(os.path.join(SHM_DIR, first))
-        assert size == 4096 + 2 * (64 + (256 << 10)), "control page + 2 slots, nothing more"
+        assert size == 4096 + 4 * (64 + (256 << 10)), "control page + 4 slots, nothing more"
         trainer.send_weights(TensorSource(full), weight_version="full")
         assert trainer.segment_name == first, "a bigger tensor does not grow the ring"
         for w in two_workers:
