@@ -215,6 +215,56 @@ class PipeClient(_FanOutClient):
         )
 
 
+def assert_bit_exact(got: Mapping[str, Any], want: Mapping[str, Any]) -> None:
+    """Same names, dtypes and bits."""
+    import torch
+
+    assert sorted(got) == sorted(want)
+    for name, t in want.items():
+        assert got[name].dtype == t.dtype, name
+        assert torch.equal(got[name], t.contiguous()), f"{name}: values differ"
+
+
+def bump(state: Mapping[str, Any]) -> None:
+    """A new version of every tensor (in place)."""
+    import torch
+
+    for t in state.values():
+        if t.dtype == torch.bool:
+            t.logical_not_()
+        elif t.numel():
+            t.add_(1)
+
+
+def trainer_for(workers: list[PipeWorker], state: Any, **kw: Any) -> tuple[Any, Any]:
+    """An ipc trainer in this process over ``workers`` (a recording pipe client)."""
+    from wtcore import TensorSource, WeightTransferTrainerFactory
+    from wtcore.testing import RecordingClient
+    from wtcore_ipc import IPCTrainerInitInfo
+
+    client = RecordingClient(PipeClient(workers, timeout_s=60))
+    info = IPCTrainerInitInfo(rank=0, **{"timeout_s": 30, **kw})
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        info, client=client, source=TensorSource(state)
+    )
+    return trainer, client
+
+
+def after_a_good_round(workers: list[PipeWorker], state: Any) -> tuple[Any, dict[str, Any]]:
+    """Workers built for ``state`` that took one good round (version ``good``, 4 KiB buckets)
+    from a trainer in this process; the trainer (shut it down) and that round's announcement."""
+    for w in workers:
+        w.setup(state)
+    trainer, client = trainer_for(workers, state, packed_buffer_size_bytes=4096)
+    try:
+        trainer.send_weights(weight_version="good")
+    except BaseException:
+        trainer.shutdown()
+        raise
+    announce: dict[str, Any] = [p for c, p in client.calls if c == "update_weights"][-1]
+    return trainer, announce
+
+
 # ---------------------------------------------------------------------- trainer process
 class _StdioClient:
     """The trainer's client in a trainer subprocess: the test process relays each call."""

@@ -10,41 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
+from wtcore import ReceiverError, TensorSource
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.testing import RecordingClient
-from wtcore_ipc import IPCTrainerInitInfo
 from wtcore_ipc.shm import SHM_DIR
 
 pytestmark = [pytest.mark.timeout(120)]
 
 
-def assert_bit_exact(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert sorted(got) == sorted(want)
-    for name, t in want.items():
-        assert got[name].dtype == t.dtype, name
-        assert torch.equal(got[name], t.contiguous()), f"{name}: values differ"
-
-
-def bump(state: dict[str, torch.Tensor]) -> None:
-    for t in state.values():
-        if t.dtype == torch.bool:
-            t.logical_not_()
-        elif t.numel():
-            t.add_(1)
-
-
 def exists(name: str | None) -> bool:
     return name is not None and os.path.exists(os.path.join(SHM_DIR, name))
-
-
-def trainer_for(workers: list[Any], procs: Any, state: Any, **kw: Any) -> tuple[Any, Any]:
-    client = RecordingClient(procs.PipeClient(workers, timeout_s=60))
-    info = IPCTrainerInitInfo(rank=0, **{"timeout_s": 30, **kw})
-    trainer = WeightTransferTrainerFactory.trainer_init(
-        info, client=client, source=TensorSource(state)
-    )
-    return trainer, client
 
 
 # ---------------------------------------------------------------------- happy paths
@@ -54,16 +28,16 @@ def test_rounds_bit_exact_two_workers(two_workers: list[Any], procs: Any) -> Non
     state = procs.make_state(1, big=20_000)  # 80 kB > 16 kB buffer: a bucket of its own
     for w in two_workers:
         w.setup(state)
-    trainer, client = trainer_for(two_workers, procs, state, packed_buffer_size_bytes=buffer)
+    trainer, client = procs.trainer_for(two_workers, state, packed_buffer_size_bytes=buffer)
     try:
         segments = set()
         for step in range(3):
-            bump(state)
+            procs.bump(state)
             stats = trainer.send_weights(weight_version=f"s{step}")
             segments.add(trainer.segment_name)
             assert stats.num_buckets > 10
             for w in two_workers:
-                assert_bit_exact(w.dump(), state)
+                procs.assert_bit_exact(w.dump(), state)
                 info = w.call("weight_info")
                 assert info["weight_version"] == f"s{step}" and info["consistent"] is True
         assert len(segments) == 1, "the staging segment is created once and reused"
@@ -91,7 +65,7 @@ def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
     small = {k: v for k, v in full.items() if k != "huge.w"}
     for w in two_workers:
         w.setup(full)
-    trainer, _ = trainer_for(two_workers, procs, small, packed_buffer_size_bytes=256 << 10)
+    trainer, _ = procs.trainer_for(two_workers, small, packed_buffer_size_bytes=256 << 10)
     try:
         trainer.send_weights(weight_version="small")
         first = trainer.segment_name
@@ -100,12 +74,12 @@ def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
         trainer.send_weights(TensorSource(full), weight_version="full")
         assert trainer.segment_name == first, "a bigger tensor does not grow the ring"
         for w in two_workers:
-            assert_bit_exact(w.dump(), full)
+            procs.assert_bit_exact(w.dump(), full)
             assert w.call("weight_info")["consistent"] is True
-        bump(full)
+        procs.bump(full)
         trainer.send_weights(TensorSource(full), weight_version="full-again")
         for w in two_workers:
-            assert_bit_exact(w.dump(), full)
+            procs.assert_bit_exact(w.dump(), full)
     finally:
         trainer.shutdown()
     assert not exists(first)
@@ -130,31 +104,37 @@ BAD_PAYLOADS = {
 }
 
 
+def refused_then_synced(
+    procs: Any, workers: list[Any], trainer: Any, state: Any, payload: Any, message: str
+) -> None:
+    """``workers[0]`` refuses ``payload`` (an error matching ``message``) and applies nothing,
+    publishes nothing; then every worker takes the trainer's next round bit-exact."""
+    worker = workers[0]
+    before = worker.dump()
+    worker.call("start_weight_update")
+    with pytest.raises(ValueError, match=message):  # PayloadError is a ValueError
+        worker.call("update_weights", payload, timeout_s=20)
+    procs.assert_bit_exact(worker.dump(), before)
+    worker.call("abort")
+    info = worker.call("weight_info")
+    assert info["weight_version"] == "good" and info["state"] == "idle"
+    procs.bump(state)
+    trainer.send_weights(weight_version="next")
+    for w in workers:
+        procs.assert_bit_exact(w.dump(), state)
+    assert worker.call("weight_info")["consistent"] is True
+
+
 @pytest.mark.parametrize("kind", sorted(BAD_PAYLOADS))
 def test_bad_payload_applies_nothing(two_workers: list[Any], procs: Any, kind: str) -> None:
     """A bad round announcement is refused before anything is applied; the worker then takes
     the trainer's next round. ``replayed_round`` sends the last round's announcement again:
     its slots hold later buckets by now, which the worker refuses."""
     state = procs.make_state(3)
-    worker = two_workers[0]
-    for w in two_workers:
-        w.setup(state)
-    trainer, client = trainer_for(two_workers, procs, state, packed_buffer_size_bytes=4096)
+    trainer, last = procs.after_a_good_round(two_workers, state)
     try:
-        trainer.send_weights(weight_version="good")
-        last = [p for c, p in client.calls if c == "update_weights"][-1]
-        before = worker.dump()
         mutate, message = BAD_PAYLOADS[kind]
-        worker.call("start_weight_update")
-        with pytest.raises(ValueError, match=message):  # PayloadError is a ValueError
-            worker.call("update_weights", mutate(last), timeout_s=20)
-        assert_bit_exact(worker.dump(), before)
-        worker.call("abort")
-        info = worker.call("weight_info")
-        assert info["weight_version"] == "good" and info["state"] == "idle"
-        bump(state)
-        trainer.send_weights(weight_version="next")
-        assert_bit_exact(worker.dump(), state)
+        refused_then_synced(procs, two_workers, trainer, state, mutate(last), message)
     finally:
         trainer.shutdown()
 
@@ -174,13 +154,8 @@ def test_forged_slot_header_is_refused_and_nothing_is_published(
     plan's, a sequence number from the future) is an error naming the field; nothing of the
     bucket is applied, no version is published, and the next round is bit-exact."""
     state = procs.make_state(8)
-    worker = two_workers[0]
-    for w in two_workers:
-        w.setup(state)
-    trainer, client = trainer_for(two_workers, procs, state, packed_buffer_size_bytes=4096)
+    trainer, announce = procs.after_a_good_round(two_workers, state)
     try:
-        trainer.send_weights(weight_version="good")
-        announce = [p for c, p in client.calls if c == "update_weights"][-1]
         seq = trainer._seq + 1
         trainer._seq += 2  # the trainer's next round stays clear of the forged number
         forge, magic, message = FORGED[kind]
@@ -190,19 +165,7 @@ def test_forged_slot_header_is_refused_and_nothing_is_published(
         if magic is not None:
             at = seg.data_offset(0) - 64
             seg._mm[at : at + 8] = magic
-        before = worker.dump()
-        worker.call("start_weight_update")
-        with pytest.raises(ValueError, match=message):
-            worker.call("update_weights", {**announce, "seq": seq}, timeout_s=20)
-        assert_bit_exact(worker.dump(), before)
-        worker.call("abort")
-        info = worker.call("weight_info")
-        assert info["weight_version"] == "good" and info["state"] == "idle"
-        bump(state)
-        trainer.send_weights(weight_version="next")
-        for w in two_workers:
-            assert_bit_exact(w.dump(), state)
-        assert worker.call("weight_info")["consistent"] is True
+        refused_then_synced(procs, two_workers, trainer, state, {**announce, "seq": seq}, message)
     finally:
         trainer.shutdown()
 
@@ -218,8 +181,8 @@ def test_worker_fails_mid_round_trainer_errors_and_cleans_up(procs: Any, flag: s
     trainer = None
     try:
         worker.setup(state)
-        trainer, _ = trainer_for(
-            [worker], procs, state, packed_buffer_size_bytes=2048, timeout_s=timeout_s
+        trainer, _ = procs.trainer_for(
+            [worker], state, packed_buffer_size_bytes=2048, timeout_s=timeout_s
         )
         trainer.send_weights(weight_version="r1")  # many buckets: the trainer waits on the ring
     except (ReceiverError, TransferError, TransferTimeoutError) as e:
@@ -246,7 +209,7 @@ def test_worker_error_is_fast_and_bounded(procs: Any) -> None:
     trainer = None
     try:
         worker.setup(state)
-        trainer, _ = trainer_for([worker], procs, state, packed_buffer_size_bytes=2048, timeout_s=2)
+        trainer, _ = procs.trainer_for([worker], state, packed_buffer_size_bytes=2048, timeout_s=2)
         t0 = time.monotonic()
         with pytest.raises(TransferTimeoutError, match="within 2 s"):
             trainer.send_weights(weight_version="v")
@@ -307,20 +270,20 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str)
             if then == "mid_stream":
                 assert any(not torch.equal(after[n], before[n]) for n in before), "some applied"
             else:
-                assert_bit_exact(after, before)
+                procs.assert_bit_exact(after, before)
             info = worker.call("weight_info")
             # silence: no update ever arrived, nothing was touched, so the model is still whole
             assert info["consistent"] is (then == "silence") and info["weight_version"] is None
             assert not exists(segment), "the worker unlinked the orphaned segment"
             assert not procs.our_segments([trainer.proc.pid])
             # the worker survived: a new trainer's round is bit-exact
-            bump(state)
-            fresh, _ = trainer_for([worker], procs, state, packed_buffer_size_bytes=4096)
+            procs.bump(state)
+            fresh, _ = procs.trainer_for([worker], state, packed_buffer_size_bytes=4096)
             try:
                 fresh.send_weights(weight_version="fresh")
             finally:
                 fresh.shutdown()
-            assert_bit_exact(worker.dump(), state)
+            procs.assert_bit_exact(worker.dump(), state)
             info = worker.call("weight_info")
             assert info["consistent"] is True and info["weight_version"] == "fresh"
         finally:
@@ -347,7 +310,7 @@ def test_trainer_process_exit_unlinks(two_workers: list[Any], procs: Any, shutdo
                     assert exists(msg["name"]), "alive and reused between rounds"
                     continue
                 procs.relay(trainer, worker, msg)
-            assert_bit_exact(worker.dump(), state)
+            procs.assert_bit_exact(worker.dump(), state)
             trainer.answer({})  # go on: exit (with or without shutdown)
             assert trainer.proc.wait(30) == 0
             assert not exists(msg["name"])

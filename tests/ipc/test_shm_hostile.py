@@ -13,38 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.errors import PayloadError, TransferError
-from wtcore.testing import RecordingClient
-from wtcore_ipc import IPCTrainerInitInfo
 from wtcore_ipc.shm import SHM_DIR, StagingSegment
 
 pytestmark = [pytest.mark.timeout(120)]
-
-
-def assert_bit_exact(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert sorted(got) == sorted(want)
-    for name, t in want.items():
-        assert torch.equal(got[name], t.contiguous()), f"{name}: values differ"
-
-
-def bump(state: dict[str, torch.Tensor]) -> None:
-    for t in state.values():
-        if t.dtype == torch.bool:
-            t.logical_not_()
-        elif t.numel():
-            t.add_(1)
-
-
-def trainer_for(workers: list[Any], procs: Any, state: Any, **kw: Any) -> tuple[Any, Any]:
-    client = RecordingClient(procs.PipeClient(workers, timeout_s=60))
-    info = IPCTrainerInitInfo(rank=0, timeout_s=30, **kw)
-    trainer = WeightTransferTrainerFactory.trainer_init(
-        info, client=client, source=TensorSource(state)
-    )
-    return trainer, client
 
 
 # ---------------------------------------------------------------------- item 7: small /dev/shm
@@ -116,21 +89,18 @@ def test_an_update_naming_a_fifo_is_refused_at_once(procs: Any) -> None:
     fifo = Path(SHM_DIR) / f"wtcore_ipc_{os.getpid()}_fifo"
     trainer = None
     try:
-        worker.setup(state)
-        trainer, client = trainer_for([worker], procs, state, packed_buffer_size_bytes=4096)
-        trainer.send_weights(weight_version="good")
-        last = [p for c, p in client.calls if c == "update_weights"][-1]
+        trainer, last = procs.after_a_good_round([worker], state)
         os.mkfifo(fifo, 0o600)
         before = worker.dump()
         worker.call("start_weight_update")
         with pytest.raises(PayloadError, match="not a regular shared-memory file"):
             worker.call("update_weights", {**last, "segment": fifo.name}, timeout_s=15)
         assert worker.proc.poll() is None
-        assert_bit_exact(worker.dump(), before)
+        procs.assert_bit_exact(worker.dump(), before)
         worker.call("abort")
-        bump(state)
+        procs.bump(state)
         trainer.send_weights(weight_version="next")
-        assert_bit_exact(worker.dump(), state)
+        procs.assert_bit_exact(worker.dump(), state)
         assert worker.call("weight_info")["consistent"] is True
     finally:
         fifo.unlink(missing_ok=True)
@@ -145,10 +115,7 @@ def test_a_segment_truncated_under_the_mapping_is_an_error_not_sigbus(procs: Any
     worker = procs.PipeWorker()
     trainer = None
     try:
-        worker.setup(state)
-        trainer, client = trainer_for([worker], procs, state, packed_buffer_size_bytes=4096)
-        trainer.send_weights(weight_version="good")
-        last = [p for c, p in client.calls if c == "update_weights"][-1]
+        trainer, last = procs.after_a_good_round([worker], state)
         path = Path(SHM_DIR) / last["segment"]
         size = path.stat().st_size
         before = worker.dump()
@@ -158,13 +125,13 @@ def test_a_segment_truncated_under_the_mapping_is_an_error_not_sigbus(procs: Any
             with pytest.raises(TransferError, match="truncated to 0 bytes while mapped"):
                 worker.call("update_weights", last, timeout_s=15)
             assert worker.proc.poll() is None, "the worker survived"
-            assert_bit_exact(worker.dump(), before)
+            procs.assert_bit_exact(worker.dump(), before)
             worker.call("abort")
         finally:
             os.truncate(path, size)  # the trainer's own mapping needs its pages back
-        bump(state)
+        procs.bump(state)
         trainer.send_weights(weight_version="next")
-        assert_bit_exact(worker.dump(), state)
+        procs.assert_bit_exact(worker.dump(), state)
         info = worker.call("weight_info")
         assert info["consistent"] is True and info["weight_version"] == "next"
     finally:
