@@ -80,15 +80,17 @@ def bench_ipc(state: dict[str, Any], rounds: int, buffer: int, num_buffers: int)
 def main() -> None:
     import torch
 
-    from wtcore.bench.limits import file_gbps, memcpy_gbps, shm_copy_gbps
+    from wtcore.bench.api import BaselineContext
+    from wtcore.bench.limits import file_gbps, memcpy_gbps
     from wtcore.testing import synthetic_state
+    from wtcore_ipc.bench import shm_copy_gbps
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--size", default="1GiB", help="model size (e.g. 1GiB, 64MiB); default 1GiB")
     ap.add_argument("--tensors", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds after a warm-up")
-    ap.add_argument("--buffer", default="64MiB", help="ipc bucket size (default 64MiB)")
-    ap.add_argument("--num-buffers", type=int, default=2)
+    ap.add_argument("--buffer", default="16MiB", help="ipc bucket (slot) size (default 16MiB)")
+    ap.add_argument("--num-buffers", type=int, default=4)
     ap.add_argument("--skip-file", action="store_true", help="skip the slow file baseline")
     args = ap.parse_args()
     torch.set_num_threads(1)  # busy-waiting torch threads starve a 2-core host (docs/benchmarks.md)
@@ -98,7 +100,7 @@ def main() -> None:
     buffer = parse_size(args.buffer)
     gbps = {
         "memcpy": memcpy_gbps(nbytes, args.rounds),
-        "shm_copy": shm_copy_gbps(nbytes, args.rounds),
+        "shm_copy": shm_copy_gbps(BaselineContext(state, nbytes, receivers=1), args.rounds),
         "ipc": nbytes / bench_ipc(state, args.rounds, buffer, args.num_buffers) / 1e9,
     }
     if not args.skip_file:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from wtcore._parse import size_argument, sizes_argument
 
@@ -84,6 +85,28 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--timeout", type=float, default=300.0, help="seconds per call (default 300)")
     b.add_argument("--json", metavar="PATH", help="write the full record as JSON")
     b.add_argument("--plot", metavar="PATH", help="write a PNG of GB/s against buffer size")
+    b.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="set a field of the engine's init info (VALUE is JSON, or else a string), e.g. "
+        "broadcast=chain for nccl; repeatable",
+    )
+    b.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="run the receivers on N network-namespace nodes and the trainer on one more "
+        "(root and iproute2 only; needs a network client such as --client http)",
+    )
+    b.add_argument(
+        "--link-rate",
+        default=None,
+        metavar="RATE",
+        help="with --nodes: cap every node's link to RATE each way (tc syntax: 1gbit, 100mbit) "
+        "and report the achieved rate against it",
+    )
     b.add_argument("--corrupt-round", type=int, default=None, help=argparse.SUPPRESS)
     b.add_argument(
         "--delta",
@@ -164,7 +187,7 @@ def _write_stdout(text: str) -> None:
 
 # ---------------------------------------------------------------------- bench
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from wtcore.bench import BenchOptions, run_bench
+    from wtcore.bench import run_bench
     from wtcore.bench.report import check_plot_available, print_table, write_json, write_plot
 
     if args.receivers < 1 or args.rounds < 1:
@@ -174,7 +197,69 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _cmd_bench_delta(args)
     if args.plot:
         check_plot_available()  # fail in one line now, not after the whole run
-    opts = BenchOptions(
+    if args.link_rate is not None and not args.nodes:
+        print("wtcore bench: --link-rate needs --nodes", file=sys.stderr)
+        return 2
+    engine_options = _engine_options(args.engine_option)
+    if args.nodes:
+        record = _bench_on_nodes(args)
+    else:
+        record = run_bench(_bench_options(args, engine_options))
+    print_table(record, sys.stdout)
+    if args.json:
+        write_json(record, args.json)
+    if args.plot:
+        write_plot(record, args.plot)
+    return 0 if record["ok"] else 1
+
+
+def _engine_options(items: Sequence[str]) -> dict[str, Any]:
+    """``--engine-option FIELD=VALUE`` pairs; VALUE is JSON when it parses, else a string."""
+    import json
+
+    from wtcore.errors import PayloadError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise PayloadError(f"--engine-option: expected FIELD=VALUE, got {item!r}")
+        try:
+            out[name.strip()] = json.loads(text)
+        except ValueError:
+            out[name.strip()] = text
+    return out
+
+
+def _bench_on_nodes(args: argparse.Namespace) -> dict[str, Any]:
+    """The same bench, run again inside the trainer's node of a namespaced cluster."""
+    from wtcore.bench.nodes import run_on_nodes
+
+    inner = [
+        "--backend", args.backend, "--client", args.client,
+        "--receivers", str(args.receivers), "--size", str(args.size),
+        "--tensors", str(args.tensors), "--dtype", args.dtype, "--rounds", str(args.rounds),
+        "--baselines", "none", "--torch-threads", str(args.torch_threads),
+        "--timeout", str(args.timeout),
+        *(["--buffer-size", ",".join(map(str, args.buffer_size))] if args.buffer_size else []),
+        *(["--transactional"] if args.transactional else []),
+        *(a for item in args.engine_option for a in ("--engine-option", item)),
+    ]  # fmt: skip
+    return run_on_nodes(
+        inner,
+        client=args.client,
+        nodes=args.nodes,
+        receivers=args.receivers,
+        link_rate=args.link_rate,
+        timeout_s=args.timeout,
+        rounds=args.rounds,
+    )
+
+
+def _bench_options(args: argparse.Namespace, engine_options: dict[str, Any]) -> Any:
+    from wtcore.bench import BenchOptions
+
+    return BenchOptions(
         backend=args.backend,
         client=args.client,
         receivers=args.receivers,
@@ -189,14 +274,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads,
         timeout_s=args.timeout,
         corrupt_round=args.corrupt_round,
+        engine_options=engine_options,
     )
-    record = run_bench(opts)
-    print_table(record, sys.stdout)
-    if args.json:
-        write_json(record, args.json)
-    if args.plot:
-        write_plot(record, args.plot)
-    return 0 if record["ok"] else 1
 
 
 def _cmd_bench_delta(args: argparse.Namespace) -> int:

@@ -135,16 +135,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "RuntimeError",
     ): "deliberately foreign: the contract checks that engines survive a sink raising a "
     "non-wtcore error",
-    (
-        "wtcore/testing/cluster.py",
-        "_ip",
-        "RuntimeError",
-    ): "test infrastructure: a host command (ip, tc) failed; no wtcore user meets it",
-    (
-        "wtcore/testing/cluster.py",
-        "_tc",
-        "RuntimeError",
-    ): "test infrastructure: a host command (ip, tc) failed; no wtcore user meets it",
 }
 
 #: Files owned by other work in progress; each entry must go (the integrator fixes them). The

@@ -4,7 +4,7 @@ Run as a script: ``python ipc_procs.py worker --conn-fd FD [--die-at-update N]
 [--hang-at-update N]`` serves a :class:`wtcore.WeightSyncWorker` (backend ``ipc``) on the
 inherited socket ``FD`` with the shared pipe control plane of :mod:`wtcore.testing.pipes`
 (JSON only, no pickle, as in production); ``python ipc_procs.py trainer SEED BUFFER ROUNDS
-[--no-shutdown]`` runs an ipc trainer whose client writes each call to stdout and reads the
+[--no-shutdown] [--die-after-tensors N]`` runs an ipc trainer whose client writes each call to stdout and reads the
 answer from stdin, so the test process relays (and can interfere). Imported by the tests (by
 path) for :class:`PipeWorker`, :class:`PipeClient` and :func:`make_state`.
 
@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
@@ -30,6 +30,7 @@ from wtcore.testing.pipes import (
     PipeChannel,
     decode_state,
     encode_state,
+    error_record,
     remote_error,
     serve,
     worker_handlers,
@@ -214,6 +215,56 @@ class PipeClient(_FanOutClient):
         )
 
 
+def assert_bit_exact(got: Mapping[str, Any], want: Mapping[str, Any]) -> None:
+    """Same names, dtypes and bits."""
+    import torch
+
+    assert sorted(got) == sorted(want)
+    for name, t in want.items():
+        assert got[name].dtype == t.dtype, name
+        assert torch.equal(got[name], t.contiguous()), f"{name}: values differ"
+
+
+def bump(state: Mapping[str, Any]) -> None:
+    """A new version of every tensor (in place)."""
+    import torch
+
+    for t in state.values():
+        if t.dtype == torch.bool:
+            t.logical_not_()
+        elif t.numel():
+            t.add_(1)
+
+
+def trainer_for(workers: list[PipeWorker], state: Any, **kw: Any) -> tuple[Any, Any]:
+    """An ipc trainer in this process over ``workers`` (a recording pipe client)."""
+    from wtcore import TensorSource, WeightTransferTrainerFactory
+    from wtcore.testing import RecordingClient
+    from wtcore_ipc import IPCTrainerInitInfo
+
+    client = RecordingClient(PipeClient(workers, timeout_s=60))
+    info = IPCTrainerInitInfo(rank=0, **{"timeout_s": 30, **kw})
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        info, client=client, source=TensorSource(state)
+    )
+    return trainer, client
+
+
+def after_a_good_round(workers: list[PipeWorker], state: Any) -> tuple[Any, dict[str, Any]]:
+    """Workers built for ``state`` that took one good round (version ``good``, 4 KiB buckets)
+    from a trainer in this process; the trainer (shut it down) and that round's announcement."""
+    for w in workers:
+        w.setup(state)
+    trainer, client = trainer_for(workers, state, packed_buffer_size_bytes=4096)
+    try:
+        trainer.send_weights(weight_version="good")
+    except BaseException:
+        trainer.shutdown()
+        raise
+    announce: dict[str, Any] = [p for c, p in client.calls if c == "update_weights"][-1]
+    return trainer, announce
+
+
 # ---------------------------------------------------------------------- trainer process
 class _StdioClient:
     """The trainer's client in a trainer subprocess: the test process relays each call."""
@@ -241,6 +292,51 @@ class _StdioClient:
         self._call("finish_weight_update", weight_version)
 
 
+class TrainerProc:
+    """An ipc trainer in its own process; the test relays its client calls to workers."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, HERE, "trainer", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        STARTED_PIDS.append(self.proc.pid)
+
+    def next_message(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the trainer's own timeouts bound this
+        assert line, f"trainer exited early (rc={self.proc.poll()})"
+        msg: dict[str, Any] = json.loads(line)
+        return msg
+
+    def answer(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        for s in (self.proc.stdin, self.proc.stdout):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+def relay(trainer: TrainerProc, worker: PipeWorker, msg: dict[str, Any]) -> None:
+    try:
+        result = worker.call(msg["call"], *msg["args"])
+        trainer.answer({"ok": True, "result": result})
+    except Exception as e:
+        trainer.answer(error_record(e))
+
+
 _KEEP: list[Any] = []
 
 
@@ -256,8 +352,24 @@ def trainer_main(argv: list[str]) -> None:
     os.dup2(2, 1)
     info = IPCTrainerInitInfo(packed_buffer_size_bytes=buffer, timeout_s=30, rank=0)
     state = make_state(seed)
+    die_after = (
+        int(argv[argv.index("--die-after-tensors") + 1]) if "--die-after-tensors" in argv else 0
+    )
+
+    class DyingSource(TensorSource):
+        """SIGKILLs this trainer mid-round, after ``die_after`` tensors were packed."""
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            for i, item in enumerate(super().__iter__()):
+                if i == die_after:
+                    time.sleep(0.5)  # let the worker consume what was published
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield item
+
     engine = WeightTransferTrainerFactory.trainer_init(
-        info, client=_StdioClient(out), source=TensorSource(state)
+        info,
+        client=_StdioClient(out),
+        source=DyingSource(state) if die_after else TensorSource(state),
     )
     for r in range(rounds):
         engine.send_weights(weight_version=f"r{r}")

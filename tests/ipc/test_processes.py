@@ -4,50 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 import pytest
 import torch
 
-from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
+from wtcore import ReceiverError, TensorSource
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.testing import RecordingClient
-from wtcore.testing.pipes import error_record
-from wtcore_ipc import IPCTrainerInitInfo
 from wtcore_ipc.shm import SHM_DIR
 
 pytestmark = [pytest.mark.timeout(120)]
 
 
-def assert_bit_exact(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert sorted(got) == sorted(want)
-    for name, t in want.items():
-        assert got[name].dtype == t.dtype, name
-        assert torch.equal(got[name], t.contiguous()), f"{name}: values differ"
-
-
-def bump(state: dict[str, torch.Tensor]) -> None:
-    for t in state.values():
-        if t.dtype == torch.bool:
-            t.logical_not_()
-        elif t.numel():
-            t.add_(1)
-
-
 def exists(name: str | None) -> bool:
     return name is not None and os.path.exists(os.path.join(SHM_DIR, name))
-
-
-def trainer_for(workers: list[Any], procs: Any, state: Any, **kw: Any) -> tuple[Any, Any]:
-    client = RecordingClient(procs.PipeClient(workers, timeout_s=60))
-    info = IPCTrainerInitInfo(rank=0, **{"timeout_s": 30, **kw})
-    trainer = WeightTransferTrainerFactory.trainer_init(
-        info, client=client, source=TensorSource(state)
-    )
-    return trainer, client
 
 
 # ---------------------------------------------------------------------- happy paths
@@ -57,27 +28,27 @@ def test_rounds_bit_exact_two_workers(two_workers: list[Any], procs: Any) -> Non
     state = procs.make_state(1, big=20_000)  # 80 kB > 16 kB buffer: a bucket of its own
     for w in two_workers:
         w.setup(state)
-    trainer, client = trainer_for(two_workers, procs, state, packed_buffer_size_bytes=buffer)
+    trainer, client = procs.trainer_for(two_workers, state, packed_buffer_size_bytes=buffer)
     try:
         segments = set()
         for step in range(3):
-            bump(state)
+            procs.bump(state)
             stats = trainer.send_weights(weight_version=f"s{step}")
             segments.add(trainer.segment_name)
             assert stats.num_buckets > 10
             for w in two_workers:
-                assert_bit_exact(w.dump(), state)
+                procs.assert_bit_exact(w.dump(), state)
                 info = w.call("weight_info")
                 assert info["weight_version"] == f"s{step}" and info["consistent"] is True
         assert len(segments) == 1, "the staging segment is created once and reused"
         updates = [p for c, p in client.calls if c == "update_weights"]
-        assert max(u["length"] for u in updates) == 20_000 * 4
+        assert len(updates) == 3, "one control call per round, whatever the number of buckets"
         assert {u["segment"] for u in updates} == segments
-        # every payload is plain JSON (RecordingClient checked the round trip); offsets and
-        # lengths stay inside one slot
         for u in updates:
-            json.dumps(u)
-            assert sum(u["sizes"]) <= u["length"]
+            json.dumps(u)  # plain JSON (RecordingClient checked the round trip too)
+            assert len(u["names"]) == len(state) and u["num_slots"] == 4
+            assert u["slot_bytes"] == buffer, "slots are the bucket size: big tensors stream"
+        assert [u["seq"] for u in updates] == sorted({u["seq"] for u in updates})
         name = trainer.segment_name
         assert exists(name)
     finally:
@@ -85,25 +56,33 @@ def test_rounds_bit_exact_two_workers(two_workers: list[Any], procs: Any) -> Non
     assert not exists(name), "shutdown unlinks the segment"
 
 
-def test_bigger_bucket_replaces_segment(two_workers: list[Any], procs: Any) -> None:
-    full = procs.make_state(2, big=50_000)
+def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
+    two_workers: list[Any], procs: Any
+) -> None:
+    """A tensor 3x the slot size travels in slot-sized frames: the segment is sized by the
+    bucket size and slot count only, never by the largest tensor, and is never replaced."""
+    full = procs.make_state(2, big=200_000)  # 800 kB, slots of 256 KiB
     small = {k: v for k, v in full.items() if k != "huge.w"}
     for w in two_workers:
         w.setup(full)
-    trainer, _ = trainer_for(two_workers, procs, small, packed_buffer_size_bytes=1 << 20)
+    trainer, _ = procs.trainer_for(two_workers, small, packed_buffer_size_bytes=256 << 10)
     try:
         trainer.send_weights(weight_version="small")
         first = trainer.segment_name
+        size = os.path.getsize(os.path.join(SHM_DIR, first))
+        assert size == 4096 + 4 * (64 + (256 << 10)), "control page + 4 slots, nothing more"
         trainer.send_weights(TensorSource(full), weight_version="full")
-        second = trainer.segment_name
-        assert first != second and not exists(first) and exists(second)
+        assert trainer.segment_name == first, "a bigger tensor does not grow the ring"
         for w in two_workers:
-            assert_bit_exact(w.dump(), full)
-        trainer.send_weights(TensorSource(small), weight_version="small-again")
-        assert trainer.segment_name == second, "a smaller round reuses the bigger segment"
+            procs.assert_bit_exact(w.dump(), full)
+            assert w.call("weight_info")["consistent"] is True
+        procs.bump(full)
+        trainer.send_weights(TensorSource(full), weight_version="full-again")
+        for w in two_workers:
+            procs.assert_bit_exact(w.dump(), full)
     finally:
         trainer.shutdown()
-    assert not exists(second)
+    assert not exists(first)
 
 
 # ---------------------------------------------------------------------- bad payloads
@@ -116,72 +95,103 @@ BAD_PAYLOADS = {
         lambda u: {**u, "segment": "../../etc/passwd"},
         "segment: expected a segment name",
     ),
-    "offset_not_a_slot": (lambda u: {**u, "offset": u["offset"] + 64}, "no staging slot starts"),
-    "offset_outside": (lambda u: {**u, "offset": 1 << 40}, "outside segment"),
-    "offset_unaligned": (lambda u: {**u, "offset": u["offset"] + 1}, "offset: expected a multiple"),
-    "length_short": (
-        lambda u: {**u, "length": u["length"] - 64},
-        "length: the listed tensors occupy",
-    ),
-    "length_long": (
-        lambda u: {**u, "length": u["length"] + 64},
-        "length: the listed tensors occupy",
-    ),
-    "sizes_wrong": (lambda u: {**u, "sizes": [s + 1 for s in u["sizes"]]}, r"sizes\[0\]"),
-    "stale_seq": (lambda u: {**u, "seq": u["seq"] - 1}, "stale or replayed"),
+    "num_slots_not_advertised": (lambda u: {**u, "num_slots": 3}, "num_slots: the trainer"),
+    "slot_not_advertised": (lambda u: {**u, "slot_bytes": 64}, "slot_bytes: the trainer"),
+    "slot_unaligned": (lambda u: {**u, "slot_bytes": u["slot_bytes"] + 1}, "slot_bytes: expected"),
+    "slot_bytes_huge": (lambda u: {**u, "slot_bytes": 1 << 40}, "slot_bytes: the trainer"),
+    "seq_huge": (lambda u: {**u, "seq": 1 << 63}, "seq: expected a number below"),
+    "replayed_round": (lambda u: u, "cannot have stamped yet"),
 }
+
+
+def refused_then_synced(
+    procs: Any, workers: list[Any], trainer: Any, state: Any, payload: Any, message: str
+) -> None:
+    """``workers[0]`` refuses ``payload`` (an error matching ``message``) and applies nothing,
+    publishes nothing; then every worker takes the trainer's next round bit-exact."""
+    worker = workers[0]
+    before = worker.dump()
+    worker.call("start_weight_update")
+    with pytest.raises(ValueError, match=message):  # PayloadError is a ValueError
+        worker.call("update_weights", payload, timeout_s=20)
+    procs.assert_bit_exact(worker.dump(), before)
+    worker.call("abort")
+    info = worker.call("weight_info")
+    assert info["weight_version"] == "good" and info["state"] == "idle"
+    procs.bump(state)
+    trainer.send_weights(weight_version="next")
+    for w in workers:
+        procs.assert_bit_exact(w.dump(), state)
+    assert worker.call("weight_info")["consistent"] is True
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_PAYLOADS))
 def test_bad_payload_applies_nothing(two_workers: list[Any], procs: Any, kind: str) -> None:
+    """A bad round announcement is refused before anything is applied; the worker then takes
+    the trainer's next round. ``replayed_round`` sends the last round's announcement again:
+    its slots hold later buckets by now, which the worker refuses."""
     state = procs.make_state(3)
-    worker = two_workers[0]
-    for w in two_workers:
-        w.setup(state)
-    trainer, client = trainer_for(two_workers, procs, state, packed_buffer_size_bytes=4096)
+    trainer, last = procs.after_a_good_round(two_workers, state)
     try:
-        trainer.send_weights(weight_version="good")
-        last = [p for c, p in client.calls if c == "update_weights"][-1]
-        before = worker.dump()
         mutate, message = BAD_PAYLOADS[kind]
-        worker.call("start_weight_update")
-        with pytest.raises(ValueError, match=message):  # PayloadError is a ValueError
-            worker.call("update_weights", mutate(last))
-        assert_bit_exact(worker.dump(), before)
-        worker.call("abort")
-        info = worker.call("weight_info")
-        assert info["weight_version"] == "good" and info["state"] == "idle"
-        # the same, unmutated payload is still accepted: the check, not the worker, said no
-        worker.call("start_weight_update")
-        worker.call("update_weights", last)
-        worker.call("finish_weight_update", "replayed")
-        assert_bit_exact(worker.dump(), state)
+        refused_then_synced(procs, two_workers, trainer, state, mutate(last), message)
+    finally:
+        trainer.shutdown()
+
+
+FORGED = {
+    "bad_magic": (lambda seg, seq, n: seg.publish(0, seq, n), b"EVILEVIL", "no valid magic"),
+    "wrong_length": (lambda seg, seq, n: seg.publish(0, seq, n + 64), None, "the plan says"),
+    "seq_ahead": (lambda seg, seq, n: seg.publish(0, seq + 1, n), None, "cannot have stamped"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FORGED))
+def test_forged_slot_header_is_refused_and_nothing_is_published(
+    two_workers: list[Any], procs: Any, kind: str
+) -> None:
+    """The slot headers are hostile input: a forged one (bad magic, a length other than the
+    plan's, a sequence number from the future) is an error naming the field; nothing of the
+    bucket is applied, no version is published, and the next round is bit-exact."""
+    state = procs.make_state(8)
+    trainer, announce = procs.after_a_good_round(two_workers, state)
+    try:
+        seq = trainer._seq + 1
+        trainer._seq += 2  # the trainer's next round stays clear of the forged number
+        forge, magic, message = FORGED[kind]
+        seg = trainer._memory
+        nbytes = trainer.info.plan(TensorSource(state).metadata())[0].nbytes  # slot 0's bucket
+        forge(seg, seq, nbytes)
+        if magic is not None:
+            at = seg.data_offset(0) - 64
+            seg._mm[at : at + 8] = magic
+        refused_then_synced(procs, two_workers, trainer, state, {**announce, "seq": seq}, message)
     finally:
         trainer.shutdown()
 
 
 # ---------------------------------------------------------------------- a worker dies or hangs
-@pytest.mark.parametrize("flag", ["--die-at-update", "--hang-at-update"])
+@pytest.mark.parametrize("flag", ["--die-at-update", "--hang-at-update"])  # the round's call
 def test_worker_fails_mid_round_trainer_errors_and_cleans_up(procs: Any, flag: str) -> None:
     """A killed worker (EOF) or a hung one (timeout): the trainer raises within its timeout
     and unlinks its segment at once, before anyone calls shutdown."""
     state = procs.make_state(4)
-    worker = procs.PipeWorker(flag, "3")
+    worker = procs.PipeWorker(flag, "1")
     timeout_s = 3.0
     trainer = None
     try:
         worker.setup(state)
-        trainer, _ = trainer_for(
-            [worker], procs, state, packed_buffer_size_bytes=2048, timeout_s=timeout_s
+        trainer, _ = procs.trainer_for(
+            [worker], state, packed_buffer_size_bytes=2048, timeout_s=timeout_s
         )
-        trainer.send_weights(weight_version="r1")  # more than 3 buckets: fails at update 3
+        trainer.send_weights(weight_version="r1")  # many buckets: the trainer waits on the ring
     except (ReceiverError, TransferError, TransferTimeoutError) as e:
         first_error: BaseException | None = e
     else:
         first_error = None
     try:
         assert trainer is not None
-        assert first_error is not None, "the worker failed at update 3 of the first round"
+        assert first_error is not None, "the worker failed in the first round"
         if flag == "--hang-at-update":
             assert isinstance(first_error, TransferTimeoutError)
         assert trainer.segment_name is None, "the segment was dropped on the error"
@@ -195,13 +205,13 @@ def test_worker_fails_mid_round_trainer_errors_and_cleans_up(procs: Any, flag: s
 def test_worker_error_is_fast_and_bounded(procs: Any) -> None:
     """The hung worker's error arrives within the trainer's timeout (plus slack)."""
     state = procs.make_state(5)
-    worker = procs.PipeWorker("--hang-at-update", "2")
+    worker = procs.PipeWorker("--hang-at-update", "1")
     trainer = None
     try:
         worker.setup(state)
-        trainer, _ = trainer_for([worker], procs, state, packed_buffer_size_bytes=2048, timeout_s=2)
+        trainer, _ = procs.trainer_for([worker], state, packed_buffer_size_bytes=2048, timeout_s=2)
         t0 = time.monotonic()
-        with pytest.raises(TransferTimeoutError, match="did not return within 2 s"):
+        with pytest.raises(TransferTimeoutError, match="within 2 s"):
             trainer.send_weights(weight_version="v")
         assert time.monotonic() - t0 < 2 + 20  # never the client's 60 s
         assert not procs.our_segments([os.getpid()])
@@ -212,91 +222,70 @@ def test_worker_error_is_fast_and_bounded(procs: Any) -> None:
 
 
 # ---------------------------------------------------------------------- the trainer dies or exits
-class TrainerProc:
-    """An ipc trainer in its own process; the test relays its client calls to workers."""
-
-    def __init__(self, procs: Any, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, procs.HERE, "trainer", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        procs.STARTED_PIDS.append(self.proc.pid)
-
-    def next_message(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the trainer's own timeouts bound this
-        assert line, f"trainer exited early (rc={self.proc.poll()})"
-        msg: dict[str, Any] = json.loads(line)
-        return msg
-
-    def answer(self, msg: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        for s in (self.proc.stdin, self.proc.stdout):
-            if s is not None:
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-
-def relay(trainer: TrainerProc, worker: Any, msg: dict[str, Any]) -> None:
-    try:
-        result = worker.call(msg["call"], *msg["args"])
-        trainer.answer({"ok": True, "result": result})
-    except Exception as e:
-        trainer.answer(error_record(e))
-
-
-@pytest.mark.parametrize("then", ["late_update", "silence"])
+@pytest.mark.parametrize("then", ["late_update", "silence", "mid_stream"])
 def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str) -> None:
-    """The trainer is SIGKILLed between two updates. Either its last announced update still
-    arrives (the worker sees the orphaned segment), or nothing arrives any more and the
-    round's deadline abandons the round; both ways the orphaned segment is unlinked."""
+    """The trainer is SIGKILLed inside a round. ``mid_stream``: while the worker consumes its
+    ring (some buckets applied): the worker notices within milliseconds (the trainer's lock is
+    gone), fails naming the trainer, and survives. ``late_update``: after ``start``, before its
+    round's announcement reached the worker, which the test then delivers: the orphaned segment
+    is refused. ``silence``: nothing arrives any more and the round deadline abandons the round.
+    Every way the orphaned segment is unlinked, the worker reports ``consistent: false``, and a
+    new trainer's round is bit-exact."""
     state = procs.make_state(7)
     worker = two_workers[0]
     worker.world_size = 1
     try:
         worker.setup(state, round_timeout_s=1.0 if then == "silence" else 0)
-        trainer = TrainerProc(procs, "7", "4096", "1")
+        flags = ["--die-after-tensors", "40"] if then == "mid_stream" else []
+        trainer = procs.TrainerProc("7", "4096", "1", *flags)
         try:
-            updates = 0
             while True:
                 msg = trainer.next_message()
                 if msg["call"] == "update_weights":
-                    updates += 1
-                    if updates == 3:
-                        break
-                relay(trainer, worker, msg)
-            segment = msg["args"][0]["segment"]
+                    break
+                procs.relay(trainer, worker, msg)
+            announce = msg["args"][0]
+            segment = announce["segment"]
             assert exists(segment)
             before = worker.dump()
-            trainer.proc.kill()  # SIGKILL: no atexit, no finalizer, nothing runs
-            trainer.proc.wait(10)
-            if then == "late_update":
-                with pytest.raises(TransferError, match="trainer process that owned it has exited"):
-                    worker.call("update_weights", msg["args"][0])
-            else:
+            if then != "mid_stream":
+                trainer.proc.kill()  # SIGKILL: no atexit, no finalizer, nothing runs
+                trainer.proc.wait(10)
+            if then == "silence":
                 deadline = time.monotonic() + 60
                 while worker.call("weight_info")["state"] != "idle":
                     assert time.monotonic() < deadline, "the round deadline never fired"
                     time.sleep(0.1)
                 assert "round deadline" in worker.call("weight_info")["last_error"]
-            assert_bit_exact(worker.dump(), before)
+            else:
+                t0 = time.monotonic()
+                with pytest.raises(
+                    TransferError, match=r"trainer process that owned it \(trainer pid"
+                ):
+                    worker.call("update_weights", announce, timeout_s=60)
+                if then == "mid_stream":
+                    assert trainer.proc.wait(10) == -9
+                    assert time.monotonic() - t0 < 20, "noticed long before any timeout"
+            after = worker.dump()
+            if then == "mid_stream":
+                assert any(not torch.equal(after[n], before[n]) for n in before), "some applied"
+            else:
+                procs.assert_bit_exact(after, before)
             info = worker.call("weight_info")
-            assert info["consistent"] is False and info["weight_version"] is None
+            # silence: no update ever arrived, nothing was touched, so the model is still whole
+            assert info["consistent"] is (then == "silence") and info["weight_version"] is None
             assert not exists(segment), "the worker unlinked the orphaned segment"
-            worker.call("shutdown")
             assert not procs.our_segments([trainer.proc.pid])
+            # the worker survived: a new trainer's round is bit-exact
+            procs.bump(state)
+            fresh, _ = procs.trainer_for([worker], state, packed_buffer_size_bytes=4096)
+            try:
+                fresh.send_weights(weight_version="fresh")
+            finally:
+                fresh.shutdown()
+            procs.assert_bit_exact(worker.dump(), state)
+            info = worker.call("weight_info")
+            assert info["consistent"] is True and info["weight_version"] == "fresh"
         finally:
             trainer.close()
     finally:
@@ -311,7 +300,7 @@ def test_trainer_process_exit_unlinks(two_workers: list[Any], procs: Any, shutdo
     try:
         worker.setup(state)
         args = ["7", "4096", "2"] + ([] if shutdown else ["--no-shutdown"])
-        trainer = TrainerProc(procs, *args)
+        trainer = procs.TrainerProc(*args)
         try:
             rounds = 0
             while rounds < 2:
@@ -320,8 +309,8 @@ def test_trainer_process_exit_unlinks(two_workers: list[Any], procs: Any, shutdo
                     rounds += 1
                     assert exists(msg["name"]), "alive and reused between rounds"
                     continue
-                relay(trainer, worker, msg)
-            assert_bit_exact(worker.dump(), state)
+                procs.relay(trainer, worker, msg)
+            procs.assert_bit_exact(worker.dump(), state)
             trainer.answer({})  # go on: exit (with or without shutdown)
             assert trainer.proc.wait(30) == 0
             assert not exists(msg["name"])

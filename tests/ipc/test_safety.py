@@ -36,7 +36,8 @@ def test_no_module_of_the_plugin_imports_pickle() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["../etc/passwd", "wtcore_a/b", "other_prefix", "wtcore_", "wtcore_a.b", "", 7]
+    "name",
+    ["../etc/passwd", "wtcore_a/b", "wtcore_abc\n", "other_prefix", "wtcore_", "wtcore_a.b", "", 7],
 )
 def test_segment_names_are_validated(name: object) -> None:
     with pytest.raises(PayloadError, match="segment: expected a segment name"):

@@ -37,6 +37,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "transport": "gloo",
         "secret": "",
         "direct_min_bytes": DEFAULT_DIRECT_MIN_BYTES,
+        "broadcast": "collective",
     }
     assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 64 << 20
@@ -53,6 +54,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         ("packed_num_buffers", 0),
         ("timeout_s", 0.0),
         ("transport", "mpi"),
+        ("broadcast", "ring"),
         ("torch_num_threads", 0),
     ],
 )

@@ -54,6 +54,13 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
             out.write(f"  {labels.get(name, name):<{width}} {limits[name]:6.2f}   {rel}\n")
     for name, why in record.get("skipped_baselines", {}).items():
         out.write(f"  skipped {name}: {why}\n")
+    link = record.get("link")
+    if link is not None and link.get("achieved_fraction") is not None:
+        out.write(
+            f"\nlink cap {link['rate']} per node ({link['cap_gbps']:.3f} GB/s each way), "
+            f"{link['receivers']} receiver(s) on {link['nodes']} node(s): achieved "
+            f"{record['best_median_gbps']:.3f} GB/s = {link['achieved_fraction']:.2f}x the cap\n"
+        )
     out.write(
         "\nOK: every receiver verified bit-exact\n"
         if record["ok"]

@@ -41,6 +41,8 @@ class BenchOptions:
     timeout_s: float = 300.0
     host: str = "127.0.0.1"  # where rendezvous points and receivers listen
     corrupt_round: int | None = None  # testing only: corrupt receiver 0 after this round
+    #: Extra fields of the engine's init info (``--engine-option broadcast=chain``).
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
 
 def _progress(total: int, desc: str) -> Any:
@@ -106,6 +108,14 @@ def _run_engine(
         buffer_size_bytes=buffer_size,
         **on_device,
     )
+    if opts.engine_options:
+        try:  # a new dataclass instance: its own checks run again
+            info = dataclasses.replace(info, **opts.engine_options)
+        except TypeError as e:
+            raise PayloadError(
+                f"--engine-option: {engine_cls.init_info_cls.__name__} has no field "
+                f"{sorted(opts.engine_options)} ({e})"
+            ) from None
     fleet = launch_fleet(
         opts.client,
         opts.backend,
@@ -179,10 +189,14 @@ def _corrupt(fleet: Any) -> None:
 
 def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     """Run everything; returns the JSON-ready record (``record["ok"]`` says if all verified)."""
+    from wtcore.bench.nodes import placement
     from wtcore.registry import TRAINER_ENGINES
     from wtcore.synthetic import build_module
 
     _check_device(opts.device)
+    where = placement()  # inside the trainer's node of `wtcore bench --nodes`
+    if where is not None:
+        opts = dataclasses.replace(opts, host=where.trainer_address)
     engine_cls = TRAINER_ENGINES.load(opts.backend)
     support = engine_cls.bench_support()  # before anything starts: a clear error if absent
     support.check_device(engine_cls, opts.device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from wtcore.errors import PayloadError
 
@@ -20,7 +20,13 @@ _FLAGS = {"transactional": "--transactional", "reject_nonfinite": "--reject-nonf
 
 
 class HTTPFleet:
-    """``count`` ``wtcore serve`` processes and the client that drives them."""
+    """``count`` ``wtcore serve`` processes and the client that drives them.
+
+    Under ``wtcore bench --nodes`` (:func:`wtcore.bench.nodes.placement`) each server runs in
+    its node, on that node's address, with the run's API key.
+    """
+
+    places_on_nodes: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -32,7 +38,10 @@ class HTTPFleet:
         timeout_s: float,
         options: Mapping[str, Any],
     ) -> None:
+        from wtcore.bench.nodes import placement
         from wtcore_http_client.process import ServeProcess, launch_serve
+
+        where = placement()
 
         unknown = sorted(set(options) - set(_FLAGS))
         if unknown:
@@ -41,9 +50,16 @@ class HTTPFleet:
         self.servers: list[ServeProcess] = []
         try:
             for rank in range(count):
+                node = where.node_for(rank) if where is not None else None
+                remote = (
+                    ["--host", node.address, "--port", "0", "--api-key", where.api_key]
+                    if node is not None and where is not None
+                    else []
+                )
                 self.servers.append(
                     launch_serve(
                         [
+                            *remote,
                             "--backend", backend,
                             "--rank", str(rank),
                             "--world-size", str(count),
@@ -54,10 +70,12 @@ class HTTPFleet:
                             "--device", model.device,
                             "--max-body", "1GiB",
                             *flags,
-                        ]
+                        ],
+                        prefix=node.argv([]) if node is not None else (),
                     )
                 )  # fmt: skip
-            self.client = client_cls([s.url for s in self.servers], timeout_s=timeout_s)
+            key = {"api_key": where.api_key} if where is not None else {}
+            self.client = client_cls([s.url for s in self.servers], timeout_s=timeout_s, **key)
         except BaseException:
             self.close()
             raise

@@ -55,8 +55,13 @@ def launch_serve(
     workdir: str | Path | None = None,
     via_cli: bool = True,
     start_timeout_s: float = START_TIMEOUT_S,
+    prefix: Sequence[str] = (),
 ) -> ServeProcess:
-    """Start ``wtcore serve --host 127.0.0.1 --port 0 *args`` and wait for its URL line."""
+    """Start ``wtcore serve --host 127.0.0.1 --port 0 *args`` and wait for its URL line.
+
+    ``prefix`` goes before the interpreter (``ip netns exec <node>`` under ``wtcore bench
+    --nodes``, where ``args`` also name the node's address and an API key).
+    """
     base = Path(tempfile.mkdtemp(dir=workdir, prefix="wtcore-serve-"))
     out_path, err_path = base / "stdout", base / "stderr"
     module = ["-m", "wtcore.cli", "serve"] if via_cli else ["-m", "wtcore_http_client.server"]
@@ -64,7 +69,7 @@ def launch_serve(
     env.pop("WTCORE_API_KEY", None)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, *module, "--host", "127.0.0.1", "--port", "0", *args],
+            [*prefix, sys.executable, *module, "--host", "127.0.0.1", "--port", "0", *args],
             stdout=out,
             stderr=err,
             stdin=subprocess.DEVNULL,

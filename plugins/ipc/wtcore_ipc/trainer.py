@@ -1,9 +1,11 @@
 """The trainer half of ``ipc``: pack buckets into reused staging buffers, announce them as JSON.
 
-Built on :class:`wtcore.kit.BucketedTrainerEngine`, which plans, packs, pipelines (the
-``update_weights`` call for bucket ``k`` runs while bucket ``k+1`` is packed into the other
-staging buffer) and recovers; this module only puts the staging buffers in shared memory (CPU)
-or exported GPU memory (CUDA) and says where each bucket lies.
+Built on :class:`wtcore.kit.BucketedTrainerEngine` (planning, staging reuse, recovery). CPU
+(``shm``): ONE ``update_weights`` per round announces the ring (segment, slots, first sequence
+number) and the whole plan; the trainer then packs bucket after bucket into the ring while the
+workers copy the previous ones out, with no control call per bucket, so buckets can be small
+and packing and copying overlap. GPU (``cuda``): the kit's per-bucket pipeline, one call per
+bucket.
 
 Multi-rank trainers: only the sender (rank 0) stages. Every rank materializes the full tensors
 in lockstep anyway (that is what gathers FSDP shards), so a second gather would add nothing;
@@ -16,17 +18,89 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from wtcore.buckets import pack_source
+from wtcore.concurrency import BackgroundCall
+from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.kit import BucketedTrainerEngine, BucketUpdateInfo
-from wtcore_ipc.shm import StagingSegment, host_status
+from wtcore_ipc.ring import frames, wait_until
+from wtcore_ipc.shm import MAX_RECEIVERS, StagingSegment, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
     from wtcore_ipc.cuda import CudaStaging
 
+
 __all__ = ["IPCTrainerEngine"]
+
+
+class _Ring:
+    """The trainer's view of one round in the ring: which slots every worker has released.
+
+    The workers' acknowledgements live in shared memory and are checked before use: a world
+    size out of range, entries that disagree, or a count beyond what was published is an
+    error naming the rank, never a reason to overwrite a slot early.
+    """
+
+    def __init__(self, memory: StagingSegment, first: int, timeout_s: float) -> None:
+        self.memory = memory
+        self.first = first
+        self.timeout_s = timeout_s
+        self.call: BackgroundCall[Any] | None = None
+
+    def consumed(self, published: int) -> int:
+        """How many buckets of this round every worker has consumed (0 before all reported)."""
+        head = self.memory.ack(0)
+        if head.token != self.first:
+            return 0
+        world = head.world_size
+        if world == 0:
+            return 0  # rank 0 is writing its first entry of the round
+        if world > MAX_RECEIVERS:
+            raise TransferError(
+                f"ipc ring {self.memory.name}: rank 0 reports world_size={world}, expected "
+                f"1..{MAX_RECEIVERS}"
+            )
+        low = published
+        for rank in range(world):
+            ack = self.memory.ack(rank)
+            if ack.token != self.first:
+                return 0
+            if ack.world_size != world or ack.consumed > published:
+                raise TransferError(
+                    f"ipc ring {self.memory.name}: rank {rank} acknowledged {ack.consumed} of "
+                    f"{published} published frames with world_size={ack.world_size} (rank 0 "
+                    f"says {world}): refusing to trust the ring"
+                )
+            low = min(low, ack.consumed)
+        return low
+
+    def wait_free(self, index: int) -> None:
+        """Block until frame ``index - num_slots`` (the slot's last tenant) was consumed."""
+        need = index - self.memory.num_slots + 1
+        if need <= 0:
+            return
+
+        def check() -> None:
+            call = self.call
+            if call is not None and call.done():
+                if call.error is not None:
+                    raise call.error
+                raise TransferError(
+                    f"ipc ring {self.memory.name}: every worker returned from update_weights "
+                    f"before frame {index} was published"
+                )
+
+        wait_until(
+            lambda: self.consumed(index) >= need,
+            timeout_s=self.timeout_s,
+            check=check,
+            what=f"every worker consuming frame {need - 1} (to free a slot for frame {index})",
+        )
 
 
 class IPCTrainerEngine(BucketedTrainerEngine):
@@ -34,6 +108,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
 
     init_info_cls = IPCTrainerInitInfo
     _memory: StagingSegment | CudaStaging | None = None
+    _big: torch.Tensor | None = None
     _seq = 0
 
     @classmethod
@@ -54,6 +129,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
                 packed=info.packed,
                 packed_buffer_size_bytes=info.packed_buffer_size_bytes,
                 packed_num_buffers=info.packed_num_buffers,
+                timeout_s=info.timeout_s,
             )
         )
 
@@ -73,26 +149,110 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         if self._memory is not None:
             self._memory.close()
             self._memory = None
+        self._big = None
         super().release_staging()
 
+    def _oversized(self, nbytes: int) -> torch.Tensor:
+        """Where a tensor larger than a slot is packed before it is streamed in chunks: one
+        private buffer, kept and grown to the largest such tensor (the ring stays fixed)."""
+        import torch
+
+        if self._big is None or self._big.numel() < nbytes:
+            self._big = None
+            self._big = torch.empty(nbytes, dtype=torch.uint8)
+        return self._big
+
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
+        """The ``cuda`` transport: one ``update_weights`` per bucket (the kit's pipeline)."""
         memory = self._memory
-        assert memory is not None, "the kit allocates staging before packing"
+        assert memory is not None and not isinstance(memory, StagingSegment)
         self._seq += 1
-        payload: dict[str, Any] = {
+        memory.publish(slot)
+        return {
             **BucketUpdateInfo.wire(bucket.metas),
             "sizes": [m.nbytes for m in bucket.metas],
             "length": bucket.nbytes,
             "seq": self._seq,
+            "offset": 0,
+            "cuda": dict(memory.handles[slot]),
         }
-        if isinstance(memory, StagingSegment):
-            memory.publish(slot, self._seq, bucket.nbytes)
-            payload["offset"] = memory.data_offset(slot)
-            payload["segment"] = memory.name
-        else:
-            memory.publish(slot)
-            payload["offset"] = 0
-            payload["cuda"] = dict(memory.handles[slot])
-        return payload
+
+    def _send(self, source: WeightSource, stats: TransferStats) -> None:
+        """``shm``: the whole round in one ``update_weights``, streamed through the ring.
+
+        The call goes out first (on a helper thread) and blocks in every worker, which then
+        consumes slot after slot as they are stamped here. Frame ``f`` of the round (a bucket,
+        or a chunk of a bucket larger than a slot) goes into slot ``f % num_slots`` once every
+        worker has acknowledged frame ``f - num_slots``.
+        """
+        if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
+            super()._send(source, stats)
+            return
+        assert self.client is not None, "the sender always has a client"
+        metas = source.metadata()
+        buckets = self.info.plan(metas)
+        stats.num_tensors = len(metas)
+        stats.num_bytes = sum(m.nbytes for m in metas)
+        slots = self.staging(self.info.packed_buffer_size_bytes)
+        memory = self._memory
+        assert isinstance(memory, StagingSegment)
+        nslots, slot_bytes = memory.num_slots, memory.capacity
+        with stats.phase("control"):
+            self.client.start_weight_update()
+        first = self._seq + 1
+        total = sum(len(frames(b.nbytes, slot_bytes)) for b in buckets)
+        self._seq += total
+        ring = _Ring(memory, first, self.info.timeout_s)
+        published = 0
+
+        def free_slot() -> torch.Tensor:
+            with stats.phase("wire"):
+                ring.wait_free(published)
+            return slots[published % nslots]
+
+        def stamp(length: int) -> None:
+            nonlocal published
+            memory.publish(published % nslots, first + published, length)
+            published += 1
+
+        def buffer_for(bucket: Bucket) -> torch.Tensor:
+            if bucket.nbytes <= slot_bytes:
+                return free_slot()
+            return self._oversized(bucket.nbytes)  # packed once, then streamed in chunks
+
+        try:
+            self.begin_round(metas, buckets)
+            payload = {
+                **BucketUpdateInfo.wire(metas),
+                "segment": memory.name,
+                "seq": first,
+                "num_slots": nslots,
+                "slot_bytes": slot_bytes,
+            }
+            self._inflight = ring.call = BackgroundCall(
+                self.client.update_weights, payload, name="update_weights"
+            )
+            for bucket, filled in pack_source(source, metas, buckets, buffer_for, stats):
+                if bucket.nbytes <= slot_bytes:
+                    stamp(bucket.nbytes)
+                else:
+                    for start, length in frames(bucket.nbytes, slot_bytes):
+                        slot = free_slot()
+                        with stats.phase("pack"):
+                            slot[:length].copy_(filled[start : start + length])
+                        stamp(length)
+                stats.num_buckets += 1
+            self._settle(stats)
+            self.end_round(stats)
+        except BaseException as e:
+            if published < total:
+                memory.cancel(published % nslots, first + published)
+            call, self._inflight = self._inflight, None
+            if call is not None and not isinstance(e, TransferTimeoutError):
+                call.wait(self.info.timeout_s)  # workers see the cancel mark at once
+            self.release_staging()
+            raise
+        with stats.phase("control"):
+            self.client.finish_weight_update(stats.weight_version)
 
     from wtcore_ipc.bench import BENCH as bench  # wtcore bench: see wtcore_ipc/bench.py

@@ -2,8 +2,9 @@
 
 * :class:`IPCTrainerInitInfo`: the trainer's settings (the only place they live).
 * :class:`IPCInitInfo`: what the trainer ships to every worker at init.
-* :class:`IPCUpdateInfo`: one bucket: the kit's bucket metadata plus where its bytes are (a shared
-  memory segment on CPU, an encoded CUDA IPC handle on GPU), validated on arrival.
+* :class:`IPCUpdateInfo`: the kit's bucket metadata plus where the bytes are: on CPU the whole
+  round's ring of shared-memory slots (one call per round), on GPU one bucket in an encoded
+  CUDA IPC buffer; validated on arrival.
 """
 
 from __future__ import annotations
@@ -11,24 +12,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.buckets import ALIGNMENT, Bucket, plan_round
+from wtcore.buckets import ALIGNMENT, Bucket, align, plan_round
+from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
-from wtcore_ipc.shm import HEADER_BYTES, check_segment_name
+from wtcore_ipc.shm import check_segment_name
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
+    "DEFAULT_NUM_BUFFERS",
     "TRANSPORTS",
     "IPCInitInfo",
     "IPCTrainerInitInfo",
     "IPCUpdateInfo",
 ]
 
-#: Default bucket size: small enough that packing one bucket overlaps the worker's copy of
-#: the previous one, large enough that per-call overhead is noise; the fastest setting measured
-#: (docs/benchmarks.md, "ipc"). The segment is sized to the largest bucket, so small models
-#: never pay for it.
-DEFAULT_BUFFER_SIZE = 256 << 20
+#: Default bucket (= slot) size. With one control call per round a bucket costs no round trip,
+#: so small slots let packing (trainer) and copying out (worker) overlap from the first bucket
+#: and keep the ring small; measured in docs/benchmarks.md ("ipc"). A tensor larger than a
+#: slot is streamed through the ring in slot-sized frames.
+DEFAULT_BUFFER_SIZE = 16 << 20
+#: Default slot count: enough that a worker waking up late finds the next slots filled.
+DEFAULT_NUM_BUFFERS = 4
 #: ``shm``: POSIX shared memory (CPU). ``cuda``: CUDA IPC handles (GPU, untested here).
 TRANSPORTS = ("shm", "cuda")
 
@@ -37,14 +42,15 @@ TRANSPORTS = ("shm", "cuda")
 class IPCTrainerInitInfo(BucketedTrainerInitInfo):
     """Trainer settings of the ``ipc`` engine (see :class:`~wtcore.kit.BucketedTrainerInitInfo`).
 
-    ``packed_num_buffers`` staging buffers let the trainer pack the next bucket while the
-    worker copies the previous one; the worker serializes calls, so more than two add nothing.
+    ``packed_num_buffers`` slots of ``packed_buffer_size_bytes`` form the ring (CPU): the
+    trainer packs the next frames while workers copy out the previous ones.
     ``device`` picks the transport: ``"cpu"`` stages in POSIX shared memory, ``"cuda[:N]"`` in
     GPU memory shared by CUDA IPC.
     """
 
     backend: ClassVar[str] = "ipc"
     packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
+    packed_num_buffers: int = field(default=DEFAULT_NUM_BUFFERS, kw_only=True)
     device: str = field(default="cpu", kw_only=True)
 
     def __post_init__(self) -> None:
@@ -61,12 +67,14 @@ class IPCTrainerInitInfo(BucketedTrainerInitInfo):
 
 @dataclass
 class IPCInitInfo:
-    """Shipped to every worker at init: how buckets are planned and where bytes come from."""
+    """Shipped to every worker at init: how buckets are planned, where bytes come from, and
+    how long a worker waits for the trainer's next slot (``timeout_s``)."""
 
     transport: str
     packed: bool
     packed_buffer_size_bytes: int
     packed_num_buffers: int
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -76,55 +84,101 @@ class IPCInitInfo:
         check_bucket_options(
             packed_buffer_size_bytes=self.packed_buffer_size_bytes,
             packed_num_buffers=self.packed_num_buffers,
+            timeout_s=self.timeout_s,
         )
+
+
+def _non_negative(info: object, *names: str) -> None:
+    for name in names:
+        value = getattr(info, name)
+        if value is not None and value < 0:
+            raise PayloadError(f"{name}: expected a non-negative integer, got {value}")
+
+
+def _require(info: object, kind: str, *names: str) -> None:
+    missing = [n for n in names if getattr(info, n) is None]
+    if missing:
+        raise PayloadError(f"update_info: {kind} needs {', '.join(repr(n) for n in missing)}")
 
 
 @dataclass
 class IPCUpdateInfo(BucketUpdateInfo):
-    """One bucket. ``offset``/``length`` locate its bytes in the segment (CPU) or in the
-    exported CUDA buffer; ``sizes`` are the tensors' byte sizes, checked against the metadata;
-    ``seq`` must match the slot header the trainer stamped (CPU)."""
+    """One ``update_weights`` call. Two shapes, one per transport:
 
-    sizes: list[int]
-    offset: int
-    length: int
+    * ``shm`` (CPU): the whole round in ONE call. The metadata lists every tensor of the round;
+      ``segment`` names the trainer's ring of ``num_slots`` slots of ``slot_bytes`` each (the
+      bucket size, aligned). The buckets of the shared plan travel as frames: a bucket that
+      fits a slot is one frame, a bigger one (a single large tensor) is cut into slot-sized
+      frames; frame ``f`` of the round arrives in slot ``f % num_slots`` with sequence number
+      ``seq + f`` in its header. The worker consumes slot after slot as the trainer fills them.
+    * ``cuda`` (GPU): one bucket per call, at ``offset``/``length`` of the exported buffer
+      ``cuda``; ``sizes`` are the tensors' byte sizes, checked against the metadata.
+    """
+
     seq: int
     segment: str | None = None
+    num_slots: int | None = None
+    slot_bytes: int | None = None
     cuda: dict[str, Any] | None = None
+    sizes: list[int] | None = None
+    offset: int | None = None
+    length: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if len(self.sizes) != len(self.metas):
-            raise PayloadError(
-                f"sizes: expected {len(self.metas)} entries (one per name), got {len(self.sizes)}"
-            )
-        for i, (m, s) in enumerate(zip(self.metas, self.sizes, strict=True)):
-            if s != m.nbytes:
-                raise PayloadError(
-                    f"sizes[{i}]: {m.name!r} is {m.dtype} {list(m.shape)} = {m.nbytes} bytes, "
-                    f"got {s}"
-                )
-        for name in ("offset", "length", "seq"):
-            if getattr(self, name) < 0:
-                raise PayloadError(
-                    f"{name}: expected a non-negative integer, got {getattr(self, name)}"
-                )
-        if self.offset % ALIGNMENT:
-            raise PayloadError(f"offset: expected a multiple of {ALIGNMENT}, got {self.offset}")
+        _non_negative(self, "seq", "num_slots", "slot_bytes", "offset", "length")
+        if self.seq >= 1 << 62:
+            raise PayloadError(f"seq: expected a number below 2**62, got {self.seq}")
         if (self.segment is None) == (self.cuda is None):
             raise PayloadError(
                 "update_info: exactly one of 'segment' (CPU) or 'cuda' (GPU) is needed"
             )
         if self.segment is not None:
             check_segment_name(self.segment)
-            if self.offset < HEADER_BYTES:
+            _require(self, "a 'segment' (ring) update", "num_slots", "slot_bytes")
+            assert self.num_slots is not None and self.slot_bytes is not None
+            if self.num_slots < 1:
+                raise PayloadError(f"num_slots: expected at least 1, got {self.num_slots}")
+            if self.slot_bytes % ALIGNMENT:
                 raise PayloadError(
-                    f"offset: a slot's data starts at or after byte {HEADER_BYTES}, "
-                    f"got {self.offset}"
+                    f"slot_bytes: expected a multiple of {ALIGNMENT}, got {self.slot_bytes}"
                 )
+            return
+        _require(self, "a 'cuda' update", "sizes", "offset", "length")
+        assert self.sizes is not None and self.offset is not None
+        if len(self.sizes) != len(self.metas):
+            raise PayloadError(
+                f"sizes: expected {len(self.metas)} entries (one per name), got {len(self.sizes)}"
+            )
+        for i, (m, sz) in enumerate(zip(self.metas, self.sizes, strict=True)):
+            if sz != m.nbytes:
+                raise PayloadError(
+                    f"sizes[{i}]: {m.name!r} is {m.dtype} {list(m.shape)} = {m.nbytes} bytes, "
+                    f"got {sz}"
+                )
+        if self.offset % ALIGNMENT:
+            raise PayloadError(f"offset: expected a multiple of {ALIGNMENT}, got {self.offset}")
+
+    def plan(self, init: IPCInitInfo) -> list[Bucket]:
+        """The round's buckets, re-planned with the shared rule (``shm``), once the ring's shape
+        is checked against what the trainer advertised at init."""
+        if self.num_slots != init.packed_num_buffers:
+            raise PayloadError(
+                f"num_slots: the trainer advertised packed_num_buffers="
+                f"{init.packed_num_buffers} at init, got {self.num_slots}"
+            )
+        if self.slot_bytes != align(init.packed_buffer_size_bytes):
+            raise PayloadError(
+                f"slot_bytes: the trainer advertised packed_buffer_size_bytes="
+                f"{init.packed_buffer_size_bytes} at init (slots of "
+                f"{align(init.packed_buffer_size_bytes)} bytes), got {self.slot_bytes}"
+            )
+        return plan_round(
+            self.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
+        )
 
     def bucket(self, init: IPCInitInfo) -> Bucket:
-        """Re-plan with the shared rule; the update must be exactly one bucket of ``length``."""
+        """Re-plan with the shared rule (``cuda``): exactly one bucket of ``length``."""
         buckets = plan_round(
             self.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
         )

@@ -11,12 +11,23 @@ untouched.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, ClassVar
 
 from wtcore.buckets import Bucket, unpack_bucket
 from wtcore.errors import PayloadError, TransferError
 from wtcore.kit import BucketedWorkerEngine
-from wtcore_ipc.shm import SegmentReader, host_status
+from wtcore_ipc.ring import frames, wait_until
+from wtcore_ipc.shm import (
+    CANCELLED,
+    CONTROL_BYTES,
+    HEADER_BYTES,
+    MAX_RECEIVERS,
+    SegmentReader,
+    host_status,
+    reclaim_orphans,
+    trainer_of,
+)
 from wtcore_ipc.wire import IPCInitInfo, IPCUpdateInfo
 
 if TYPE_CHECKING:
@@ -37,6 +48,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     _reader: SegmentReader | None = None
     _importer: CudaImporter | None = None
+    _aborted: threading.Event | None = None
 
     @classmethod
     def host_status(cls) -> str:
@@ -44,6 +56,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     def init_transfer_engine(self, init_info: IPCInitInfo) -> None:
         self._release()
+        reclaim_orphans()  # segments of trainers killed before any worker mapped them
         if init_info.transport == "cuda":
             import torch
 
@@ -59,15 +72,14 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     def receive_weights(self, update_info: IPCUpdateInfo) -> None:
         init = self.settings
-        bucket = update_info.bucket(init)
         if init.transport == "shm":
             if update_info.segment is None:
                 raise PayloadError("segment: required by the 'shm' transport negotiated at init")
-            self._receive_shm(update_info, bucket, update_info.segment)
+            self._receive_ring(update_info, update_info.segment)
         else:
             if update_info.cuda is None:
                 raise PayloadError("cuda: required by the 'cuda' transport negotiated at init")
-            self._receive_cuda(update_info, bucket)
+            self._receive_cuda(update_info, update_info.bucket(init))
 
     # ------------------------------------------------------------------ CPU
     def _segment(self, name: str) -> SegmentReader:
@@ -78,44 +90,126 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         self._reader = reader
         return reader
 
-    def _receive_shm(self, u: IPCUpdateInfo, bucket: Bucket, name: str) -> None:
+    def _receive_ring(self, u: IPCUpdateInfo, name: str) -> None:
+        """Consume the round's frames slot by slot as the trainer stamps them."""
+        import torch
+
+        assert u.num_slots is not None and u.slot_bytes is not None
+        buckets = u.plan(self.settings)
+        if self.rank >= MAX_RECEIVERS:
+            raise PayloadError(f"rank: the ipc ring serves ranks below {MAX_RECEIVERS}")
+        aborted = self._aborted = threading.Event()
         r = self._segment(name)
-        if u.offset + u.length > r.size:
+        try:
+            r.check_size()
+        except TransferError:
+            self._release()  # re-open (and re-check) on the next update
+            raise
+        stride = HEADER_BYTES + u.slot_bytes
+        if CONTROL_BYTES + u.num_slots * stride > r.size:
             raise PayloadError(
-                f"offset/length: bytes [{u.offset}, {u.offset + u.length}) are outside segment "
-                f"{name!r} of {r.size} bytes"
+                f"num_slots/slot_bytes: {u.num_slots} slots of {u.slot_bytes} bytes do not fit "
+                f"segment {name!r} of {r.size} bytes"
             )
+        self._check_owner(r)
+        r.ack(self.rank, u.seq, 0, self.world_size)  # tells the trainer the world size
+        f = 0  # frames consumed
+        for bucket in buckets:
+            chunks = frames(bucket.nbytes, u.slot_bytes)
+            # A bucket bigger than a slot (one big tensor) is gathered here, then loaded.
+            whole = None if len(chunks) == 1 else torch.empty(bucket.nbytes, dtype=torch.uint8)
+            for start, length in chunks:
+                offset = CONTROL_BYTES + (f % u.num_slots) * stride + HEADER_BYTES
+                seq = u.seq + f
+                self._wait_slot(r, offset, seq, length, bucket, aborted)
+                if whole is None:
+                    views = list(unpack_bucket(bucket, r.view(offset, length)))
+                    try:
+                        self.sink.load_weights(views)
+                    finally:
+                        del views
+                else:
+                    whole[start : start + length].copy_(r.view(offset, length))
+                if r.header(offset).seq != seq:
+                    raise TransferError(
+                        f"segment {name!r}: slot {f % u.num_slots} was overwritten while frame "
+                        f"seq={seq} was copied out of it; the loaded weights may be mixed"
+                    )
+                f += 1
+                r.ack(self.rank, u.seq, f, self.world_size)
+            if whole is not None:
+                self.sink.load_weights(list(unpack_bucket(bucket, whole)))
+                del whole
+
+    def _check_owner(self, r: SegmentReader) -> None:
         if not r.owner_alive():
             self._release()  # unlinks the orphan
             raise TransferError(
-                f"segment {name!r}: the trainer process that owned it has exited; the round "
-                "is abandoned and the orphaned segment was unlinked"
+                f"segment {r.name!r}: the trainer process that owned it ({trainer_of(r.name)}) "
+                "has exited; the round is abandoned and the orphaned segment was unlinked"
             )
-        head = r.header(u.offset)
-        if not head.valid:
-            raise PayloadError(
-                f"offset: no staging slot starts at byte {u.offset} of segment {name!r}"
-            )
-        if head.seq != u.seq or head.length != u.length:
-            raise PayloadError(
-                f"seq/length: the slot at offset {u.offset} holds bucket seq={head.seq} of "
-                f"{head.length} bytes, the payload says seq={u.seq} of {u.length} bytes "
-                "(a stale or replayed update?)"
-            )
-        views = list(unpack_bucket(bucket, r.view(u.offset, u.length)))
-        try:
-            self.sink.load_weights(views)
-        finally:
-            del views
-        if r.header(u.offset).seq != u.seq:
-            raise TransferError(
-                f"segment {name!r}: the trainer overwrote slot {u.offset} while it was being "
-                "copied; the loaded weights may be mixed"
-            )
+
+    def _wait_slot(
+        self,
+        r: SegmentReader,
+        offset: int,
+        seq: int,
+        length: int,
+        bucket: Bucket,
+        aborted: threading.Event,
+    ) -> None:
+        """Wait (bounded) until the slot at ``offset`` holds bucket ``seq``; check its header.
+
+        The header is hostile input: anything but "not yet" (a blank slot, or an older
+        sequence number) or exactly the expected bucket is an error naming the field.
+        """
+
+        def ready() -> bool:
+            head = r.header(offset)
+            if head.blank or (head.valid and head.seq < seq):
+                return False
+            if not head.valid:
+                raise PayloadError(
+                    f"segment {r.name!r}: the slot header at byte {offset - HEADER_BYTES} has no "
+                    f"valid magic (got {head.magic!r}): forged or corrupt"
+                )
+            if head.seq > seq:
+                raise PayloadError(
+                    f"segment {r.name!r}: the slot for bucket seq={seq} claims seq={head.seq}, "
+                    "a bucket the trainer cannot have stamped yet: forged or corrupt"
+                )
+            if head.length == CANCELLED:
+                raise TransferError(
+                    f"segment {r.name!r}: the trainer ({trainer_of(r.name)}) abandoned the "
+                    f"round before bucket {bucket.index}"
+                )
+            if head.length != length:
+                raise PayloadError(
+                    f"segment {r.name!r}: the slot header says frame seq={seq} has "
+                    f"{head.length} bytes; the plan says {length}"
+                )
+            return True
+
+        def check() -> None:
+            if aborted.is_set():
+                raise TransferError(
+                    f"segment {r.name!r}: the round was aborted while waiting for bucket "
+                    f"{bucket.index}"
+                )
+            self._check_owner(r)
+
+        wait_until(
+            ready,
+            timeout_s=self.settings.timeout_s,
+            check=check,
+            what=f"the trainer ({trainer_of(r.name)}) stamping bucket {bucket.index} "
+            f"(frame seq={seq}) in segment {r.name!r}",
+        )
 
     # ------------------------------------------------------------------ GPU (untested here)
     def _receive_cuda(self, u: IPCUpdateInfo, bucket: Bucket) -> None:
         assert self._importer is not None and u.cuda is not None
+        assert u.offset is not None and u.length is not None
         shared = self._importer.view(u.cuda, u.offset, u.length)
         local = self._importer.clone(shared)
         del shared
@@ -123,11 +217,14 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     # ------------------------------------------------------------------ lifetime
     def abort(self) -> None:
-        """An abandoned round: unlink the mapped segment if its trainer has exited.
+        """An abandoned round: stop waiting on the ring, unlink the segment if its trainer died.
 
         A live trainer keeps (and reuses) its segment; a killed one leaves it in ``/dev/shm``
         until someone unlinks it. Safe while a copy runs: the mapping stays valid.
         """
+        if self._aborted is not None:
+            self._aborted.set()
+        reclaim_orphans()  # a trainer that died before this worker mapped its segment
         reader = self._reader
         if reader is not None:
             reader.unlink_orphan()

@@ -14,8 +14,10 @@ from typing import Any, ClassVar
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
+from wtcore_nccl.forward import BROADCASTS
 
 __all__ = [
+    "BROADCASTS",
     "DEFAULT_BUFFER_SIZE",
     "DEFAULT_DIRECT_MIN_BYTES",
     "DEFAULT_TIMEOUT_S",
@@ -46,7 +48,9 @@ def resolve_transport(transport: str, device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-def _check_group(*, master_address: str, master_port: int, world_size: int, transport: str) -> None:
+def _check_group(
+    *, master_address: str, master_port: int, world_size: int, transport: str, broadcast: str
+) -> None:
     if not master_address:
         raise PayloadError("master_address: expected a host name or IP address, got ''")
     if not 0 < master_port < 65536:
@@ -57,6 +61,8 @@ def _check_group(*, master_address: str, master_port: int, world_size: int, tran
         )
     if transport not in TRANSPORTS:
         raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if broadcast not in BROADCASTS:
+        raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
 
 
 def _check_direct(value: object) -> None:
@@ -83,6 +89,10 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     (:mod:`wtcore_nccl.plan`). ``checksum``: add a CRC-32 of every bucket to its frame header;
     receivers then verify each bucket before applying it, and stage every bucket to do so
     (:mod:`wtcore_nccl.frames`). Sizes are always checked.
+
+    ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
+    broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
+    carries each byte once; :mod:`wtcore_nccl.forward`). docs/nccl.md says when each wins.
     """
 
     backend: ClassVar[str] = "nccl"
@@ -96,6 +106,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     # In-place transfer and integrity (see wtcore_nccl.plan and wtcore_nccl.frames).
     direct_min_bytes: int = field(default=DEFAULT_DIRECT_MIN_BYTES, kw_only=True)
     checksum: bool = field(default=False, kw_only=True)
+    broadcast: str = field(default="collective", kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,6 +119,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
                 master_port=self.master_port,
                 world_size=self.world_size,
                 transport=self.transport,
+                broadcast=self.broadcast,
             )
         except ValueError as e:
             raise PayloadError(str(e)) from None
@@ -138,6 +150,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
             transport=self.resolved_transport,
             secret=secret,
             direct_min_bytes=self.direct_min_bytes,
+            broadcast=self.broadcast,
         )
 
 
@@ -155,6 +168,9 @@ class NCCLInitInfo:
     secret travels only inside this (authenticated) init call. The wtcore trainer draws a new
     one for every handshake. It is optional so that a trainer that sends only the vLLM fields
     still works, with guessable keys (a warning is logged).
+
+    ``broadcast`` is the trainer's choice (see :class:`NCCLTrainerInitInfo`); a trainer that
+    sends only the vLLM fields gets the collective broadcast.
     """
 
     master_address: str
@@ -170,6 +186,7 @@ class NCCLInitInfo:
     secret: str = field(default="", repr=False)
     #: 0 (the plain packing rule) for a trainer that does not send it.
     direct_min_bytes: int = 0
+    broadcast: str = "collective"
 
     def __post_init__(self) -> None:
         _check_direct(self.direct_min_bytes)
@@ -183,6 +200,7 @@ class NCCLInitInfo:
             master_port=self.master_port,
             world_size=self.world_size,
             transport=self.transport,
+            broadcast=self.broadcast,
         )
         check_bucket_options(
             packed_buffer_size_bytes=self.packed_buffer_size_bytes,

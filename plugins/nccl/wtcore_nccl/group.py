@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore_nccl.forward import BROADCASTS, Chain
 
 if TYPE_CHECKING:
     import torch
@@ -164,11 +165,15 @@ class Group:
     world_size: int
     transport: str
     generation: int
+    #: The forwarding chain (``broadcast="chain"``, :mod:`wtcore_nccl.forward`), else ``None``.
+    chain: Chain | None = None
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
         """Start an async broadcast of ``tensor`` from rank 0 (the sender)."""
         import torch.distributed as dist
 
+        if self.chain is not None:
+            return self.chain.broadcast(tensor)  # type: ignore[return-value]  # quacks alike
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
@@ -288,14 +293,19 @@ def join_group(
     timeout_s: float,
     poll: Callable[[], None] | None = None,
     secret: str = "",
+    broadcast: str = "collective",
 ) -> Group:
     """Record this rank's arrival, wait for all ranks, then build the process group.
 
     ``poll`` runs between short waits (it raises to give up early: the sender uses it to
     fail fast when the worker RPC was rejected, a worker to notice a shutdown). With a
     ``secret`` the handshake's keys live under it (``generation`` is not used).
+    ``broadcast="chain"`` relays every broadcast along the ranks (:mod:`wtcore_nccl.forward`).
     """
     import torch.distributed as dist
+
+    if broadcast not in BROADCASTS:
+        raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
 
     prefix = f"wtcore/nccl/s/{secret}/" if secret else f"wtcore/nccl/g{generation}/"
     gstore = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
@@ -333,7 +343,8 @@ def join_group(
             f"building the {transport} process group at {address}:{port} "
             f"(rank {rank} of {world_size}) failed: {e}"
         ) from e
-    return Group(pg, gstore, rank, world_size, transport, generation)
+    chain = Chain(pg, rank, world_size, timeout_s) if broadcast == "chain" else None
+    return Group(pg, gstore, rank, world_size, transport, generation, chain)
 
 
 def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> None:
@@ -350,6 +361,8 @@ def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> Non
     if group is None or group.pg is None:
         return
     pg, group.pg = group.pg, None
+    if group.chain is not None:
+        group.chain.close()
     works = [w for w in pending if not w.is_completed()]
     if not works:
         del pg

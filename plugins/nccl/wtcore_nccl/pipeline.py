@@ -63,7 +63,9 @@ def wait_work(
         if poll is not None:
             poll()
         if time.monotonic() >= deadline:
-            raise TransferTimeoutError(f"{what} did not complete within {timeout_s:g} s")
+            detail = getattr(work, "pending_detail", None)  # a forwarding chain names its peer
+            more = f": {detail()}" if callable(detail) else ""
+            raise TransferTimeoutError(f"{what} did not complete within {timeout_s:g} s{more}")
 
 
 @dataclass

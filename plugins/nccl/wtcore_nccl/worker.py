@@ -153,6 +153,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             timeout_s=timeout,
             poll=self._check_closing,
             secret=init_info.secret,
+            broadcast=init_info.broadcast,
         )
         self._store, self._group, self._init = store, group, init_info
         self._pool = BufferPool(

@@ -1,0 +1,105 @@
+"""The forwarding broadcast (``broadcast="chain"``) on loopback: 3 worker processes, real gloo.
+
+Rank 1 receives from the trainer and forwards to rank 2, which forwards to rank 3; messages
+larger than a chunk travel as several chunks, relayed while the next one arrives. After every
+round each worker holds the trainer's weights bit for bit, packed and unpacked, across
+buffer sizes and a re-handshake. (The namespaced version, with a relay that dies, is in
+tests/multinode/test_chain.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from nccl_e2e_kit import fleet, make_state, spec_of
+
+from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
+from wtcore.concurrency import BackgroundCall
+from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.testing import free_port
+from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
+from wtcore_nccl.forward import CHUNK_BYTES
+from wtcore_nccl.group import Group, connect_store, host_store, join_group, release_group
+from wtcore_nccl.pipeline import wait_work
+
+pytestmark = [pytest.mark.timeout(180)]
+
+#: A float32 tensor of 2.5 chunks: several chunks per message, the last one short.
+BIG_NUMEL = CHUNK_BYTES * 5 // 8
+
+
+def _info(workers: int, **kw: object) -> NCCLTrainerInitInfo:
+    return NCCLTrainerInitInfo(
+        rank=0,
+        master_address="127.0.0.1",
+        master_port=free_port(),
+        world_size=1 + workers,
+        timeout_s=20.0,
+        torch_num_threads=1,
+        broadcast="chain",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_chain_rounds_bit_exact_over_three_workers() -> None:
+    workers = 3
+    state0 = make_state(0, big_numel=BIG_NUMEL)
+    with fleet(workers, spec_of(state0)) as f:
+        seed = 1
+        for packed, buffer_size in ((True, 16 << 10), (False, 1 << 30)):
+            info = _info(workers, packed=packed, packed_buffer_size_bytes=buffer_size)
+            assert info.worker_init_info().broadcast == "chain"
+            with WeightTransferTrainerFactory.trainer_init(info, client=f.client) as trainer:
+                for _ in range(2):
+                    state = make_state(seed, big_numel=BIG_NUMEL)
+                    seed += 1
+                    version = f"chain-{packed}-{buffer_size}-{seed}"
+                    trainer.send_weights(TensorSource(state), weight_version=version)
+                    f.assert_synced(state, version)
+                trainer.handshake()  # a new group (new chain) carries on from the same workers
+                state = make_state(seed, big_numel=BIG_NUMEL)
+                trainer.send_weights(TensorSource(state), weight_version="after-rehandshake")
+                f.assert_synced(state, "after-rehandshake")
+
+
+@pytest.mark.parametrize("cls", [NCCLTrainerInitInfo, NCCLInitInfo])
+def test_broadcast_option_is_validated(cls: type) -> None:
+    common = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 2}
+    extra = {"rank": 0} if cls is NCCLTrainerInitInfo else {"rank_offset": 1}
+    with pytest.raises(PayloadError, match="broadcast: expected one of collective, chain"):
+        cls(**common, **extra, broadcast="ring")
+    assert cls(**common, **extra).broadcast == "collective"
+
+
+def _join_chain(store: object, rank: int, port: int, world: int, timeout_s: float) -> Group:
+    return join_group(
+        store, generation=1, rank=rank, world_size=world, transport="gloo",
+        address="127.0.0.1", port=port, timeout_s=timeout_s, broadcast="chain",
+    )  # fmt: skip
+
+
+def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
+    """Three ranks on threads of this process (real gloo); rank 0 never sends.
+
+    Rank 2 waits on rank 1, which waits on rank 0: each wait that runs out says which rank
+    it waits for, and once gloo's own timeout ends the receive, the failure names it too.
+    Afterwards the chain of the next handshake works (a message of 3 chunks, bit-exact).
+    """
+    port, world, gloo_timeout = free_port(), 3, 3.0
+    master = host_store("127.0.0.1", port, world, 30)
+    stores = [master, *(connect_store("127.0.0.1", port, 30) for _ in range(world - 1))]
+    calls = [
+        BackgroundCall(_join_chain, stores[r], r, port, world, gloo_timeout) for r in range(world)
+    ]
+    groups = [c.result(30) for c in calls]
+    try:
+        bufs = [torch.zeros(64, dtype=torch.uint8) for _ in range(world)]
+        works = [groups[r].broadcast(bufs[r]) for r in (1, 2)]
+        for rank, work in zip((1, 2), works, strict=True):
+            with pytest.raises(TransferTimeoutError, match=f"from rank {rank - 1} \\(the previous"):
+                wait_work(work, what=f"rank {rank}'s receive", timeout_s=0.3)
+        with pytest.raises(TransferError, match="receiving chunk 0 of 1 .* from rank 0"):
+            wait_work(works[0], what="rank 1's receive", timeout_s=30)
+    finally:
+        for g in groups:
+            release_group(g)

@@ -1,0 +1,159 @@
+"""``wtcore bench --nodes N --link-rate R``: receivers on namespaced nodes behind capped links.
+
+On one machine the loopback device is far faster than a real network, so a bench there
+measures CPU, not the network. With ``--nodes`` the bench builds a :mod:`wtcore.netns`
+cluster (root only): node 0 runs the trainer (the bench itself, started again inside that
+node), nodes ``1 .. N`` run the receivers (receiver ``i`` on node ``1 + i % N``), and with
+``--link-rate`` every node's link is capped in both directions. The report then holds the
+achieved rate against the cap (``record["link"]``), the limit that matters here.
+
+The two halves talk through one environment variable: the outer bench (in the host's
+namespace) sets :data:`NODES_ENV` to a :class:`Placement` for the inner one, whose receiver
+launcher (a client's ``bench_launcher`` that sets ``places_on_nodes = True``) starts each
+receiver in its node, listening on that node's address. Everything is stopped and every
+namespace deleted when the run ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pkgutil
+import secrets
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from wtcore.bench.api import BenchNotSupportedError
+from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+
+__all__ = ["NODES_ENV", "NodeSlot", "Placement", "placement", "run_on_nodes"]
+
+#: The environment variable that carries the :class:`Placement` into the trainer's node.
+NODES_ENV = "WTCORE_BENCH_NODES"
+#: Seconds the whole inner bench may take beyond its own calls' timeouts (imports, spawns).
+_SLACK_S = 300.0
+
+
+@dataclass(frozen=True)
+class NodeSlot:
+    """One receiver node: the namespace to start a process in and the address it listens on."""
+
+    netns: str
+    address: str
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        """``command`` run inside this node."""
+        return ["ip", "netns", "exec", self.netns, *command]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the inner bench's receivers go; read by launchers with ``places_on_nodes``."""
+
+    trainer_address: str
+    nodes: tuple[NodeSlot, ...]
+    api_key: str
+
+    def node_for(self, rank: int) -> NodeSlot:
+        return self.nodes[rank % len(self.nodes)]
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, text: str) -> Placement:
+        try:
+            raw = json.loads(text)
+            return cls(
+                str(raw["trainer_address"]),
+                tuple(NodeSlot(str(n["netns"]), str(n["address"])) for n in raw["nodes"]),
+                str(raw["api_key"]),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise PayloadError(f"{NODES_ENV}: malformed placement ({e})") from e
+
+
+def placement() -> Placement | None:
+    """The placement this process was started with (inside the trainer's node), if any."""
+    text = os.environ.get(NODES_ENV)
+    return Placement.from_env(text) if text else None
+
+
+def check_client_places(client: str) -> None:
+    """Refuse a client whose bench launcher cannot start receivers on nodes."""
+    from wtcore.registry import CLIENTS
+
+    cls = CLIENTS.load(client)
+    target = getattr(cls, "bench_launcher", None)
+    launcher = pkgutil.resolve_name(target) if isinstance(target, str) else None
+    if not getattr(launcher, "places_on_nodes", False):
+        raise BenchNotSupportedError(
+            f"--nodes: client {client!r} cannot start receivers on other nodes (its "
+            "bench_launcher does not set places_on_nodes); use a network client such as "
+            "--client http"
+        )
+
+
+def run_on_nodes(
+    argv: Sequence[str],
+    *,
+    client: str,
+    nodes: int,
+    receivers: int,
+    link_rate: str | None,
+    timeout_s: float,
+    rounds: int,
+) -> dict[str, Any]:
+    """Run ``wtcore bench *argv`` in node 0 of a fresh cluster; return its record + ``link``.
+
+    ``argv`` are the bench's own arguments without ``--nodes``, ``--link-rate``, ``--json``
+    and ``--plot`` (the inner bench writes its record to a file of ours).
+    """
+    from wtcore.netns import cluster, rate_bits, unavailable_reason
+
+    if nodes < 1:
+        raise PayloadError(f"--nodes: expected at least 1, got {nodes}")
+    bits = rate_bits(link_rate) if link_rate is not None else None
+    check_client_places(client)
+    reason = unavailable_reason()
+    if reason is not None:
+        raise BenchNotSupportedError(f"--nodes: {reason}")
+    with cluster(nodes + 1, rate=link_rate) as c, tempfile.TemporaryDirectory() as tmp:
+        where = Placement(
+            c[0].address,
+            tuple(NodeSlot(n.netns, n.address) for n in c.nodes[1:]),
+            secrets.token_hex(16),
+        )
+        out = Path(tmp) / "record.json"
+        env = {**os.environ, NODES_ENV: where.to_env(), "OMP_NUM_THREADS": "1"}
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        cmd = [sys.executable, "-m", "wtcore.cli", "bench", *argv, "--json", str(out)]
+        proc = c[0].popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        limit = _SLACK_S + timeout_s * (rounds + 2)
+        try:
+            proc.wait(limit)
+        except subprocess.TimeoutExpired:
+            raise TransferTimeoutError(
+                f"--nodes: the bench in the trainer's node did not end within {limit:g} s"
+            ) from None
+        if not out.exists():
+            raise TransferError(
+                f"--nodes: the bench in the trainer's node ended with status {proc.returncode} "
+                "and wrote no record (its error is above)"
+            )
+        record: dict[str, Any] = json.loads(out.read_text())
+    best = float(record.get("best_median_gbps") or 0.0)
+    link: dict[str, Any] = {"nodes": nodes, "receivers": receivers, "rate": link_rate}
+    if bits is not None:
+        cap_gbps = bits / 8 / 1e9
+        link.update(cap_gbps=cap_gbps, achieved_fraction=best / cap_gbps)
+        record["limits_gbps"]["link_cap"] = cap_gbps
+        record["limit_labels"]["link_cap"] = f"link cap ({link_rate} per node, each way)"
+        record["ratios"]["link_cap"] = best / cap_gbps
+    record["link"] = link
+    return record
