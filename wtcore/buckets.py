@@ -141,6 +141,8 @@ def pack_source(
     buckets: Sequence[Bucket],
     buffer_for: Callable[[Bucket], torch.Tensor],
     stats: TransferStats | None = None,
+    *,
+    in_place: Callable[[torch.Tensor], bool] | None = None,
 ) -> Iterator[tuple[Bucket, torch.Tensor]]:
     """Iterate ``source`` once, packing each bucket into ``buffer_for(bucket)`` as it goes.
 
@@ -148,6 +150,8 @@ def pack_source(
     metadata, and checks that the source holds nothing more before yielding the last bucket,
     so a mismatch is always raised before the affected bucket is announced to any receiver.
     Tensors are copied one by one, so at most one materialized tensor is alive at a time.
+    With ``in_place``, a bucket of one tensor for which ``in_place(tensor)`` holds is yielded
+    as a flat view of that tensor itself (no copy, ``buffer_for`` not called).
     """
     from wtcore.source import iter_checked
     from wtcore.stats import TransferStats
@@ -155,14 +159,26 @@ def pack_source(
     st = stats if stats is not None else TransferStats()
     it = iter_checked(source, metas)
     for i, bucket in enumerate(buckets):
+        first = None
+        if in_place is not None and len(bucket.metas) == 1 and bucket.nbytes:
+            with st.phase("materialize"):
+                first = next(it)
+            if in_place(first[1]):
+                if i == len(buckets) - 1:
+                    _exhaust(it)
+                yield bucket, as_bytes(first[1])
+                continue
         buf = buffer_for(bucket)
         if buf.numel() < bucket.nbytes:
             raise PayloadError(
                 f"buffer of {buf.numel()} bytes is too small for bucket of {bucket.nbytes}"
             )
         for off in bucket.offsets:
-            with st.phase("materialize"):
-                meta, t = next(it)
+            if first is not None:
+                (meta, t), first = first, None
+            else:
+                with st.phase("materialize"):
+                    meta, t = next(it)
             if meta.nbytes:
                 with st.phase("pack"):
                     buf[off : off + meta.nbytes].copy_(as_bytes(t))

@@ -2,6 +2,11 @@
 
 A sink is the inverse of a source. :class:`ModuleSink` validates a whole batch (names, shapes,
 dtypes) before it copies anything, so that a bad batch leaves the model exactly as it was.
+
+A sink may also offer a tensor's *destination* (:class:`DirectSink`): an engine then receives
+that tensor's bytes straight into it instead of into a buffer it would copy out of. Sinks
+that wrap another (staging, the non-finite check) do not offer one, so they still see every
+tensor before it is applied.
 """
 
 from __future__ import annotations
@@ -15,7 +20,15 @@ from wtcore.meta import dtype_name
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ModuleSink", "ReadableSink", "WeightSink", "check_batch"]
+__all__ = [
+    "DirectSink",
+    "ModuleSink",
+    "ReadableSink",
+    "WeightSink",
+    "check_batch",
+    "direct_destination",
+    "on_device",
+]
 
 
 @runtime_checkable
@@ -36,6 +49,58 @@ class ReadableSink(WeightSink, Protocol):
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]: ...
 
 
+@runtime_checkable
+class DirectSink(WeightSink, Protocol):
+    """A sink that can offer the tensor an incoming weight may be written into in place.
+
+    ``destination`` returns that tensor (same dtype and shape, contiguous) or ``None`` (the
+    engine then hands the tensor to ``load_weights`` as usual). An engine writes the bytes
+    into the offered tensor while the round runs and does not call ``load_weights`` for it,
+    so a sink offers only tensors it would have overwritten in place anyway.
+    """
+
+    def destination(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor | None: ...
+
+
+def on_device(t: torch.Tensor, device: str) -> bool:
+    """Whether ``t`` lives on ``device`` (``"cuda"`` means the current CUDA device)."""
+    import torch
+
+    want = torch.device(device)
+    if t.device.type != want.type:
+        return False
+    if want.index is None and want.type == "cuda":
+        return t.device.index == torch.cuda.current_device()
+    return want.index is None or t.device.index == want.index
+
+
+def direct_destination(
+    sink: WeightSink, name: str, dtype: torch.dtype, shape: tuple[int, ...], device: str
+) -> torch.Tensor | None:
+    """The tensor ``sink`` offers for ``name``, if an engine on ``device`` may write into it.
+
+    The offer is checked, not trusted: a tensor of another dtype, shape, layout or device is
+    refused (``None``), so the engine's receive can never write more or fewer bytes than the
+    tensor holds.
+    """
+    import torch
+
+    if not isinstance(sink, DirectSink):
+        return None
+    t = sink.destination(name, dtype, shape)
+    if (
+        not isinstance(t, torch.Tensor)
+        or t.dtype != dtype
+        or tuple(t.shape) != tuple(shape)
+        or not t.is_contiguous()
+        or not on_device(t, device)
+    ):
+        return None
+    return t.detach()
+
+
 class ModuleSink:
     """Copies incoming tensors into a module's parameters (and buffers) by name."""
 
@@ -48,6 +113,25 @@ class ModuleSink:
         yield from self.module.named_parameters()
         if self.include_buffers:
             yield from self.module.named_buffers()
+
+    def destination(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor | None:
+        """The parameter (or buffer) ``name`` itself when its dtype, shape and layout match.
+
+        A subclass that overrides ``load_weights`` (and not this method) is offered nothing,
+        so its ``load_weights`` still sees every tensor.
+        """
+        cls = type(self)
+        if (
+            cls.load_weights is not ModuleSink.load_weights
+            and cls.destination is ModuleSink.destination
+        ):
+            return None
+        t = self._targets.get(name)
+        if t is None or t.dtype != dtype or tuple(t.shape) != tuple(shape):
+            return None
+        return t.detach() if t.is_contiguous() else None
 
     def patch_targets(self) -> Mapping[str, torch.Tensor]:
         """The live tensors by name: delta rounds patch these in place (wtcore.delta)."""

@@ -11,7 +11,7 @@ from wtcore import ModuleSink, PayloadError, WeightSyncWorker
 from wtcore.registry import ENGINES, TRAINER_ENGINES
 from wtcore.testing import build_module
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
-from wtcore_nccl.config import resolve_transport
+from wtcore_nccl.config import DEFAULT_DIRECT_MIN_BYTES, resolve_transport
 
 BASE = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 3}
 
@@ -36,10 +36,11 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "timeout_s": info.timeout_s,
         "transport": "gloo",
         "secret": "",
+        "direct_min_bytes": DEFAULT_DIRECT_MIN_BYTES,
         "broadcast": "collective",
     }
     assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
-    assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 1 << 30
+    assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 64 << 20
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_num_buffers == 2
 
 

@@ -40,3 +40,16 @@ class TestNCCLContractUnpacked(TestNCCLContract):
 
 
 pytestmark = [pytest.mark.timeout(120)]
+
+
+class TestNCCLContractInPlace(TestNCCLContract):
+    """The same contract with every tensor of 64 bytes or more travelling in place."""
+
+    def make_trainer_init_info(
+        self, *, num_workers: int, buffer_size_bytes: int
+    ) -> NCCLTrainerInitInfo:
+        info = super().make_trainer_init_info(
+            num_workers=num_workers, buffer_size_bytes=buffer_size_bytes
+        )
+        info.direct_min_bytes = 64
+        return info

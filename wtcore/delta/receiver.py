@@ -80,6 +80,22 @@ class DeltaSink:
     def delta_round(self) -> bool:
         return self._items is not None
 
+    def destination(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor | None:
+        """The chain's in-place destination (``wtcore.sink.DirectSink``), in a full round only.
+
+        Nothing is offered before the round's first batch said it is not a delta round (a
+        patch must be decoded, never received in place), nor for the delta header.
+        """
+        if self._first or self._items is not None or name == HEADER_NAME:
+            return None
+        offer = getattr(self.chain, "destination", None)
+        t = offer(name, dtype, shape) if callable(offer) else None
+        if t is not None:
+            self.applied = True  # the engine writes into the chain's tensor
+        return t  # type: ignore[no-any-return]
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         batch = list(weights)
         if not batch:

@@ -19,6 +19,7 @@ from wtcore_nccl.forward import BROADCASTS
 __all__ = [
     "BROADCASTS",
     "DEFAULT_BUFFER_SIZE",
+    "DEFAULT_DIRECT_MIN_BYTES",
     "DEFAULT_TIMEOUT_S",
     "TRANSPORTS",
     "NCCLInitInfo",
@@ -27,8 +28,11 @@ __all__ = [
     "resolve_transport",
 ]
 
-#: Default size of one packed bucket buffer.
-DEFAULT_BUFFER_SIZE = 1 << 30
+#: Default size of one packed bucket buffer (docs/benchmarks.md: 1 GiB made a 1 GiB model one
+#: bucket, unpipelined, with 1 GiB of staging on each end; 32-256 MiB measured alike).
+DEFAULT_BUFFER_SIZE = 64 << 20
+#: Default ``direct_min_bytes`` of the wtcore trainer: tensors this large travel in place.
+DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 #: What a rendezvous secret looks like (``secrets.token_hex(16)`` and longer).
 _SECRET = re.compile(r"[0-9a-f]{32,128}")
 #: ``auto`` picks NCCL for CUDA devices and gloo otherwise.
@@ -61,6 +65,11 @@ def _check_group(
         raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
 
 
+def _check_direct(value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PayloadError(f"direct_min_bytes: expected an integer >= 0, got {value!r}")
+
+
 @dataclass
 class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     """Trainer settings of the ``nccl`` engine.
@@ -73,6 +82,13 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     threads starve gloo's network threads (see docs/benchmarks.md), so transfer-only processes
     should use 1. It is ``None`` (leave torch alone) by default because the trainer process
     also trains.
+
+    ``direct_min_bytes``: a tensor at least this large travels as a bucket of its own and, when
+    it lies on the group's device, is broadcast straight from its storage and received straight
+    into the receiver's parameter (when the sink offers it); 0 packs everything
+    (:mod:`wtcore_nccl.plan`). ``checksum``: add a CRC-32 of every bucket to its frame header;
+    receivers then verify each bucket before applying it, and stage every bucket to do so
+    (:mod:`wtcore_nccl.frames`). Sizes are always checked.
 
     ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
     broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
@@ -87,10 +103,16 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     transport: str = field(default="auto", kw_only=True)
     device: str = field(default="cpu", kw_only=True)
     torch_num_threads: int | None = field(default=None, kw_only=True)
+    # In-place transfer and integrity (see wtcore_nccl.plan and wtcore_nccl.frames).
+    direct_min_bytes: int = field(default=DEFAULT_DIRECT_MIN_BYTES, kw_only=True)
+    checksum: bool = field(default=False, kw_only=True)
     broadcast: str = field(default="collective", kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check_direct(self.direct_min_bytes)
+        if not isinstance(self.checksum, bool):
+            raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
         try:
             _check_group(
                 master_address=self.master_address,
@@ -127,6 +149,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
             timeout_s=self.timeout_s,
             transport=self.resolved_transport,
             secret=secret,
+            direct_min_bytes=self.direct_min_bytes,
             broadcast=self.broadcast,
         )
 
@@ -155,14 +178,18 @@ class NCCLInitInfo:
     rank_offset: int
     world_size: int
     packed: bool = True
-    packed_buffer_size_bytes: int = DEFAULT_BUFFER_SIZE
+    #: What a trainer that leaves it out means (vLLM's default); the wtcore trainer sends its own.
+    packed_buffer_size_bytes: int = 1 << 30
     packed_num_buffers: int = 2
     timeout_s: float = DEFAULT_TIMEOUT_S
     transport: str = "auto"
     secret: str = field(default="", repr=False)
+    #: 0 (the plain packing rule) for a trainer that does not send it.
+    direct_min_bytes: int = 0
     broadcast: str = "collective"
 
     def __post_init__(self) -> None:
+        _check_direct(self.direct_min_bytes)
         if self.secret and not _SECRET.fullmatch(self.secret):
             raise PayloadError(
                 "secret: expected 32 to 128 lowercase hex digits (or '' for none), got "

@@ -12,9 +12,14 @@ buffer), and checks the CRC after the bytes arrived, before anything is unpacked
 ends with an end header (index = number of buckets, 0 bytes), so a sender with more or
 fewer buckets than planned is refused too.
 
-The CRC is computed on CPU buffers only (the gloo transport): on a CUDA buffer it would cost
-a device-to-host copy of every bucket, so the NCCL transport sends ``-1`` (not computed) and
-relies on the size check.
+The CRC is optional (the trainer's ``checksum`` option, off by default): it is a full extra
+pass over every byte on both ends, slower than the transport itself on a small host
+(docs/benchmarks.md), while sizes and index, which keep the transport from aborting or
+leaving stale bytes, cost nothing. It is computed on CPU buffers only (the gloo transport): on
+a CUDA buffer it would cost a device-to-host copy of every bucket, so the NCCL transport
+always sends ``-1`` (not computed). A receiver stages a bucket whose header carries a CRC
+(never receiving it in place), so torn bytes are refused before anything of the bucket is
+applied.
 """
 
 from __future__ import annotations
@@ -54,12 +59,17 @@ def bytes_crc(data: torch.Tensor) -> int:
     return zlib.crc32(memoryview(data.numpy()))  # type: ignore[arg-type]
 
 
-def make_header(index: int, data: torch.Tensor | None, device: str) -> torch.Tensor:
-    """The header of ``data`` (flat uint8) as bucket ``index``; ``None`` is the end header."""
+def make_header(
+    index: int, data: torch.Tensor | None, device: str, *, checksum: bool = True
+) -> torch.Tensor:
+    """The header of ``data`` (flat uint8) as bucket ``index``; ``None`` is the end header.
+
+    Without ``checksum`` the CRC word is :data:`NO_CRC` (sizes and index are always there).
+    """
     import torch
 
     nbytes = 0 if data is None else data.numel()
-    crc = 0 if data is None else bytes_crc(data)
+    crc = 0 if data is None else bytes_crc(data) if checksum else NO_CRC
     return torch.tensor([MAGIC, index, nbytes, crc], dtype=torch.int64, device=device)
 
 

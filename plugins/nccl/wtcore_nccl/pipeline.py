@@ -82,7 +82,11 @@ class Slot:
 
 @dataclass
 class BufferPool:
-    """``num_buffers`` ring buffers plus one oversize buffer, grown on demand, kept forever."""
+    """``num_buffers`` ring buffers plus one oversize buffer, allocated on first use, kept.
+
+    Buffers are allocated only when a bucket is staged in them, so a round whose buckets all
+    travel in place (see :mod:`wtcore_nccl.plan`) holds none.
+    """
 
     num_buffers: int
     buffer_size: int
@@ -91,28 +95,40 @@ class BufferPool:
     large: Slot | None = None
     last: Slot | None = None
     _next: int = 0
+    _regular: int = 0
+    _oversize: int = 0
 
     def prepare(self, buckets: Sequence[Bucket]) -> None:
-        """Make sure the buffers fit this round's buckets (allocates only to grow)."""
-        import torch
-
-        regular = max((b.nbytes for b in buckets if b.nbytes <= self.buffer_size), default=0)
-        oversize = max((b.nbytes for b in buckets if b.nbytes > self.buffer_size), default=0)
-        if regular and (not self.ring or self.ring[0].buf.numel() < regular):
-            self.ring = [
-                Slot(torch.empty(regular, dtype=torch.uint8, device=self.device))
-                for _ in range(self.num_buffers)
-            ]
-        if oversize and (self.large is None or self.large.buf.numel() < oversize):
-            self.large = Slot(torch.empty(oversize, dtype=torch.uint8, device=self.device))
+        """Size this round's buffers (allocated, or grown, when first used)."""
+        self._regular = max((b.nbytes for b in buckets if b.nbytes <= self.buffer_size), default=0)
+        self._oversize = max((b.nbytes for b in buckets if b.nbytes > self.buffer_size), default=0)
         self._next = 0
 
-    def slot_for(self, bucket: Bucket) -> Slot:
-        """The buffer the next bucket uses (buckets must be asked for in order)."""
+    def _alloc(self, nbytes: int) -> Slot:
+        import torch
+
+        return Slot(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
+
+    def peek(self, bucket: Bucket) -> Slot | None:
+        """The slot :meth:`slot_for` would hand out next (``None``: not allocated yet)."""
         if bucket.nbytes > self.buffer_size:
-            assert self.large is not None, "prepare() was not called for this round"
+            return self.large
+        return self.ring[self._next % len(self.ring)] if self.ring else None
+
+    def slot_for(self, bucket: Bucket) -> Slot:
+        """The buffer the next staged bucket uses (staged buckets are asked for in order).
+
+        Grows a buffer at most once a round (to the size :meth:`prepare` computed), and only
+        at its first use in the round, when none of its work is pending.
+        """
+        if bucket.nbytes > self.buffer_size:
+            if self.large is None or self.large.buf.numel() < bucket.nbytes:
+                self.large = self._alloc(max(self._oversize, bucket.nbytes))
             slot = self.large
         else:
+            if not self.ring or self.ring[0].buf.numel() < bucket.nbytes:
+                size = max(self._regular, bucket.nbytes)
+                self.ring = [self._alloc(size) for _ in range(self.num_buffers)]
             slot = self.ring[self._next % len(self.ring)]
             self._next += 1
         self.last = slot

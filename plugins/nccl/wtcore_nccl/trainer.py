@@ -1,5 +1,7 @@
 """The sender: packs buckets into reused buffers and broadcasts them, pipelined.
 
+Large tensors are broadcast in place, straight from the source (:mod:`wtcore_nccl.plan`).
+
 Every worker RPC (the init handshake and the round's single ``update_weights``)
 runs on a helper thread while this thread joins the group or broadcasts, because both block
 until the other side takes part. Every wait polls the RPC, so a rejected call fails the
@@ -17,17 +19,18 @@ import traceback
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from wtcore.buckets import as_bytes, pack_source, plan_buckets
+from wtcore.buckets import pack_source
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import MetadataMismatchError, TransferError
 from wtcore.kit import BucketedTrainerEngine
 from wtcore.meta import metas_to_wire
-from wtcore.source import iter_checked
+from wtcore.sink import on_device
 from wtcore.trainer import TrainerInitInfo
 from wtcore_nccl.config import NCCLTrainerInitInfo
 from wtcore_nccl.frames import make_header
 from wtcore_nccl.group import GENERATION_KEY, Group, host_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, wait_work
+from wtcore_nccl.plan import plan_nccl
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
@@ -53,6 +56,53 @@ def _fail_fast(rpc: BackgroundCall[Any]) -> Any:
             raise err
 
     return poll
+
+
+class _RoundCalls:
+    """A round's control calls, off the critical path: start, then at once ``update_weights``.
+
+    A helper thread sends ``start_weight_update`` and, as soon as it returned, launches the
+    round's single ``update_weights`` (on a thread of its own: it returns only once the whole
+    round was received), while this thread reads and packs the first bucket; :meth:`open`,
+    called before the first broadcast, waits for that. The start's round trip no longer adds
+    to the round.
+    """
+
+    def __init__(self, client: WeightSyncClient, metas: list[ParamMeta], timeout_s: float):
+        self.timeout_s = timeout_s
+        self.rpc: BackgroundCall[None] | None = None
+        wire = metas_to_wire(metas)
+
+        def start_then_update() -> None:
+            client.start_weight_update()
+            self.rpc = BackgroundCall(client.update_weights, wire, name="update_weights")
+
+        self.start: BackgroundCall[None] = BackgroundCall(
+            start_then_update, name="start_weight_update"
+        )
+
+    def open(self, stats: TransferStats) -> BackgroundCall[None]:
+        """Wait for the start (bounded); the ``update_weights`` call it launched."""
+        if self.rpc is None:
+            with stats.phase("control"):
+                self.start.result(self.timeout_s)
+        assert self.rpc is not None
+        return self.rpc
+
+    def settle(self) -> BackgroundCall[None] | None:
+        """After a failure: let the start end (bounded); the update call, if it was sent."""
+        self.start.wait(min(_ERROR_GRACE_S, self.timeout_s))
+        return self.rpc
+
+    def poll(self) -> None:
+        """Between short waits: raise a call's error at once (fail fast)."""
+        call = self.rpc if self.rpc is not None else self.start
+        err = call.error
+        if err is not None:
+            raise err
+
+    def update_result(self, stats: TransferStats) -> None:
+        self.open(stats).result(self.timeout_s)
 
 
 class NCCLTrainerEngine(BucketedTrainerEngine):
@@ -140,25 +190,18 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         metas = source.metadata()
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
-        try:
-            with stats.phase("control"):
-                self.client.start_weight_update()
-            rpc = BackgroundCall(
-                self.client.update_weights, metas_to_wire(metas), name="update_weights"
-            )
-        except BaseException:
-            self._close_group(None)
-            raise
+        calls = _RoundCalls(self.client, metas, self.info.timeout_s)
         inflight: deque[tuple[dist.Work, str, Any]] = deque()
         self._headers = []
         try:
-            if self.info.packed:
-                self._send_packed(group, source, metas, stats, _fail_fast(rpc))
-            else:
-                self._send_unpacked(group, source, metas, stats, _fail_fast(rpc), inflight)
+            self._send_frames(group, source, metas, stats, calls, inflight)
             with stats.phase("control"):
-                rpc.result(self.info.timeout_s)
+                calls.update_result(stats)
         except BaseException as e:
+            rpc = calls.settle()
+            if rpc is None:  # the round never got its update: nothing was broadcast
+                self._close_group(None)
+                raise
             cause = self._abort(e, rpc, [w for w, _, _ in inflight])
             inflight.clear()
             if cause is not None:
@@ -168,21 +211,35 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         with stats.phase("control"):
             self.client.finish_weight_update(stats.weight_version)
 
-    def _send_packed(
+    def _send_frames(
         self,
         group: Group,
         source: WeightSource,
         metas: list[ParamMeta],
         stats: TransferStats,
-        poll: Any,
+        calls: _RoundCalls,
+        inflight: deque[tuple[dist.Work, str, Any]],
     ) -> None:
+        """Broadcast every bucket: packed ones from reused buffers, single tensors in place.
+
+        At most ``packed_num_buffers`` broadcasts are in flight; each keeps what it reads
+        (its buffer, or the source tensor) alive until it completed, and a buffer is packed
+        again only once its previous broadcast completed.
+        """
         import torch
 
-        pool = self._pool
-        buckets = plan_buckets(metas, self.info.packed_buffer_size_bytes)
+        info, pool = self.info, self._pool
+        timeout = info.timeout_s
+        buckets = plan_nccl(
+            metas,
+            packed=info.packed,
+            buffer_size_bytes=info.packed_buffer_size_bytes,
+            direct_min_bytes=info.direct_min_bytes,
+        )
         pool.prepare(buckets)
-        empty = torch.empty(0, dtype=torch.uint8, device=self.info.device)
-        timeout = self.info.timeout_s
+        poll = calls.poll
+        empty = torch.empty(0, dtype=torch.uint8, device=info.device)
+        staged: set[int] = set()  # buckets packed into a buffer this round
 
         def buffer_for(bucket: Bucket) -> torch.Tensor:
             if bucket.nbytes == 0:
@@ -192,72 +249,48 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
                 with stats.phase("wire"):
                     wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
                 slot.work = None
+            staged.add(bucket.index)
             return slot.buf
 
-        for bucket, filled in pack_source(source, metas, buckets, buffer_for, stats):
+        def settle_oldest() -> None:
+            with stats.phase("wire"):
+                wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
+            inflight.popleft()
+
+        def in_place(t: torch.Tensor) -> bool:
+            return on_device(t, info.device)
+
+        frames = pack_source(source, metas, buckets, buffer_for, stats, in_place=in_place)
+        for bucket, data in frames:
             stats.num_buckets += 1
             if bucket.nbytes == 0:
                 continue  # both ends skip empty buckets
-            slot = pool.slot_for_last()
+            calls.open(stats)  # the first broadcast needs the update announced
+            while len(inflight) >= info.packed_num_buffers:
+                settle_oldest()
+            label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
             with stats.phase("wire"):
-                slot.work = self._send_frame(group, bucket.index, filled)
-            slot.label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
-        with stats.phase("wire"):
-            end = self._send_end(group, len(buckets))
-            for slot in pool.busy_slots():
-                assert slot.work is not None
-                wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
-                slot.work = None
-            wait_work(end, what="the round's end header", timeout_s=timeout, poll=poll)
-
-    def _send_unpacked(
-        self,
-        group: Group,
-        source: WeightSource,
-        metas: list[ParamMeta],
-        stats: TransferStats,
-        poll: Any,
-        inflight: deque[tuple[dist.Work, str, Any]],
-    ) -> None:
-        import torch
-
-        timeout = self.info.timeout_s
-        device = self.info.device
-        it = iter_checked(source, metas)
-        for index in range(len(metas) + 1):
-            with stats.phase("materialize"):
-                item = next(it, None)
-            if item is None:
-                break
-            meta, t = item
-            stats.num_buckets += 1
-            if meta.nbytes == 0:
-                continue
-            t = t.detach()
-            data = as_bytes(t if t.device == torch.device(device) else t.to(device))
-            while len(inflight) >= self.info.packed_num_buffers:
-                with stats.phase("wire"):
-                    wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
-                inflight.popleft()
-            with stats.phase("wire"):
-                work = self._send_frame(group, index, data)
-            # The tensor must stay alive until its broadcast completes.
-            inflight.append((work, f"broadcast of {meta.name!r} ({meta.nbytes} bytes)", data))
-            del t, data
-        with stats.phase("wire"):
-            inflight.append((self._send_end(group, len(metas)), "the round's end header", None))
-            while inflight:
-                wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
-                inflight.popleft()
+                work = self._send_frame(group, bucket.index, data)
+            if bucket.index in staged:
+                slot = pool.slot_for_last()
+                slot.work, slot.label = work, label
+            inflight.append((work, label, data))
+            del data
+        calls.open(stats)
+        inflight.append((self._send_end(group, len(buckets)), "the round's end header", None))
+        while inflight:
+            settle_oldest()
+        pool.forget_work()
 
     def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
-        """Broadcast bucket ``index``: its header (size and CRC of ``data``), then ``data``.
+        """Broadcast bucket ``index``: its header (size, and CRC with ``checksum``), then ``data``.
 
         The header's work needs no wait of its own (the receiver posts the data's receive
         only after the header arrived, and a failure shows on the data's work); it is kept
         for the round only so that a failure path lets the group go after it ended.
         """
-        self._headers.append(group.broadcast(make_header(index, data, self.info.device)))
+        header = make_header(index, data, self.info.device, checksum=self.info.checksum)
+        self._headers.append(group.broadcast(header))
         return group.broadcast(data)
 
     def _send_end(self, group: Group, num_buckets: int) -> dist.Work:

@@ -1,7 +1,8 @@
 """The receiver: joins the transfer group, receives buckets into reused buffers, loads views.
 
-Receives are posted ahead, in bucket order, into ``packed_num_buffers`` reused buffers, so
-the next bucket is on the wire while the sink copies the current one. Every wait is bounded
+Receives are posted ahead, in bucket order (at most ``packed_num_buffers`` of them), so the
+next bucket is on the wire while the sink copies the current one. A large tensor is received
+in place, straight into the tensor the sink offers (:mod:`wtcore_nccl.plan`). Every wait is bounded
 by the timeout and polls for a shutdown and for the sender's abort notice, so a trainer
 that abandons a round (a metadata mismatch, a crash) ends this worker's ``update_weights``
 with an error instead of leaving it blocked. After a failed round the group is dropped; the
@@ -14,19 +15,24 @@ import logging
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wtcore.buckets import Bucket, plan_round, unpack_bucket
+from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.concurrency import BackgroundCall
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError, TransferTimeoutError
+from wtcore.sink import direct_destination
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
-from wtcore_nccl.frames import HEADER_WORDS, check_crc, check_header
+from wtcore_nccl.frames import HEADER_WORDS, NO_CRC, check_crc, check_header
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, Slot, wait_work
+from wtcore_nccl.plan import is_single, plan_nccl
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
+    import torch
+
     from wtcore.sink import WeightSink
 
 __all__ = ["WORKER_OPTIONS", "NCCLWorkerEngine"]
@@ -40,6 +46,17 @@ WORKER_OPTIONS: tuple[str, ...] = ("torch_num_threads",)
 _NOTICE_WAIT_S = 1.0
 #: How often (in polls of 50 ms) a waiting receiver asks the store whether the sender gave up.
 _ABORT_CHECK_EVERY = 4
+
+
+@dataclass
+class _Frame:
+    """One posted receive: its work, its label, the header's CRC word, where it lands."""
+
+    work: Any
+    label: str
+    crc: int
+    data: torch.Tensor
+    slot: Slot | None  # None: received in place, into the sink's tensor
 
 
 class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
@@ -83,6 +100,9 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         self._polls = 0
         self._notice: BackgroundCall[str | None] | None = None
         self._header_work: Any = None  # dist.Work of a header receive in progress
+        self._held: tuple[int, int] | None = None  # (bucket, CRC word) of a header not posted
+        self._in_place: list[Any] = []  # this round's receives into the sink's tensors
+        self._late: list[Any] = []  # in-place receives of abandoned rounds (_settle_late)
 
     @classmethod
     def host_status(cls) -> str:
@@ -222,34 +242,37 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
     ) -> None:
         import torch
 
-        metas = update.metas
-        buckets = plan_round(
-            metas, packed=info.packed, buffer_size_bytes=info.packed_buffer_size_bytes
+        self._settle_late(info)
+        buckets = plan_nccl(
+            update.metas,
+            packed=info.packed,
+            buffer_size_bytes=info.packed_buffer_size_bytes,
+            direct_min_bytes=info.direct_min_bytes,
         )
         pool.prepare(buckets)
-        slots: list[Slot | None] = [pool.slot_for(b) if b.nbytes else None for b in buckets]
-        crcs: list[int] = [0] * len(buckets)
+        self._held = None
+        frames: list[_Frame | None] = [None] * len(buckets)
         empty = torch.empty(0, dtype=torch.uint8, device=self.device)
         n, posted = len(buckets), 0
         for i, bucket in enumerate(buckets):
-            # Post receives ahead, in bucket order, while the next bucket's buffer is free.
-            while posted < n:
-                nxt = slots[posted]
-                if nxt is not None:
-                    if nxt.work is not None:
-                        break
-                    crcs[posted] = self._post_receive(group, info, buckets[posted], nxt)
+            # Post receives ahead, in bucket order, at most packed_num_buffers of them.
+            while posted < min(n, i + info.packed_num_buffers):
+                nxt = buckets[posted]
+                if nxt.nbytes and not self._post(group, info, pool, nxt, frames):
+                    break  # its buffer still holds a bucket not yet loaded
                 posted += 1
-            slot = slots[i]
-            buf = empty
-            if slot is not None:
-                assert slot.work is not None
-                wait_work(slot.work, what=slot.label, timeout_s=info.timeout_s, poll=self._poll)
-                slot.work = None
-                buf = slot.buf
-                check_crc(slot.view(bucket.nbytes), crcs[i], what=slot.label)
+            frame, frames[i] = frames[i], None
+            if frame is None:  # nothing travels for an empty bucket
+                self.sink.load_weights(list(unpack_bucket(bucket, empty)))
+                continue
+            wait_work(frame.work, what=frame.label, timeout_s=info.timeout_s, poll=self._poll)
+            if frame.slot is None:
+                continue  # received in place: the bytes already are in the sink's tensor
+            frame.slot.work = None
+            check_crc(frame.data, frame.crc, what=frame.label)
             # The sink copies what it keeps (WeightSink contract), so the buffer is free after.
-            self.sink.load_weights(list(unpack_bucket(bucket, buf)))
+            self.sink.load_weights(list(unpack_bucket(bucket, frame.slot.buf)))
+        self._in_place.clear()
         self._receive_header(group, info, index=n, nbytes=0, what="the round's end header")
 
     def _receive_header(
@@ -265,18 +288,78 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         self._header_work = None
         return check_header(header, index=index, nbytes=nbytes, what=what)
 
-    def _post_receive(self, group: Group, info: NCCLInitInfo, bucket: Bucket, slot: Slot) -> int:
-        """Take the bucket's header, then post the receive of exactly the planned bytes.
+    def _post(
+        self,
+        group: Group,
+        info: NCCLInitInfo,
+        pool: BufferPool,
+        bucket: Bucket,
+        frames: list[_Frame | None],
+    ) -> bool:
+        """Take ``bucket``'s header, then post the receive of exactly the planned bytes.
 
         A header that disagrees with the plan raises before the receive is posted, so the
         transport never gets a buffer of another size than the sender's (gloo aborts the
-        process on a longer message, and leaves a stale tail on a shorter one).
+        process on a longer message, and leaves a stale tail on a shorter one). A bucket of
+        one tensor whose header carries no CRC is received straight into the tensor the sink
+        offers; others (and checksummed ones, verified before they are applied) into a
+        buffer. Returns False, keeping the header, when that buffer is still busy.
         """
-        nbytes = bucket.nbytes
-        slot.label = f"receive of bucket {bucket.index} ({nbytes} bytes)"
-        crc = self._receive_header(group, info, index=bucket.index, nbytes=nbytes, what=slot.label)
-        slot.work = group.broadcast(slot.view(nbytes))
-        return crc
+        i = bucket.index
+        label = f"receive of bucket {bucket.index} ({bucket.nbytes} bytes)"
+        if self._held is None or self._held[0] != i:
+            crc = self._receive_header(
+                group, info, index=bucket.index, nbytes=bucket.nbytes, what=label
+            )
+            self._held = (i, crc)
+        crc = self._held[1]
+        dest = None
+        if crc == NO_CRC and is_single(bucket):
+            m = bucket.metas[0]
+            dest = direct_destination(self.sink, m.name, m.dtype, m.shape, self.device)
+        slot: Slot | None = None
+        if dest is not None:
+            data = as_bytes(dest)
+        else:
+            busy = pool.peek(bucket)
+            if busy is not None and busy.work is not None:
+                return False
+            slot = pool.slot_for(bucket)
+            data = slot.view(bucket.nbytes)
+        self._held = None
+        work = group.broadcast(data)
+        if slot is not None:
+            slot.work, slot.label = work, label
+        else:
+            self._in_place.append(work)
+        frames[i] = _Frame(work, label, crc, data, slot)
+        return True
+
+    def _settle_late(self, info: NCCLInitInfo) -> None:
+        """Wait until no receive of an abandoned round can still write into the sink.
+
+        A receive posted in place cannot be cancelled (gloo lets it run until its bytes
+        arrive, its peer closes, or the group's timeout); if a round is abandoned with one
+        pending, its old sender may still deliver into the model. No new round writes into
+        the sink before every such receive ended, so a late delivery never lands on top of a
+        newer round that then reads as consistent. Usually they have long ended (a trainer
+        that failed still sends what it had started, a killed one closes its connections).
+        """
+        self._late = [w for w in self._late if not w.is_completed()]
+        while self._late:
+            work = self._late[0]
+            try:
+                wait_work(
+                    work,
+                    what="an abandoned round's in-place receive (it may still write into "
+                    "the model)",
+                    timeout_s=info.timeout_s,
+                    poll=self._check_closing,
+                )
+            except TransferError:
+                if not work.is_completed():
+                    raise  # shut down, aborted or timed out: it stays on the list
+            self._late.pop(0)
 
     def _drop_after_failure(self, error: BaseException) -> BaseException | None:
         """A half-received sequence cannot be resumed: drop the group (never blocking).
@@ -303,10 +386,15 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
 
     # ------------------------------------------------------------------ teardown
     def _pending(self) -> list[Any]:
-        """Receives that may still use the group (and its buffers); takes them over."""
+        """Receives that may still use the group (and its buffers); takes them over.
+
+        In-place receives among them are remembered (:meth:`_settle_late`).
+        """
         pending = self._pool.pending() if self._pool is not None else []
         header, self._header_work = self._header_work, None
-        return [*pending, *([header] if header is not None else [])]
+        in_place, self._in_place = self._in_place, []
+        self._late += [w for w in in_place if not w.is_completed()]
+        return [*pending, *in_place, *([header] if header is not None else [])]
 
     def _release(self) -> None:
         """Drop the group, the store and the buffers (a re-init may use other sizes)."""
