@@ -27,7 +27,7 @@ from typing import Any
 API_KEY = "bench-delta-key"
 PORT = 8100
 MASTER_PORTS = {"delta": 29611, "full": 29612}
-WIDTH, STEPS, DENSE, BUCKET_MIB = 256, 8, 6, 16
+WIDTH, STEPS, DENSE, BUCKET_MIB = 256, 8, 6, 4
 
 
 def _states(width: int, steps: int, dense: int) -> list[dict[str, Any]]:
