@@ -27,7 +27,7 @@ from typing import Any
 API_KEY = "bench-delta-key"
 PORT = 8100
 MASTER_PORTS = {"delta": 29611, "full": 29612}
-WIDTH, STEPS, DENSE = 256, 8, 6
+WIDTH, STEPS, DENSE, BUCKET_MIB = 256, 8, 6, 4
 
 
 def _states(width: int, steps: int, dense: int) -> list[dict[str, Any]]:
@@ -70,6 +70,7 @@ def driver(args: argparse.Namespace) -> None:
             torch_num_threads=1,
             delta=kind == "delta",
             rank=0,
+            packed_buffer_size_bytes=args.bucket_mib << 20,
         )
         trainers[kind] = (WeightTransferTrainerFactory.trainer_init(info, client=client), client)
     rounds = []
@@ -103,6 +104,13 @@ def main() -> None:
     p.add_argument("--width", type=int, default=WIDTH)
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--dense", type=int, default=DENSE)
+    p.add_argument(
+        "--bucket-mib",
+        type=int,
+        default=BUCKET_MIB,
+        help="both trainers' packed_buffer_size_bytes, in MiB: several buckets per round let "
+        "the receiver load one bucket while the next is on the wire",
+    )
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--address", help=argparse.SUPPRESS)
@@ -145,14 +153,19 @@ def main() -> None:
         argv = [
             sys.executable, __file__, "--driver", "--address", c[0].address,
             "--urls", json.dumps(urls), "--width", str(args.width), "--steps", str(args.steps),
-            "--dense", str(args.dense),
+            "--dense", str(args.dense), "--bucket-mib", str(args.bucket_mib),
         ]  # fmt: skip
         drv = c[0].popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = drv.communicate(timeout=1200)
         if drv.returncode != 0:
             raise SystemExit(f"driver failed ({drv.returncode}):\n{stderr[-4000:]}")
     record = json.loads(stdout.strip().splitlines()[-1])
-    record["settings"] = {"rate": args.rate, "width": args.width, "steps": args.steps}
+    record["settings"] = {
+        "rate": args.rate,
+        "width": args.width,
+        "steps": args.steps,
+        "bucket_mib": args.bucket_mib,
+    }
     _print(record)
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=2))

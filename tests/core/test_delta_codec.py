@@ -9,7 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wtcore.delta.codec import HEADER_BYTES, MASK, RUNS, apply_patch, bits, decode, encode
+from wtcore.delta.codec import (
+    HEADER_BYTES,
+    MASK,
+    RUNS,
+    apply_patch,
+    bits,
+    decode,
+    encode,
+    plan,
+)
 from wtcore.errors import PayloadError, StaleBaseError, http_status
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.uint8, torch.bool]
@@ -180,3 +189,37 @@ def test_malformed_headers_are_refused(items: object) -> None:
     raw = json.dumps({"format": 1, "base": "v1", "items": items}).encode()
     with pytest.raises(PayloadError, match="delta header"):
         DeltaHeader.from_tensor(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+
+def test_a_planned_mask_patch_is_completed_later_and_bit_exact() -> None:
+    # plan() sizes a bitmask patch before its values are gathered (the gather runs while the
+    # engine sends earlier buckets); the comparison buffer is reused by other tensors between.
+    import numpy as np
+
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(50_000, generator=g).to(torch.bfloat16)
+    new = base.clone()
+    bits(new)[torch.rand(50_000, generator=g) < 0.2] += 1
+    scratch = np.empty(60_000, dtype=np.bool_)
+    enc, finish = plan(new, base, scratch=scratch)
+    assert enc.kind == "patch" and enc.encoding == MASK and finish is not None
+    assert enc.blob is not None
+    size = enc.blob.numel()
+    other = torch.zeros(60_000, dtype=torch.int16)
+    plan(other + 1, other, scratch=scratch)  # another tensor overwrites the scratch
+    idx = finish()
+    assert enc.blob.numel() == size and idx.numel() == enc.count
+    target = base.clone()
+    apply_patch(target, decode(enc.blob, target, name="w"))
+    assert torch.equal(bits(target), bits(new))
+
+
+def test_a_tensor_changed_between_plan_and_finish_is_refused() -> None:
+    base = torch.zeros(10_000, dtype=torch.bfloat16)
+    new = base.clone()
+    bits(new)[::4] = 1
+    enc, finish = plan(new, base)
+    assert enc.encoding == MASK and finish is not None
+    bits(new)[1] = 1  # the weights moved under the trainer: the sized blob would lie
+    with pytest.raises(PayloadError, match="changed while encoding"):
+        finish()

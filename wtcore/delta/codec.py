@@ -26,12 +26,14 @@ popcount, run bounds and overlap are all checked before it returns positions tha
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "decode",
     "encode",
     "patch_sizes",
+    "plan",
 ]
 
 MAGIC = b"WTDP"
@@ -99,13 +102,34 @@ class Encoded:
     encoding: int = 0
 
 
-def encode(new: torch.Tensor, base: torch.Tensor) -> tuple[Encoded, torch.Tensor | None]:
+def encode(
+    new: torch.Tensor, base: torch.Tensor, *, scratch: np.ndarray[Any, Any] | None = None
+) -> tuple[Encoded, torch.Tensor | None]:
     """Compare ``new`` with ``base`` (same dtype, shape, device); pick the smallest form.
 
     Returns the outcome and, for a patch, the changed flat indices (int64, on ``new``'s
-    device), so the caller can bring its base up to date without a second comparison. The
-    positions are worked out with numpy on the CPU (an accelerator only compares and gathers):
-    its bit operations are many times faster than torch's on CPU tensors.
+    device), so the caller can bring its base up to date without a second comparison. This is
+    :func:`plan` with its second half run at once.
+    """
+    enc, finish = plan(new, base, scratch=scratch)
+    return enc, finish() if finish is not None else None
+
+
+def plan(
+    new: torch.Tensor, base: torch.Tensor, *, scratch: np.ndarray[Any, Any] | None = None
+) -> tuple[Encoded, Callable[[], torch.Tensor] | None]:
+    """The first half of :func:`encode`: the outcome and the patch's size, and, for a patch,
+    a ``finish`` that completes its blob and returns the changed flat indices.
+
+    A bitmask patch's blob gets its header and mask here; its values are gathered by
+    ``finish``, which compares again (``base`` must not have changed in between), so a trainer
+    knows every blob's size before the round and gathers while earlier buckets are on the
+    wire (on the CPU; elsewhere ``finish`` has nothing left to do). ``finish`` must run
+    once, before ``blob`` is read. The positions are worked out with
+    numpy on the CPU (an accelerator only compares and gathers): its bit operations are many
+    times faster than torch's on CPU tensors. ``scratch``, a bool array of at least
+    ``new.numel()`` elements reused across calls (and by ``finish``), holds the comparison: a
+    fresh array of that size costs a page fault per page, every call.
     """
     import numpy as np
     import torch
@@ -113,36 +137,76 @@ def encode(new: torch.Tensor, base: torch.Tensor) -> tuple[Encoded, torch.Tensor
     nb, bb = bits(new), bits(base)
     numel, itemsize = nb.numel(), nb.element_size()
     on_cpu = nb.device.type == "cpu" and bb.device.type == "cpu"
-    mask = nb.numpy() != bb.numpy() if on_cpu else (nb != bb).cpu().numpy()
+
+    def compare() -> np.ndarray[Any, Any]:
+        result: np.ndarray[Any, Any]
+        if not on_cpu:
+            result = (nb != bb).cpu().numpy()
+            return result
+        out = None
+        if scratch is not None and scratch.dtype == np.bool_ and scratch.size >= numel:
+            out = scratch[:numel]
+        result = np.not_equal(nb.numpy(), bb.numpy(), out=out)
+        return result
+
+    mask = compare()
     count = int(np.count_nonzero(mask))
     if count == 0:
         return Encoded("same", 0), None
     full = numel * itemsize
     if min(patch_sizes(numel, itemsize, count, 0).values()) >= full:
         return Encoded("full", count), None  # runs cost at least one pair too
-    runs = int(np.count_nonzero(mask[1:] & ~mask[:-1])) + int(mask[0])
+    # A run starts where a set flag follows a clear one: one compare of int8 views.
+    flags = mask.view(np.int8)
+    runs = int(np.count_nonzero(flags[1:] > flags[:-1])) + int(flags[0])
     sizes = patch_sizes(numel, itemsize, count, runs)
     encoding = min(sizes, key=lambda k: sizes[k])
     if sizes[encoding] >= full:
         return Encoded("full", count), None
-    idx_np = np.flatnonzero(mask)
-    idx = torch.from_numpy(idx_np).to(nb.device)
-    values = (nb.numpy()[idx_np] if on_cpu else nb[idx].cpu().numpy()).view(np.uint8)
     pos_dtype = np.int32 if _pos_width(numel) == 4 else np.int64
-    if encoding == INDEX:
-        positions = idx_np.astype(pos_dtype).view(np.uint8)
-    elif encoding == MASK:
-        positions = np.packbits(mask, bitorder="little")
-    else:
-        edges = np.flatnonzero(np.diff(mask, prepend=False, append=False))
-        run_starts, run_ends = edges[0::2], edges[1::2]
-        pairs = np.stack([run_starts, run_ends - run_starts], 1)
-        positions = pairs.astype(pos_dtype).reshape(-1).view(np.uint8)
-    header = _HEADER.pack(
-        MAGIC, FORMAT, encoding, itemsize, 0, numel, count, runs if encoding == RUNS else 0
+    # The blob is written in place: header, positions, values; no concatenation pass.
+    raw = np.empty(sizes[encoding], dtype=np.uint8)
+    raw[:HEADER_BYTES] = np.frombuffer(
+        _HEADER.pack(
+            MAGIC, FORMAT, encoding, itemsize, 0, numel, count, runs if encoding == RUNS else 0
+        ),
+        dtype=np.uint8,
     )
-    raw = np.concatenate([np.frombuffer(header, dtype=np.uint8), positions, values])
-    return Encoded("patch", count, torch.from_numpy(raw), encoding), idx
+    body = raw[HEADER_BYTES : len(raw) - count * itemsize]
+    values = raw[len(raw) - count * itemsize :]
+
+    def gather(idx_np: np.ndarray[Any, Any]) -> torch.Tensor:
+        # Positions, then a gather by them: numpy's boolean indexing is several times slower.
+        if on_cpu:
+            np.take(nb.numpy(), idx_np, out=values.view(nb.numpy().dtype))
+        else:
+            values[:] = nb[torch.from_numpy(idx_np).to(nb.device)].cpu().numpy().view(np.uint8)
+        return torch.from_numpy(idx_np).to(nb.device)
+
+    blob = torch.from_numpy(raw)
+    if encoding == MASK:
+        body[:] = np.packbits(mask, bitorder="little")
+        if not on_cpu:  # deferring would keep a device copy of the base alive: gather now
+            gathered = gather(np.flatnonzero(mask))
+            return Encoded("patch", count, blob, encoding), lambda: gathered
+
+        def finish_mask() -> torch.Tensor:
+            again = compare()
+            if int(np.count_nonzero(again)) != count:
+                raise PayloadError("delta patch: a tensor or its base changed while encoding")
+            return gather(np.flatnonzero(again))
+
+        return Encoded("patch", count, blob, encoding), finish_mask
+    idx_np = np.flatnonzero(mask)
+    if encoding == INDEX:
+        body.view(pos_dtype)[:] = idx_np
+    else:
+        edges = np.flatnonzero(np.diff(flags, prepend=0, append=0))
+        pairs = body.view(pos_dtype).reshape(runs, 2)
+        pairs[:, 0] = edges[0::2]
+        pairs[:, 1] = edges[1::2] - edges[0::2]
+    idx = gather(idx_np)
+    return Encoded("patch", count, blob, encoding), lambda: idx
 
 
 @dataclass(frozen=True)
@@ -200,9 +264,10 @@ def decode(blob: torch.Tensor, target: torch.Tensor, *, name: str) -> Decoded:
         flags = np.unpackbits(body[: (numel + 7) // 8], bitorder="little").view(bool)
         if bool(flags[numel:].any()):
             raise bad("mask padding bits are set")
+        marked = int(np.count_nonzero(flags[:numel]))
+        if marked != count:
+            raise bad(f"mask marks {marked} elements, header says {count}")
         positions = np.flatnonzero(flags[:numel])
-        if positions.size != count:
-            raise bad(f"mask marks {positions.size} elements, header says {count}")
     else:
         pairs = body[: runs * 2 * _pos_width(numel)].view(pos_dtype).astype(np.int64)
         run_starts, lengths = pairs[0::2], pairs[1::2]
@@ -217,7 +282,7 @@ def decode(blob: torch.Tensor, target: torch.Tensor, *, name: str) -> Decoded:
             raise bad(f"runs cover {int(lengths.sum())} elements, header says {count}")
         before = np.cumsum(lengths) - lengths  # elements in earlier runs
         positions = np.repeat(run_starts - before, lengths) + np.arange(count)
-    return Decoded(encoding, torch.from_numpy(positions.astype(np.int64)), values)
+    return Decoded(encoding, torch.from_numpy(positions.astype(np.int64, copy=False)), values)
 
 
 def apply_patch(target: torch.Tensor, patch: Decoded) -> None:

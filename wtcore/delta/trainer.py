@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from wtcore.delta.codec import bits, encode
+from wtcore.delta.codec import bits, plan
 from wtcore.delta.header import HEADER_NAME, DeltaHeader
 from wtcore.errors import ReceiverError, WtcoreError
 from wtcore.meta import ParamMeta, dtype_name
 from wtcore.source import TensorSource, WeightSource, iter_checked
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from wtcore.stats import TransferStats
@@ -96,9 +97,16 @@ def _dense_by_sample(new: torch.Tensor, base: torch.Tensor) -> bool:
     return changed >= 1.0 - 1.0 / (8 * nb.element_size())
 
 
+#: From this share of changed elements up, the base is updated by one copy instead of a scatter:
+#: a streaming copy of every element beats writing scattered ones well before they are all.
+COPY_BASE_ABOVE = 1 / 64
+
+
 def _update_base(base: torch.Tensor, new: torch.Tensor, idx: torch.Tensor) -> None:
     """``base[idx] = new[idx]`` (flat integer views); numpy when both are on the CPU."""
-    if base.device.type == "cpu" and new.device.type == "cpu":
+    if idx.numel() > base.numel() * COPY_BASE_ABOVE:
+        base.copy_(new)
+    elif base.device.type == "cpu" and new.device.type == "cpu":
         i = idx.numpy()
         base.numpy()[i] = new.numpy()[i]
     else:
@@ -117,13 +125,28 @@ class DeltaTracker:
         self._kept: dict[str, torch.Tensor] = {}
         #: name -> (rounds found dense in a row, rounds left before its base is refreshed).
         self._dense: dict[str, tuple[int, int]] = {}
+        #: name -> (finish, base, new) of each patch whose values are gathered as it is sent.
+        self._pending: dict[str, tuple[Callable[[], torch.Tensor], torch.Tensor, torch.Tensor]]
+        self._pending = {}
+        #: The comparison's bool array, reused: sized to the largest tensor compared.
+        self._scratch: np.ndarray[Any, Any] | None = None
+
+    def _scratch_for(self, numel: int) -> np.ndarray[Any, Any]:
+        import numpy as np
+
+        if self._scratch is None or self._scratch.size < numel:
+            self._scratch = np.empty(numel, dtype=np.bool_)
+        return self._scratch
 
     def invalidate(self) -> None:
         """Forget the base: the next round is full."""
         self.version, self._base, self._order, self._kept, self._dense = None, {}, [], {}, {}
+        self._scratch, self._pending = None, {}
 
     def commit(self, version: str | None) -> None:
         """The round completed on every receiver: its weights are the base of the next."""
+        for name in list(self._pending):  # an engine that skipped a tensor: keep the base true
+            self._finish(name)
         self.version = version
         self._kept = {}
         if version is None:
@@ -198,12 +221,13 @@ class DeltaTracker:
             else:
                 self._dense.pop(meta.name, None)
                 cmp_base = base if base.device == t.device else base.to(t.device)
-                enc, idx = encode(t, cmp_base)
+                scratch = self._scratch_for(t.numel()) if t.device.type == "cpu" else None
+                enc, finish = plan(t, cmp_base, scratch=scratch)
                 report.changed += enc.count
                 kind = enc.kind
                 if enc.kind == "patch":
-                    assert enc.blob is not None and idx is not None
-                    _update_base(bits(base), bits(t), idx)
+                    assert enc.blob is not None and finish is not None
+                    self._pending[meta.name] = (finish, base, t)
                     out.append((meta.name, enc.blob))
                     specs[meta.name] = (dtype_name(meta.dtype), list(meta.shape))
                 elif enc.kind == "full":
@@ -218,15 +242,38 @@ class DeltaTracker:
             self._dense.pop(gone, None)
         self._order, self._kept = names, kept
         header = DeltaHeader(self.version, items, specs).to_tensor()
-        return TensorSource([(HEADER_NAME, header), *out])
+        return _Finishing(self, [(HEADER_NAME, header), *out])
+
+    def _finish(self, name: str) -> None:
+        """Complete ``name``'s patch (gather its values) and bring its base up to date."""
+        pending = self._pending.pop(name, None)
+        if pending is not None:
+            finish, base, new = pending
+            _update_base(bits(base), bits(new), finish())
 
     def base_source(self) -> WeightSource:
         """The weights just encoded, whole (the base, plus tensors kept without a copy)."""
+        for name in list(self._pending):  # patches the refused round did not reach
+            self._finish(name)
         items: list[tuple[str, torch.Tensor]] = []
         for name in self._order:
             t = self._base.get(name)
             items.append((name, t if t is not None else self._kept[name]))
         return TensorSource(items)
+
+
+class _Finishing(TensorSource):
+    """The delta round's source: each patch is completed as the engine reaches it, so its
+    values are gathered while earlier buckets are on the wire (sizes are known up front)."""
+
+    def __init__(self, tracker: DeltaTracker, items: list[tuple[str, torch.Tensor]]) -> None:
+        super().__init__(items)
+        self.tracker = tracker
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in super().__iter__():
+            self.tracker._finish(name)
+            yield name, t
 
 
 class _Refreshing(WeightSource):

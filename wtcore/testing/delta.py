@@ -278,17 +278,17 @@ class DeltaContractSuite:
 
         chain = delta_chain()
         state = {n: t.clone() for n, t in chain[0].items()}
-        real = codec.encode
+        real = codec.plan
 
-        def corrupt(new: torch.Tensor, base: torch.Tensor) -> Any:
-            enc, idx = real(new, base)
+        def corrupt(new: torch.Tensor, base: torch.Tensor, **kw: Any) -> Any:
+            enc, finish = real(new, base, **kw)
             if enc.blob is not None:
                 enc.blob[8] = 99  # an unknown position encoding
-            return enc, idx
+            return enc, finish
 
         with self.pair(state, transactional=True) as p:
             self.run_chain(p, chain[:2])
-            monkeypatch.setattr("wtcore.delta.trainer.encode", corrupt)
+            monkeypatch.setattr("wtcore.delta.trainer.plan", corrupt)
             self.step_to(p, chain[2])
             with pytest.raises(ReceiverError, match="delta patch for") as err:
                 p.trainer.send_weights(weight_version="bad")
@@ -297,7 +297,7 @@ class DeltaContractSuite:
                 assert_bits_equal(_held(s), chain[1])  # staged: the old weights keep serving
                 info = w.weight_info()
                 assert (info["weight_version"], info["consistent"]) == ("s1", True)
-            monkeypatch.setattr("wtcore.delta.trainer.encode", real)
+            monkeypatch.setattr("wtcore.delta.trainer.plan", real)
             stats = p.trainer.send_weights(weight_version="good")
             assert stats.delta is not None and stats.delta["mode"] == "full"  # base dropped
             for s in p.sinks:
