@@ -6,7 +6,7 @@ command per line on stdin; each command gets one JSON line back on stdout:
 
 - ``{"op": "init", "urls": [...], "api_key": k, "master_address": a, "master_port": p,
   "world_size": n, "timeout_s": t, "size": bytes, "tensors": n, "broadcast": b}``: a new nccl
-  trainer (``broadcast`` optional)
+  trainer (``broadcast`` optional: the engine's default, so the fault tests run the chain)
   (the previous one, if any, is shut down first);
 - ``{"op": "send", "seed": s, "version": v}``: one round of ``synthetic_state(seed)``;
 - ``{"op": "info"}`` / ``{"op": "checksums"}``: every receiver's ``weight_info()`` /
@@ -70,7 +70,7 @@ def handle(cmd: dict[str, Any]) -> dict[str, Any]:
             packed_buffer_size_bytes=cmd.get("buffer_size", 256 << 10),
             timeout_s=cmd["timeout"],
             torch_num_threads=1,
-            broadcast=cmd.get("broadcast", "collective"),
+            broadcast=cmd.get("broadcast", "auto"),
         )
         STATE["trainer"] = WeightTransferTrainerFactory.trainer_init(info, client=client)
         return {}

@@ -11,7 +11,7 @@ from wtcore import ModuleSink, PayloadError, WeightSyncWorker
 from wtcore.registry import ENGINES, TRAINER_ENGINES
 from wtcore.testing import build_module
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
-from wtcore_nccl.config import DEFAULT_DIRECT_MIN_BYTES, resolve_transport
+from wtcore_nccl.config import DEFAULT_DIRECT_MIN_BYTES, resolve_broadcast, resolve_transport
 
 BASE = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 3}
 
@@ -37,7 +37,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "transport": "gloo",
         "secret": "",
         "direct_min_bytes": DEFAULT_DIRECT_MIN_BYTES,
-        "broadcast": "collective",
+        "broadcast": "chain",  # auto: gloo with two workers
     }
     assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 64 << 20
@@ -61,6 +61,23 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
 def test_trainer_init_info_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         NCCLTrainerInitInfo(**{**BASE, field: value}, rank=0)  # type: ignore[arg-type]
+
+
+def test_broadcast_auto_is_the_chain_over_gloo_with_two_or_more_workers() -> None:
+    """The default follows the measurement: gloo's collective sends one copy per child from the
+    sender's link, NCCL's already pipelines, and with one worker the two modes tie."""
+    base = dict(BASE)
+    assert resolve_broadcast("auto", "gloo", 3) == "chain"
+    assert resolve_broadcast("auto", "gloo", 2) == "collective"
+    assert resolve_broadcast("auto", "nccl", 8) == "collective"
+    assert resolve_broadcast("collective", "gloo", 8) == "collective"
+    assert NCCLTrainerInitInfo(**base, rank=0).worker_init_info().broadcast == "chain"
+    cuda = NCCLTrainerInitInfo(**base, device="cuda", rank=0)
+    assert cuda.worker_init_info().broadcast == "collective"
+    forced = NCCLTrainerInitInfo(**base, broadcast="collective", rank=0)
+    assert forced.worker_init_info().broadcast == "collective"
+    with pytest.raises(ValueError, match="broadcast"):
+        NCCLInitInfo(**base, rank_offset=1, broadcast="auto")  # workers get a concrete mode
 
 
 def test_transport_follows_the_device_unless_forced() -> None:

@@ -435,8 +435,12 @@ def test_second_trainer_init_abandons_the_round(local_pair: list[ServeProcess]) 
             with pytest.raises(ReceiverError) as err:
                 running.result(60)
         assert err.value.call == "update_weights" and err.value.failures[0].status == 409
-        assert "round is no longer open" in str(err.value)
-        assert "abandoned by a new init" in str(err.value)
+        # Depending on whether a's update was already running when b's init came, the init
+        # preempted it or it arrived at a closed round; both say who ended the round.
+        message = str(err.value)
+        assert (
+            "round is no longer open" in message and "abandoned by a new init" in message
+        ) or "preempted by a later init_weight_transfer_engine" in message, message
         for server in local_pair:
             info = info_of(server)
             assert (info["weight_version"], info["consistent"]) == ("base", False)

@@ -25,6 +25,7 @@ __all__ = [
     "NCCLInitInfo",
     "NCCLTrainerInitInfo",
     "NCCLUpdateInfo",
+    "resolve_broadcast",
     "resolve_transport",
 ]
 
@@ -46,6 +47,23 @@ def resolve_transport(transport: str, device: str) -> str:
     if transport != "auto":
         return transport
     return "nccl" if str(device).startswith("cuda") else "gloo"
+
+
+def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
+    """The concrete broadcast: ``auto`` means the chain over gloo with two or more workers.
+
+    Gloo's collective broadcast sends one copy per worker from the sender's link, so the round
+    time grows with the workers; the chain keeps it flat (docs/benchmarks.md, "Scaling under a
+    bandwidth cap") and ties with the collective on one host. NCCL's own broadcast already
+    pipelines through a ring, so it stays the collective there.
+    """
+    if broadcast != "auto" and broadcast not in BROADCASTS:
+        raise PayloadError(
+            f"broadcast: expected auto or one of {', '.join(BROADCASTS)}, got {broadcast!r}"
+        )
+    if broadcast != "auto":
+        return broadcast
+    return "chain" if transport == "gloo" and world_size > 2 else "collective"
 
 
 def _check_group(
@@ -92,7 +110,9 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
 
     ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
     broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
-    carries each byte once; :mod:`wtcore_nccl.forward`). docs/nccl.md says when each wins.
+    carries each byte once; :mod:`wtcore_nccl.forward`). The default, ``"auto"``, is the chain
+    over gloo with two or more workers and the collective otherwise (:func:`resolve_broadcast`);
+    docs/nccl.md says when each wins.
     """
 
     backend: ClassVar[str] = "nccl"
@@ -106,7 +126,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     # In-place transfer and integrity (see wtcore_nccl.plan and wtcore_nccl.frames).
     direct_min_bytes: int = field(default=DEFAULT_DIRECT_MIN_BYTES, kw_only=True)
     checksum: bool = field(default=False, kw_only=True)
-    broadcast: str = field(default="collective", kw_only=True)
+    broadcast: str = field(default="auto", kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -119,7 +139,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
                 master_port=self.master_port,
                 world_size=self.world_size,
                 transport=self.transport,
-                broadcast=self.broadcast,
+                broadcast=self.resolved_broadcast,
             )
         except ValueError as e:
             raise PayloadError(str(e)) from None
@@ -131,6 +151,10 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     @property
     def resolved_transport(self) -> str:
         return resolve_transport(self.transport, self.device)
+
+    @property
+    def resolved_broadcast(self) -> str:
+        return resolve_broadcast(self.broadcast, self.resolved_transport, self.world_size)
 
     def worker_init_info(self, secret: str = "") -> NCCLInitInfo:
         """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1).
@@ -150,7 +174,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
             transport=self.resolved_transport,
             secret=secret,
             direct_min_bytes=self.direct_min_bytes,
-            broadcast=self.broadcast,
+            broadcast=self.resolved_broadcast,
         )
 
 

@@ -173,7 +173,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             timeout_s=info.timeout_s,
             poll=_fail_fast(rpc),
             secret=secret,
-            broadcast=info.broadcast,
+            broadcast=info.resolved_broadcast,
         )
         try:
             rpc.result(info.timeout_s)
