@@ -335,7 +335,7 @@ def test_engine_without_init_is_the_same_protocol_error(backend: str) -> None:
     meta = {"names": ["a.w"], "dtype_names": ["float32"], "shapes": [[1]]}
     extra = {
         "local": {"data": "AAAAAA=="},
-        "ipc": {"sizes": [4], "offset": 64, "length": 4, "seq": 1, "segment": "wtcore_x"},
+        "ipc": {"seq": 1, "segment": "wtcore_x", "num_slots": 4, "slot_bytes": 4096},
         "nccl": {},
     }[backend]
     with pytest.raises(ProtocolStateError, match="init_transfer_engine was not called"):
