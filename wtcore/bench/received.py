@@ -17,7 +17,7 @@ from wtcore.errors import TransferError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Spec", "check_digests", "raw_state", "state_from_raw", "state_spec"]
+__all__ = ["Spec", "check_digests", "raw_state", "state_from_raw", "state_spec", "zeros_from_spec"]
 
 #: ``[(name, dtype name, shape)]``: enough to rebuild zeros or decode raw bytes.
 Spec = list[tuple[str, str, list[int]]]
@@ -27,6 +27,15 @@ def state_spec(state: Mapping[str, torch.Tensor]) -> Spec:
     from wtcore.meta import dtype_name
 
     return [(n, dtype_name(t.dtype), list(t.shape)) for n, t in state.items()]
+
+
+def zeros_from_spec(spec: Spec, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """A receiver's model before its first round: zeros of every tensor ``spec`` names."""
+    import torch
+
+    from wtcore.meta import dtype_from_name
+
+    return {n: torch.zeros(s, dtype=dtype_from_name(d), device=device) for n, d, s in spec}
 
 
 def check_digests(

@@ -107,10 +107,11 @@ def _naive_receiver(
 ) -> None:
     import torch
 
+    from wtcore.bench.received import zeros_from_spec
     from wtcore.meta import dtype_from_name
 
     pg = _group(rank, world, host, port, timeout_s)
-    model = {n: torch.zeros(s, dtype=dtype_from_name(d)) for n, d, s in metas}
+    model = zeros_from_spec(metas)
     for _ in range(repeats + 1):
         for _name in model:
             name, dname, shape = conn.recv()  # the control call for this tensor
@@ -184,12 +185,11 @@ def _vllm_receiver(
 ) -> None:
     import torch
 
-    from wtcore.bench.received import raw_state
+    from wtcore.bench.received import raw_state, zeros_from_spec
     from wtcore.digest import digest_named
-    from wtcore.meta import dtype_from_name
 
     pg = _group(rank, world, host, port, timeout_s)
-    model = {n: torch.zeros(s, dtype=dtype_from_name(d), device=device) for n, d, s in metas}
+    model = zeros_from_spec(metas, device)
     params = list(model.values())
     sizes = [t.numel() * t.element_size() for t in params]
     buckets = vllm_buckets(sizes, target)

@@ -25,11 +25,9 @@ class ObjectStoreReceiver:
     """A receiver actor's body: a zero model, filled from object-store buckets."""
 
     def __init__(self, metas: list[tuple[str, str, list[int]]]) -> None:
-        import torch
+        from wtcore.bench.received import zeros_from_spec
 
-        from wtcore.meta import dtype_from_name
-
-        self.model = {n: torch.zeros(s, dtype=dtype_from_name(d)) for n, d, s in metas}
+        self.model = zeros_from_spec(metas)
 
     def receive(self, layout: list[tuple[str, int, int]], bucket: Any) -> int:
         """Copy ``(name, offset, nbytes)`` runs of ``bucket`` (a uint8 array) into the model."""
