@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -105,10 +106,17 @@ BAD_PAYLOADS = {
 
 
 def refused_then_synced(
-    procs: Any, workers: list[Any], trainer: Any, state: Any, payload: Any, message: str
+    procs: Any,
+    workers: list[Any],
+    trainer: Any,
+    state: Any,
+    payload: Any,
+    message: str,
+    heal: Callable[[], None] | None = None,
 ) -> None:
     """``workers[0]`` refuses ``payload`` (an error matching ``message``) and applies nothing,
-    publishes nothing; then every worker takes the trainer's next round bit-exact."""
+    publishes nothing; then (after ``heal``) every worker takes the trainer's next round
+    bit-exact."""
     worker = workers[0]
     before = worker.dump()
     worker.call("start_weight_update")
@@ -116,6 +124,8 @@ def refused_then_synced(
         worker.call("update_weights", payload, timeout_s=20)
     procs.assert_bit_exact(worker.dump(), before)
     worker.call("abort")
+    if heal is not None:
+        heal()
     info = worker.call("weight_info")
     assert info["weight_version"] == "good" and info["state"] == "idle"
     procs.bump(state)
@@ -165,7 +175,16 @@ def test_forged_slot_header_is_refused_and_nothing_is_published(
         if magic is not None:
             at = seg.data_offset(0) - 64
             seg._mm[at : at + 8] = magic
-        refused_then_synced(procs, two_workers, trainer, state, {**announce, "seq": seq}, message)
+
+        def heal() -> None:
+            # The forger scribbled over the trainer's own memory. The trainer's next stamp of
+            # slot 0 rewrites the header, but a worker may look at it first and (rightly) refuse
+            # the garbage; put back a valid, older header as the trainer last left it.
+            seg.publish(0, seq, nbytes)
+
+        refused_then_synced(
+            procs, two_workers, trainer, state, {**announce, "seq": seq}, message, heal
+        )
     finally:
         trainer.shutdown()
 

@@ -26,7 +26,7 @@ from wtcore.stats import TransferStats
 from wtcore.testing import free_port
 from wtcore_ray_client import RayWeightSyncClient, launch_receivers
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]  # Ray and torch start slowly under load
 
 SEED = 5
 
@@ -225,7 +225,9 @@ def test_actor_killed_mid_broadcast_nccl_engine(ray_cluster: None, kit: Any) -> 
             t0 = time.monotonic()
             with pytest.raises(ReceiverError) as ei:
                 trainer.send_weights(
-                    KillingSource(TensorSource(state), group.handles[1], after=5),
+                    KillingSource(
+                        TensorSource(kit.make_state(SEED + 1)), group.handles[1], after=5
+                    ),
                     weight_version="bad",
                 )
             assert time.monotonic() - t0 < timeout_s
@@ -233,11 +235,14 @@ def test_actor_killed_mid_broadcast_nccl_engine(ray_cluster: None, kit: Any) -> 
         victim = by_actor[group.labels[1]]
         assert victim.error_type == "ActorDiedError" and "ray.kill" in victim.message
         assert "name=wtcore-nkill-1" in victim.receiver
-        # The survivor lost its round (the broadcast broke) and says so, keeping "good".
+        # The survivor lost its round (the broadcast broke) and keeps "good". Whether it is
+        # consistent depends on timing, never on luck: on a loaded machine the trainer's abort
+        # can reach the survivor before its update call ran, and then nothing was written.
         survivor = RayWeightSyncClient(group.handles[:1], timeout_s=timeout_s)
         [s] = survivor.weight_info()
         assert s["weight_version"] == "good" and s["state"] == "idle"
-        assert s["consistent"] is False and s["rounds_failed"] == 1
+        if s["consistent"]:
+            assert survivor.checksums() == [digest_named(state.items())]
         # Recovery: a new transfer group over the survivor alone.
         config.update(world_size=2, master_port=free_port())
         with trainer_from_config(config, client=survivor) as trainer:

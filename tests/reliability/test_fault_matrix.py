@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -475,7 +476,11 @@ def test_second_trainer_round_inside_the_first_is_never_mixed(
             running_b.result(60)
         assert err.value.call == "update_weights"
         assert {f.status for f in err.value.failures} == {409}
-        assert "no longer open" in str(err.value)
+        # Refused between calls ("no longer open"), or, when one of A's calls was still
+        # running as B's init arrived (a loaded machine), preempted by it: both publish nothing.
+        assert re.search(
+            r"no longer open|preempted by a later init_weight_transfer_engine", str(err.value)
+        )
     for server in local_pair:
         info = info_of(server)
         assert (info["weight_version"], info["consistent"], info["state"]) == ("b", True, "idle")
