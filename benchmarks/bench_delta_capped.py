@@ -28,13 +28,15 @@ API_KEY = "bench-delta-key"
 PORT = 8100
 MASTER_PORTS = {"delta": 29611, "full": 29612}
 WIDTH, STEPS, DENSE, BUCKET_MIB = 256, 8, 6, 4
+#: AdamW's learning rate for the real steps; RL post-training commonly runs at 1e-6 to 1e-5.
+LR = 1e-5
 
 
-def _states(width: int, steps: int, dense: int) -> list[dict[str, Any]]:
+def _states(width: int, steps: int, dense: int, lr: float = LR) -> list[dict[str, Any]]:
     from wtcore.delta.codec import bits
     from wtcore.delta.realistic import realistic_steps
 
-    states = realistic_steps(steps, d_model=width, layers=4, vocab=8192, seq=64, batch=4)
+    states = realistic_steps(steps, d_model=width, layers=4, vocab=8192, seq=64, batch=4, lr=lr)
     for _ in range(dense):
         new = {n: t.clone() for n, t in states[-1].items()}
         for t in new.values():
@@ -55,7 +57,7 @@ def driver(args: argparse.Namespace) -> None:
     from wtcore_nccl import NCCLTrainerInitInfo
 
     torch.set_num_threads(1)
-    states = _states(args.width, args.steps, args.dense)
+    states = _states(args.width, args.steps, args.dense, args.lr)
     live = {n: t.clone() for n, t in states[0].items()}
     source = TensorSource(live)
     urls = json.loads(args.urls)
@@ -104,6 +106,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=WIDTH)
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--dense", type=int, default=DENSE)
+    p.add_argument("--lr", type=float, default=LR, help="AdamW's learning rate for the steps")
     p.add_argument(
         "--bucket-mib",
         type=int,
@@ -154,6 +157,7 @@ def main() -> None:
             sys.executable, __file__, "--driver", "--address", c[0].address,
             "--urls", json.dumps(urls), "--width", str(args.width), "--steps", str(args.steps),
             "--dense", str(args.dense), "--bucket-mib", str(args.bucket_mib),
+            "--lr", repr(args.lr),
         ]  # fmt: skip
         drv = c[0].popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = drv.communicate(timeout=1200)
@@ -164,6 +168,7 @@ def main() -> None:
         "rate": args.rate,
         "width": args.width,
         "steps": args.steps,
+        "lr": args.lr,
         "bucket_mib": args.bucket_mib,
     }
     _print(record)
