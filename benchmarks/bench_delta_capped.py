@@ -93,6 +93,8 @@ def driver(args: argparse.Namespace) -> None:
             row[f"{kind}_bytes"], row[f"{kind}_seconds"] = stats.num_bytes, stats.seconds
             if stats.delta is not None:
                 row["mode"], row["base_copies"] = stats.delta["mode"], stats.delta["base_copies"]
+                row["check_seconds"] = stats.delta["check_seconds"]
+                row["encode_seconds"] = stats.delta["encode_seconds"]
         rounds.append(row)
     for trainer, client in trainers.values():
         trainer.shutdown()
@@ -179,12 +181,14 @@ def main() -> None:
 def _print(record: dict[str, Any]) -> None:
     print(f"delta vs full, nccl over HTTP, links capped at {record['settings']['rate']}")
     print(f"{'round':>5} {'kind':<10} {'changed':>8} {'mode':<6} {'delta MiB':>10} "
-          f"{'full MiB':>9} {'delta s':>8} {'full s':>8} {'speedup':>8} {'copies':>6}")  # fmt: skip
+          f"{'full MiB':>9} {'delta s':>8} {'full s':>8} {'speedup':>8} {'copies':>6} "
+          f"{'check ms':>8} {'encode ms':>9}")  # fmt: skip
     for x in record["rounds"]:
         print(f"{x['round']:>5} {x['kind']:<10} {x['changed_fraction']:>8.2%} {x['mode']:<6} "
               f"{x['delta_bytes'] / 2**20:>10.3f} {x['full_bytes'] / 2**20:>9.3f} "
               f"{x['delta_seconds']:>8.4f} {x['full_seconds']:>8.4f} "
-              f"{x['full_seconds'] / x['delta_seconds']:>8.2f} {x['base_copies']:>6}")  # fmt: skip
+              f"{x['full_seconds'] / x['delta_seconds']:>8.2f} {x['base_copies']:>6} "
+              f"{x['check_seconds'] * 1e3:>8.1f} {x['encode_seconds'] * 1e3:>9.1f}")  # fmt: skip
     for kind in ("real step", "dense"):
         rows = [x for x in record["rounds"] if x["kind"] == kind and not x.get("base_copies")]
         if rows:
