@@ -105,6 +105,14 @@ def _netns_pids(netns: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
+def _in_netns(pid: int, netns: str) -> bool:
+    """Whether process ``pid`` already lives in network namespace ``netns``."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
+    except OSError:
+        return False
+
+
 def _kill_pids(pids: Sequence[int], timeout_s: float = 5.0) -> None:
     """SIGKILL ``pids`` (processes inside our own namespaces) and wait until they are gone."""
     for pid in pids:
@@ -184,6 +192,16 @@ class Node:
             **kwargs,
         )
         self.procs.append(proc)  # `ip netns exec` execs argv, so this PID is argv's
+        # Return once it is inside the node (or gone), so that running() and kill_all() see
+        # it: `ip` enters the namespace only after it started.
+        deadline = time.monotonic() + CMD_TIMEOUT_S
+        while proc.poll() is None and not _in_netns(proc.pid, self.netns):
+            if time.monotonic() > deadline:
+                raise WtcoreError(
+                    f"node {self.index}: {argv[0]} (pid {proc.pid}) did not enter namespace "
+                    f"{self.netns} within {CMD_TIMEOUT_S:g} s"
+                )
+            time.sleep(0.002)
         return proc
 
     def run(
