@@ -38,10 +38,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "secret": "",
         "direct_min_bytes": DEFAULT_DIRECT_MIN_BYTES,
         "broadcast": "chain",  # auto: gloo with two workers
-        "headers_ahead": True,  # no checksum: headers carry only what the plan says
     }
-    checked = NCCLTrainerInitInfo(**BASE, rank=0, checksum=True).worker_init_info()
-    assert checked.headers_ahead is False  # a CRC needs the bytes: each header with its frame
     assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 64 << 20
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_num_buffers == 2

@@ -36,11 +36,7 @@ BIG_NUMEL = 700_000
 
 
 class MisSizedTrainer(NCCLTrainerEngine):
-    """Broadcasts ``delta`` bytes more (or fewer, negative) for the big tensor's bucket.
-
-    With headers inline (``checksum``) it sends the other bytes under their true header;
-    with headers ahead, where a header is announced from the plan before its bytes exist, it
-    announces the other size."""
+    """Broadcasts ``delta`` bytes more (or fewer, negative) for the big tensor's bucket."""
 
     delta: ClassVar[int] = 0
 
@@ -50,16 +46,10 @@ class MisSizedTrainer(NCCLTrainerEngine):
             data = torch.cat([data, torch.full((d,), 7, dtype=torch.uint8)]) if d > 0 else data[:d]
         return super()._send_frame(group, index, data)
 
-    def _announce(self, group: Group, index: int, nbytes: int) -> dist.Work | None:
-        d = type(self).delta
-        if d and nbytes >= BIG_NUMEL * 4:
-            nbytes += d
-        return super()._announce(group, index, nbytes)
-
 
 class TornTrainer(NCCLTrainerEngine):
     """With ``tear`` set, announces the big bucket's true size and CRC, then sends it with
-    one byte changed (``checksum`` on: a CRC travels in the header right before its frame)."""
+    one byte changed."""
 
     tear = False
 
@@ -72,9 +62,8 @@ class TornTrainer(NCCLTrainerEngine):
         return group.broadcast(torn)
 
 
-def _info(packed: bool, *, checksum: bool = False) -> NCCLTrainerInitInfo:
+def _info(packed: bool) -> NCCLTrainerInitInfo:
     return NCCLTrainerInitInfo(
-        checksum=checksum,
         rank=0,
         master_address="127.0.0.1",
         master_port=free_port(),
@@ -96,16 +85,13 @@ def two() -> Iterator[Fleet]:
         yield f
 
 
-@pytest.mark.parametrize("ahead", [True, False], ids=["headers-ahead", "headers-inline"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
 @pytest.mark.parametrize("delta", [1, 4096, -4096, -(2 << 20)])
 def test_missized_bucket_is_refused_and_the_receiver_survives(
-    two: Fleet, delta: int, packed: bool, ahead: bool, monkeypatch: pytest.MonkeyPatch
+    two: Fleet, delta: int, packed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     good = _state(1)
-    info = _info(packed, checksum=not ahead)
-    assert info.worker_init_info().headers_ahead is ahead
-    with MisSizedTrainer.trainer_init(info, client=two.client) as trainer:
+    with MisSizedTrainer.trainer_init(_info(packed), client=two.client) as trainer:
         trainer.send_weights(TensorSource(good), weight_version="good")
         monkeypatch.setattr(MisSizedTrainer, "delta", delta)
         t0 = time.monotonic()
@@ -133,7 +119,7 @@ def test_missized_bucket_is_refused_and_the_receiver_survives(
 
 def test_torn_bucket_fails_its_crc_and_nothing_of_it_is_applied(two: Fleet) -> None:
     good = _state(1)
-    with TornTrainer.trainer_init(_info(True, checksum=True), client=two.client) as trainer:
+    with TornTrainer.trainer_init(_info(True), client=two.client) as trainer:
         trainer.send_weights(TensorSource(good), weight_version="good")
         assert isinstance(trainer, TornTrainer)
         trainer.tear = True

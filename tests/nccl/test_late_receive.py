@@ -25,7 +25,7 @@ from wtcore.inproc import InProcessClient
 from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.testing import build_module, free_port
 from wtcore_nccl import NCCLTrainerInitInfo
-from wtcore_nccl.frames import announce
+from wtcore_nccl.frames import make_header
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -53,8 +53,8 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
     old = WeightTransferTrainerFactory.trainer_init(_info(), client=old_client)
     new = None
     try:
-        # The old trainer sends buckets 0 ("s") and 1 ("v"), having announced bucket 2 ("w":
-        # its frame header), and stalls. (A round's first buckets are staged: in place needs
+        # The old trainer sends buckets 0 ("s") and 1 ("v"), then announces bucket 2 ("w":
+        # its frame header) and stalls. (A round's first buckets are staged: in place needs
         # the first batch loaded, which says that the round is not a delta round.)
         old_state = {"s": torch.ones(4), "v": torch.ones(64, 64), "w": torch.full((64, 64), 7.0)}
         old_client.start_weight_update()
@@ -62,14 +62,12 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
             old_client.update_weights,
             metas_to_wire([ParamMeta.of(n, t) for n, t in old_state.items()]),
         )
-        # Headers travel one frame ahead of the data (headers_ahead: no checksum), so the
-        # wire is H0, H1, D0, H2, D1, then (held back) the end header and D2.
         group = old._group  # type: ignore[attr-defined]
-        frames = [as_bytes(t) for t in old_state.values()]
-        group.broadcast(announce(0, frames[0].numel(), "cpu")).wait()
-        for index, data in enumerate(frames[:-1]):
-            group.broadcast(announce(index + 1, frames[index + 1].numel(), "cpu")).wait()
-            group.broadcast(data).wait()
+        for index, name in enumerate(old_state):
+            data = as_bytes(old_state[name])
+            group.broadcast(make_header(index, data, "cpu", checksum=False)).wait()
+            if name != "w":
+                group.broadcast(data).wait()
         stale = old_state["w"]
         wait_until(lambda: engine._in_place, 10.0, "the in-place receive to be posted")  # type: ignore[attr-defined]
         # The receiver gives up on the old trainer (as on a new trainer's init).
@@ -84,7 +82,6 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
         send = BackgroundCall(new.send_weights, TensorSource(fresh), weight_version="new")
         time.sleep(STALE_AFTER_S)  # a small round takes well under this when not held
         assert not send.done(), "the new round wrote while a stale receive was pending"
-        group.broadcast(announce(len(frames), 0, "cpu")).wait()
         group.broadcast(as_bytes(stale)).wait()  # the stale bytes arrive at last
         send.result(TIMEOUT_S)
         late = list(engine._late)  # type: ignore[attr-defined]

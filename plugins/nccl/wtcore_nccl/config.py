@@ -175,7 +175,6 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
             secret=secret,
             direct_min_bytes=self.direct_min_bytes,
             broadcast=self.resolved_broadcast,
-            headers_ahead=not self.checksum,
         )
 
 
@@ -196,10 +195,6 @@ class NCCLInitInfo:
 
     ``broadcast`` is the trainer's choice (see :class:`NCCLTrainerInitInfo`); a trainer that
     sends only the vLLM fields gets the collective broadcast.
-
-    ``headers_ahead``: the sender broadcasts each frame header one frame ahead of the data
-    (:mod:`wtcore_nccl.frames`); the wtcore trainer does when ``checksum`` is off. Both ends
-    must agree, since broadcasts are matched by their order.
     """
 
     master_address: str
@@ -216,8 +211,6 @@ class NCCLInitInfo:
     #: 0 (the plain packing rule) for a trainer that does not send it.
     direct_min_bytes: int = 0
     broadcast: str = "collective"
-    #: False (a header right before its frame) for a trainer that does not send it.
-    headers_ahead: bool = False
 
     def __post_init__(self) -> None:
         _check_direct(self.direct_min_bytes)

@@ -12,13 +12,6 @@ buffer), and checks the CRC after the bytes arrived, before anything is unpacked
 ends with an end header (index = number of buckets, 0 bytes), so a sender with more or
 fewer buckets than planned is refused too.
 
-Without a CRC, a header holds nothing the plan does not already say, so the sender
-broadcasts each one a frame ahead, before the previous frame's data (``headers_ahead`` in the
-init info): the receiver checks header ``k + 1`` and posts that frame's receive while frame
-``k`` is still on the wire, so the sender never waits for the receiver to read a header
-before it can send (the per-tensor stall that otherwise caps in-place tensors at the speed
-of a loop of small broadcasts). The checks are the same, made one frame earlier.
-
 The CRC is optional (the trainer's ``checksum`` option, off by default): it is a full extra
 pass over every byte on both ends, slower than the transport itself on a small host
 (docs/benchmarks.md), while sizes and index, which keep the transport from aborting or
@@ -43,7 +36,6 @@ __all__ = [
     "HEADER_WORDS",
     "MAGIC",
     "NO_CRC",
-    "announce",
     "bytes_crc",
     "check_crc",
     "check_header",
@@ -78,16 +70,6 @@ def make_header(
 
     nbytes = 0 if data is None else data.numel()
     crc = 0 if data is None else bytes_crc(data) if checksum else NO_CRC
-    return torch.tensor([MAGIC, index, nbytes, crc], dtype=torch.int64, device=device)
-
-
-def announce(index: int, nbytes: int, device: str) -> torch.Tensor:
-    """The header of bucket ``index`` from the plan, before its bytes exist (no CRC): sent
-    ahead of the previous frame's data. The sender then sends exactly ``nbytes`` for it or
-    abandons the round (a source that disagrees with its metadata never reaches the wire)."""
-    import torch
-
-    crc = 0 if nbytes == 0 else NO_CRC  # an end header carries 0, as make_header's does
     return torch.tensor([MAGIC, index, nbytes, crc], dtype=torch.int64, device=device)
 
 

@@ -25,7 +25,7 @@ from wtcore.buckets import Bucket, plan_buckets, plan_round
 if TYPE_CHECKING:
     from wtcore.meta import ParamMeta
 
-__all__ = ["frame_sequence", "is_single", "plan_nccl"]
+__all__ = ["is_single", "plan_nccl"]
 
 
 def plan_nccl(
@@ -56,11 +56,3 @@ def plan_nccl(
 def is_single(bucket: Bucket) -> bool:
     """A bucket of exactly one tensor (at offset 0): its bytes are that tensor's bytes."""
     return len(bucket.metas) == 1
-
-
-def frame_sequence(buckets: Sequence[Bucket]) -> list[tuple[int, int]]:
-    """``(index, nbytes)`` of every frame header of a round, in wire order: one per non-empty
-    bucket (empty ones travel not at all), then the end header (index = number of buckets,
-    0 bytes). With headers sent ahead (``NCCLInitInfo.headers_ahead``) the header of entry
-    ``j + 1`` precedes the data of entry ``j``; both ends derive this from the same plan."""
-    return [(b.index, b.nbytes) for b in buckets if b.nbytes] + [(len(buckets), 0)]

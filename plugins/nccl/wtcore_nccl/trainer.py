@@ -13,7 +13,6 @@ cannot be resumed safely) and the next ``send_weights`` runs the handshake again
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import time
 import traceback
@@ -28,10 +27,10 @@ from wtcore.meta import metas_to_wire
 from wtcore.sink import on_device
 from wtcore.trainer import TrainerInitInfo
 from wtcore_nccl.config import NCCLTrainerInitInfo
-from wtcore_nccl.frames import announce, make_header
+from wtcore_nccl.frames import make_header
 from wtcore_nccl.group import GENERATION_KEY, Group, host_store, join_group, release_group
 from wtcore_nccl.pipeline import BufferPool, wait_work
-from wtcore_nccl.plan import frame_sequence, plan_nccl
+from wtcore_nccl.plan import plan_nccl
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
@@ -261,11 +260,6 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         def in_place(t: torch.Tensor) -> bool:
             return on_device(t, info.device)
 
-        # Headers go one frame ahead of the data when they carry no CRC (wtcore_nccl.frames).
-        ahead = not info.checksum
-        order = frame_sequence(buckets)
-        following = {i: nxt for (i, _), nxt in itertools.pairwise(order)}
-        end_work: dist.Work | None = None
         frames = pack_source(source, metas, buckets, buffer_for, stats, in_place=in_place)
         for bucket, data in frames:
             stats.num_buckets += 1
@@ -276,28 +270,14 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
                 settle_oldest()
             label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
             with stats.phase("wire"):
-                if not ahead:
-                    work = self._send_frame(group, bucket.index, data)
-                else:
-                    if data.numel() != bucket.nbytes:  # its header is out: never send others
-                        raise TransferError(
-                            f"bucket {bucket.index}: {data.numel()} bytes packed, "
-                            f"{bucket.nbytes} announced"
-                        )
-                    if bucket.index == order[0][0]:
-                        self._announce(group, *order[0])
-                    nxt = self._announce(group, *following[bucket.index])
-                    end_work = nxt if nxt is not None else end_work
-                    work = group.broadcast(data)
+                work = self._send_frame(group, bucket.index, data)
             if bucket.index in staged:
                 slot = pool.slot_for_last()
                 slot.work, slot.label = work, label
             inflight.append((work, label, data))
             del data
         calls.open(stats)
-        if end_work is None:  # not sent ahead (no frames, or headers right before their data)
-            end_work = self._send_end(group, len(buckets))
-        inflight.append((end_work, "the round's end header", None))
+        inflight.append((self._send_end(group, len(buckets)), "the round's end header", None))
         while inflight:
             settle_oldest()
         pool.forget_work()
@@ -313,16 +293,9 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         self._headers.append(group.broadcast(header))
         return group.broadcast(data)
 
-    def _announce(self, group: Group, index: int, nbytes: int) -> dist.Work | None:
-        """Broadcast the header of frame ``index`` from the plan (sent ahead of the previous
-        frame's data); returns its work when it is the round's end header."""
-        work = group.broadcast(announce(index, nbytes, self.info.device))
-        self._headers.append(work)
-        return work if nbytes == 0 else None
-
     def _send_end(self, group: Group, num_buckets: int) -> dist.Work:
         """Broadcast the end header (so a receiver can tell a round with buckets left over)."""
-        work = group.broadcast(announce(num_buckets, 0, self.info.device))
+        work = group.broadcast(make_header(num_buckets, None, self.info.device))
         self._headers.append(work)
         return work
 

@@ -100,7 +100,6 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         self._polls = 0
         self._notice: BackgroundCall[str | None] | None = None
         self._header_work: Any = None  # dist.Work of a header receive in progress
-        self._ahead: torch.Tensor | None = None  # a header posted ahead (headers_ahead)
         self._held: tuple[int, int] | None = None  # (bucket, CRC word) of a header not posted
         self._in_place: list[Any] = []  # this round's receives into the sink's tensors
         self._late: list[Any] = []  # in-place receives of abandoned rounds (_settle_late)
@@ -251,7 +250,7 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             direct_min_bytes=info.direct_min_bytes,
         )
         pool.prepare(buckets)
-        self._held = self._ahead = None
+        self._held = None
         frames: list[_Frame | None] = [None] * len(buckets)
         empty = torch.empty(0, dtype=torch.uint8, device=self.device)
         n, posted = len(buckets), 0
@@ -279,26 +278,15 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
     def _receive_header(
         self, group: Group, info: NCCLInitInfo, *, index: int, nbytes: int, what: str
     ) -> int:
-        """Take the sender's next header and check it against the plan; its CRC word.
-
-        The header was posted ahead (with ``headers_ahead``, by the previous :meth:`_post`)
-        or is received now.
-        """
-        header = self._ahead if self._ahead is not None else self._post_header(group)
-        wait_work(
-            self._header_work, what=f"header of {what}", timeout_s=info.timeout_s, poll=self._poll
-        )
-        self._header_work = self._ahead = None
-        return check_header(header, index=index, nbytes=nbytes, what=what)
-
-    def _post_header(self, group: Group) -> torch.Tensor:
-        """Post the receive of the sender's next header (a fixed size: always safe)."""
+        """Receive the sender's next header and check it against the plan; its CRC word."""
         import torch
 
         header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
         # Kept where a failure path finds it: a group is let go only once its work ended.
-        self._header_work = group.broadcast(header)
-        return header
+        self._header_work = work = group.broadcast(header)
+        wait_work(work, what=f"header of {what}", timeout_s=info.timeout_s, poll=self._poll)
+        self._header_work = None
+        return check_header(header, index=index, nbytes=nbytes, what=what)
 
     def _post(
         self,
@@ -339,8 +327,6 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             slot = pool.slot_for(bucket)
             data = slot.view(bucket.nbytes)
         self._held = None
-        if info.headers_ahead:  # the sender sent the next header before these bytes
-            self._ahead = self._post_header(group)
         work = group.broadcast(data)
         if slot is not None:
             slot.work, slot.label = work, label
