@@ -20,15 +20,18 @@ from typing import Any
 import torch
 
 from wtcore.meta import dtype_from_name, dtype_name
+from wtcore.net import free_port
 from wtcore.source import WeightSource
 from wtcore.testing.pipes import Handlers, PipeClient, decode_state, encode_state, pipe_fleet
 from wtcore.worker import WeightSyncWorker
+from wtcore_nccl import NCCLTrainerInitInfo
 
 __all__ = [
     "Fleet",
     "Handlers",
     "KillingSource",
     "fleet",
+    "loopback_info",
     "make_state",
     "spec_of",
     "wait_until",
@@ -136,6 +139,13 @@ def make_state(seed: int, *, big_numel: int = 12_000, tiny: int = 150) -> dict[s
 
 def spec_of(state: Mapping[str, torch.Tensor]) -> Spec:
     return [(n, dtype_name(t.dtype), list(t.shape)) for n, t in state.items()]
+
+
+def loopback_info(*, world_size: int = 2, **fields: Any) -> NCCLTrainerInitInfo:
+    """The sender's (rank 0) init info for a group on loopback, at a free port."""
+    return NCCLTrainerInitInfo(
+        rank=0, master_address="127.0.0.1", master_port=free_port(), world_size=world_size, **fields
+    )
 
 
 def wait_until(pred: Any, timeout_s: float, what: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nccl_e2e_kit import fleet, make_state, spec_of
+from nccl_e2e_kit import fleet, loopback_info, make_state, spec_of
 
 from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
 from wtcore.concurrency import BackgroundCall
@@ -29,15 +29,12 @@ BIG_NUMEL = CHUNK_BYTES * 5 // 8
 
 
 def _info(workers: int, **kw: object) -> NCCLTrainerInitInfo:
-    return NCCLTrainerInitInfo(
-        rank=0,
-        master_address="127.0.0.1",
-        master_port=free_port(),
+    return loopback_info(
         world_size=1 + workers,
         timeout_s=20.0,
         torch_num_threads=1,
         broadcast="chain",
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 

@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 import torch
+from nccl_e2e_kit import loopback_info
 
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.errors import MetadataMismatchError
 from wtcore.inproc import InProcessClient
 from wtcore.sink import DirectSink, direct_destination
 from wtcore.source import WeightSource
-from wtcore.testing import build_module, free_port, zeros_like_state
+from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
 from wtcore_nccl import NCCLTrainerInitInfo
 
@@ -112,10 +113,7 @@ class BadOfferSink(RecordingSink):
 def _info(
     *, packed: bool = True, checksum: bool = False, buffer: int = 1024
 ) -> NCCLTrainerInitInfo:
-    return NCCLTrainerInitInfo(
-        rank=0,
-        master_address="127.0.0.1",
-        master_port=free_port(),
+    return loopback_info(
         world_size=2,
         packed=packed,
         packed_buffer_size_bytes=buffer,

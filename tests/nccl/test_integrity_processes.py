@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 import torch
-from nccl_e2e_kit import Fleet, fleet, make_state, spec_of, wait_until
+from nccl_e2e_kit import Fleet, fleet, loopback_info, make_state, spec_of, wait_until
 
 from wtcore import ReceiverError, TensorSource, TransferError
-from wtcore.testing import free_port
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.frames import make_header
 from wtcore_nccl.trainer import NCCLTrainerEngine
@@ -63,10 +62,7 @@ class TornTrainer(NCCLTrainerEngine):
 
 
 def _info(packed: bool) -> NCCLTrainerInitInfo:
-    return NCCLTrainerInitInfo(
-        rank=0,
-        master_address="127.0.0.1",
-        master_port=free_port(),
+    return loopback_info(
         world_size=3,
         packed=packed,
         packed_buffer_size_bytes=16 << 10,

@@ -16,14 +16,14 @@ import time
 
 import pytest
 import torch
-from nccl_e2e_kit import wait_until
+from nccl_e2e_kit import loopback_info, wait_until
 
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.buckets import as_bytes
 from wtcore.concurrency import BackgroundCall
 from wtcore.inproc import InProcessClient
 from wtcore.meta import ParamMeta, metas_to_wire
-from wtcore.testing import build_module, free_port
+from wtcore.testing import build_module
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.frames import make_header
 
@@ -35,10 +35,7 @@ STALE_AFTER_S = 3.0
 
 
 def _info() -> NCCLTrainerInitInfo:
-    return NCCLTrainerInitInfo(
-        rank=0,
-        master_address="127.0.0.1",
-        master_port=free_port(),
+    return loopback_info(
         world_size=2,
         direct_min_bytes=1024,
         timeout_s=TIMEOUT_S,

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-from nccl_e2e_kit import make_state, wait_until
+from nccl_e2e_kit import loopback_info, make_state, wait_until
 
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.inproc import InProcessClient
 from wtcore.source import WeightSource
-from wtcore.testing import build_module, free_port, zeros_like_state
+from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.pipes import PipeClient, serve, worker_handlers
 from wtcore_nccl import NCCLTrainerInitInfo
 
@@ -39,10 +39,7 @@ TAKEOVER_S = 5.0
 
 
 def _info() -> NCCLTrainerInitInfo:
-    return NCCLTrainerInitInfo(
-        rank=0,
-        master_address="127.0.0.1",
-        master_port=free_port(),
+    return loopback_info(
         world_size=2,
         packed_buffer_size_bytes=1 << 10,
         timeout_s=TIMEOUT_S,
