@@ -105,12 +105,12 @@ def _netns_pids(netns: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
-def _in_netns(pid: int, netns: str) -> bool:
-    """Whether process ``pid`` already lives in network namespace ``netns``."""
+def _netns_inode(pid: int) -> int | None:
+    """The inode of process ``pid``'s network namespace (``None``: it is gone)."""
     try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
     except OSError:
-        return False
+        return None
 
 
 def _kill_pids(pids: Sequence[int], timeout_s: float = 5.0) -> None:
@@ -195,7 +195,8 @@ class Node:
         # Return once it is inside the node (or gone), so that running() and kill_all() see
         # it: `ip` enters the namespace only after it started.
         deadline = time.monotonic() + CMD_TIMEOUT_S
-        while proc.poll() is None and not _in_netns(proc.pid, self.netns):
+        node = os.stat(f"/run/netns/{self.netns}").st_ino
+        while proc.poll() is None and _netns_inode(proc.pid) != node:
             if time.monotonic() > deadline:
                 raise WtcoreError(
                     f"node {self.index}: {argv[0]} (pid {proc.pid}) did not enter namespace "
