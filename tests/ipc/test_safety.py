@@ -13,7 +13,15 @@ import torch
 from wtcore import PayloadError, WeightSyncWorker
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module
-from wtcore_ipc.shm import SHM_DIR, SegmentReader, StagingSegment, check_segment_name
+from wtcore_ipc.shm import (
+    _MAGIC,
+    HEADER_BYTES,
+    SHM_DIR,
+    SegmentReader,
+    StagingSegment,
+    check_segment_name,
+)
+from wtcore_ipc.worker import slot_ready
 
 PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "ipc" / "wtcore_ipc"
 FORBIDDEN = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve"}
@@ -80,6 +88,39 @@ def test_segment_lifecycle_and_orphan_detection() -> None:
     finally:
         seg.close()
     seg.close()  # idempotent
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["fresh_slot", "reused_slot"])
+def test_a_header_caught_mid_stamp_reads_as_not_yet(reused: bool) -> None:
+    """The trainer stamps magic, then length, then the sequence number (the commit word); the
+    worker reads the sequence number first. Until the commit, whatever mix of old and new magic
+    and length the worker catches must read as "not yet", never as a forged header (a worker
+    of a fresh trainer once refused a blank slot whose length had landed before its magic)."""
+    seg = StagingSegment(1000, 1)
+    try:
+        old_seq, seq, length = (4, 5, 700) if reused else (0, 1, 700)
+        if reused:
+            seg.publish(0, old_seq, 300)
+        at = seg.data_offset(0) - HEADER_BYTES
+        old_magic, old_length = bytes(seg._mm[at : at + 8]), 300 if reused else 0
+        reader = SegmentReader(seg.name)
+        try:
+            for magic in (old_magic, _MAGIC):
+                for n in (old_length, length):
+                    seg._mm[at : at + 8] = magic
+                    seg._words[at + 16] = n
+                    head = reader.header(seg.data_offset(0))
+                    assert head.seq == old_seq
+                    assert slot_ready(head, seq, length, where="s", bucket=0) is False, (magic, n)
+            seg.publish(0, seq, length)  # the commit
+            assert slot_ready(reader.header(seg.data_offset(0)), seq, length, where="s", bucket=0)
+            seg._mm[at : at + 8] = b"EVILEVIL"  # a committed header is judged: forged magic
+            with pytest.raises(PayloadError, match="no valid magic"):
+                slot_ready(reader.header(seg.data_offset(0)), seq, length, where="s", bucket=0)
+        finally:
+            reader.close()
+    finally:
+        seg.close()
 
 
 def test_update_info_must_name_one_transport() -> None:

@@ -24,6 +24,7 @@ from wtcore_ipc.shm import (
     HEADER_BYTES,
     MAX_RECEIVERS,
     SegmentReader,
+    SlotHeader,
     host_status,
     reclaim_orphans,
     trainer_of,
@@ -33,7 +34,7 @@ from wtcore_ipc.wire import IPCInitInfo, IPCUpdateInfo
 if TYPE_CHECKING:
     from wtcore_ipc.cuda import CudaImporter
 
-__all__ = ["IPCWorkerEngine"]
+__all__ = ["IPCWorkerEngine", "slot_ready"]
 
 
 class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
@@ -160,41 +161,17 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
     ) -> None:
         """Wait (bounded) until the slot at ``offset`` holds bucket ``seq``; check its header.
 
-        The header is hostile input: anything but "not yet" (a blank slot, or an older
-        sequence number) or exactly the expected bucket is an error naming the field.
+        The header is hostile input: :func:`slot_ready` says "not yet", "yes" or raises.
         """
+        where = f"segment {r.name!r} of {trainer_of(r.name)}"
 
         def ready() -> bool:
-            head = r.header(offset)
-            if head.blank or (head.valid and head.seq < seq):
-                return False
-            if not head.valid:
-                raise PayloadError(
-                    f"segment {r.name!r}: the slot header at byte {offset - HEADER_BYTES} has no "
-                    f"valid magic (got {head.magic!r}): forged or corrupt"
-                )
-            if head.seq > seq:
-                raise PayloadError(
-                    f"segment {r.name!r}: the slot for bucket seq={seq} claims seq={head.seq}, "
-                    "a bucket the trainer cannot have stamped yet: forged or corrupt"
-                )
-            if head.length == CANCELLED:
-                raise TransferError(
-                    f"segment {r.name!r}: the trainer ({trainer_of(r.name)}) abandoned the "
-                    f"round before bucket {bucket.index}"
-                )
-            if head.length != length:
-                raise PayloadError(
-                    f"segment {r.name!r}: the slot header says frame seq={seq} has "
-                    f"{head.length} bytes; the plan says {length}"
-                )
-            return True
+            return slot_ready(r.header(offset), seq, length, where=where, bucket=bucket.index)
 
         def check() -> None:
             if aborted.is_set():
                 raise TransferError(
-                    f"segment {r.name!r}: the round was aborted while waiting for bucket "
-                    f"{bucket.index}"
+                    f"{where}: the round was aborted while waiting for bucket {bucket.index}"
                 )
             self._check_owner(r)
 
@@ -202,8 +179,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             ready,
             timeout_s=self.settings.timeout_s,
             check=check,
-            what=f"the trainer ({trainer_of(r.name)}) stamping bucket {bucket.index} "
-            f"(frame seq={seq}) in segment {r.name!r}",
+            what=f"the trainer stamping bucket {bucket.index} (frame seq={seq}) in {where}",
         )
 
     # ------------------------------------------------------------------ GPU (untested here)
@@ -241,3 +217,35 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
     def shutdown(self) -> None:
         self._release()
         super().shutdown()
+
+
+def slot_ready(head: SlotHeader, seq: int, length: int, *, where: str, bucket: int) -> bool:
+    """Whether a slot header read by :meth:`SegmentReader.header` holds frame ``seq`` of
+    ``length`` bytes: ``False`` for "not yet", ``True`` for "yes"; anything else raises.
+
+    The sequence number is the commit word: the trainer writes it last and the reader reads
+    it first, so while it is below ``seq`` the magic and length beside it may be half-written
+    (a fresh slot whose magic is still zero but whose length already landed) and mean nothing.
+    Only a header that claims this frame or a later one is judged: it must be exactly this
+    frame, or the trainer's cancellation of it.
+    """
+    if head.seq < seq or head.blank:
+        return False
+    if not head.valid:
+        raise PayloadError(
+            f"{where}: the slot header for frame seq={seq} has no valid magic "
+            f"(got {head.magic!r}): forged or corrupt"
+        )
+    if head.seq > seq:
+        raise PayloadError(
+            f"{where}: the slot for bucket seq={seq} claims seq={head.seq}, "
+            "a bucket the trainer cannot have stamped yet: forged or corrupt"
+        )
+    if head.length == CANCELLED:
+        raise TransferError(f"{where}: the trainer abandoned the round before bucket {bucket}")
+    if head.length != length:
+        raise PayloadError(
+            f"{where}: the slot header says frame seq={seq} has {head.length} bytes; "
+            f"the plan says {length}"
+        )
+    return True
