@@ -160,9 +160,15 @@ def _http_page(tmp_path: Path) -> Generator[dict[str, Any], None, None]:
 REPLACE = "__replace__"
 
 
+def _self_contained(tmp_path: Path) -> Generator[dict[str, Any], None, None]:
+    """A page whose blocks need no free names (they build what they use and tear it down)."""
+    yield {}
+
+
 #: Pages whose other python blocks run here, in order, with these free names.
 EXECUTED: dict[str, Callable[[Path], Generator[dict[str, Any], None, None]]] = {
     "docs/http.md": _http_page,
+    "docs/ipc.md": _self_contained,
 }
 
 

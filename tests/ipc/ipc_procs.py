@@ -4,9 +4,9 @@ Run as a script: ``python ipc_procs.py worker --conn-fd FD [--die-at-update N]
 [--hang-at-update N]`` serves a :class:`wtcore.WeightSyncWorker` (backend ``ipc``) on the
 inherited socket ``FD`` with the shared pipe control plane of :mod:`wtcore.testing.pipes`
 (JSON only, no pickle, as in production); ``python ipc_procs.py trainer SEED BUFFER ROUNDS
-[--no-shutdown] [--die-after-tensors N]`` runs an ipc trainer whose client writes each call to stdout and reads the
-answer from stdin, so the test process relays (and can interfere). Imported by the tests (by
-path) for :class:`PipeWorker`, :class:`PipeClient` and :func:`make_state`.
+[--no-shutdown] [--die-after-tensors N] [--shared]`` runs an ipc trainer (``--shared``: over
+shared weights) whose client writes each call to stdout and reads the answer from stdin, so
+the test process relays (and can interfere). Imported by the tests (by path) for :class:`PipeWorker`, :class:`PipeClient` and :func:`make_state`.
 
 Workers are started as scripts (not ``multiprocessing`` children) because this module is
 loaded by path, which a ``spawn`` child could not import, and because the test needs their
@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
@@ -265,6 +265,37 @@ def after_a_good_round(workers: list[PipeWorker], state: Any) -> tuple[Any, dict
     return trainer, announce
 
 
+def refused_then_synced(
+    workers: list[Any],
+    trainer: Any,
+    state: Any,
+    payload: Any,
+    message: str,
+    heal: Callable[[], None] | None = None,
+) -> None:
+    """``workers[0]`` refuses ``payload`` (an error matching ``message``) and applies nothing,
+    publishes nothing; then (after ``heal``) every worker takes the trainer's next round
+    bit-exact."""
+    import pytest
+
+    worker = workers[0]
+    before = worker.dump()
+    worker.call("start_weight_update")
+    with pytest.raises(ValueError, match=message):  # PayloadError is a ValueError
+        worker.call("update_weights", payload, timeout_s=20)
+    assert_bit_exact(worker.dump(), before)
+    worker.call("abort")
+    if heal is not None:
+        heal()
+    info = worker.call("weight_info")
+    assert info["weight_version"] == "good" and info["state"] == "idle"
+    bump(state)
+    trainer.send_weights(weight_version="next")
+    for w in workers:
+        assert_bit_exact(w.dump(), state)
+    assert worker.call("weight_info")["consistent"] is True
+
+
 # ---------------------------------------------------------------------- trainer process
 class _StdioClient:
     """The trainer's client in a trainer subprocess: the test process relays each call."""
@@ -366,6 +397,10 @@ def trainer_main(argv: list[str]) -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 yield item
 
+    if "--shared" in argv:
+        from wtcore_ipc import share_weights
+
+        _KEEP.append(share_weights(state))  # the tensors move into shared memory, for good
     engine = WeightTransferTrainerFactory.trainer_init(
         info,
         client=_StdioClient(out),

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+
+from wtcore.source import TensorSource, WeightSource
 from wtcore.testing.contract import EngineContractSuite
-from wtcore_ipc import IPCTrainerInitInfo
+from wtcore_ipc import IPCTrainerInitInfo, share_weights
 
 
 class TestIPCContract(EngineContractSuite):
@@ -35,3 +41,15 @@ class TestIPCContractUnpacked(TestIPCContract):
         return IPCTrainerInitInfo(
             packed=False, packed_buffer_size_bytes=buffer_size_bytes, timeout_s=30, rank=0
         )
+
+
+class TestIPCContractSharedWeights(TestIPCContract):
+    """The trainer's tensors live in shared memory (``share_weights``): each round sends their
+    offsets in one call and every worker copies straight out of them."""
+
+    @contextmanager
+    def source_for(self, state: Mapping[str, torch.Tensor]) -> Iterator[WeightSource]:
+        with share_weights(state) as shared:
+            source = TensorSource(state)
+            assert all(shared.offset_of(t) is not None for t in state.values())
+            yield source

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -105,36 +104,6 @@ BAD_PAYLOADS = {
 }
 
 
-def refused_then_synced(
-    procs: Any,
-    workers: list[Any],
-    trainer: Any,
-    state: Any,
-    payload: Any,
-    message: str,
-    heal: Callable[[], None] | None = None,
-) -> None:
-    """``workers[0]`` refuses ``payload`` (an error matching ``message``) and applies nothing,
-    publishes nothing; then (after ``heal``) every worker takes the trainer's next round
-    bit-exact."""
-    worker = workers[0]
-    before = worker.dump()
-    worker.call("start_weight_update")
-    with pytest.raises(ValueError, match=message):  # PayloadError is a ValueError
-        worker.call("update_weights", payload, timeout_s=20)
-    procs.assert_bit_exact(worker.dump(), before)
-    worker.call("abort")
-    if heal is not None:
-        heal()
-    info = worker.call("weight_info")
-    assert info["weight_version"] == "good" and info["state"] == "idle"
-    procs.bump(state)
-    trainer.send_weights(weight_version="next")
-    for w in workers:
-        procs.assert_bit_exact(w.dump(), state)
-    assert worker.call("weight_info")["consistent"] is True
-
-
 @pytest.mark.parametrize("kind", sorted(BAD_PAYLOADS))
 def test_bad_payload_applies_nothing(two_workers: list[Any], procs: Any, kind: str) -> None:
     """A bad round announcement is refused before anything is applied; the worker then takes
@@ -144,7 +113,7 @@ def test_bad_payload_applies_nothing(two_workers: list[Any], procs: Any, kind: s
     trainer, last = procs.after_a_good_round(two_workers, state)
     try:
         mutate, message = BAD_PAYLOADS[kind]
-        refused_then_synced(procs, two_workers, trainer, state, mutate(last), message)
+        procs.refused_then_synced(two_workers, trainer, state, mutate(last), message)
     finally:
         trainer.shutdown()
 
@@ -182,8 +151,8 @@ def test_forged_slot_header_is_refused_and_nothing_is_published(
             # the garbage; put back a valid, older header as the trainer last left it.
             seg.publish(0, seq, nbytes)
 
-        refused_then_synced(
-            procs, two_workers, trainer, state, {**announce, "seq": seq}, message, heal
+        procs.refused_then_synced(
+            two_workers, trainer, state, {**announce, "seq": seq}, message, heal
         )
     finally:
         trainer.shutdown()

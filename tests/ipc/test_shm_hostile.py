@@ -75,7 +75,7 @@ def test_small_dev_shm_is_a_clear_error_and_leaves_nothing() -> None:
     kind, message, mro = out["error"]
     assert "WtcoreError" in mro and kind == "TransferError"
     size = 4096 + 2 * (64 + (64 << 20))  # the control page, two slots of 64 MiB
-    assert f"{size}-byte staging segment" in message
+    assert f"{size}-byte segment" in message
     assert "--shm-size" in message and "packed_buffer_size_bytes" in message
     assert out["left"] == [], "no segment is left in /dev/shm"
     assert out["consistent"] is True, "nothing reached the worker"

@@ -27,6 +27,7 @@ trainer's model, so only the four numbers of a :class:`ModelSpec` travel. See
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -175,6 +176,12 @@ class EngineBench:
     #: Device kinds the engine's bench runs on (``--device``); ``"cuda"`` means its init info
     #: takes a ``device`` field (or :meth:`init_info` is overridden to place it).
     devices: tuple[str, ...] = ("cpu",)
+    #: ``--engine-option NAME=VALUE`` names that prepare the trainer's model instead of setting
+    #: an init-info field: ``fn(model, value)`` is a context manager held around the
+    #: configuration's rounds (for example moving the model into shared memory).
+    model_options: Mapping[str, Callable[[Any, Any], AbstractContextManager[object]]] = field(
+        default_factory=dict
+    )
 
     def check_device(self, engine: type[TrainerWeightTransferEngine], device: str) -> None:
         """Refuse, in one line, a ``--device`` this engine's bench does not support."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -101,20 +102,23 @@ def _run_engine(
     from wtcore.source import ModuleSource
 
     on_device = {} if opts.device == "cpu" else {"device": opts.device}
-    info = engine_cls.bench_support().init_info(
+    support = engine_cls.bench_support()
+    prepare = {k: v for k, v in opts.engine_options.items() if k in support.model_options}
+    fields = {k: v for k, v in opts.engine_options.items() if k not in prepare}
+    info = support.init_info(
         engine_cls,
         receivers=opts.receivers,
         host=opts.host,
         buffer_size_bytes=buffer_size,
         **on_device,
     )
-    if opts.engine_options:
+    if fields:
         try:  # a new dataclass instance: its own checks run again
-            info = dataclasses.replace(info, **opts.engine_options)
+            info = dataclasses.replace(info, **fields)
         except TypeError as e:
             raise PayloadError(
                 f"--engine-option: {engine_cls.init_info_cls.__name__} has no field "
-                f"{sorted(opts.engine_options)} ({e})"
+                f"{sorted(fields)} ({e})"
             ) from None
     fleet = launch_fleet(
         opts.client,
@@ -125,7 +129,10 @@ def _run_engine(
         options={"transactional": opts.transactional},
     )
     rounds: list[dict[str, Any]] = []
+    stack = contextlib.ExitStack()
     try:
+        for name, value in prepare.items():
+            stack.enter_context(support.model_options[name](model, value))
         engine = engine_cls.trainer_init(info, source=ModuleSource(model), client=fleet.client)
         try:
             tracker = PeakTracker([os.getpid(), *(p for p in fleet.pids() if p != os.getpid())])
@@ -164,6 +171,7 @@ def _run_engine(
         finally:
             engine.shutdown()
     finally:
+        stack.close()
         fleet.close()
     gbps = [r["gbps"] for r in rounds]
     return {

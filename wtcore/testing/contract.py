@@ -146,6 +146,13 @@ class EngineContractSuite:
         """A fresh trainer init info (rank 0) for ``num_workers`` receivers."""
         raise NotImplementedError
 
+    @contextmanager
+    def source_for(self, state: Mapping[str, torch.Tensor]) -> Iterator[WeightSource]:
+        """The trainer's source over ``state``. Override to keep the weights somewhere the
+        engine treats specially (shared memory, a device); the suite then changes ``state``'s
+        tensors in place between rounds and expects the source to follow."""
+        yield TensorSource(state)
+
     # ------------------------------------------------------------------ harness
     @contextmanager
     def pair(
@@ -166,13 +173,14 @@ class EngineContractSuite:
         client = RecordingClient(InProcessClient(workers, timeout_s=self.timeout_s))
         trainer = None
         try:
-            info = self.make_trainer_init_info(
-                num_workers=num_workers, buffer_size_bytes=buffer_size_bytes
-            )
-            trainer = WeightTransferTrainerFactory.trainer_init(
-                info, client=client, source=TensorSource(state)
-            )
-            yield Pair(trainer, workers, modules, client)
+            with self.source_for(state) as source:
+                info = self.make_trainer_init_info(
+                    num_workers=num_workers, buffer_size_bytes=buffer_size_bytes
+                )
+                trainer = WeightTransferTrainerFactory.trainer_init(
+                    info, client=client, source=source
+                )
+                yield Pair(trainer, workers, modules, client)
         finally:
             if trainer is not None:
                 trainer.shutdown()

@@ -15,9 +15,12 @@ __all__ = [
     "IPCTrainerInitInfo",
     "IPCUpdateInfo",
     "IPCWorkerEngine",
+    "SharedWeights",
+    "share_weights",
 ]
 
 if TYPE_CHECKING:
+    from wtcore_ipc.shared import SharedWeights, share_weights
     from wtcore_ipc.trainer import IPCTrainerEngine
     from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo, IPCUpdateInfo
     from wtcore_ipc.worker import IPCWorkerEngine
@@ -28,6 +31,8 @@ _WHERE = {
     "IPCUpdateInfo": "wtcore_ipc.wire",
     "IPCTrainerEngine": "wtcore_ipc.trainer",
     "IPCWorkerEngine": "wtcore_ipc.worker",
+    "SharedWeights": "wtcore_ipc.shared",
+    "share_weights": "wtcore_ipc.shared",
 }
 
 

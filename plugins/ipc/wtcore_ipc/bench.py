@@ -2,18 +2,24 @@
 
 ``shm_copy`` is one copy out of a POSIX shared-memory segment that already holds the weights:
 the ceiling of this engine's CPU path, where every receiver copies the sender's segment once.
-The engine needs no rendezvous, so the default :class:`~wtcore.bench.api.EngineBench` init info
+``--engine-option shared_weights=true`` measures the one-copy path (the trainer's model in
+shared memory). The engine needs no rendezvous, so the default
+:class:`~wtcore.bench.api.EngineBench` init info
 (rank 0, the buffer size and, on ``--device cuda``, the device: CUDA IPC) is all it takes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from contextlib import AbstractContextManager
+from typing import Any
 
 from wtcore.bench.api import Baseline, BaselineContext, EngineBench
+from wtcore.errors import PayloadError
 
-__all__ = ["BENCH", "shm_copy_gbps"]
+__all__ = ["BENCH", "shared_weights", "shm_copy_gbps"]
 
 
 def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
@@ -33,9 +39,22 @@ def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
         os.unlink(path)
 
 
+def shared_weights(model: Any, value: Any) -> AbstractContextManager[object]:
+    """``--engine-option shared_weights=true``: the trainer's model moves into shared memory
+    (:func:`wtcore_ipc.share_weights`) for the configuration's rounds."""
+    if value not in (True, False):
+        raise PayloadError(f"--engine-option shared_weights: expected true or false, got {value!r}")
+    if not value:
+        return contextlib.nullcontext()
+    from wtcore_ipc.shared import share_weights
+
+    return share_weights(model)
+
+
 #: What ``IPCTrainerEngine.bench`` is.
 BENCH = EngineBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={"shm_copy": Baseline("one copy out of shared memory", shm_copy_gbps)},
     devices=("cpu", "cuda"),
+    model_options={"shared_weights": shared_weights},
 )

@@ -239,13 +239,19 @@ def _link_tmpfile(fd: int, path: str) -> None:
         os.close(procfd)
 
 
-def _shm_full(size: int, e: OSError) -> TransferError:
+#: What a staging ring needs in ``/dev/shm``, and how to need less (for the "full" error).
+RING_NEEDS = (
+    "the ipc engine needs packed_num_buffers x (packed_buffer_size_bytes or the largest tensor)",
+    " or lower packed_buffer_size_bytes / packed_num_buffers",
+)
+
+
+def _shm_full(size: int, e: OSError, needs: tuple[str, str]) -> TransferError:
     return TransferError(
-        f"{SHM_DIR} has no room for a {size}-byte staging segment ({e.strerror}): the ipc "
-        f"engine needs packed_num_buffers x (packed_buffer_size_bytes or the largest tensor) "
+        f"{SHM_DIR} has no room for a {size}-byte segment ({e.strerror}): {needs[0]} "
         f"in {SHM_DIR}. Give it more (Docker: `docker run --shm-size=<at least {size} bytes "
-        "plus headroom>`; Kubernetes: an emptyDir with medium: Memory mounted at /dev/shm) or "
-        "lower packed_buffer_size_bytes / packed_num_buffers"
+        "plus headroom>`; Kubernetes: an emptyDir with medium: Memory mounted at /dev/shm)"
+        f"{needs[1]}"
     )
 
 
@@ -281,7 +287,10 @@ class StagingSegment:
     every bucket of every round.
     """
 
-    def __init__(self, capacity: int, num_slots: int) -> None:
+    def __init__(
+        self, capacity: int, num_slots: int, *, needs: tuple[str, str] = RING_NEEDS
+    ) -> None:
+        """``needs``: what the segment is for and how to shrink it, for a full ``/dev/shm``."""
         import torch
 
         if capacity < 0 or num_slots < 1:
@@ -302,7 +311,7 @@ class StagingSegment:
                 os.posix_fallocate(fd, 0, self.size)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
-                    raise _shm_full(self.size, e) from None
+                    raise _shm_full(self.size, e, needs) from None
                 raise TransferError(f"{SHM_DIR}: reserving {self.size} bytes failed: {e}") from e
             self._mm: mmap.mmap | None = mmap.mmap(fd, self.size)
             _link_tmpfile(fd, self.path)
@@ -349,11 +358,17 @@ class StagingSegment:
         token = self._words[at]  # first: the commit word
         return Ack(token, self._words[at + 8], self._words[at + 16])
 
-    def close(self) -> None:
-        """Unlink and unmap. Idempotent; safe while a worker still maps the segment."""
+    def close(self, *, unmap: bool = True) -> None:
+        """Unlink and unmap. Idempotent; safe while a worker still maps the segment.
+
+        ``unmap=False`` leaves the mapping to the garbage collector, for tensors that live on
+        in it (shared weights): unmapping under them would crash the process on next use.
+        """
         self._finalizer()  # unlink first: nothing new can attach
         self._buf = None
         self._words.release()
+        if self._mm is not None and not unmap:
+            self._mm = None  # torch.frombuffer's tensors hold the mmap object until they die
         if self._mm is not None:
             try:
                 self._mm.close()

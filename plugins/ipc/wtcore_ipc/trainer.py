@@ -5,7 +5,9 @@ Built on :class:`wtcore.kit.BucketedTrainerEngine` (planning, staging reuse, rec
 number) and the whole plan; the trainer then packs bucket after bucket into the ring while the
 workers copy the previous ones out, with no control call per bucket, so buckets can be small
 and packing and copying overlap. GPU (``cuda``): the kit's per-bucket pipeline, one call per
-bucket.
+bucket. Shared weights (:mod:`wtcore_ipc.shared`): when the source's tensors already live in a
+segment made by :func:`~wtcore_ipc.share_weights`, the round sends their offsets instead, with
+no ring and no copy on this side.
 
 Multi-rank trainers: only the sender (rank 0) stages. Every rank materializes the full tensors
 in lockstep anyway (that is what gathers FSDP shards), so a second gather would add nothing;
@@ -15,6 +17,8 @@ segment, or import the sender's CUDA buffer and copy it to their own GPU). See d
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -22,20 +26,38 @@ from wtcore.buckets import pack_source
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.kit import BucketedTrainerEngine, BucketUpdateInfo
+from wtcore.source import WeightSource, iter_checked
 from wtcore_ipc.ring import frames, wait_until
-from wtcore_ipc.shm import MAX_RECEIVERS, StagingSegment, host_status
+from wtcore_ipc.shared import SharedWeights, locate
+from wtcore_ipc.shm import CANCELLED, MAX_RECEIVERS, StagingSegment, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
-    from wtcore.source import WeightSource
+    from wtcore.meta import ParamMeta
     from wtcore.stats import TransferStats
     from wtcore_ipc.cuda import CudaStaging
 
 
 __all__ = ["IPCTrainerEngine"]
+
+
+class _Resumed(WeightSource):
+    """``source`` with its first item already taken: one pass over that item, then the rest
+    of the pass that produced it (a source's pass may be a collective: it is never rerun)."""
+
+    def __init__(self, source: WeightSource, first: tuple[str, torch.Tensor], rest: Iterator[Any]):
+        self.source, self.first, self.rest = source, first, rest
+
+    def metadata(self) -> list[ParamMeta]:
+        return self.source.metadata()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield self.first
+        for meta, t in self.rest:
+            yield meta.name, t
 
 
 class _Ring:
@@ -178,18 +200,94 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         }
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
-        """``shm``: the whole round in one ``update_weights``, streamed through the ring.
+        """``shm``: the whole round in one ``update_weights``: straight out of shared weights
+        when the source's first tensor lives in them, else streamed through the ring."""
+        if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
+            super()._send(source, stats)
+            return
+        metas = source.metadata()
+        items = iter_checked(source, metas)
+        first = next(items, None)
+        found = locate(first[1]) if first is not None else None
+        if found is not None and first is not None:
+            offsets = self._offsets_in(found[0], found[1], items)
+            if offsets is not None:
+                self._send_shared(found[0], metas, offsets, stats)
+                return
+            # else a second pass: a source whose tensors are in shared memory is a local one
+        elif first is not None:
+            source = _Resumed(source, (first[0].name, first[1]), items)
+        self._send_ring(source, metas, stats)
 
-        The call goes out first (on a helper thread) and blocks in every worker, which then
+    def _offsets_in(
+        self, shared: SharedWeights, offset: int, items: Iterator[Any]
+    ) -> list[int] | None:
+        """Every tensor's offset in ``shared``, or ``None`` (with a warning) when one is not
+        in it: a parameter replaced since :func:`share_weights` (``p.data = ...``, a dtype
+        cast) lives elsewhere, and that round goes through the ring instead."""
+        offsets = [offset]
+        for meta, t in items:
+            off = shared.offset_of(t)
+            if off is None:
+                warnings.warn(
+                    f"ipc: {meta.name!r} is no longer in the shared weights of segment "
+                    f"{shared.name} (replaced since share_weights?); this round is copied "
+                    "through the ring. Call share_weights again to send without copies.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                return None
+            offsets.append(off)
+        return offsets
+
+    def _send_shared(
+        self,
+        shared: SharedWeights,
+        metas: list[ParamMeta],
+        offsets: list[int],
+        stats: TransferStats,
+    ) -> None:
+        """One ``update_weights`` naming the shared segment and each tensor's offset."""
+        assert self.client is not None, "the sender always has a client"
+        segment = shared.segment
+        assert segment is not None
+        stats.num_tensors = len(metas)
+        stats.num_bytes = sum(m.nbytes for m in metas)
+        with stats.phase("control"):
+            self.client.start_weight_update()
+        self._seq += 1
+        seq = self._seq
+        segment.publish(0, seq, shared.nbytes)  # what a worker checks before and after copying
+        try:
+            self.begin_round(metas, [])
+            payload = {
+                **BucketUpdateInfo.wire(metas),
+                "segment": segment.name,
+                "seq": seq,
+                "offsets": offsets,
+            }
+            with stats.phase("wire"):
+                self.client.update_weights(payload)
+            stats.num_buckets = 1
+            self.end_round(stats)
+        except BaseException:
+            # A worker still copying (this call timed out) must not report weights the
+            # trainer goes on to change: it re-reads the header after its copy.
+            segment.publish(0, seq, CANCELLED)
+            raise
+        with stats.phase("control"):
+            self.client.finish_weight_update(stats.weight_version)
+
+    def _send_ring(
+        self, source: WeightSource, metas: list[ParamMeta], stats: TransferStats
+    ) -> None:
+        """The call goes out first (on a helper thread) and blocks in every worker, which then
         consumes slot after slot as they are stamped here. Frame ``f`` of the round (a bucket,
         or a chunk of a bucket larger than a slot) goes into slot ``f % num_slots`` once every
         worker has acknowledged frame ``f - num_slots``.
         """
-        if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
-            super()._send(source, stats)
-            return
         assert self.client is not None, "the sender always has a client"
-        metas = source.metadata()
+        assert isinstance(self.info, IPCTrainerInitInfo)
         buckets = self.info.plan(metas)
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)

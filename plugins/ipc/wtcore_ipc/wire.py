@@ -111,6 +111,9 @@ class IPCUpdateInfo(BucketUpdateInfo):
       fits a slot is one frame, a bigger one (a single large tensor) is cut into slot-sized
       frames; frame ``f`` of the round arrives in slot ``f % num_slots`` with sequence number
       ``seq + f`` in its header. The worker consumes slot after slot as the trainer fills them.
+    * ``shm`` with shared weights (:func:`wtcore_ipc.share_weights`): the whole round in ONE
+      call, no ring: ``segment`` holds the trainer's tensors themselves, the i-th listed tensor
+      at byte ``offsets[i]`` of its data area, and its header carries ``seq``.
     * ``cuda`` (GPU): one bucket per call, at ``offset``/``length`` of the exported buffer
       ``cuda``; ``sizes`` are the tensors' byte sizes, checked against the metadata.
     """
@@ -123,6 +126,7 @@ class IPCUpdateInfo(BucketUpdateInfo):
     sizes: list[int] | None = None
     offset: int | None = None
     length: int | None = None
+    offsets: list[int] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,6 +139,9 @@ class IPCUpdateInfo(BucketUpdateInfo):
             )
         if self.segment is not None:
             check_segment_name(self.segment)
+            if self.offsets is not None:
+                self._check_offsets(self.offsets)
+                return
             _require(self, "a 'segment' (ring) update", "num_slots", "slot_bytes")
             assert self.num_slots is not None and self.slot_bytes is not None
             if self.num_slots < 1:
@@ -158,6 +165,20 @@ class IPCUpdateInfo(BucketUpdateInfo):
                 )
         if self.offset % ALIGNMENT:
             raise PayloadError(f"offset: expected a multiple of {ALIGNMENT}, got {self.offset}")
+
+    def _check_offsets(self, offsets: list[int]) -> None:
+        """Offsets into shared weights: one per tensor, in range, aligned for its dtype (the
+        bounds against the segment's size are the worker's, once it has the segment)."""
+        if len(offsets) != len(self.metas):
+            raise PayloadError(
+                f"offsets: expected {len(self.metas)} entries (one per name), got {len(offsets)}"
+            )
+        for i, (m, off) in enumerate(zip(self.metas, offsets, strict=True)):
+            if not 0 <= off < 1 << 62 or off % m.dtype.itemsize:
+                raise PayloadError(
+                    f"offsets[{i}]: {m.name!r} ({m.dtype}) cannot start at byte {off}: expected "
+                    f"a non-negative multiple of {m.dtype.itemsize} below 2**62"
+                )
 
     def plan(self, init: IPCInitInfo) -> list[Bucket]:
         """The round's buckets, re-planned with the shared rule (``shm``), once the ring's shape

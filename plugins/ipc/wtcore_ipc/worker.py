@@ -32,6 +32,8 @@ from wtcore_ipc.shm import (
 from wtcore_ipc.wire import IPCInitInfo, IPCUpdateInfo
 
 if TYPE_CHECKING:
+    import torch
+
     from wtcore_ipc.cuda import CudaImporter
 
 __all__ = ["IPCWorkerEngine", "slot_ready"]
@@ -76,7 +78,10 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         if init.transport == "shm":
             if update_info.segment is None:
                 raise PayloadError("segment: required by the 'shm' transport negotiated at init")
-            self._receive_ring(update_info, update_info.segment)
+            if update_info.offsets is not None:
+                self._receive_shared(update_info, update_info.segment, update_info.offsets)
+            else:
+                self._receive_ring(update_info, update_info.segment)
         else:
             if update_info.cuda is None:
                 raise PayloadError("cuda: required by the 'cuda' transport negotiated at init")
@@ -141,6 +146,58 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             if whole is not None:
                 self.sink.load_weights(list(unpack_bucket(bucket, whole)))
                 del whole
+
+    def _receive_shared(self, u: IPCUpdateInfo, name: str, offsets: list[int]) -> None:
+        """Copy each tensor straight out of the trainer's shared weights (one copy in all).
+
+        The slot header must carry this round's ``seq`` before the copy and still carry it
+        after (with the trainer alive): a stale or replayed announcement is refused before
+        anything is applied, and a trainer that gave up on the round (and may be changing its
+        weights again) makes the round fail instead of publishing mixed weights.
+        """
+        r = self._segment(name)
+        try:
+            r.check_size()
+        except TransferError:
+            self._release()
+            raise
+        self._check_owner(r)
+        where = f"segment {r.name!r} of {trainer_of(r.name)}"
+        base = CONTROL_BYTES + HEADER_BYTES
+        head = r.header(base)
+        if not head.valid or head.seq != u.seq:
+            raise PayloadError(
+                f"{where}: the shared weights are stamped seq={head.seq} (magic "
+                f"{head.magic!r}); the update announces seq={u.seq}: stale, replayed or forged"
+            )
+        if head.length == CANCELLED or base + head.length > r.size:
+            raise PayloadError(
+                f"{where}: the shared weights' header claims {head.length} bytes; the segment "
+                f"holds {r.size - base}"
+            )
+        for i, (m, off) in enumerate(zip(u.metas, offsets, strict=True)):
+            if off + m.nbytes > head.length:
+                raise PayloadError(
+                    f"offsets[{i}]: {m.name!r} ({m.nbytes} bytes at {off}) ends past the "
+                    f"{head.length} bytes of shared weights in {where}"
+                )
+        group: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for m, off in zip(u.metas, offsets, strict=True):
+            group.append((m.name, r.view(base + off, m.nbytes).view(m.dtype).reshape(m.shape)))
+            size += m.nbytes
+            if size >= self.settings.packed_buffer_size_bytes:
+                self.sink.load_weights(group)
+                group, size = [], 0
+        if group:
+            self.sink.load_weights(group)
+        del group
+        if r.header(base) != head or not r.owner_alive():
+            self._check_owner(r)
+            raise TransferError(
+                f"{where}: the trainer abandoned round seq={u.seq} while it was copied out; "
+                "the loaded weights may be mixed"
+            )
 
     def _check_owner(self, r: SegmentReader) -> None:
         if not r.owner_alive():
