@@ -106,6 +106,11 @@ class DeltaContractSuite:
     ) -> TrainerInitInfo:
         raise NotImplementedError
 
+    @contextmanager
+    def source_for(self, state: dict[str, torch.Tensor]) -> Iterator[TensorSource]:
+        """The trainer's source over ``state`` (see ``EngineContractSuite.source_for``)."""
+        yield TensorSource(state)
+
     def worker(self, sink: WeightSink, rank: int, n: int, **kw: Any) -> WeightSyncWorker:
         return WeightSyncWorker(
             self.backend, sink, device=self.device, rank=rank, world_size=n, **kw
@@ -127,13 +132,17 @@ class DeltaContractSuite:
         sinks = [make(state) for _ in range(num_workers)]
         workers = [self.worker(s, i, num_workers, **worker_kw) for i, s in enumerate(sinks)]
         client = InProcessClient(workers, timeout_s=self.timeout_s)
-        source = TensorSource(state)
         trainer = None
         try:
-            info = self.make_trainer_init_info(num_workers=num_workers, buffer_size_bytes=1 << 18)
-            info.delta = True
-            trainer = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
-            yield DeltaPair(trainer, workers, sinks, client, source)
+            with self.source_for(state) as source:
+                info = self.make_trainer_init_info(
+                    num_workers=num_workers, buffer_size_bytes=1 << 18
+                )
+                info.delta = True
+                trainer = WeightTransferTrainerFactory.trainer_init(
+                    info, client=client, source=source
+                )
+                yield DeltaPair(trainer, workers, sinks, client, source)
         finally:
             if trainer is not None:
                 trainer.shutdown()
