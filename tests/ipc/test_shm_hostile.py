@@ -165,7 +165,9 @@ def test_trainer_killed_before_its_first_update_leaks_no_segment(
             assert len(leaked) == 1
             trainer.proc.kill()
             trainer.proc.wait(10)
-            assert procs.our_segments([trainer.proc.pid]) == leaked, "nobody mapped it yet"
+            # Nobody mapped it, so it is still there, unless another wtcore process on this
+            # host created a segment meanwhile and reclaimed it first (the same mechanism):
+            # what matters is that it is gone below.
             if reclaimer == "worker_init":
                 worker.call("init_weight_transfer_engine", init)
             else:
