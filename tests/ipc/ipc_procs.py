@@ -360,6 +360,17 @@ class TrainerProc:
                     pass
 
 
+def relay_until_update(trainer: TrainerProc, worker: PipeWorker) -> dict[str, Any]:
+    """Relay the trainer's calls to ``worker`` until its round's ``update_weights``; return
+    that call's announcement, undelivered."""
+    while True:
+        msg = trainer.next_message()
+        if msg["call"] == "update_weights":
+            announce: dict[str, Any] = msg["args"][0]
+            return announce
+        relay(trainer, worker, msg)
+
+
 def relay(trainer: TrainerProc, worker: PipeWorker, msg: dict[str, Any]) -> None:
     try:
         result = worker.call(msg["call"], *msg["args"])

@@ -227,12 +227,7 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str)
         flags = ["--die-after-tensors", "40"] if then == "mid_stream" else []
         trainer = procs.TrainerProc("7", "4096", "1", *flags)
         try:
-            while True:
-                msg = trainer.next_message()
-                if msg["call"] == "update_weights":
-                    break
-                procs.relay(trainer, worker, msg)
-            announce = msg["args"][0]
+            announce = procs.relay_until_update(trainer, worker)
             segment = announce["segment"]
             assert exists(segment)
             before = worker.dump()

@@ -165,12 +165,7 @@ def test_a_killed_trainer_s_shared_weights_are_refused_and_unlinked(
         worker.setup(state)
         trainer = procs.TrainerProc("7", "4096", "1", "--shared")
         try:
-            while True:
-                msg = trainer.next_message()
-                if msg["call"] == "update_weights":
-                    break
-                procs.relay(trainer, worker, msg)
-            announce = msg["args"][0]
+            announce = procs.relay_until_update(trainer, worker)
             assert "offsets" in announce, "the trainer process sends from its shared weights"
             before = worker.dump()
             trainer.proc.kill()

@@ -96,6 +96,17 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         self._reader = reader
         return reader
 
+    def _mapped(self, name: str) -> SegmentReader:
+        """The segment's reader, its size re-checked (a shrunk one is dropped, to be re-opened
+        and re-checked by the next update)."""
+        r = self._segment(name)
+        try:
+            r.check_size()
+        except TransferError:
+            self._release()
+            raise
+        return r
+
     def _receive_ring(self, u: IPCUpdateInfo, name: str) -> None:
         """Consume the round's frames slot by slot as the trainer stamps them."""
         import torch
@@ -105,12 +116,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         if self.rank >= MAX_RECEIVERS:
             raise PayloadError(f"rank: the ipc ring serves ranks below {MAX_RECEIVERS}")
         aborted = self._aborted = threading.Event()
-        r = self._segment(name)
-        try:
-            r.check_size()
-        except TransferError:
-            self._release()  # re-open (and re-check) on the next update
-            raise
+        r = self._mapped(name)
         stride = HEADER_BYTES + u.slot_bytes
         if CONTROL_BYTES + u.num_slots * stride > r.size:
             raise PayloadError(
@@ -155,12 +161,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         anything is applied, and a trainer that gave up on the round (and may be changing its
         weights again) makes the round fail instead of publishing mixed weights.
         """
-        r = self._segment(name)
-        try:
-            r.check_size()
-        except TransferError:
-            self._release()
-            raise
+        r = self._mapped(name)
         self._check_owner(r)
         where = f"segment {r.name!r} of {trainer_of(r.name)}"
         base = CONTROL_BYTES + HEADER_BYTES
