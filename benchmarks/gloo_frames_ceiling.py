@@ -9,7 +9,9 @@ in the way (no wtcore code, no HTTP, no copies), the ceiling of each shape of th
 * ``1 message``: one broadcast of the whole payload (the bench's raw gloo limit);
 * ``N messages``: the payload in ``N`` equal broadcasts, ``--inflight`` of them in flight;
 * ``N messages + headers``: the same, each preceded by a header the receiver waits for
-  before posting the message's receive (the engine's framing).
+  before posting the message's receive (the engine's framing until 0.3);
+* ``N messages + one table``: the same, after one header and one table of every message's
+  size, which the receiver waits for once before it posts any receive (the framing since).
 
     .venv/bin/python benchmarks/gloo_frames_ceiling.py --size-mib 1024 --messages 300
 """
@@ -43,12 +45,21 @@ def _group(rank: int, port: int) -> Any:
     )
 
 
-def _one_pass(pg: Any, bufs: list[Any], headers: bool, inflight: int, sender: bool) -> None:
-    """Broadcast ``bufs`` in order, ``inflight`` in flight; with ``headers``, a header first,
-    which the receiver waits for before it posts the message's receive."""
+def _one_pass(pg: Any, bufs: list[Any], framing: str, inflight: int, sender: bool) -> None:
+    """Broadcast ``bufs`` in order, ``inflight`` in flight. ``framing``: ``"headers"``, a
+    header before each, which the receiver waits for before it posts the message's receive;
+    ``"table"``, one header and one table of sizes first, which the receiver waits for once."""
     import torch
 
+    headers = framing == "headers"
     works: list[Any] = []
+    if framing == "table":
+        for words in (4, 2 * len(bufs)):
+            w = pg.broadcast(torch.zeros(words, dtype=torch.int64), 0)
+            if sender:
+                works.append(w)
+            else:
+                w.wait()
     for b in bufs:
         if headers:
             header = torch.zeros(4, dtype=torch.int64)
@@ -63,11 +74,12 @@ def _one_pass(pg: Any, bufs: list[Any], headers: bool, inflight: int, sender: bo
         w.wait()
 
 
-def _shapes(messages: int) -> list[tuple[str, int, bool]]:
+def _shapes(messages: int) -> list[tuple[str, int, str]]:
     return [
-        ("1 message", 1, False),
-        (f"{messages} messages", messages, False),
-        (f"{messages} messages + headers", messages, True),
+        ("1 message", 1, "none"),
+        (f"{messages} messages", messages, "none"),
+        (f"{messages} messages + headers", messages, "headers"),
+        (f"{messages} messages + one table", messages, "table"),
     ]
 
 
@@ -75,10 +87,10 @@ def _receiver(port: int, nbytes: int, messages: int, inflight: int, repeats: int
     import torch
 
     pg = _group(1, port)
-    for _, n, headers in _shapes(messages):
+    for _, n, framing in _shapes(messages):
         bufs = list(torch.empty(nbytes, dtype=torch.uint8).split(-(-nbytes // n)))
         for _ in range(repeats + 1):
-            _one_pass(pg, bufs, headers, inflight, sender=False)
+            _one_pass(pg, bufs, framing, inflight, sender=False)
 
 
 def main() -> None:
@@ -100,13 +112,13 @@ def main() -> None:
     try:
         pg = _group(0, port)
         print(f"{a.size_mib} MiB, {a.inflight} in flight, median of {a.repeats} passes")
-        for label, n, headers in _shapes(a.messages):
+        for label, n, framing in _shapes(a.messages):
             bufs = list(torch.ones(nbytes, dtype=torch.uint8).split(-(-nbytes // n)))
-            _one_pass(pg, bufs, headers, a.inflight, sender=True)  # warm-up
+            _one_pass(pg, bufs, framing, a.inflight, sender=True)  # warm-up
             times = []
             for _ in range(a.repeats):
                 t0 = time.perf_counter()
-                _one_pass(pg, bufs, headers, a.inflight, sender=True)
+                _one_pass(pg, bufs, framing, a.inflight, sender=True)
                 times.append(time.perf_counter() - t0)
             print(f"  {label:32s} {nbytes / statistics.median(times) / 1e9:6.2f} GB/s", flush=True)
         child.join(TIMEOUT_S)

@@ -63,11 +63,13 @@ def test_chain_rounds_bit_exact_over_three_workers() -> None:
 def test_broadcast_option_is_validated(cls: type) -> None:
     common = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 2}
     extra = {"rank": 0} if cls is NCCLTrainerInitInfo else {"rank_offset": 1}
-    with pytest.raises(PayloadError, match="broadcast: expected .*collective, chain"):
+    with pytest.raises(PayloadError, match="broadcast: expected .*collective, chain, stream"):
         cls(**common, **extra, broadcast="ring")
     info = cls(**common, **extra)
     worker = info.worker_init_info() if cls is NCCLTrainerInitInfo else info
-    assert worker.broadcast == "collective"  # one worker: auto is the collective
+    # One worker: auto is the stream; a trainer that sends only vLLM's fields means the
+    # collective.
+    assert worker.broadcast == ("stream" if cls is NCCLTrainerInitInfo else "collective")
 
 
 def _join_chain(store: object, rank: int, port: int, world: int, timeout_s: float) -> Group:

@@ -38,6 +38,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "secret": "",
         "direct_min_bytes": DEFAULT_DIRECT_MIN_BYTES,
         "broadcast": "chain",  # auto: gloo with two workers
+        "checksum": False,
     }
     assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
     assert NCCLTrainerInitInfo(**BASE, rank=0).packed_buffer_size_bytes == 64 << 20
@@ -63,12 +64,14 @@ def test_trainer_init_info_rejects_bad_values(field: str, value: object) -> None
         NCCLTrainerInitInfo(**{**BASE, field: value}, rank=0)  # type: ignore[arg-type]
 
 
-def test_broadcast_auto_is_the_chain_over_gloo_with_two_or_more_workers() -> None:
+def test_broadcast_auto_is_the_stream_or_the_chain_over_gloo() -> None:
     """The default follows the measurement: gloo's collective sends one copy per child from the
-    sender's link, NCCL's already pipelines, and with one worker the two modes tie."""
+    sender's link and pays a rendezvous per message, the stream to one worker pays none, and
+    NCCL's own broadcast already pipelines."""
     base = dict(BASE)
     assert resolve_broadcast("auto", "gloo", 3) == "chain"
-    assert resolve_broadcast("auto", "gloo", 2) == "collective"
+    assert resolve_broadcast("auto", "gloo", 2) == "stream"
+    assert resolve_broadcast("stream", "gloo", 4) == "stream"
     assert resolve_broadcast("auto", "nccl", 8) == "collective"
     assert resolve_broadcast("collective", "gloo", 8) == "collective"
     assert NCCLTrainerInitInfo(**base, rank=0).worker_init_info().broadcast == "chain"
@@ -78,6 +81,14 @@ def test_broadcast_auto_is_the_chain_over_gloo_with_two_or_more_workers() -> Non
     assert forced.worker_init_info().broadcast == "collective"
     with pytest.raises(ValueError, match="broadcast"):
         NCCLInitInfo(**base, rank_offset=1, broadcast="auto")  # workers get a concrete mode
+    for make in (
+        lambda: NCCLTrainerInitInfo(**base, device="cuda", broadcast="stream", rank=0),
+        lambda: NCCLInitInfo(**base, rank_offset=1, transport="nccl", broadcast="stream"),
+    ):
+        with pytest.raises(ValueError, match="broadcast: 'stream' .* needs the gloo transport"):
+            make()
+    with pytest.raises(ValueError, match="checksum: expected a bool"):
+        NCCLInitInfo(**base, rank_offset=1, checksum="yes")  # type: ignore[arg-type]
 
 
 def test_transport_follows_the_device_unless_forced() -> None:

@@ -8,6 +8,9 @@ while the old one still holds its connection, and only afterwards does the old t
 its stale bytes. The receiver must not let them overwrite the new round: it writes nothing of
 the new round before the old receive ended, so the model ends up exactly the new round's, and
 ``consistent: true`` is true.
+
+Over the stream (``broadcast="stream"``) the abort closes the connection, which ends the
+receive at once: the new round is not held, and the old trainer's bytes have nowhere to land.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from nccl_e2e_kit import loopback_info, wait_until
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.buckets import as_bytes
 from wtcore.concurrency import BackgroundCall
+from wtcore.errors import TransferError
 from wtcore.inproc import InProcessClient
 from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.testing import build_module
@@ -34,20 +38,22 @@ TIMEOUT_S = 30.0
 STALE_AFTER_S = 3.0
 
 
-def _info() -> NCCLTrainerInitInfo:
+def _info(broadcast: str) -> NCCLTrainerInitInfo:
     return loopback_info(
         world_size=2,
         direct_min_bytes=1024,
         timeout_s=TIMEOUT_S,
+        broadcast=broadcast,
     )
 
 
-def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
+@pytest.mark.parametrize("broadcast", ["collective", "stream"])
+def test_a_stale_in_place_receive_never_lands_on_a_newer_round(broadcast: str) -> None:
     module = build_module({"s": torch.zeros(4), "v": torch.zeros(64, 64), "w": torch.zeros(64, 64)})
     worker = WeightSyncWorker("nccl", ModuleSink(module))
     engine = worker.engine
     old_client = InProcessClient(worker, timeout_s=TIMEOUT_S)
-    old = WeightTransferTrainerFactory.trainer_init(_info(), client=old_client)
+    old = WeightTransferTrainerFactory.trainer_init(_info(broadcast), client=old_client)
     new = None
     try:
         # The old trainer sends buckets 0 ("s") and 1 ("v"), then announces bucket 2 ("w":
@@ -74,13 +80,20 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round() -> None:
         # A new trainer syncs the receiver while the old one still holds its bytes.
         fresh = {n: torch.randn(t.shape) for n, t in old_state.items()}
         new = WeightTransferTrainerFactory.trainer_init(
-            _info(), client=InProcessClient(worker, timeout_s=TIMEOUT_S)
+            _info(broadcast), client=InProcessClient(worker, timeout_s=TIMEOUT_S)
         )
         send = BackgroundCall(new.send_weights, TensorSource(fresh), weight_version="new")
-        time.sleep(STALE_AFTER_S)  # a small round takes well under this when not held
-        assert not send.done(), "the new round wrote while a stale receive was pending"
-        group.broadcast(as_bytes(stale)).wait()  # the stale bytes arrive at last
-        send.result(TIMEOUT_S)
+        if broadcast == "stream":  # the closed stream ended the old receive: nothing holds it
+            send.result(TIMEOUT_S)
+            try:  # the old trainer's bytes go nowhere (its connection was shut down)
+                group.broadcast(as_bytes(stale)).wait()
+            except (RuntimeError, TransferError):
+                pass
+        else:
+            time.sleep(STALE_AFTER_S)  # a small round takes well under this when not held
+            assert not send.done(), "the new round wrote while a stale receive was pending"
+            group.broadcast(as_bytes(stale)).wait()  # the stale bytes arrive at last
+            send.result(TIMEOUT_S)
         late = list(engine._late)  # type: ignore[attr-defined]
         wait_until(lambda: all(w.is_completed() for w in late), 10.0, "the stale receive to land")
         time.sleep(0.5)

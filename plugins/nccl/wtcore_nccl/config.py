@@ -50,12 +50,14 @@ def resolve_transport(transport: str, device: str) -> str:
 
 
 def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
-    """The concrete broadcast: ``auto`` means the chain over gloo with two or more workers.
+    """The concrete broadcast: ``auto`` means, over gloo, the stream to one worker and the
+    chain to two or more; the collective over NCCL.
 
-    Gloo's collective broadcast sends one copy per worker from the sender's link, so the round
-    time grows with the workers; the chain keeps it flat (docs/benchmarks.md, "Scaling under a
-    bandwidth cap") and ties with the collective on one host. NCCL's own broadcast already
-    pipelines through a ring, so it stays the collective there.
+    Gloo's collective broadcast is a rendezvous per message, which a round of many tensors
+    pays once per tensor; a TCP stream has none (docs/benchmarks.md, "nccl engine"). Gloo's
+    collective (and the stream) send one copy per worker from the sender's link, so the round
+    time grows with the workers; the chain keeps it flat ("Scaling under a bandwidth cap").
+    NCCL's own broadcast already pipelines through a ring, so it stays the collective there.
     """
     if broadcast != "auto" and broadcast not in BROADCASTS:
         raise PayloadError(
@@ -63,7 +65,9 @@ def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
         )
     if broadcast != "auto":
         return broadcast
-    return "chain" if transport == "gloo" and world_size > 2 else "collective"
+    if transport != "gloo":
+        return "collective"
+    return "chain" if world_size > 2 else "stream"
 
 
 def _check_group(
@@ -81,6 +85,11 @@ def _check_group(
         raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if broadcast not in BROADCASTS:
         raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
+    if broadcast == "stream" and transport == "nccl":
+        raise PayloadError(
+            "broadcast: 'stream' moves CPU tensors over TCP and needs the gloo transport; "
+            "transport is 'nccl' (use 'collective' or 'chain')"
+        )
 
 
 def _check_direct(value: object) -> None:
@@ -109,10 +118,12 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     (:mod:`wtcore_nccl.frames`). Sizes are always checked.
 
     ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
-    broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
-    carries each byte once; :mod:`wtcore_nccl.forward`). The default, ``"auto"``, is the chain
-    over gloo with two or more workers and the collective otherwise (:func:`resolve_broadcast`);
-    docs/nccl.md says when each wins.
+    broadcast), ``"chain"`` (workers relay chunks to the next rank, so the sender's link
+    carries each byte once; :mod:`wtcore_nccl.forward`) or ``"stream"`` (gloo transport only:
+    a TCP stream from the sender to each worker, no rendezvous per message;
+    :mod:`wtcore_nccl.stream`). The default, ``"auto"``, is over gloo the stream with one
+    worker and the chain with two or more, and the collective over NCCL
+    (:func:`resolve_broadcast`); docs/nccl.md says when each wins.
     """
 
     backend: ClassVar[str] = "nccl"
@@ -138,7 +149,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
                 master_address=self.master_address,
                 master_port=self.master_port,
                 world_size=self.world_size,
-                transport=self.transport,
+                transport=self.resolved_transport,
                 broadcast=self.resolved_broadcast,
             )
         except ValueError as e:
@@ -175,6 +186,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
             secret=secret,
             direct_min_bytes=self.direct_min_bytes,
             broadcast=self.resolved_broadcast,
+            checksum=self.checksum,
         )
 
 
@@ -211,9 +223,14 @@ class NCCLInitInfo:
     #: 0 (the plain packing rule) for a trainer that does not send it.
     direct_min_bytes: int = 0
     broadcast: str = "collective"
+    #: Whether the trainer's headers carry CRCs (its ``checksum``); a receiver that posts a
+    #: receive before its header arrived (``stream``) stages every bucket when it is set.
+    checksum: bool = False
 
     def __post_init__(self) -> None:
         _check_direct(self.direct_min_bytes)
+        if not isinstance(self.checksum, bool):
+            raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
         if self.secret and not _SECRET.fullmatch(self.secret):
             raise PayloadError(
                 "secret: expected 32 to 128 lowercase hex digits (or '' for none), got "

@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 
 __all__ = ["BROADCASTS", "CHUNK_BYTES", "Chain", "ChainWork"]
 
-#: The broadcast modes of the nccl engine: the process group's own broadcast, or this chain.
-BROADCASTS: tuple[str, ...] = ("collective", "chain")
+#: The broadcast modes of the nccl engine: the process group's own broadcast, this chain, or
+#: a TCP stream per worker (:mod:`wtcore_nccl.stream`).
+BROADCASTS: tuple[str, ...] = ("collective", "chain", "stream")
 #: Bytes per chunk: small enough that filling a chain of a few hops costs little, large
 #: enough that per-message overhead stays negligible (docs/benchmarks.md).
 CHUNK_BYTES = 1 << 20

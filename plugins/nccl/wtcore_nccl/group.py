@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore_nccl import stream as _stream
 from wtcore_nccl.forward import BROADCASTS, Chain
 
 if TYPE_CHECKING:
@@ -167,11 +168,22 @@ class Group:
     generation: int
     #: The forwarding chain (``broadcast="chain"``, :mod:`wtcore_nccl.forward`), else ``None``.
     chain: Chain | None = None
+    #: The streams (``broadcast="stream"``, :mod:`wtcore_nccl.stream`; no process group).
+    stream: _stream.Stream | None = None
+
+    @property
+    def checks_sizes(self) -> bool:
+        """Whether the transport itself refuses a message of another size than the receive
+        posted for it, before writing any of it (the stream does; gloo aborts instead), so a
+        receive may be posted before the frame's header was checked."""
+        return self.stream is not None
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
         """Start an async broadcast of ``tensor`` from rank 0 (the sender)."""
         import torch.distributed as dist
 
+        if self.stream is not None:
+            return self.stream.broadcast(tensor)  # type: ignore[return-value]  # quacks alike
         if self.chain is not None:
             return self.chain.broadcast(tensor)  # type: ignore[return-value]  # quacks alike
         opts = dist.BroadcastOptions()
@@ -300,7 +312,9 @@ def join_group(
     ``poll`` runs between short waits (it raises to give up early: the sender uses it to
     fail fast when the worker RPC was rejected, a worker to notice a shutdown). With a
     ``secret`` the handshake's keys live under it (``generation`` is not used).
-    ``broadcast="chain"`` relays every broadcast along the ranks (:mod:`wtcore_nccl.forward`).
+    ``broadcast="chain"`` relays every broadcast along the ranks (:mod:`wtcore_nccl.forward`);
+    ``broadcast="stream"`` opens a TCP stream from the sender to each worker instead of a
+    process group (:mod:`wtcore_nccl.stream`).
     """
     import torch.distributed as dist
 
@@ -328,6 +342,20 @@ def join_group(
                 "never did (is world_size right, and did every worker get the init call?)"
             )
         time.sleep(_POLL_S)
+    if broadcast == "stream":
+        if transport != "gloo":
+            raise PayloadError(f"broadcast: 'stream' needs the gloo transport, got {transport!r}")
+        streams = _stream.connect(
+            gstore,
+            rank=rank,
+            world_size=world_size,
+            address=address,
+            secret=secret,
+            generation=generation,
+            timeout_s=timeout_s,
+            poll=poll,
+        )
+        return Group(None, gstore, rank, world_size, transport, generation, stream=streams)
     try:
         pg = _make_pg(
             transport,
@@ -358,7 +386,13 @@ def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> Non
     Callers reach the process group only through :class:`Group`, so this reference is the
     one that counts.
     """
-    if group is None or group.pg is None:
+    if group is None:
+        return
+    if group.stream is not None:  # closing the streams ends every call in progress at once
+        streams, group.stream = group.stream, None
+        streams.close()
+        return
+    if group.pg is None:
         return
     pg, group.pg = group.pg, None
     if group.chain is not None:

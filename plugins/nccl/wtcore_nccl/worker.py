@@ -50,13 +50,19 @@ _ABORT_CHECK_EVERY = 4
 
 @dataclass
 class _Frame:
-    """One posted receive: its work, its label, the header's CRC word, where it lands."""
+    """One posted receive: its work, its label, the header's CRC word, where it lands.
+
+    ``header`` is the header still to be checked when the receive was posted together with
+    it (a transport that checks sizes itself, :attr:`Group.checks_sizes`); ``crc`` is then
+    read from it once it is checked.
+    """
 
     work: Any
     label: str
     crc: int
     data: torch.Tensor
     slot: Slot | None  # None: received in place, into the sink's tensor
+    header: torch.Tensor | None = None
 
 
 class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
@@ -266,8 +272,16 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
                 self.sink.load_weights(list(unpack_bucket(bucket, empty)))
                 continue
             wait_work(frame.work, what=frame.label, timeout_s=info.timeout_s, poll=self._poll)
+            if frame.header is not None:  # it arrived before the bytes: both are here now
+                frame.crc = check_header(
+                    frame.header, index=bucket.index, nbytes=bucket.nbytes, what=frame.label
+                )
             if frame.slot is None:
-                continue  # received in place: the bytes already are in the sink's tensor
+                # Received in place: the bytes already are in the sink's tensor. A CRC the
+                # init info did not announce is still checked (a failed round publishes
+                # nothing as consistent).
+                check_crc(frame.data, frame.crc, what=frame.label)
+                continue
             frame.slot.work = None
             check_crc(frame.data, frame.crc, what=frame.label)
             # The sink copies what it keeps (WeightSink contract), so the buffer is free after.
@@ -307,6 +321,8 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         """
         i = bucket.index
         label = f"receive of bucket {bucket.index} ({bucket.nbytes} bytes)"
+        if group.checks_sizes:
+            return self._post_with_header(group, info, pool, bucket, frames, label)
         if self._held is None or self._held[0] != i:
             crc = self._receive_header(
                 group, info, index=bucket.index, nbytes=bucket.nbytes, what=label
@@ -333,6 +349,49 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         else:
             self._in_place.append(work)
         frames[i] = _Frame(work, label, crc, data, slot)
+        return True
+
+    def _post_with_header(
+        self,
+        group: Group,
+        info: NCCLInitInfo,
+        pool: BufferPool,
+        bucket: Bucket,
+        frames: list[_Frame | None],
+        label: str,
+    ) -> bool:
+        """Post ``bucket``'s header and bytes at once; the header is checked when both came.
+
+        Only on a transport that refuses a message of another size by itself, before writing
+        any of it, so no receive of the wrong size can land. Not waiting for the header
+        between the two keeps the stream flowing: the next bytes are read while this thread
+        is still loading the previous bucket. Where they land is chosen from the init info's
+        ``checksum`` (staged when set); returns False, posting nothing, while that buffer is
+        busy.
+        """
+        import torch
+
+        dest = None
+        if not info.checksum and is_single(bucket):
+            m = bucket.metas[0]
+            dest = direct_destination(self.sink, m.name, m.dtype, m.shape, self.device)
+        slot: Slot | None = None
+        if dest is None:
+            busy = pool.peek(bucket)
+            if busy is not None and busy.work is not None:
+                return False
+            slot = pool.slot_for(bucket)
+            data = slot.view(bucket.nbytes)
+        else:
+            data = as_bytes(dest)
+        header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+        group.broadcast(header)  # the stream fills it before the bytes; closing it ends both
+        work = group.broadcast(data)
+        if slot is not None:
+            slot.work, slot.label = work, label
+        else:
+            self._in_place.append(work)
+        frames[bucket.index] = _Frame(work, label, NO_CRC, data, slot, header)
         return True
 
     def _settle_late(self, info: NCCLInitInfo) -> None:

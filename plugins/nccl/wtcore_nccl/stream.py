@@ -1,0 +1,394 @@
+"""The streamed broadcast (``broadcast="stream"``): every message down one TCP stream per worker.
+
+Gloo's broadcast is a rendezvous per message: the receiver posts its buffer, tells the sender,
+and only then do the bytes move. A round of a few hundred tensors therefore pays a round trip
+per tensor, and the frame header that must be checked before each receive is posted doubles
+it; on a small host that framing alone capped a round at about 0.6x of one large broadcast
+(docs/benchmarks.md). A byte stream has no rendezvous: the sender writes message after
+message, the kernel's socket buffers keep the wire busy while the receiver checks a header,
+and the receiver reads each message's length prefix before it reads a byte of the message,
+so the size check is free and a sender whose sizes disagree cannot overrun a receive buffer.
+The receiver refuses such a message (:class:`~wtcore.errors.TransferError`, naming both
+sizes) instead of the transport aborting the process, as gloo does.
+
+The sender (rank 0) listens on ``master_address`` (an address of its own host that every
+worker reaches, as they reach the store there) on a port the kernel picks, and publishes the
+port under the handshake's key prefix. Every worker connects and introduces itself with its
+rank and a token derived from the handshake's secret; the sender drops a connection whose
+hello is malformed, late, a duplicate or wrongly signed (a stranger who found the port), and
+acknowledges each worker it keeps, so both ends leave :func:`connect` knowing the group is
+whole. Each message is a 16-byte prefix (magic, byte count) and the bytes; the sender writes
+every message to every worker, each connection from a thread of its own (a fan-out: use the
+chain, :mod:`wtcore_nccl.forward`, when the sender's link is the limit).
+
+:meth:`Stream.broadcast` returns a :class:`StreamWork`, which behaves like the ``dist.Work``
+of a collective for the callers (:func:`wtcore_nccl.pipeline.wait_work`, the reaper). Every
+blocking socket call is bounded by the group's timeout (``SO_RCVTIMEO``/``SO_SNDTIMEO``), and
+:meth:`Stream.close` shuts the sockets down, which ends any call in progress at once; a
+receive never reports completion while its thread may still write into the buffer.
+Only CPU tensors travel this way (the gloo transport).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore_nccl.forward import ChainWork
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PORT_KEY", "Stream", "StreamWork", "connect", "listen"]
+
+#: Store key (under the handshake's prefix) of the sender's stream port.
+PORT_KEY = "stream/port"
+_PREFIX = struct.Struct("<QQ")  # magic, byte count
+_MAGIC = int.from_bytes(b"wtcstrm1", "big")
+_HELLO = struct.Struct("<QQ32s")  # magic, rank, token
+_HELLO_MAGIC = int.from_bytes(b"wtchelo1", "big")
+_ACK = b"\x01"
+#: How long an accepted connection may take to say hello before it is dropped.
+_HELLO_S = 5.0
+_POLL_S = 0.05
+#: Messages up to this size are written with their prefix in one call.
+_SMALL = 1 << 16
+
+
+def _token(secret: str, generation: int, rank: int) -> bytes:
+    """What rank ``rank`` proves it got this handshake's init call with: its secret (or, for
+    a sender without one, the guessable generation, as the store keys are then)."""
+    key = secret or f"generation-{generation}"
+    return hashlib.sha256(f"wtcore-stream:{key}:{rank}".encode()).digest()
+
+
+def _bytes_view(tensor: torch.Tensor) -> memoryview:
+    """``tensor``'s bytes (CPU, contiguous) as a writable memoryview, without a copy."""
+    import torch
+
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise TransferError(
+            "broadcast='stream' moves contiguous CPU tensors only (use the collective on CUDA)"
+        )
+    flat = tensor.detach().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]  # numpy is a buffer
+
+
+def _bound(sock: socket.socket, timeout_s: float) -> None:
+    """Bound every blocking call on ``sock`` by ``timeout_s`` in the kernel (one syscall per
+    message: a Python-level timeout would split each receive into many)."""
+    sec = max(0.001, timeout_s)
+    tv = struct.pack("ll", int(sec), int((sec - int(sec)) * 1e6))
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
+    """Fill ``view`` from ``sock``; ``EOFError`` if the peer closed, ``TimeoutError`` past
+    ``deadline`` (each call is bounded by the socket's own timeout)."""
+    got, n = 0, len(view)
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+        except BlockingIOError:  # SO_RCVTIMEO expired with nothing read
+            k = -1
+        if k == 0:
+            raise EOFError("the connection was closed")
+        if k > 0:
+            got += k
+        if got < n and time.monotonic() >= deadline:
+            raise TimeoutError(f"{got} of {n} bytes arrived in time")
+
+
+def listen(address: str) -> socket.socket:
+    """The sender's listening socket on ``address``, on a port the kernel picks."""
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[
+            0
+        ]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise TransferError(f"cannot resolve master_address {address!r}: {e}") from e
+    try:
+        sock.bind(sockaddr)
+        sock.listen(64)
+    except OSError as e:
+        sock.close()
+        raise TransferError(f"cannot listen for stream connections on {address}: {e}") from e
+    sock.settimeout(_POLL_S)
+    return sock
+
+
+def _accept(
+    listener: socket.socket,
+    *,
+    world_size: int,
+    secret: str,
+    generation: int,
+    deadline: float,
+    poll: Callable[[], None] | None,
+) -> dict[int, socket.socket]:
+    """Keep the connection of every worker rank whose hello is signed; drop the others."""
+    peers: dict[int, socket.socket] = {}
+    try:
+        _accept_into(peers, listener, world_size, secret, generation, deadline, poll)
+    except BaseException:
+        for s in peers.values():
+            s.close()
+        raise
+    return peers
+
+
+def _accept_into(
+    peers: dict[int, socket.socket],
+    listener: socket.socket,
+    world_size: int,
+    secret: str,
+    generation: int,
+    deadline: float,
+    poll: Callable[[], None] | None,
+) -> None:
+    while len(peers) < world_size - 1:
+        if poll is not None:
+            poll()
+        if time.monotonic() >= deadline:
+            missing = sorted(set(range(1, world_size)) - set(peers))
+            raise TransferTimeoutError(
+                f"ranks {missing} never opened their stream connection to the sender"
+            )
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        hello = bytearray(_HELLO.size)
+        try:
+            _bound(conn, _HELLO_S)
+            _recv_exact(conn, memoryview(hello), time.monotonic() + _HELLO_S)
+            magic, rank, token = _HELLO.unpack(hello)
+            ok = (
+                magic == _HELLO_MAGIC
+                and 0 < rank < world_size
+                and rank not in peers
+                and token == _token(secret, generation, rank)
+            )
+            if ok:
+                conn.sendall(_ACK)
+        except (OSError, EOFError):
+            ok = False
+        if not ok:
+            conn.close()  # a stranger, a duplicate, or a worker of another handshake
+            continue
+        peers[rank] = conn
+
+
+def connect(
+    store: Any,
+    *,
+    rank: int,
+    world_size: int,
+    address: str,
+    secret: str,
+    generation: int,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+) -> Stream:
+    """Open the group's streams: rank 0 accepts every worker, the others connect to it.
+
+    Call only once every rank arrived in the store (:func:`wtcore_nccl.group.join_group`).
+    """
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        with listen(address) as listener:
+            store.set(PORT_KEY, str(listener.getsockname()[1]))
+            peers = _accept(
+                listener,
+                world_size=world_size,
+                secret=secret,
+                generation=generation,
+                deadline=deadline,
+                poll=poll,
+            )
+        return Stream(rank, peers, timeout_s)
+    while not store.check([PORT_KEY]):
+        if poll is not None:
+            poll()
+        if time.monotonic() >= deadline:
+            raise TransferTimeoutError(
+                f"the sender at {address} published no stream port within {timeout_s:g} s"
+            )
+        time.sleep(0.01)
+    try:
+        port = int(bytes(store.get(PORT_KEY)))
+        sock = socket.create_connection((address, port), timeout=max(0.05, timeout_s))
+    except (ValueError, OSError) as e:
+        raise TransferError(
+            f"cannot open the stream connection to the sender at {address}: {e}"
+        ) from e
+    try:
+        _bound(sock, timeout_s)
+        sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, _token(secret, generation, rank)))
+        ack = bytearray(1)
+        _recv_exact(sock, memoryview(ack), deadline)
+    except (OSError, EOFError) as e:
+        sock.close()
+        raise TransferError(
+            f"the sender at {address}:{port} did not accept rank {rank}'s stream connection: {e}"
+        ) from e
+    return Stream(rank, {0: sock}, timeout_s)
+
+
+class StreamWork(ChainWork):
+    """One message on this rank's streams; quacks like a ``dist.Work`` (see ChainWork)."""
+
+    def fail_recv(self, i: int, n: int, error: BaseException) -> None:
+        peer = self.recv_peer
+        self._fail(f"receiving {self.label} from rank {peer} (the sender) failed: {error}")
+
+    def fail_send(self, i: int, n: int, error: BaseException) -> None:
+        self._fail(f"sending {self.label} to rank {i} failed: {error}")
+
+    def pending_detail(self) -> str:
+        if self.error is not None:
+            return self.error
+        if self.recvs_left:
+            return f"its bytes have not arrived from rank {self.recv_peer} (the sender)"
+        return f"{self.sends_left} worker(s) have not yet taken it"
+
+
+_Job = tuple[StreamWork, memoryview]
+
+
+class Stream:
+    """This rank's end of the streamed broadcast (see the module docstring).
+
+    The sender has a connection and a writer thread per worker; a worker has one connection
+    and a reader thread, which fills the posted receives in order. A connection that failed
+    fails every later message on it: a stream cut mid-message cannot be resynchronised.
+    """
+
+    def __init__(self, rank: int, peers: dict[int, socket.socket], timeout_s: float) -> None:
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self._peers = peers
+        self._queues: dict[int, queue.Queue[_Job | None]] = {p: queue.Queue() for p in peers}
+        self._broken: dict[int, str] = {}
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        for sock in peers.values():
+            _bound(sock, timeout_s)
+        target = self._writer if rank == 0 else self._reader
+        for peer in peers:
+            threading.Thread(
+                target=target, args=(peer,), name=f"wtcore-nccl-stream-{rank}-{peer}", daemon=True
+            ).start()
+
+    def broadcast(self, tensor: torch.Tensor) -> StreamWork:
+        """Start sending ``tensor`` to every worker (rank 0) or receiving it (the others)."""
+        view = _bytes_view(tensor)
+        sender = self.rank == 0
+        work = StreamWork(
+            f"a message of {len(view)} bytes",
+            recvs_left=0 if sender else 1,
+            sends_left=len(self._peers) if sender else 0,
+            recv_peer=None if sender else 0,
+        )
+        with self._lock:
+            if self._closed.is_set():
+                raise TransferError("the nccl transfer group was closed")
+            for q in self._queues.values():
+                q.put((work, view))
+        return work
+
+    def _fail(self, peer: int, work: StreamWork, error: BaseException) -> None:
+        with self._lock:
+            self._broken.setdefault(peer, str(error))
+        if self.rank == 0:
+            work.fail_send(peer, 1, error)
+        else:
+            work.fail_recv(0, 1, error)
+
+    def _jobs(self, peer: int) -> Any:
+        """This connection's messages in order; once it broke (or closed), each one fails."""
+        q = self._queues[peer]
+        while (job := q.get()) is not None:
+            broken = self._broken.get(peer)
+            if broken is None and self._closed.is_set():
+                broken = "the nccl transfer group was closed"
+            if broken is not None:
+                self._fail(peer, job[0], TransferError(f"the connection failed earlier: {broken}"))
+                continue
+            yield job
+            del job
+
+    def _writer(self, peer: int) -> None:
+        with self._peers[peer] as sock:
+            self._write(peer, sock)
+
+    def _write(self, peer: int, sock: socket.socket) -> None:
+        for work, view in self._jobs(peer):
+            prefix = _PREFIX.pack(_MAGIC, len(view))
+            try:
+                if len(view) <= _SMALL:
+                    sock.sendall(prefix + view.tobytes())
+                else:
+                    sock.sendall(prefix)
+                    sock.sendall(view)
+            except OSError as e:
+                why = "timed out" if isinstance(e, BlockingIOError) else str(e)
+                self._fail(peer, work, TransferError(f"{why} (is the worker still running?)"))
+                continue
+            work._count(sends=1)
+
+    def _reader(self, peer: int) -> None:
+        with self._peers[peer] as sock:
+            self._read(peer, sock)
+
+    def _read(self, peer: int, sock: socket.socket) -> None:
+        head = bytearray(_PREFIX.size)
+        for work, view in self._jobs(peer):
+            deadline = time.monotonic() + self.timeout_s
+            try:
+                _recv_exact(sock, memoryview(head), deadline)
+                magic, nbytes = _PREFIX.unpack(head)
+                if magic != _MAGIC:
+                    raise TransferError(f"a malformed message prefix (magic {magic:#x})")
+                if nbytes != len(view):
+                    raise TransferError(
+                        f"the sender sent {nbytes} bytes where this receiver planned "
+                        f"{len(view)}; refused before reading any of them"
+                    )
+                _recv_exact(sock, view, deadline)
+            except TimeoutError as e:
+                self._fail(peer, work, TransferTimeoutError(f"within {self.timeout_s:g} s: {e}"))
+                continue
+            except (OSError, EOFError, TransferError) as e:
+                self._fail(peer, work, e)
+                continue
+            work._count(recvs=1)
+
+    def close(self) -> None:
+        """Shut every connection down: calls in progress end, later messages fail (not joined).
+
+        Each connection's thread closes its socket once it has let go of it (closing it here
+        could hand its descriptor to a new socket while a call still uses it).
+        """
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            for q in self._queues.values():
+                q.put(None)
+        for sock in self._peers.values():
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
