@@ -72,6 +72,7 @@ def test_broadcast_auto_is_the_stream_or_the_chain_over_gloo() -> None:
     assert resolve_broadcast("auto", "gloo", 3) == "chain"
     assert resolve_broadcast("auto", "gloo", 2) == "stream"
     assert resolve_broadcast("stream", "gloo", 4) == "stream"
+    assert resolve_broadcast("auto", "gloo", 2, "cuda:0") == "collective"  # gloo over CUDA
     assert resolve_broadcast("auto", "nccl", 8) == "collective"
     assert resolve_broadcast("collective", "gloo", 8) == "collective"
     assert NCCLTrainerInitInfo(**base, rank=0).worker_init_info().broadcast == "chain"

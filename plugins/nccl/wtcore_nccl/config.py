@@ -49,9 +49,10 @@ def resolve_transport(transport: str, device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
-    """The concrete broadcast: ``auto`` means, over gloo, the stream to one worker and the
-    chain to two or more; the collective over NCCL.
+def resolve_broadcast(broadcast: str, transport: str, world_size: int, device: str = "cpu") -> str:
+    """The concrete broadcast: ``auto`` means, over gloo, the stream to one worker (from a CPU
+    ``device``: the stream moves CPU tensors only) and the chain to two or more; the
+    collective over NCCL, and over gloo from a GPU.
 
     Gloo's collective broadcast is a rendezvous per message, which a round of many tensors
     pays once per tensor; a TCP stream has none (docs/benchmarks.md, "nccl engine"). Gloo's
@@ -67,7 +68,9 @@ def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
         return broadcast
     if transport != "gloo":
         return "collective"
-    return "chain" if world_size > 2 else "stream"
+    if world_size > 2:
+        return "chain"
+    return "stream" if str(device) == "cpu" else "collective"
 
 
 def _check_group(
@@ -165,7 +168,9 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
 
     @property
     def resolved_broadcast(self) -> str:
-        return resolve_broadcast(self.broadcast, self.resolved_transport, self.world_size)
+        return resolve_broadcast(
+            self.broadcast, self.resolved_transport, self.world_size, self.device
+        )
 
     def worker_init_info(self, secret: str = "") -> NCCLInitInfo:
         """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1).

@@ -109,6 +109,19 @@ def _recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
             raise TimeoutError(f"{got} of {n} bytes arrived in time")
 
 
+def _send_message(sock: socket.socket, view: memoryview) -> None:
+    """Write one message, prefix and bytes in one call where the kernel takes it all."""
+    prefix = _PREFIX.pack(_MAGIC, len(view))
+    if len(view) <= _SMALL:
+        sock.sendall(prefix + view.tobytes())
+        return
+    sent = sock.sendmsg([prefix, view])
+    if sent < len(prefix):
+        sock.sendall(prefix[sent:])
+        sent = len(prefix)
+    sock.sendall(view[sent - len(prefix) :])
+
+
 def listen(address: str) -> socket.socket:
     """The sender's listening socket on ``address``, on a port the kernel picks."""
     try:
@@ -335,13 +348,8 @@ class Stream:
 
     def _write(self, peer: int, sock: socket.socket) -> None:
         for work, view in self._jobs(peer):
-            prefix = _PREFIX.pack(_MAGIC, len(view))
             try:
-                if len(view) <= _SMALL:
-                    sock.sendall(prefix + view.tobytes())
-                else:
-                    sock.sendall(prefix)
-                    sock.sendall(view)
+                _send_message(sock, view)
             except OSError as e:
                 why = "timed out" if isinstance(e, BlockingIOError) else str(e)
                 self._fail(peer, work, TransferError(f"{why} (is the worker still running?)"))

@@ -287,8 +287,12 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
 
         The header's work needs no wait of its own (the receiver posts the data's receive
         only after the header arrived, and a failure shows on the data's work); it is kept
-        for the round only so that a failure path lets the group go after it ended.
+        for the round only so that a failure path lets the group go after it ended. A
+        transport that checks every message's size itself (the stream) needs no header
+        unless it carries a CRC: the receiver refuses a message of another size there.
         """
+        if group.checks_sizes and not self.info.checksum:
+            return group.broadcast(data)
         header = make_header(index, data, self.info.device, checksum=self.info.checksum)
         self._headers.append(group.broadcast(header))
         return group.broadcast(data)

@@ -129,6 +129,11 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
                 f"init_info.transport: 'nccl' needs a CUDA device, this worker's device is "
                 f"{self.device!r}"
             )
+        if init_info.broadcast == "stream" and str(self.device) != "cpu":
+            raise PayloadError(
+                f"init_info.broadcast: 'stream' moves CPU tensors only, this worker's device "
+                f"is {self.device!r} (the trainer must choose 'collective' or 'chain')"
+            )
         self._release()
         self._closing.clear()
         self._aborting.clear()
@@ -360,14 +365,15 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         frames: list[_Frame | None],
         label: str,
     ) -> bool:
-        """Post ``bucket``'s header and bytes at once; the header is checked when both came.
+        """Post ``bucket``'s bytes, and before them its header when it carries a CRC.
 
         Only on a transport that refuses a message of another size by itself, before writing
-        any of it, so no receive of the wrong size can land. Not waiting for the header
+        any of it (the stream), so no receive of the wrong size can land and the sender sends
+        no header for sizes alone. A CRC header (the init info's ``checksum``) is posted with
+        the bytes and checked once both came, and the bucket is staged for it. Not waiting
         between the two keeps the stream flowing: the next bytes are read while this thread
-        is still loading the previous bucket. Where they land is chosen from the init info's
-        ``checksum`` (staged when set); returns False, posting nothing, while that buffer is
-        busy.
+        is still loading the previous bucket. Returns False, posting nothing, while the
+        bucket's buffer is busy.
         """
         import torch
 
@@ -384,8 +390,10 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             data = slot.view(bucket.nbytes)
         else:
             data = as_bytes(dest)
-        header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
-        group.broadcast(header)  # the stream fills it before the bytes; closing it ends both
+        header = None
+        if info.checksum:
+            header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+            group.broadcast(header)  # the stream fills it before the bytes; closing ends both
         work = group.broadcast(data)
         if slot is not None:
             slot.work, slot.label = work, label
