@@ -376,7 +376,9 @@ class Stream:
                     )
                 _recv_exact(sock, view, deadline)
             except TimeoutError as e:
-                self._fail(peer, work, TransferTimeoutError(f"within {self.timeout_s:g} s: {e}"))
+                self._fail(
+                    peer, work, TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
+                )
                 continue
             except (OSError, EOFError, TransferError) as e:
                 self._fail(peer, work, e)
