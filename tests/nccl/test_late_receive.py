@@ -68,7 +68,8 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round(broadcast: str) -
         group = old._group  # type: ignore[attr-defined]
         for index, name in enumerate(old_state):
             data = as_bytes(old_state[name])
-            group.broadcast(make_header(index, data, "cpu", checksum=False)).wait()
+            if broadcast != "stream":  # the stream's length prefix stands in for the header
+                group.broadcast(make_header(index, data, "cpu", checksum=False)).wait()
             if name != "w":
                 group.broadcast(data).wait()
         stale = old_state["w"]

@@ -32,6 +32,7 @@ Only CPU tensors travel this way (the gloo transport).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import queue
 import socket
 import struct
@@ -93,8 +94,9 @@ def _bound(sock: socket.socket, timeout_s: float) -> None:
 
 
 def _recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
-    """Fill ``view`` from ``sock``; ``EOFError`` if the peer closed, ``TimeoutError`` past
-    ``deadline`` (each call is bounded by the socket's own timeout)."""
+    """Fill ``view`` from ``sock``; :class:`TransferError` if the peer closed,
+    :class:`TransferTimeoutError` past ``deadline`` (each call is bounded by the socket's own
+    timeout)."""
     got, n = 0, len(view)
     while got < n:
         try:
@@ -102,11 +104,11 @@ def _recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
         except BlockingIOError:  # SO_RCVTIMEO expired with nothing read
             k = -1
         if k == 0:
-            raise EOFError("the connection was closed")
+            raise TransferError("the connection was closed")
         if k > 0:
             got += k
         if got < n and time.monotonic() >= deadline:
-            raise TimeoutError(f"{got} of {n} bytes arrived in time")
+            raise TransferTimeoutError(f"{got} of {n} bytes arrived in time")
 
 
 def _send_message(sock: socket.socket, view: memoryview) -> None:
@@ -191,11 +193,11 @@ def _accept_into(
                 magic == _HELLO_MAGIC
                 and 0 < rank < world_size
                 and rank not in peers
-                and token == _token(secret, generation, rank)
+                and hmac.compare_digest(token, _token(secret, generation, rank))
             )
             if ok:
                 conn.sendall(_ACK)
-        except (OSError, EOFError):
+        except (OSError, TransferError):
             ok = False
         if not ok:
             conn.close()  # a stranger, a duplicate, or a worker of another handshake
@@ -251,7 +253,7 @@ def connect(
         sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, _token(secret, generation, rank)))
         ack = bytearray(1)
         _recv_exact(sock, memoryview(ack), deadline)
-    except (OSError, EOFError) as e:
+    except (OSError, TransferError) as e:
         sock.close()
         raise TransferError(
             f"the sender at {address}:{port} did not accept rank {rank}'s stream connection: {e}"
@@ -375,12 +377,12 @@ class Stream:
                         f"{len(view)}; refused before reading any of them"
                     )
                 _recv_exact(sock, view, deadline)
-            except TimeoutError as e:
+            except TransferTimeoutError as e:
                 self._fail(
                     peer, work, TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
                 )
                 continue
-            except (OSError, EOFError, TransferError) as e:
+            except (OSError, TransferError) as e:
                 self._fail(peer, work, e)
                 continue
             work._count(recvs=1)
