@@ -155,7 +155,24 @@ def _accept(
     """Keep the connection of every worker rank whose hello is signed; drop the others."""
     peers: dict[int, socket.socket] = {}
     try:
-        _accept_into(peers, listener, world_size, secret, generation, deadline, poll)
+        while len(peers) < world_size - 1:
+            if poll is not None:
+                poll()
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(1, world_size)) - set(peers))
+                raise TransferTimeoutError(
+                    f"ranks {missing} never opened their stream connection to the sender"
+                )
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            rank = _greet(conn, world_size, secret, generation)
+            if rank is None or rank in peers:
+                conn.close()  # a stranger, a duplicate, or a worker of another handshake
+                continue
+            conn.sendall(_ACK)
+            peers[rank] = conn
     except BaseException:
         for s in peers.values():
             s.close()
@@ -163,46 +180,18 @@ def _accept(
     return peers
 
 
-def _accept_into(
-    peers: dict[int, socket.socket],
-    listener: socket.socket,
-    world_size: int,
-    secret: str,
-    generation: int,
-    deadline: float,
-    poll: Callable[[], None] | None,
-) -> None:
-    while len(peers) < world_size - 1:
-        if poll is not None:
-            poll()
-        if time.monotonic() >= deadline:
-            missing = sorted(set(range(1, world_size)) - set(peers))
-            raise TransferTimeoutError(
-                f"ranks {missing} never opened their stream connection to the sender"
-            )
-        try:
-            conn, _ = listener.accept()
-        except TimeoutError:
-            continue
-        hello = bytearray(_HELLO.size)
-        try:
-            _bound(conn, _HELLO_S)
-            _recv_exact(conn, memoryview(hello), time.monotonic() + _HELLO_S)
-            magic, rank, token = _HELLO.unpack(hello)
-            ok = (
-                magic == _HELLO_MAGIC
-                and 0 < rank < world_size
-                and rank not in peers
-                and hmac.compare_digest(token, _token(secret, generation, rank))
-            )
-            if ok:
-                conn.sendall(_ACK)
-        except (OSError, TransferError):
-            ok = False
-        if not ok:
-            conn.close()  # a stranger, a duplicate, or a worker of another handshake
-            continue
-        peers[rank] = conn
+def _greet(conn: socket.socket, world_size: int, secret: str, generation: int) -> int | None:
+    """The worker rank ``conn`` proves it is (within a few seconds), or ``None``."""
+    hello = bytearray(_HELLO.size)
+    try:
+        _bound(conn, _HELLO_S)
+        _recv_exact(conn, memoryview(hello), time.monotonic() + _HELLO_S)
+    except (OSError, TransferError):
+        return None
+    magic, rank, token = _HELLO.unpack(hello)
+    if magic != _HELLO_MAGIC or not 0 < rank < world_size:
+        return None
+    return int(rank) if hmac.compare_digest(token, _token(secret, generation, rank)) else None
 
 
 def connect(

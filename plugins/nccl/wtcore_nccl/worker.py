@@ -334,27 +334,46 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             )
             self._held = (i, crc)
         crc = self._held[1]
-        dest = None
-        if crc == NO_CRC and is_single(bucket):
+        landing = self._landing(pool, bucket, in_place=crc == NO_CRC)
+        if landing is None:
+            return False
+        self._held = None
+        frames[i] = self._post_receive(group, *landing, label=label, crc=crc)
+        return True
+
+    def _landing(
+        self, pool: BufferPool, bucket: Bucket, *, in_place: bool
+    ) -> tuple[torch.Tensor, Slot | None] | None:
+        """Where ``bucket``'s bytes land: the tensor the sink offers (a bucket of one tensor,
+        ``in_place`` allowed), else its buffer; ``None`` while that buffer is still busy."""
+        if in_place and is_single(bucket):
             m = bucket.metas[0]
             dest = direct_destination(self.sink, m.name, m.dtype, m.shape, self.device)
-        slot: Slot | None = None
-        if dest is not None:
-            data = as_bytes(dest)
-        else:
-            busy = pool.peek(bucket)
-            if busy is not None and busy.work is not None:
-                return False
-            slot = pool.slot_for(bucket)
-            data = slot.view(bucket.nbytes)
-        self._held = None
+            if dest is not None:
+                return as_bytes(dest), None
+        busy = pool.peek(bucket)
+        if busy is not None and busy.work is not None:
+            return None
+        slot = pool.slot_for(bucket)
+        return slot.view(bucket.nbytes), slot
+
+    def _post_receive(
+        self,
+        group: Group,
+        data: torch.Tensor,
+        slot: Slot | None,
+        *,
+        label: str,
+        crc: int,
+        header: torch.Tensor | None = None,
+    ) -> _Frame:
+        """Post the receive into ``data``; remember its work where the failure path finds it."""
         work = group.broadcast(data)
         if slot is not None:
             slot.work, slot.label = work, label
         else:
             self._in_place.append(work)
-        frames[i] = _Frame(work, label, crc, data, slot)
-        return True
+        return _Frame(work, label, crc, data, slot, header)
 
     def _post_with_header(
         self,
@@ -377,29 +396,16 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         """
         import torch
 
-        dest = None
-        if not info.checksum and is_single(bucket):
-            m = bucket.metas[0]
-            dest = direct_destination(self.sink, m.name, m.dtype, m.shape, self.device)
-        slot: Slot | None = None
-        if dest is None:
-            busy = pool.peek(bucket)
-            if busy is not None and busy.work is not None:
-                return False
-            slot = pool.slot_for(bucket)
-            data = slot.view(bucket.nbytes)
-        else:
-            data = as_bytes(dest)
+        landing = self._landing(pool, bucket, in_place=not info.checksum)
+        if landing is None:
+            return False
         header = None
         if info.checksum:
             header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
             group.broadcast(header)  # the stream fills it before the bytes; closing ends both
-        work = group.broadcast(data)
-        if slot is not None:
-            slot.work, slot.label = work, label
-        else:
-            self._in_place.append(work)
-        frames[bucket.index] = _Frame(work, label, NO_CRC, data, slot, header)
+        frames[bucket.index] = self._post_receive(
+            group, *landing, label=label, crc=NO_CRC, header=header
+        )
         return True
 
     def _settle_late(self, info: NCCLInitInfo) -> None:
