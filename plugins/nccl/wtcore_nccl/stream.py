@@ -124,6 +124,15 @@ def _send_message(sock: socket.socket, view: memoryview) -> None:
     sock.sendall(view[sent - len(prefix) :])
 
 
+def _address(sock: socket.socket) -> str:
+    """``host:port`` of ``sock``'s peer, for error messages."""
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "an unknown address"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 def listen(address: str) -> socket.socket:
     """The sender's listening socket on ``address``, on a port the kernel picks."""
     try:
@@ -251,14 +260,10 @@ def connect(
 
 
 class StreamWork(ChainWork):
-    """One message on this rank's streams; quacks like a ``dist.Work`` (see ChainWork)."""
+    """One message on this rank's streams; quacks like a ``dist.Work`` (see ChainWork).
 
-    def fail_recv(self, i: int, n: int, error: BaseException) -> None:
-        peer = self.recv_peer
-        self._fail(f"receiving {self.label} from rank {peer} (the sender) failed: {error}")
-
-    def fail_send(self, i: int, n: int, error: BaseException) -> None:
-        self._fail(f"sending {self.label} to rank {i} failed: {error}")
+    Its failures are worded by :class:`Stream`, which knows each peer's address.
+    """
 
     def pending_detail(self) -> str:
         if self.error is not None:
@@ -287,8 +292,10 @@ class Stream:
         self._broken: dict[int, str] = {}
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        for sock in peers.values():
+        self._where: dict[int, str] = {}
+        for peer, sock in peers.items():
             _bound(sock, timeout_s)
+            self._where[peer] = _address(sock)
         target = self._writer if rank == 0 else self._reader
         for peer in peers:
             threading.Thread(
@@ -315,10 +322,13 @@ class Stream:
     def _fail(self, peer: int, work: StreamWork, error: BaseException) -> None:
         with self._lock:
             self._broken.setdefault(peer, str(error))
+        where = self._where[peer]
         if self.rank == 0:
-            work.fail_send(peer, 1, error)
+            work._fail(f"sending {work.label} to rank {peer} at {where} failed: {error}")
         else:
-            work.fail_recv(0, 1, error)
+            work._fail(
+                f"receiving {work.label} from rank 0 (the sender) at {where} failed: {error}"
+            )
 
     def _jobs(self, peer: int) -> Any:
         """This connection's messages in order; once it broke (or closed), each one fails."""
