@@ -104,6 +104,8 @@ class Driver:
         )
         self._answers: queue.Queue[str] = queue.Queue()
         self._stderr: list[str] = []
+        #: Extra fields a test adds to every ``init`` command it sends this trainer.
+        self.init_fields: dict[str, Any] = {}
         self._pumps = [
             threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True),
             threading.Thread(target=self._pump, args=(self.proc.stderr, False), daemon=True),

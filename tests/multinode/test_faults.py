@@ -5,7 +5,9 @@ so that a round lasts long enough to be cut in the middle. Each test asserts: th
 within the configured timeout (plus slack for a loaded 2-core machine) with an error naming the
 receiver's node; every reachable receiver then reports a known state (``consistent``, version,
 no call in flight); and the next round (link back, or over the survivors) is bit-exact. The
-module's cluster fixture checks that no process or namespace is left behind.
+module's cluster fixture checks that no process or namespace is left behind. Every test runs
+twice: with the engine's default broadcast (the chain, for two receivers) and over the stream
+(``broadcast="stream"``: a TCP connection from the trainer to each receiver).
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ def digest(seed: int) -> str:
     return digest_named(synthetic_state(SIZE, TENSORS, "float32", seed=seed).items())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["auto", "stream"])
 def net(
-    make_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+    make_cluster: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Cluster, list[Receiver], Driver]]:
     c: Cluster = make_cluster(3, rate=RATE)
     receivers = start_receivers(c.nodes[1:], ARGS, tmp_path_factory.mktemp("receivers"))
     driver = Driver(c[0])
+    driver.init_fields["broadcast"] = request.param
     try:
         yield c, receivers, driver
     finally:
@@ -55,7 +58,7 @@ def init(driver: Driver, c: Cluster, receivers: list[Receiver]) -> None:
         "init",
         urls=[r.url for r in receivers], api_key=API_KEY, master_address=c[0].address,
         master_port=next(_ports), world_size=len(receivers) + 1, timeout=TIMEOUT_S,
-        size=SIZE, tensors=TENSORS,
+        size=SIZE, tensors=TENSORS, **driver.init_fields,
     )  # fmt: skip
 
 
