@@ -177,7 +177,9 @@ def test_a_sender_gone_mid_message_fails_the_receive_naming_it() -> None:
         sock.sendall(bytes(1 << 19))
         t0 = time.monotonic()
         release_group(sender)
-        with pytest.raises(TransferError, match=r"from rank 0 \(the sender\) at 127\.0\.0\.1:\d+ failed"):
+        with pytest.raises(
+            TransferError, match=r"from rank 0 \(the sender\) at 127\.0\.0\.1:\d+ failed"
+        ):
             wait_work(work, what="the receive", timeout_s=30)
         assert time.monotonic() - t0 < 10, "a closed connection must end the receive at once"
 
