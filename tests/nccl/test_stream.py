@@ -138,7 +138,7 @@ def test_a_stranger_on_the_stream_port_is_dropped() -> None:
         stream_port = int(bytes(rank1.get(PORT_KEY)))
         for hello in (
             b"GET / HTTP/1.0\r\n\r\n" + bytes(30),
-            struct.pack("<QQ32s", int.from_bytes(b"wtchelo1", "big"), 1, b"\0" * 32),
+            struct.pack("<QQQ32s", int.from_bytes(b"wtchelo1", "big"), 1, 0, b"\0" * 32),
         ):
             s = socket.create_connection(("127.0.0.1", stream_port), timeout=10)
             s.sendall(hello)
@@ -172,7 +172,7 @@ def test_a_sender_gone_mid_message_fails_the_receive_naming_it() -> None:
         work = receiver.broadcast(buf)
         stream = sender.stream
         assert stream is not None
-        sock = stream._peers[1]  # write half a message by hand, then vanish
+        sock = stream._lanes[(1, 0)]  # write half of message 0 (lane 0) by hand, then vanish
         sock.sendall(struct.pack("<QQ", int.from_bytes(b"wtcstrm1", "big"), 1 << 20))
         sock.sendall(bytes(1 << 19))
         t0 = time.monotonic()

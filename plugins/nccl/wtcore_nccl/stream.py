@@ -53,21 +53,26 @@ __all__ = ["PORT_KEY", "Stream", "StreamWork", "connect", "listen"]
 PORT_KEY = "stream/port"
 _PREFIX = struct.Struct("<QQ")  # magic, byte count
 _MAGIC = int.from_bytes(b"wtcstrm1", "big")
-_HELLO = struct.Struct("<QQ32s")  # magic, rank, token
+_HELLO = struct.Struct("<QQQ32s")  # magic, rank, lane, token
 _HELLO_MAGIC = int.from_bytes(b"wtchelo1", "big")
 _ACK = b"\x01"
 #: How long an accepted connection may take to say hello before it is dropped.
 _HELLO_S = 5.0
 _POLL_S = 0.05
+#: TCP connections per worker ("lanes"): message ``k`` travels on lane ``k % LANES``. On
+#: loopback the sender's kernel does most of a connection's work (its copy and the receiving
+#: side's protocol processing), so one connection is bound by one core; two let the sender's
+#: work run on two (docs/benchmarks.md: 1.3-1.5x one connection on 2 cores).
+LANES = 2
 #: Messages up to this size are written with their prefix in one call.
 _SMALL = 1 << 16
 
 
-def _token(secret: str, generation: int, rank: int) -> bytes:
+def _token(secret: str, generation: int, rank: int, lane: int) -> bytes:
     """What rank ``rank`` proves it got this handshake's init call with: its secret (or, for
     a sender without one, the guessable generation, as the store keys are then)."""
     key = secret or f"generation-{generation}"
-    return hashlib.sha256(f"wtcore-stream:{key}:{rank}".encode()).digest()
+    return hashlib.sha256(f"wtcore-stream:{key}:{rank}:{lane}".encode()).digest()
 
 
 def _bytes_view(tensor: torch.Tensor) -> memoryview:
@@ -152,6 +157,9 @@ def listen(address: str) -> socket.socket:
     return sock
 
 
+_Lane = tuple[int, int]  # (peer rank, lane)
+
+
 def _accept(
     listener: socket.socket,
     *,
@@ -160,28 +168,28 @@ def _accept(
     generation: int,
     deadline: float,
     poll: Callable[[], None] | None,
-) -> dict[int, socket.socket]:
-    """Keep the connection of every worker rank whose hello is signed; drop the others."""
-    peers: dict[int, socket.socket] = {}
+) -> dict[_Lane, socket.socket]:
+    """Keep every lane of every worker rank whose hello is signed; drop the others."""
+    peers: dict[_Lane, socket.socket] = {}
     try:
-        while len(peers) < world_size - 1:
+        while len(peers) < (world_size - 1) * LANES:
             if poll is not None:
                 poll()
             if time.monotonic() >= deadline:
-                missing = sorted(set(range(1, world_size)) - set(peers))
+                missing = [r for r in range(1, world_size) if sum(k[0] == r for k in peers) < LANES]
                 raise TransferTimeoutError(
-                    f"ranks {missing} never opened their stream connection to the sender"
+                    f"ranks {missing} never opened their stream connections to the sender"
                 )
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
-            rank = _greet(conn, world_size, secret, generation)
-            if rank is None or rank in peers:
+            lane = _greet(conn, world_size, secret, generation)
+            if lane is None or lane in peers:
                 conn.close()  # a stranger, a duplicate, or a worker of another handshake
                 continue
             conn.sendall(_ACK)
-            peers[rank] = conn
+            peers[lane] = conn
     except BaseException:
         for s in peers.values():
             s.close()
@@ -189,18 +197,19 @@ def _accept(
     return peers
 
 
-def _greet(conn: socket.socket, world_size: int, secret: str, generation: int) -> int | None:
-    """The worker rank ``conn`` proves it is (within a few seconds), or ``None``."""
+def _greet(conn: socket.socket, world_size: int, secret: str, generation: int) -> _Lane | None:
+    """The worker rank and lane ``conn`` proves it is (within a few seconds), or ``None``."""
     hello = bytearray(_HELLO.size)
     try:
         _bound(conn, _HELLO_S)
         _recv_exact(conn, memoryview(hello), time.monotonic() + _HELLO_S)
     except (OSError, TransferError):
         return None
-    magic, rank, token = _HELLO.unpack(hello)
-    if magic != _HELLO_MAGIC or not 0 < rank < world_size:
+    magic, rank, lane, token = _HELLO.unpack(hello)
+    if magic != _HELLO_MAGIC or not 0 < rank < world_size or not 0 <= lane < LANES:
         return None
-    return int(rank) if hmac.compare_digest(token, _token(secret, generation, rank)) else None
+    signed = hmac.compare_digest(token, _token(secret, generation, rank, lane))
+    return (int(rank), int(lane)) if signed else None
 
 
 def connect(
@@ -241,22 +250,38 @@ def connect(
         time.sleep(0.01)
     try:
         port = int(bytes(store.get(PORT_KEY)))
-        sock = socket.create_connection((address, port), timeout=max(0.05, timeout_s))
-    except (ValueError, OSError) as e:
-        raise TransferError(
-            f"cannot open the stream connection to the sender at {address}: {e}"
-        ) from e
+    except ValueError as e:
+        raise TransferError(f"the sender at {address} published a malformed port: {e}") from e
+    lanes: dict[_Lane, socket.socket] = {}
     try:
-        _bound(sock, timeout_s)
-        sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, _token(secret, generation, rank)))
-        ack = bytearray(1)
-        _recv_exact(sock, memoryview(ack), deadline)
+        for lane in range(LANES):
+            lanes[(0, lane)] = _open_lane(address, port, rank, lane, secret, generation, deadline)
+    except BaseException:
+        for sock in lanes.values():
+            sock.close()
+        raise
+    return Stream(rank, lanes, timeout_s)
+
+
+def _open_lane(
+    address: str, port: int, rank: int, lane: int, secret: str, generation: int, deadline: float
+) -> socket.socket:
+    """Connect one lane to the sender, say hello, and wait for its acknowledgement."""
+    what = f"stream connection {lane} of rank {rank} to the sender at {address}:{port}"
+    try:
+        sock = socket.create_connection(
+            (address, port), timeout=max(0.05, deadline - time.monotonic())
+        )
+    except OSError as e:
+        raise TransferError(f"cannot open the {what}: {e}") from e
+    try:
+        _bound(sock, max(0.05, deadline - time.monotonic()))
+        sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, lane, _token(secret, generation, rank, lane)))
+        _recv_exact(sock, memoryview(bytearray(1)), deadline)
     except (OSError, TransferError) as e:
         sock.close()
-        raise TransferError(
-            f"the sender at {address}:{port} did not accept rank {rank}'s stream connection: {e}"
-        ) from e
-    return Stream(rank, {0: sock}, timeout_s)
+        raise TransferError(f"the sender did not accept the {what}: {e}") from e
+    return sock
 
 
 class StreamWork(ChainWork):
@@ -284,22 +309,24 @@ class Stream:
     fails every later message on it: a stream cut mid-message cannot be resynchronised.
     """
 
-    def __init__(self, rank: int, peers: dict[int, socket.socket], timeout_s: float) -> None:
+    def __init__(self, rank: int, lanes: dict[_Lane, socket.socket], timeout_s: float) -> None:
         self.rank = rank
         self.timeout_s = timeout_s
-        self._peers = peers
-        self._queues: dict[int, queue.Queue[_Job | None]] = {p: queue.Queue() for p in peers}
-        self._broken: dict[int, str] = {}
+        self._lanes = lanes
+        self._queues: dict[_Lane, queue.Queue[_Job | None]] = {k: queue.Queue() for k in lanes}
+        self._num_peers = len({peer for peer, _ in lanes})
+        self._next = 0  # the next message's number: it travels on lane _next % LANES
+        self._broken: dict[int, str] = {}  # per peer: one broken lane breaks them all
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._where: dict[int, str] = {}
-        for peer, sock in peers.items():
+        self._where: dict[_Lane, str] = {}
+        for key, sock in lanes.items():
             _bound(sock, timeout_s)
-            self._where[peer] = _address(sock)
+            self._where[key] = _address(sock)
         target = self._writer if rank == 0 else self._reader
-        for peer in peers:
+        for key in lanes:
             threading.Thread(
-                target=target, args=(peer,), name=f"wtcore-nccl-stream-{rank}-{peer}", daemon=True
+                target=target, args=(key,), name=f"wtcore-nccl-stream-{rank}-{key}", daemon=True
             ).start()
 
     def broadcast(self, tensor: torch.Tensor) -> StreamWork:
@@ -309,20 +336,23 @@ class Stream:
         work = StreamWork(
             f"a message of {len(view)} bytes",
             recvs_left=0 if sender else 1,
-            sends_left=len(self._peers) if sender else 0,
+            sends_left=self._num_peers if sender else 0,
             recv_peer=None if sender else 0,
         )
         with self._lock:
             if self._closed.is_set():
                 raise TransferError("the nccl transfer group was closed")
-            for q in self._queues.values():
-                q.put((work, view))
+            lane, self._next = self._next % LANES, self._next + 1
+            for (_, n), q in self._queues.items():
+                if n == lane:
+                    q.put((work, view))
         return work
 
-    def _fail(self, peer: int, work: StreamWork, error: BaseException) -> None:
+    def _fail(self, key: _Lane, work: StreamWork, error: BaseException) -> None:
+        peer = key[0]
         with self._lock:
             self._broken.setdefault(peer, str(error))
-        where = self._where[peer]
+        where = self._where[key]
         if self.rank == 0:
             work._fail(f"sending {work.label} to rank {peer} at {where} failed: {error}")
         else:
@@ -330,40 +360,41 @@ class Stream:
                 f"receiving {work.label} from rank 0 (the sender) at {where} failed: {error}"
             )
 
-    def _jobs(self, peer: int) -> Any:
-        """This connection's messages in order; once it broke (or closed), each one fails."""
-        q = self._queues[peer]
+    def _jobs(self, key: _Lane) -> Any:
+        """This lane's messages in order; once a lane of its peer broke (or the stream was
+        closed), each one fails."""
+        q = self._queues[key]
         while (job := q.get()) is not None:
-            broken = self._broken.get(peer)
+            broken = self._broken.get(key[0])
             if broken is None and self._closed.is_set():
                 broken = "the nccl transfer group was closed"
             if broken is not None:
-                self._fail(peer, job[0], TransferError(f"the connection failed earlier: {broken}"))
+                self._fail(key, job[0], TransferError(f"the connection failed earlier: {broken}"))
                 continue
             yield job
             del job
 
-    def _writer(self, peer: int) -> None:
-        with self._peers[peer] as sock:
-            self._write(peer, sock)
+    def _writer(self, key: _Lane) -> None:
+        with self._lanes[key] as sock:
+            self._write(key, sock)
 
-    def _write(self, peer: int, sock: socket.socket) -> None:
-        for work, view in self._jobs(peer):
+    def _write(self, key: _Lane, sock: socket.socket) -> None:
+        for work, view in self._jobs(key):
             try:
                 _send_message(sock, view)
             except OSError as e:
                 why = "timed out" if isinstance(e, BlockingIOError) else str(e)
-                self._fail(peer, work, TransferError(f"{why} (is the worker still running?)"))
+                self._fail(key, work, TransferError(f"{why} (is the worker still running?)"))
                 continue
             work._count(sends=1)
 
-    def _reader(self, peer: int) -> None:
-        with self._peers[peer] as sock:
-            self._read(peer, sock)
+    def _reader(self, key: _Lane) -> None:
+        with self._lanes[key] as sock:
+            self._read(key, sock)
 
-    def _read(self, peer: int, sock: socket.socket) -> None:
+    def _read(self, key: _Lane, sock: socket.socket) -> None:
         head = bytearray(_PREFIX.size)
-        for work, view in self._jobs(peer):
+        for work, view in self._jobs(key):
             deadline = time.monotonic() + self.timeout_s
             try:
                 _recv_exact(sock, memoryview(head), deadline)
@@ -378,11 +409,11 @@ class Stream:
                 _recv_exact(sock, view, deadline)
             except TransferTimeoutError as e:
                 self._fail(
-                    peer, work, TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
+                    key, work, TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
                 )
                 continue
             except (OSError, TransferError) as e:
-                self._fail(peer, work, e)
+                self._fail(key, work, e)
                 continue
             work._count(recvs=1)
 
@@ -398,7 +429,7 @@ class Stream:
             self._closed.set()
             for q in self._queues.values():
                 q.put(None)
-        for sock in self._peers.values():
+        for sock in self._lanes.values():
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:

@@ -53,8 +53,8 @@ class _Frame:
     """One posted receive: its work, its label, the header's CRC word, where it lands.
 
     ``header`` is the header still to be checked when the receive was posted together with
-    it (a transport that checks sizes itself, :attr:`Group.checks_sizes`); ``crc`` is then
-    read from it once it is checked.
+    it (a transport that checks sizes itself, :attr:`Group.checks_sizes`), ``header_work`` its
+    receive (it may complete after the bytes'); ``crc`` is read from it once it is checked.
     """
 
     work: Any
@@ -63,6 +63,7 @@ class _Frame:
     data: torch.Tensor
     slot: Slot | None  # None: received in place, into the sink's tensor
     header: torch.Tensor | None = None
+    header_work: Any = None
 
 
 class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
@@ -277,7 +278,13 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
                 self.sink.load_weights(list(unpack_bucket(bucket, empty)))
                 continue
             wait_work(frame.work, what=frame.label, timeout_s=info.timeout_s, poll=self._poll)
-            if frame.header is not None:  # it arrived before the bytes: both are here now
+            if frame.header is not None:  # posted with the bytes: checked once both are here
+                wait_work(
+                    frame.header_work,
+                    what=f"header of {frame.label}",
+                    timeout_s=info.timeout_s,
+                    poll=self._poll,
+                )
                 frame.crc = check_header(
                     frame.header, index=bucket.index, nbytes=bucket.nbytes, what=frame.label
                 )
@@ -365,15 +372,18 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         *,
         label: str,
         crc: int,
-        header: torch.Tensor | None = None,
+        header: tuple[torch.Tensor, Any] | None = None,
     ) -> _Frame:
-        """Post the receive into ``data``; remember its work where the failure path finds it."""
+        """Post the receive into ``data``; remember its work where the failure path finds it.
+
+        ``header``: the header posted just before, and its receive.
+        """
         work = group.broadcast(data)
         if slot is not None:
             slot.work, slot.label = work, label
         else:
             self._in_place.append(work)
-        return _Frame(work, label, crc, data, slot, header)
+        return _Frame(work, label, crc, data, slot, *(header or (None, None)))
 
     def _post_with_header(
         self,
@@ -401,8 +411,8 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
             return False
         header = None
         if info.checksum:
-            header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
-            group.broadcast(header)  # the stream fills it before the bytes; closing ends both
+            buf = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+            header = (buf, group.broadcast(buf))  # closing the stream ends it with the bytes
         frames[bucket.index] = self._post_receive(
             group, *landing, label=label, crc=NO_CRC, header=header
         )
