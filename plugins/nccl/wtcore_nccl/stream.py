@@ -1,4 +1,4 @@
-"""The streamed broadcast (``broadcast="stream"``): every message down one TCP stream per worker.
+"""The streamed broadcast (``broadcast="stream"``): every message down TCP streams to each worker.
 
 Gloo's broadcast is a rendezvous per message: the receiver posts its buffer, tells the sender,
 and only then do the bytes move. A round of a few hundred tensors therefore pays a round trip
@@ -13,13 +13,15 @@ sizes) instead of the transport aborting the process, as gloo does.
 
 The sender (rank 0) listens on ``master_address`` (an address of its own host that every
 worker reaches, as they reach the store there) on a port the kernel picks, and publishes the
-port under the handshake's key prefix. Every worker connects and introduces itself with its
-rank and a token derived from the handshake's secret; the sender drops a connection whose
-hello is malformed, late, a duplicate or wrongly signed (a stranger who found the port), and
-acknowledges each worker it keeps, so both ends leave :func:`connect` knowing the group is
-whole. Each message is a 16-byte prefix (magic, byte count) and the bytes; the sender writes
-every message to every worker, each connection from a thread of its own (a fan-out: use the
-chain, :mod:`wtcore_nccl.forward`, when the sender's link is the limit).
+port under the handshake's key prefix. Every worker opens :data:`LANES` connections and
+introduces each with its rank, the lane's number and a token derived from the handshake's
+secret; the sender drops a connection whose hello is malformed, late, a duplicate or wrongly
+signed (a stranger who found the port), and acknowledges each lane it keeps, so both ends
+leave :func:`connect` knowing the group is whole. Each message is a 16-byte prefix (magic,
+byte count) and the bytes; message ``k`` of a handshake travels on lane ``k % LANES`` (both
+ends number the messages in the same order), each lane from a thread of its own on both ends.
+The sender writes every message to every worker (a fan-out: use the chain,
+:mod:`wtcore_nccl.forward`, when the sender's link is the limit).
 
 :meth:`Stream.broadcast` returns a :class:`StreamWork`, which behaves like the ``dist.Work``
 of a collective for the callers (:func:`wtcore_nccl.pipeline.wait_work`, the reaper). Every
