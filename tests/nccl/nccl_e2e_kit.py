@@ -19,12 +19,14 @@ from typing import Any
 
 import torch
 
+from wtcore.concurrency import BackgroundCall
 from wtcore.meta import dtype_from_name, dtype_name
 from wtcore.net import free_port
 from wtcore.source import WeightSource
 from wtcore.testing.pipes import Handlers, PipeClient, decode_state, encode_state, pipe_fleet
 from wtcore.worker import WeightSyncWorker
 from wtcore_nccl import NCCLTrainerInitInfo
+from wtcore_nccl.group import Group, connect_store, host_store, join_group, release_group
 
 __all__ = [
     "Fleet",
@@ -146,6 +148,37 @@ def loopback_info(*, world_size: int = 2, **fields: Any) -> NCCLTrainerInitInfo:
     return NCCLTrainerInitInfo(
         rank=0, master_address="127.0.0.1", master_port=free_port(), world_size=world_size, **fields
     )
+
+
+def join_loopback(
+    store: Any, rank: int, port: int, world: int, timeout_s: float, broadcast: str, secret: str = ""
+) -> Group:
+    """Join rank ``rank`` of a gloo-transport group on loopback (the store at ``port``)."""
+    return join_group(
+        store, generation=1, rank=rank, world_size=world, transport="gloo", address="127.0.0.1",
+        port=port, timeout_s=timeout_s, secret=secret, broadcast=broadcast,
+    )  # fmt: skip
+
+
+@contextmanager
+def groups_on_threads(
+    world: int, *, broadcast: str, timeout_s: float, secret: str = ""
+) -> Iterator[list[Group]]:
+    """Every rank of a loopback group, joined on threads of this process (a real store, a
+    real transport); each rank's group is released on exit."""
+    port = free_port()
+    master = host_store("127.0.0.1", port, world, 30)
+    stores = [master, *(connect_store("127.0.0.1", port, 30) for _ in range(world - 1))]
+    calls = [
+        BackgroundCall(join_loopback, stores[r], r, port, world, timeout_s, broadcast, secret)
+        for r in range(world)
+    ]
+    groups = [c.result(30) for c in calls]
+    try:
+        yield groups
+    finally:
+        for g in groups:
+            release_group(g)
 
 
 def wait_until(pred: Any, timeout_s: float, what: str) -> None:

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nccl_e2e_kit import fleet, loopback_info, make_state, spec_of
+from nccl_e2e_kit import fleet, groups_on_threads, loopback_info, make_state, spec_of
 
 from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
-from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.testing import free_port
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
 from wtcore_nccl.forward import CHUNK_BYTES
-from wtcore_nccl.group import Group, connect_store, host_store, join_group, release_group
 from wtcore_nccl.pipeline import wait_work
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -72,13 +69,6 @@ def test_broadcast_option_is_validated(cls: type) -> None:
     assert worker.broadcast == ("stream" if cls is NCCLTrainerInitInfo else "collective")
 
 
-def _join_chain(store: object, rank: int, port: int, world: int, timeout_s: float) -> Group:
-    return join_group(
-        store, generation=1, rank=rank, world_size=world, transport="gloo",
-        address="127.0.0.1", port=port, timeout_s=timeout_s, broadcast="chain",
-    )  # fmt: skip
-
-
 def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
     """Three ranks on threads of this process (real gloo); rank 0 never sends.
 
@@ -86,14 +76,8 @@ def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
     it waits for, and once gloo's own timeout ends the receive, the failure names it too.
     Afterwards the chain of the next handshake works (a message of 3 chunks, bit-exact).
     """
-    port, world, gloo_timeout = free_port(), 3, 3.0
-    master = host_store("127.0.0.1", port, world, 30)
-    stores = [master, *(connect_store("127.0.0.1", port, 30) for _ in range(world - 1))]
-    calls = [
-        BackgroundCall(_join_chain, stores[r], r, port, world, gloo_timeout) for r in range(world)
-    ]
-    groups = [c.result(30) for c in calls]
-    try:
+    world = 3
+    with groups_on_threads(world, broadcast="chain", timeout_s=3.0) as groups:
         bufs = [torch.zeros(64, dtype=torch.uint8) for _ in range(world)]
         works = [groups[r].broadcast(bufs[r]) for r in (1, 2)]
         for rank, work in zip((1, 2), works, strict=True):
@@ -101,6 +85,3 @@ def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
                 wait_work(work, what=f"rank {rank}'s receive", timeout_s=0.3)
         with pytest.raises(TransferError, match="receiving chunk 0 of 1 .* from rank 0"):
             wait_work(works[0], what="rank 1's receive", timeout_s=30)
-    finally:
-        for g in groups:
-            release_group(g)

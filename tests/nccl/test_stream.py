@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from nccl_e2e_kit import fleet, loopback_info, make_state, spec_of
+from nccl_e2e_kit import fleet, groups_on_threads, join_loopback, loopback_info, make_state, spec_of
 
 from wtcore import ModuleSink, PayloadError, TensorSource, WeightTransferTrainerFactory
 from wtcore.concurrency import BackgroundCall
@@ -26,7 +26,7 @@ from wtcore.engine import WeightTransferConfig
 from wtcore.errors import TransferError
 from wtcore.testing import build_module, free_port
 from wtcore_nccl import NCCLInitInfo, stream
-from wtcore_nccl.group import Group, connect_store, host_store, join_group, release_group
+from wtcore_nccl.group import Group, connect_store, host_store, release_group
 from wtcore_nccl.pipeline import wait_work
 from wtcore_nccl.stream import PORT_KEY
 from wtcore_nccl.worker import NCCLWorkerEngine
@@ -66,28 +66,11 @@ def test_stream_rounds_are_bit_exact(workers: int) -> None:
                 f.assert_synced(state, "after-rehandshake")
 
 
-def _join(store: object, rank: int, port: int, timeout_s: float) -> Group:
-    return join_group(
-        store, generation=1, rank=rank, world_size=2, transport="gloo", address="127.0.0.1",
-        port=port, timeout_s=timeout_s, secret=SECRET, broadcast="stream",
-    )  # fmt: skip
-
-
 @contextmanager
-def _pair(timeout_s: float = 30.0) -> Iterator[tuple[Group, Group]]:
+def _pair(timeout_s: float = 30.0) -> Iterator[list[Group]]:
     """A stream group of two ranks on threads of this process; released on exit."""
-    port = free_port()
-    master = host_store("127.0.0.1", port, 2, 30)
-    worker_store = connect_store("127.0.0.1", port, 30)
-    calls = [
-        BackgroundCall(_join, s, r, port, timeout_s) for r, s in enumerate((master, worker_store))
-    ]
-    groups = [c.result(30) for c in calls]
-    try:
-        yield groups[0], groups[1]
-    finally:
-        for g in groups:
-            release_group(g)
+    with groups_on_threads(2, broadcast="stream", timeout_s=timeout_s, secret=SECRET) as g:
+        yield g
 
 
 def test_a_message_of_another_size_is_refused_before_a_byte_lands() -> None:
@@ -126,7 +109,7 @@ def test_a_stranger_on_the_stream_port_is_dropped() -> None:
     master = host_store("127.0.0.1", port, 2, 30)
     rank1 = dist.PrefixStore(f"wtcore/nccl/s/{SECRET}/", connect_store("127.0.0.1", port, 30))
     rank1.add("arrived/1", 1)  # rank 1 arrives; it opens its stream below, after the strangers
-    sender_call = BackgroundCall(_join, master, 0, port, 30.0)
+    sender_call = BackgroundCall(join_loopback, master, 0, port, 2, 30.0, "stream", SECRET)
     strangers: list[socket.socket] = []
     sender: Group | None = None
     worker = None

@@ -20,7 +20,6 @@ and hands it to ``TCPStore``, which would otherwise listen on every interface).
 from __future__ import annotations
 
 import datetime
-import errno
 import os
 import socket
 import threading
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore_nccl import stream as _stream
 from wtcore_nccl.forward import BROADCASTS, Chain
+from wtcore_nccl.sockets import listen_on
 
 if TYPE_CHECKING:
     import torch
@@ -67,33 +67,6 @@ def _td(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def _listen(address: str, port: int) -> int:
-    """A socket listening on ``address:port`` only; returns its file descriptor."""
-    try:
-        family, kind, proto, _, sockaddr = socket.getaddrinfo(
-            address, port, type=socket.SOCK_STREAM
-        )[0]
-    except OSError as e:
-        raise TransferError(f"cannot resolve master_address {address!r}: {e}") from e
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(128)
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise TransferError(
-                f"cannot host the nccl rendezvous store at {address}:{port}: the port is "
-                "already in use (pick another master_port)"
-            ) from e
-        raise TransferError(
-            f"cannot host the nccl rendezvous store at {address}:{port}: {e} (master_address "
-            "must be an address of this host: the store listens there only)"
-        ) from e
-    return sock.detach()
-
-
 def host_store(address: str, port: int, world_size: int, timeout_s: float) -> Any:
     """Host the rendezvous store on the sender, listening on ``address`` only.
 
@@ -101,7 +74,7 @@ def host_store(address: str, port: int, world_size: int, timeout_s: float) -> An
     """
     import torch.distributed as dist
 
-    fd = _listen(address, port)
+    fd = listen_on(address, port, "the nccl rendezvous store").detach()
     try:
         return dist.TCPStore(  # type: ignore[attr-defined]
             address,

@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore_nccl.forward import ChainWork
+from wtcore_nccl.sockets import listen_on
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PORT_KEY", "Stream", "StreamWork", "connect", "listen"]
+__all__ = ["LANES", "PORT_KEY", "Stream", "StreamWork", "connect"]
 
 #: Store key (under the handshake's prefix) of the sender's stream port.
 PORT_KEY = "stream/port"
@@ -140,25 +141,6 @@ def _address(sock: socket.socket) -> str:
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
-def listen(address: str) -> socket.socket:
-    """The sender's listening socket on ``address``, on a port the kernel picks."""
-    try:
-        family, kind, proto, _, sockaddr = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[
-            0
-        ]
-        sock = socket.socket(family, kind, proto)
-    except OSError as e:
-        raise TransferError(f"cannot resolve master_address {address!r}: {e}") from e
-    try:
-        sock.bind(sockaddr)
-        sock.listen(64)
-    except OSError as e:
-        sock.close()
-        raise TransferError(f"cannot listen for stream connections on {address}: {e}") from e
-    sock.settimeout(_POLL_S)
-    return sock
-
-
 _Lane = tuple[int, int]  # (peer rank, lane)
 
 
@@ -231,7 +213,8 @@ def connect(
     """
     deadline = time.monotonic() + timeout_s
     if rank == 0:
-        with listen(address) as listener:
+        with listen_on(address, 0, "the nccl stream port") as listener:
+            listener.settimeout(_POLL_S)  # accept in short waits, polling between them
             store.set(PORT_KEY, str(listener.getsockname()[1]))
             peers = _accept(
                 listener,

@@ -334,7 +334,9 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         i = bucket.index
         label = f"receive of bucket {bucket.index} ({bucket.nbytes} bytes)"
         if group.checks_sizes:
-            return self._post_with_header(group, info, pool, bucket, frames, label)
+            frame = self._post_with_header(group, info, pool, bucket, label)
+            frames[i] = frame
+            return frame is not None
         if self._held is None or self._held[0] != i:
             crc = self._receive_header(
                 group, info, index=bucket.index, nbytes=bucket.nbytes, what=label
@@ -386,14 +388,8 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         return _Frame(work, label, crc, data, slot, *(header or (None, None)))
 
     def _post_with_header(
-        self,
-        group: Group,
-        info: NCCLInitInfo,
-        pool: BufferPool,
-        bucket: Bucket,
-        frames: list[_Frame | None],
-        label: str,
-    ) -> bool:
+        self, group: Group, info: NCCLInitInfo, pool: BufferPool, bucket: Bucket, label: str
+    ) -> _Frame | None:
         """Post ``bucket``'s bytes, and before them its header when it carries a CRC.
 
         Only on a transport that refuses a message of another size by itself, before writing
@@ -401,22 +397,19 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         no header for sizes alone. A CRC header (the init info's ``checksum``) is posted with
         the bytes and checked once both came, and the bucket is staged for it. Not waiting
         between the two keeps the stream flowing: the next bytes are read while this thread
-        is still loading the previous bucket. Returns False, posting nothing, while the
+        is still loading the previous bucket. Returns ``None``, posting nothing, while the
         bucket's buffer is busy.
         """
         import torch
 
         landing = self._landing(pool, bucket, in_place=not info.checksum)
         if landing is None:
-            return False
+            return None
         header = None
         if info.checksum:
             buf = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
             header = (buf, group.broadcast(buf))  # closing the stream ends it with the bytes
-        frames[bucket.index] = self._post_receive(
-            group, *landing, label=label, crc=NO_CRC, header=header
-        )
-        return True
+        return self._post_receive(group, *landing, label=label, crc=NO_CRC, header=header)
 
     def _settle_late(self, info: NCCLInitInfo) -> None:
         """Wait until no receive of an abandoned round can still write into the sink.
