@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         "from every installed plugin; all: every installed engine's limits and every peer)",
     )
     b.add_argument(
+        "--interleave",
+        action="store_true",
+        help="measure the limits that can run round by round (memcpy, a raw collective) in "
+        "turns with the engine's rounds, one call before each, instead of all before them: on "
+        "a shared host a limit moves by a third within a minute",
+    )
+    b.add_argument(
         "--device",
         default="cpu",
         choices=["cpu", "cuda"],
@@ -275,6 +282,7 @@ def _bench_options(args: argparse.Namespace, engine_options: dict[str, Any]) -> 
         timeout_s=args.timeout,
         corrupt_round=args.corrupt_round,
         engine_options=engine_options,
+        interleave=args.interleave,
     )
 
 

@@ -43,3 +43,22 @@ def test_vllm_packing_is_a_peer_on_cpu_and_cuda() -> None:
     peer = BENCH.baselines["vllm_packing"]
     assert peer.peer is True and set(peer.devices) == {"cpu", "cuda"}
     assert not any(b.peer for n, b in BENCH.baselines.items() if n != "vllm_packing")
+
+
+def test_raw_gloo_session_broadcasts_once_per_call_and_checks_every_receiver() -> None:
+    import multiprocessing as mp
+
+    from wtcore.bench.limits import session_gbps
+    from wtcore_nccl.bench import raw_gloo_session
+
+    raw = BENCH.baselines["raw_gloo"]
+    assert raw.session is raw_gloo_session  # so `wtcore bench --interleave` can take turns
+    ctx = _ctx(receivers=2)
+    with raw_gloo_session(ctx) as broadcast:
+        for _ in range(3):
+            broadcast()
+        # the receivers stay up between calls, with no receive posted
+        assert len([p for p in mp.active_children() if p.is_alive()]) == 2
+    # on exit each receiver reported 3 broadcasts and the sender's bytes, and was stopped
+    assert [p for p in mp.active_children() if p.is_alive()] == []
+    assert session_gbps(raw_gloo_session, ctx, repeats=2) > 0

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Baseline",
     "BaselineContext",
+    "BaselineSession",
     "BenchNotSupportedError",
     "EngineBench",
     "ModelSpec",
@@ -103,6 +104,11 @@ def device_kind(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+#: A baseline's round-by-round form: ``session(ctx)`` is a context manager yielding a callable
+#: that moves ``ctx.nbytes`` once per call (see :class:`Baseline`).
+BaselineSession = Callable[[BaselineContext], AbstractContextManager[Callable[[], object]]]
+
+
 @dataclass(frozen=True)
 class Baseline:
     """One limit, naive baseline or peer: a label for tables and plots, and how to measure it.
@@ -114,12 +120,21 @@ class Baseline:
     (measured with ``--baselines peers``); ``devices`` are the device kinds it can run on (a
     baseline is skipped, with the reason in the record, on any other). A measure that needs
     a missing package raises :class:`OptionalDependencyError`: the run goes on without it.
+
+    ``session``, optional, is the same baseline set up once and then run round by round: a
+    context manager (``session(ctx)``) that starts what the baseline needs and yields a
+    callable moving ``ctx.nbytes`` once per call, releasing everything on exit. Only a
+    baseline with a session can be measured in turns with the engine's rounds
+    (``wtcore bench --interleave``): on a shared host a limit measured a minute earlier moves
+    by a third, one measured between the engine's rounds does not.
+    :func:`wtcore.bench.limits.session_gbps` derives ``measure`` from it.
     """
 
     label: str
     measure: Callable[[BaselineContext], float]
     peer: bool = False
     devices: tuple[str, ...] = ("cpu",)
+    session: BaselineSession | None = None
 
 
 class ReceiverFleet(Protocol):

@@ -11,24 +11,36 @@ plus those the engine declares in its :class:`~wtcore.bench.api.EngineBench` (fo
 raw collective its data plane is built on). The helpers here (:func:`median_gbps`,
 :func:`copy_out_gbps`) are for engines writing their own.
 
-Each returns GB/s (1e9 bytes per second of wall time, median of ``repeats``).
+Each returns GB/s (1e9 bytes per second of wall time, median of ``repeats``). A limit that
+can also run round by round has a ``session`` (``memcpy`` here, the raw collective of the nccl
+engine), so ``wtcore bench --interleave`` can measure it between the engine's rounds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from wtcore.bench.api import Baseline, BaselineContext
+from wtcore.bench.api import Baseline, BaselineContext, BaselineSession
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GENERIC_BASELINES", "copy_out_gbps", "file_gbps", "median_gbps", "memcpy_gbps"]
+__all__ = [
+    "GENERIC_BASELINES",
+    "copy_out_gbps",
+    "copy_session",
+    "file_gbps",
+    "median_gbps",
+    "memcpy_gbps",
+    "session_gbps",
+]
 
 
 def median_gbps(nbytes: int, run: Callable[[], object], repeats: int) -> float:
@@ -41,11 +53,11 @@ def median_gbps(nbytes: int, run: Callable[[], object], repeats: int) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
-def copy_out_gbps(buffer: Any, nbytes: int, repeats: int = 3) -> float:
-    """Single-threaded copies of ``nbytes`` out of ``buffer`` (anything with the buffer protocol).
-
-    Every view of ``buffer`` is gone when this returns, so the caller can close it.
-    """
+@contextlib.contextmanager
+def copy_session(buffer: Any, nbytes: int) -> Iterator[Callable[[], object]]:
+    """Single-threaded copies of ``nbytes`` out of ``buffer`` (anything with the buffer
+    protocol), one per call of what it yields; every view of ``buffer`` is gone on exit, so
+    the caller can close it."""
     import numpy as np
     import torch
 
@@ -53,12 +65,39 @@ def copy_out_gbps(buffer: Any, nbytes: int, repeats: int = 3) -> float:
     seg.fill_(1)
     dst = torch.empty(nbytes, dtype=torch.uint8)
     dst.copy_(seg)  # fault the pages in first
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    views = [dst, seg]  # cleared on exit: nothing then refers to ``buffer``
+    del dst, seg
+
+    def copy() -> None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            views[0].copy_(views[1])
+        finally:
+            torch.set_num_threads(threads)
+
     try:
-        return median_gbps(nbytes, lambda: dst.copy_(seg), repeats)
+        yield copy
     finally:
-        torch.set_num_threads(threads)
+        views.clear()
+
+
+def session_gbps(session: BaselineSession, ctx: BaselineContext, repeats: int = 3) -> float:
+    """A baseline's ``measure`` from its ``session``: one warm-up call, then the median of
+    ``repeats`` timed calls."""
+    with session(ctx) as run:
+        run()
+        return median_gbps(ctx.nbytes, run, repeats)
+
+
+def copy_out_gbps(buffer: Any, nbytes: int, repeats: int = 3) -> float:
+    """Single-threaded copies of ``nbytes`` out of ``buffer`` (see :func:`copy_session`)."""
+    with copy_session(buffer, nbytes) as run:
+        return median_gbps(nbytes, run, repeats)
+
+
+def _memcpy_session(ctx: BaselineContext) -> AbstractContextManager[Callable[[], object]]:
+    return copy_session(bytearray(max(ctx.nbytes, 1)), ctx.nbytes)
 
 
 def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
@@ -85,7 +124,7 @@ def file_gbps(state: Mapping[str, torch.Tensor], repeats: int = 2) -> float:
 
 
 def _memcpy(ctx: BaselineContext) -> float:
-    return memcpy_gbps(ctx.nbytes)
+    return session_gbps(_memcpy_session, ctx)
 
 
 def _file(ctx: BaselineContext) -> float:
@@ -94,6 +133,6 @@ def _file(ctx: BaselineContext) -> float:
 
 #: Measured for every engine.
 GENERIC_BASELINES: dict[str, Baseline] = {
-    "memcpy": Baseline("single-thread memcpy", _memcpy),
+    "memcpy": Baseline("single-thread memcpy", _memcpy, session=_memcpy_session),
     "file": Baseline("torch.save -> torch.load -> copy", _file),
 }

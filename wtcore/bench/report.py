@@ -38,9 +38,11 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
             out.write(f" {_mib(r['trainer_extra_mib']):>11} {_mib(recv):>9}  {verdict}\n")
         out.write(f"{'median':>5} {run['median_seconds']:8.3f} {run['median_gbps']:7.2f}\n\n")
     limits = record["limits_gbps"]
-    labels = record.get("limit_labels", {})
+    given = record.get("limit_labels", {})
     peers = set(record.get("peers", []))
-    width = max([36, *(len(labels.get(n, n)) for n in limits)])
+    in_turns = set(record.get("interleaved", []))
+    labels = {n: given.get(n, n) + (" *" if n in in_turns else "") for n in limits}
+    width = max([36, *(len(labels[n]) for n in limits)])
     for title, names in (
         ("measured in this run", [n for n in limits if n not in peers]),
         ("peers: what you would use instead", [n for n in limits if n in peers]),
@@ -51,7 +53,9 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
         for name in names:
             ratio = record["ratios"].get(name)
             rel = "-" if ratio is None else f"{ratio:.2f}x"
-            out.write(f"  {labels.get(name, name):<{width}} {limits[name]:6.2f}   {rel}\n")
+            out.write(f"  {labels[name]:<{width}} {limits[name]:6.2f}   {rel}\n")
+    if in_turns:
+        out.write("  * measured in turns with the engine's rounds, one call before each\n")
     for name, why in record.get("skipped_baselines", {}).items():
         out.write(f"  skipped {name}: {why}\n")
     link = record.get("link")

@@ -15,6 +15,7 @@ from wtcore.bench.api import BaselineContext, BenchNotSupportedError, ModelSpec,
 from wtcore.bench.baselines import measure_baselines, select_baselines
 from wtcore.bench.fleet import launch_fleet
 from wtcore.bench.memory import PeakTracker
+from wtcore.bench.turns import Turns
 from wtcore.errors import PayloadError
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ class BenchOptions:
     corrupt_round: int | None = None  # testing only: corrupt receiver 0 after this round
     #: Extra fields of the engine's init info (``--engine-option broadcast=chain``).
     engine_options: dict[str, Any] = field(default_factory=dict)
+    #: Measure the baselines that have a session in turns with the engine's rounds (one call
+    #: of each before every round) instead of all before them (``--interleave``).
+    interleave: bool = False
 
 
 def _progress(total: int, desc: str) -> Any:
@@ -94,8 +98,10 @@ def _run_engine(
     model: Any,
     buffer_size: int | None,
     bar: Any,
+    turns: Turns,
 ) -> dict[str, Any]:
-    """One engine configuration: fresh receivers, ``rounds`` verified rounds."""
+    """One engine configuration: fresh receivers, ``rounds`` verified rounds, each after one
+    timed call of every baseline in ``turns``."""
     import torch
 
     from wtcore.digest import digest_named
@@ -137,6 +143,7 @@ def _run_engine(
         try:
             tracker = PeakTracker([os.getpid(), *(p for p in fleet.pids() if p != os.getpid())])
             for r in range(opts.rounds):
+                limit_seconds = turns.run_each()
                 with torch.no_grad():
                     for p in model.parameters():
                         p.add_(1)
@@ -164,6 +171,7 @@ def _run_engine(
                         and versions == [f"bench-{r}"] * opts.receivers,
                         "mismatched_tensors": bad,
                         "receiver_versions": versions,
+                        "limit_seconds": limit_seconds,
                     }
                 )
                 if bar is not None:
@@ -217,21 +225,27 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     ctx = BaselineContext(
         state, nbytes, opts.receivers, opts.host, opts.timeout_s, device=opts.device
     )
-    limits = measure_baselines(baselines, ctx, skipped)
-    del ctx
-    model = build_module(state).to(opts.device)
-    del state
+    in_turns = {n: b for n, b in baselines.items() if opts.interleave and b.session is not None}
+    limits = measure_baselines(
+        {n: b for n, b in baselines.items() if n not in in_turns}, ctx, skipped
+    )
     configs: list[int | None] = list(opts.buffer_sizes) or [None]
-    if opts.torch_threads > 0:
-        import torch
+    with Turns.open(in_turns, ctx, skipped) as turns:
+        del ctx
+        model = build_module(state).to(opts.device)
+        del state
+        if opts.torch_threads > 0:
+            import torch
 
-        torch.set_num_threads(opts.torch_threads)
-    bar = _progress(opts.rounds * len(configs), f"wtcore bench {opts.backend}/{opts.client}")
-    try:
-        runs = [_run_engine(opts, engine_cls, spec, model, b, bar) for b in configs]
-    finally:
-        if bar is not None:
-            bar.close()
+            torch.set_num_threads(opts.torch_threads)
+        bar = _progress(opts.rounds * len(configs), f"wtcore bench {opts.backend}/{opts.client}")
+        try:
+            runs = [_run_engine(opts, engine_cls, spec, model, b, bar, turns) for b in configs]
+        finally:
+            if bar is not None:
+                bar.close()
+    limits.update(turns.gbps(nbytes))
+    limits = {n: limits[n] for n in baselines if n in limits}  # the declared order
     best = max(r["median_gbps"] for r in runs)
     ratios = {name: best / gbps for name, gbps in limits.items() if gbps > 0}
     return {
@@ -247,6 +261,7 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
         "limits_gbps": limits,
         "limit_labels": {name: b.label for name, b in baselines.items() if name in limits},
         "peers": [name for name, b in baselines.items() if b.peer and name in limits],
+        "interleaved": list(turns.seconds),
         "skipped_baselines": skipped,
         "runs": runs,
         "best_median_gbps": best,

@@ -13,30 +13,40 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 from wtcore.bench.api import Baseline, BaselineContext, EngineBench
 from wtcore.errors import PayloadError
 
-__all__ = ["BENCH", "shared_weights", "shm_copy_gbps"]
+__all__ = ["BENCH", "shared_weights", "shm_copy_gbps", "shm_copy_session"]
 
 
-def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
+@contextlib.contextmanager
+def shm_copy_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
+    """One copy out of a fresh shared-memory segment of the model's size per call; the
+    segment is gone on exit."""
     import mmap
 
-    from wtcore.bench.limits import copy_out_gbps
+    from wtcore.bench.limits import copy_session
     from wtcore_ipc.shm import SHM_DIR
 
     size = max(ctx.nbytes, 1)
     fd, path = tempfile.mkstemp(prefix="wtcore-bench-", dir=SHM_DIR)
     try:
         os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as mm:
-            return copy_out_gbps(mm, ctx.nbytes, repeats)
+        with mmap.mmap(fd, size) as mm, copy_session(mm, ctx.nbytes) as copy:
+            yield copy
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
+    from wtcore.bench.limits import session_gbps
+
+    return session_gbps(shm_copy_session, ctx, repeats)
 
 
 def shared_weights(model: Any, value: Any) -> AbstractContextManager[object]:
@@ -54,7 +64,11 @@ def shared_weights(model: Any, value: Any) -> AbstractContextManager[object]:
 #: What ``IPCTrainerEngine.bench`` is.
 BENCH = EngineBench(
     buffer_option="packed_buffer_size_bytes",
-    baselines={"shm_copy": Baseline("one copy out of shared memory", shm_copy_gbps)},
+    baselines={
+        "shm_copy": Baseline(
+            "one copy out of shared memory", shm_copy_gbps, session=shm_copy_session
+        )
+    },
     devices=("cpu", "cuda"),
     model_options={"shared_weights": shared_weights},
 )

@@ -18,14 +18,16 @@ trainer module holds only an :class:`NCCLBench` instance).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from wtcore.bench.api import Baseline, BaselineContext, EngineBench
 from wtcore.bench.received import Spec
+from wtcore.errors import TransferError
 from wtcore.procs import stop_processes
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ __all__ = [
     "NCCLBench",
     "per_tensor_gbps",
     "raw_gloo_gbps",
+    "raw_gloo_session",
     "vllm_packing_gbps",
     "vllm_packing_run",
 ]
@@ -61,38 +64,84 @@ def _group(rank: int, world: int, host: str, port: int, timeout_s: float) -> Any
 
 
 def _raw_receiver(
-    rank: int, world: int, host: str, port: int, timeout_s: float, nbytes: int, repeats: int
+    rank: int,
+    world: int,
+    host: str,
+    port: int,
+    timeout_s: float,
+    _spec: Spec,
+    nbytes: int,
+    conn: Any,
 ) -> None:
+    """Receive broadcasts into one buffer until the sender says stop (or its pipe closes),
+    then report how many arrived and whether the buffer holds what the sender sent."""
     import torch
 
     pg = _group(rank, world, host, port, timeout_s)
-    buf = torch.empty(nbytes, dtype=torch.uint8)
-    for _ in range(repeats + 1):
+    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    count = 0
+    while True:
+        try:
+            go = conn.recv()
+        except EOFError:
+            return
+        if not go:
+            lo, hi = torch.aminmax(buf) if nbytes and count else (1, 1)
+            conn.send((count, int(lo) == int(hi) == 1))  # the sender sends ones
+            return
         pg.broadcast(buf, 0).wait()
+        count += 1
+
+
+@contextlib.contextmanager
+def raw_gloo_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
+    """One preallocated buffer broadcast from this process to ``ctx.receivers`` processes,
+    once per call of what it yields; on exit every receiver must have received each of them
+    and hold the sender's bytes (:class:`~wtcore.errors.TransferError` otherwise). Each
+    broadcast is announced to the receivers over a pipe
+    (microseconds against the broadcast's fraction of a second), so between calls they idle
+    with no receive posted, however long the engine's rounds in between take."""
+    import torch
+
+    port, world, pipes, _, procs = _start_receivers(
+        ctx, _raw_receiver, (ctx.nbytes,), lambda child: (child,)
+    )
+    try:
+        threads = torch.get_num_threads()
+        pg = _group(0, world, ctx.host, port, ctx.timeout_s)
+        torch.set_num_threads(threads)  # the caller's setting governs its own rounds
+        buf = torch.ones(ctx.nbytes, dtype=torch.uint8)
+
+        calls = 0
+
+        def broadcast() -> None:
+            nonlocal calls
+            for parent, _ in pipes:
+                parent.send(True)
+            pg.broadcast(buf, 0).wait()
+            calls += 1
+
+        yield broadcast
+        for parent, _ in pipes:
+            parent.send(False)
+        for rank, (parent, _) in enumerate(pipes, start=1):
+            got = parent.recv() if parent.poll(ctx.timeout_s) else None
+            if got != (calls, True):
+                raise TransferError(
+                    f"raw_gloo baseline: receiver rank {rank} reported {got!r} (broadcasts "
+                    f"received, buffer as sent) after {calls} broadcasts"
+                )
+    finally:
+        for parent, _ in pipes:
+            parent.close()
+        stop_processes(procs, 30.0)
 
 
 def raw_gloo_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
-    """One preallocated buffer broadcast from this process to ``ctx.receivers`` processes."""
-    import torch
+    """The ``raw_gloo`` limit: see :func:`raw_gloo_session`."""
+    from wtcore.bench.limits import session_gbps
 
-    from wtcore.bench.limits import median_gbps
-    from wtcore.net import free_port
-
-    port = free_port(ctx.host)
-    world = ctx.receivers + 1
-    args = (world, ctx.host, port, ctx.timeout_s, ctx.nbytes, repeats)
-    procs = _spawn(_raw_receiver, ctx.receivers, args)
-    try:
-        threads = torch.get_num_threads()
-        pg = _group(0, *args[:4])
-        try:
-            buf = torch.ones(ctx.nbytes, dtype=torch.uint8)
-            pg.broadcast(buf, 0).wait()  # warm-up
-            return median_gbps(ctx.nbytes, lambda: pg.broadcast(buf, 0).wait(), repeats)
-        finally:
-            torch.set_num_threads(threads)
-    finally:
-        stop_processes(procs, 30.0)
+    return session_gbps(raw_gloo_session, ctx, repeats)
 
 
 def _naive_receiver(
@@ -363,7 +412,7 @@ class NCCLBench(EngineBench):
 BENCH = NCCLBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={
-        "raw_gloo": Baseline("raw gloo broadcast", raw_gloo_gbps),
+        "raw_gloo": Baseline("raw gloo broadcast", raw_gloo_gbps, session=raw_gloo_session),
         "per_tensor": Baseline("per-tensor broadcast + control call", per_tensor_gbps),
         "vllm_packing": Baseline(
             "vLLM-style packing over gloo",

@@ -1,0 +1,67 @@
+"""Baselines measured in turns with the engine's rounds (``wtcore bench --interleave``).
+
+On a shared host the raw collective an engine is compared with moves by a third from one
+minute to the next, so a limit measured before the engine's rounds can make the same engine
+look 0.7x or 1.05x of it. In turns, every baseline that has a ``session``
+(:class:`~wtcore.bench.api.Baseline`) is set up once, before the engine's receivers start,
+and called once, timed, right before every engine round: each limit is then the median over
+the same seconds the engine's rounds ran in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from wtcore.bench.api import OptionalDependencyError
+
+if TYPE_CHECKING:
+    from wtcore.bench.api import Baseline, BaselineContext
+
+__all__ = ["Turns"]
+
+
+class Turns:
+    """The open sessions of the baselines measured in turns, and the seconds of each call."""
+
+    def __init__(self, runs: Mapping[str, Callable[[], object]]) -> None:
+        self._runs = dict(runs)
+        self.seconds: dict[str, list[float]] = {name: [] for name in runs}
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(
+        cls, baselines: Mapping[str, Baseline], ctx: BaselineContext, skipped: dict[str, str]
+    ) -> Iterator[Turns]:
+        """Set up every baseline's session (one untimed warm-up call each), and release them
+        all on exit, whatever happened in between. One whose package is missing joins
+        ``skipped`` instead."""
+        with contextlib.ExitStack() as stack:
+            runs: dict[str, Callable[[], object]] = {}
+            for name, b in baselines.items():
+                assert b.session is not None
+                try:
+                    run = stack.enter_context(b.session(ctx))
+                except OptionalDependencyError as e:
+                    skipped[name] = str(e)
+                    continue
+                run()
+                runs[name] = run
+            yield cls(runs)
+
+    def run_each(self) -> dict[str, float]:
+        """One timed call of every baseline; their seconds (also kept for :meth:`gbps`)."""
+        out: dict[str, float] = {}
+        for name, run in self._runs.items():
+            t0 = time.perf_counter()
+            run()
+            out[name] = time.perf_counter() - t0
+            self.seconds[name].append(out[name])
+        return out
+
+    def gbps(self, nbytes: int) -> dict[str, float]:
+        """Each baseline's GB/s: ``nbytes`` over the median of its calls."""
+        return {n: nbytes / statistics.median(s) / 1e9 for n, s in self.seconds.items() if s}
