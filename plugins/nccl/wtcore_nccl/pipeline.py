@@ -7,7 +7,11 @@ live as long as the engine: writing into fresh memory is much slower than into r
 on small hosts (docs/benchmarks.md).
 
 Each buffer remembers the broadcast that last used it; the next bucket that wants it waits
-for that broadcast first, which is what bounds the number of buckets in flight.
+for that broadcast first, which is what bounds the number of staged buckets in flight.
+Messages that travel in place (a tensor sent from the source, received into the sink's
+tensor) hold no buffer, so :meth:`BufferPool.has_room` lets more of them go in flight, up to
+the bytes the ring could hold: with at most ``num_buffers`` in flight, a round of a few
+hundred such tensors stopped the wire at every message until this thread came round.
 """
 
 from __future__ import annotations
@@ -158,3 +162,14 @@ class BufferPool:
     def nbytes(self) -> int:
         """Bytes held by the pool (for memory accounting)."""
         return sum(s.buf.numel() for s in self._slots())
+
+    def has_room(self, in_flight: int, in_place_bytes: int) -> bool:
+        """Whether one more message may go in flight (or be posted) behind ``in_flight``.
+
+        Always ``num_buffers`` of them; beyond that while the bytes held for messages in
+        flight in place (``in_place_bytes``: a sharded source's gathered tensors) and by this
+        pool stay under ``num_buffers x buffer_size``, so a transfer still holds at most that
+        plus the largest tensor. A staged bucket also waits for its buffer (:meth:`slot_for`).
+        """
+        budget = self.num_buffers * self.buffer_size
+        return in_flight < self.num_buffers or in_place_bytes + self.nbytes() < budget

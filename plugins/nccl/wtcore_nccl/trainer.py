@@ -191,7 +191,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
         calls = _RoundCalls(self.client, metas, self.info.timeout_s)
-        inflight: deque[tuple[dist.Work, str, Any]] = deque()
+        inflight: deque[tuple[dist.Work, str, int, Any]] = deque()
         self._headers = []
         try:
             self._send_frames(group, source, metas, stats, calls, inflight)
@@ -202,7 +202,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             if rpc is None:  # the round never got its update: nothing was broadcast
                 self._close_group(None)
                 raise
-            cause = self._abort(e, rpc, [w for w, _, _ in inflight])
+            cause = self._abort(e, rpc, [w for w, *_ in inflight])
             inflight.clear()
             if cause is not None:
                 raise cause from e
@@ -218,13 +218,13 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         metas: list[ParamMeta],
         stats: TransferStats,
         calls: _RoundCalls,
-        inflight: deque[tuple[dist.Work, str, Any]],
+        inflight: deque[tuple[dist.Work, str, int, Any]],
     ) -> None:
         """Broadcast every bucket: packed ones from reused buffers, single tensors in place.
 
-        At most ``packed_num_buffers`` broadcasts are in flight; each keeps what it reads
-        (its buffer, or the source tensor) alive until it completed, and a buffer is packed
-        again only once its previous broadcast completed.
+        Broadcasts in flight are bounded by :meth:`BufferPool.has_room`; each keeps what it
+        reads (its buffer, or the source tensor) alive until it completed, and a buffer is
+        packed again only once its previous broadcast completed.
         """
         import torch
 
@@ -240,6 +240,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         poll = calls.poll
         empty = torch.empty(0, dtype=torch.uint8, device=info.device)
         staged: set[int] = set()  # buckets packed into a buffer this round
+        in_place = 0  # bytes of the source's tensors in flight in place
 
         def buffer_for(bucket: Bucket) -> torch.Tensor:
             if bucket.nbytes == 0:
@@ -253,20 +254,23 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             return slot.buf
 
         def settle_oldest() -> None:
+            nonlocal in_place
             with stats.phase("wire"):
                 wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
-            inflight.popleft()
+            _, _, index, data = inflight.popleft()
+            if data is not None and index not in staged:
+                in_place -= data.numel()
 
-        def in_place(t: torch.Tensor) -> bool:
+        def sendable(t: torch.Tensor) -> bool:
             return on_device(t, info.device)
 
-        frames = pack_source(source, metas, buckets, buffer_for, stats, in_place=in_place)
+        frames = pack_source(source, metas, buckets, buffer_for, stats, in_place=sendable)
         for bucket, data in frames:
             stats.num_buckets += 1
             if bucket.nbytes == 0:
                 continue  # both ends skip empty buckets
             calls.open(stats)  # the first broadcast needs the update announced
-            while len(inflight) >= info.packed_num_buffers:
+            while not pool.has_room(len(inflight), in_place):
                 settle_oldest()
             label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
             with stats.phase("wire"):
@@ -274,10 +278,13 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             if bucket.index in staged:
                 slot = pool.slot_for_last()
                 slot.work, slot.label = work, label
-            inflight.append((work, label, data))
+            else:
+                in_place += data.numel()
+            inflight.append((work, label, bucket.index, data))
             del data
         calls.open(stats)
-        inflight.append((self._send_end(group, len(buckets)), "the round's end header", None))
+        end = self._send_end(group, len(buckets))
+        inflight.append((end, "the round's end header", len(buckets), None))
         while inflight:
             settle_oldest()
         pool.forget_work()

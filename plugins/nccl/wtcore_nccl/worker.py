@@ -1,9 +1,10 @@
 """The receiver: joins the transfer group, receives buckets into reused buffers, loads views.
 
-Receives are posted ahead, in bucket order (at most ``packed_num_buffers`` of them), so the
-next bucket is on the wire while the sink copies the current one. A large tensor is received
-in place, straight into the tensor the sink offers (:mod:`wtcore_nccl.plan`). Every wait is bounded
-by the timeout and polls for a shutdown and for the sender's abort notice, so a trainer
+Receives are posted ahead, in bucket order (as far as
+:meth:`~wtcore_nccl.pipeline.BufferPool.has_room` allows), so the next buckets are on the
+wire while the sink copies the current one. A large tensor is received in place, straight
+into the tensor the sink offers (:mod:`wtcore_nccl.plan`). Every wait is bounded by the
+timeout and polls for a shutdown and for the sender's abort notice, so a trainer
 that abandons a round (a metadata mismatch, a crash) ends this worker's ``update_weights``
 with an error instead of leaving it blocked. After a failed round the group is dropped; the
 trainer runs the init handshake again before its next round.
@@ -254,6 +255,10 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
     ) -> None:
         import torch
 
+        # A notice asked for in an earlier round is about that round: one this receiver
+        # finished while the sender failed on another (and then dropped the group) answers
+        # with its reason later, and must not fail this round.
+        self._notice = None
         self._settle_late(info)
         buckets = plan_nccl(
             update.metas,
@@ -266,17 +271,23 @@ class NCCLWorkerEngine(WeightTransferEngine[NCCLInitInfo, NCCLUpdateInfo]):
         frames: list[_Frame | None] = [None] * len(buckets)
         empty = torch.empty(0, dtype=torch.uint8, device=self.device)
         n, posted = len(buckets), 0
+        in_place = 0  # bytes posted straight into the sink's tensors, not yet taken
         for i, bucket in enumerate(buckets):
-            # Post receives ahead, in bucket order, at most packed_num_buffers of them.
-            while posted < min(n, i + info.packed_num_buffers):
+            # Post receives ahead, in bucket order, as far as the pool allows (has_room).
+            while posted < n and pool.has_room(posted - i, in_place):
                 nxt = buckets[posted]
                 if nxt.nbytes and not self._post(group, info, pool, nxt, frames):
                     break  # its buffer still holds a bucket not yet loaded
+                posted_frame = frames[posted]
+                if posted_frame is not None and posted_frame.slot is None:
+                    in_place += posted_frame.data.numel()
                 posted += 1
             frame, frames[i] = frames[i], None
             if frame is None:  # nothing travels for an empty bucket
                 self.sink.load_weights(list(unpack_bucket(bucket, empty)))
                 continue
+            if frame.slot is None:
+                in_place -= frame.data.numel()
             wait_work(frame.work, what=frame.label, timeout_s=info.timeout_s, poll=self._poll)
             if frame.header is not None:  # posted with the bytes: checked once both are here
                 wait_work(
