@@ -95,6 +95,9 @@ def main() -> None:
             print(json.dumps(line), flush=True)
     if client is not None:
         client.close()
+    # Both ranks leave together: rank 0 hosts the group's store, and a rank still tearing the
+    # group down after it exited can abort in gloo's teardown (seen once under CI load).
+    dist.barrier()
     dist.destroy_process_group()
 
 

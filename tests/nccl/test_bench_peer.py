@@ -62,3 +62,16 @@ def test_raw_gloo_session_broadcasts_once_per_call_and_checks_every_receiver() -
     # on exit each receiver reported 3 broadcasts and the sender's bytes, and was stopped
     assert [p for p in mp.active_children() if p.is_alive()] == []
     assert session_gbps(raw_gloo_session, ctx, repeats=2) > 0
+
+
+def test_per_tensor_session_runs_round_after_round_and_stops_its_receivers() -> None:
+    import multiprocessing as mp
+
+    from wtcore_nccl.bench import per_tensor_session
+
+    assert BENCH.baselines["per_tensor"].session is per_tensor_session
+    with per_tensor_session(_ctx(receivers=1)) as run:
+        for _ in range(3):
+            run()  # 30 control calls and broadcasts each, answered by the same receiver
+        assert len([p for p in mp.active_children() if p.is_alive()]) == 1
+    assert [p for p in mp.active_children() if p.is_alive()] == []

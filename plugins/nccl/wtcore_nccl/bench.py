@@ -37,6 +37,7 @@ __all__ = [
     "BENCH",
     "NCCLBench",
     "per_tensor_gbps",
+    "per_tensor_session",
     "raw_gloo_gbps",
     "raw_gloo_session",
     "vllm_packing_gbps",
@@ -73,24 +74,50 @@ def _raw_receiver(
     nbytes: int,
     conn: Any,
 ) -> None:
-    """Receive broadcasts into one buffer until the sender says stop (or its pipe closes),
-    then report how many arrived and whether the buffer holds what the sender sent."""
+    """Receive a broadcast into one buffer per ``True`` from the sender until it sends
+    ``None`` (or its pipe closes), then report how many arrived and whether the buffer holds
+    what the sender sent (ones)."""
     import torch
 
     pg = _group(rank, world, host, port, timeout_s)
     buf = torch.zeros(nbytes, dtype=torch.uint8)
     count = 0
-    while True:
-        try:
-            go = conn.recv()
-        except EOFError:
-            return
-        if not go:
-            lo, hi = torch.aminmax(buf) if nbytes and count else (1, 1)
-            conn.send((count, int(lo) == int(hi) == 1))  # the sender sends ones
-            return
+    while (go := _next_message(conn)) is not None:
+        assert go is True
         pg.broadcast(buf, 0).wait()
         count += 1
+    lo, hi = torch.aminmax(buf) if nbytes and count else (1, 1)
+    conn.send((count, int(lo) == int(hi) == 1))
+
+
+def _next_message(conn: Any) -> Any:
+    """The sender's next message; ``None`` (stop) also when its end of the pipe closed."""
+    try:
+        return conn.recv()
+    except EOFError:
+        return None
+
+
+@contextlib.contextmanager
+def _receivers(
+    ctx: BaselineContext, target: Callable[..., None], args: tuple[Any, ...] = ()
+) -> Iterator[tuple[Any, list[Any], Spec]]:
+    """Receiver processes running ``target`` (see :func:`_start_receivers`, with a pipe
+    each), and this process's end of their gloo group: yields the group, the pipes and the
+    model's spec. The receivers are reaped on any exit; telling them to stop is the
+    caller's."""
+    import torch
+
+    port, world, pipes, metas, procs = _start_receivers(ctx, target, args, lambda child: (child,))
+    try:
+        threads = torch.get_num_threads()
+        pg = _group(0, world, ctx.host, port, ctx.timeout_s)
+        torch.set_num_threads(threads)  # the caller's setting governs its own rounds
+        yield pg, [parent for parent, _ in pipes], metas
+    finally:
+        for parent, _ in pipes:
+            parent.close()
+        stop_processes(procs, 30.0)
 
 
 @contextlib.contextmanager
@@ -98,43 +125,32 @@ def raw_gloo_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
     """One preallocated buffer broadcast from this process to ``ctx.receivers`` processes,
     once per call of what it yields; on exit every receiver must have received each of them
     and hold the sender's bytes (:class:`~wtcore.errors.TransferError` otherwise). Each
-    broadcast is announced to the receivers over a pipe
-    (microseconds against the broadcast's fraction of a second), so between calls they idle
-    with no receive posted, however long the engine's rounds in between take."""
+    broadcast is announced to the receivers over a pipe (microseconds against the
+    broadcast's fraction of a second), so between calls they idle with no receive posted,
+    however long the engine's rounds in between take."""
     import torch
 
-    port, world, pipes, _, procs = _start_receivers(
-        ctx, _raw_receiver, (ctx.nbytes,), lambda child: (child,)
-    )
-    try:
-        threads = torch.get_num_threads()
-        pg = _group(0, world, ctx.host, port, ctx.timeout_s)
-        torch.set_num_threads(threads)  # the caller's setting governs its own rounds
+    with _receivers(ctx, _raw_receiver, (ctx.nbytes,)) as (pg, pipes, _):
         buf = torch.ones(ctx.nbytes, dtype=torch.uint8)
-
         calls = 0
 
         def broadcast() -> None:
             nonlocal calls
-            for parent, _ in pipes:
+            for parent in pipes:
                 parent.send(True)
             pg.broadcast(buf, 0).wait()
             calls += 1
 
         yield broadcast
-        for parent, _ in pipes:
-            parent.send(False)
-        for rank, (parent, _) in enumerate(pipes, start=1):
+        for parent in pipes:
+            parent.send(None)
+        for rank, parent in enumerate(pipes, start=1):
             got = parent.recv() if parent.poll(ctx.timeout_s) else None
             if got != (calls, True):
                 raise TransferError(
                     f"raw_gloo baseline: receiver rank {rank} reported {got!r} (broadcasts "
                     f"received, buffer as sent) after {calls} broadcasts"
                 )
-    finally:
-        for parent, _ in pipes:
-            parent.close()
-        stop_processes(procs, 30.0)
 
 
 def raw_gloo_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
@@ -152,8 +168,9 @@ def _naive_receiver(
     timeout_s: float,
     metas: list[tuple[str, str, list[int]]],
     conn: Any,
-    repeats: int,
 ) -> None:
+    """Rounds of the naive loop until the sender sends ``None`` before a round's first
+    tensor (or its pipe closes)."""
     import torch
 
     from wtcore.bench.received import zeros_from_spec
@@ -161,34 +178,31 @@ def _naive_receiver(
 
     pg = _group(rank, world, host, port, timeout_s)
     model = zeros_from_spec(metas)
-    for _ in range(repeats + 1):
+    while True:
         for _name in model:
-            name, dname, shape = conn.recv()  # the control call for this tensor
+            if (call := _next_message(conn)) is None:  # the control call for this tensor
+                return
+            name, dname, shape = call
             conn.send("ok")
             fresh = torch.empty(shape, dtype=dtype_from_name(dname))
             pg.broadcast(fresh, 0).wait()
             model[name].copy_(fresh)
 
 
-def per_tensor_gbps(ctx: BaselineContext, repeats: int = 2) -> float:
-    """The naive baseline: a blocking control call and a fresh broadcast per tensor."""
-    import torch
-
-    from wtcore.bench.limits import median_gbps
+@contextlib.contextmanager
+def per_tensor_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
+    """The naive baseline, one round per call of what it yields: for every tensor a
+    blocking control call, then a broadcast into freshly allocated memory on each receiver,
+    then a copy into its model."""
     from wtcore.errors import TransferTimeoutError
 
-    port, world, pipes, metas, procs = _start_receivers(
-        ctx, _naive_receiver, (), lambda child: (child, repeats)
-    )
-    try:
-        threads = torch.get_num_threads()
-        pg = _group(0, world, ctx.host, port, ctx.timeout_s)
+    with _receivers(ctx, _naive_receiver) as (pg, pipes, metas):
 
         def run() -> None:
             for (name, dname, shape), t in zip(metas, ctx.state.values(), strict=True):
-                for parent, _ in pipes:
+                for parent in pipes:
                     parent.send((name, dname, shape))
-                for parent, _ in pipes:
+                for parent in pipes:
                     if not parent.poll(ctx.timeout_s):
                         raise TransferTimeoutError(
                             f"per_tensor baseline: a receiver did not answer within "
@@ -197,13 +211,16 @@ def per_tensor_gbps(ctx: BaselineContext, repeats: int = 2) -> float:
                     parent.recv()
                 pg.broadcast(t.contiguous(), 0).wait()
 
-        try:
-            run()  # warm-up
-            return median_gbps(ctx.nbytes, run, repeats)
-        finally:
-            torch.set_num_threads(threads)
-    finally:
-        stop_processes(procs, 30.0)
+        yield run
+        for parent in pipes:
+            parent.send(None)
+
+
+def per_tensor_gbps(ctx: BaselineContext, repeats: int = 2) -> float:
+    """The naive baseline: see :func:`per_tensor_session`."""
+    from wtcore.bench.limits import session_gbps
+
+    return session_gbps(per_tensor_session, ctx, repeats)
 
 
 def vllm_buckets(sizes: list[int], target: int) -> list[tuple[int, int]]:
@@ -413,7 +430,9 @@ BENCH = NCCLBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={
         "raw_gloo": Baseline("raw gloo broadcast", raw_gloo_gbps, session=raw_gloo_session),
-        "per_tensor": Baseline("per-tensor broadcast + control call", per_tensor_gbps),
+        "per_tensor": Baseline(
+            "per-tensor broadcast + control call", per_tensor_gbps, session=per_tensor_session
+        ),
         "vllm_packing": Baseline(
             "vLLM-style packing over gloo",
             vllm_packing_gbps,
