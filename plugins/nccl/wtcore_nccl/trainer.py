@@ -257,9 +257,7 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             nonlocal in_place
             with stats.phase("wire"):
                 wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
-            _, _, index, data = inflight.popleft()
-            if data is not None and index not in staged:
-                in_place -= data.numel()
+            in_place -= inflight.popleft()[2]
 
         def sendable(t: torch.Tensor) -> bool:
             return on_device(t, info.device)
@@ -275,16 +273,18 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
             label = f"broadcast of bucket {bucket.index} ({bucket.nbytes} bytes)"
             with stats.phase("wire"):
                 work = self._send_frame(group, bucket.index, data)
+            held = 0  # bytes of the source held in place until this broadcast completed
             if bucket.index in staged:
                 slot = pool.slot_for_last()
                 slot.work, slot.label = work, label
             else:
-                in_place += data.numel()
-            inflight.append((work, label, bucket.index, data))
+                held = data.numel()
+            in_place += held
+            inflight.append((work, label, held, data))
             del data
         calls.open(stats)
         end = self._send_end(group, len(buckets))
-        inflight.append((end, "the round's end header", len(buckets), None))
+        inflight.append((end, "the round's end header", 0, None))
         while inflight:
             settle_oldest()
         pool.forget_work()
