@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo rl-demo test lint typecheck pytest dist clean
+.PHONY: install demo rl-demo test quick lint typecheck pytest dist clean
 
 install: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e '.[bench]' $(addprefix -e ,$(dir $(PLUGINS)))
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e . $(addprefix -e ,$(dir $(PLUGINS)))
 	touch $(STAMP)
 
 $(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/ipc/pyproject.toml plugins/vllm/pyproject.toml
@@ -48,13 +48,27 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Any non-zero pytest exit fails, 5 ("no tests collected") included: a collection that finds
-# nothing is a broken suite, not a passing one.
-pytest: $(STAMP) $(VLLM_STAMP)
+# nothing is a broken suite, not a passing one. `make pytest` needs only .venv: without
+# .venv-vllm the vLLM tests skip themselves, saying so. Under `make test` (CI) pytest waits for
+# .venv-vllm too (make -j included), so the vLLM tests run.
+pytest: $(STAMP)
 	$(BIN)/python -m pytest
+
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+pytest: $(VLLM_STAMP)
+endif
 
 test: lint typecheck pytest
 
-# The six sdists and wheels, each built in an isolated environment, then checked as an index
+# The loop while you work (1 to 2 minutes on 2 cores): lint, typecheck, then the tests that
+# start no child process, server, torch.distributed group, Ray or vLLM (scripts/quick.sh,
+# tests/conftest.py).
+# PYTEST_ARGS go to pytest: `make quick PYTEST_ARGS='-x -k delta'`.
+PYTEST_ARGS ?=
+quick: $(STAMP)
+	BIN=$(BIN) STAMP=$(STAMP) scripts/quick.sh $(PYTEST_ARGS)
+
+# The seven sdists and wheels, each built in an isolated environment, then checked as an index
 # would check them (CONTRIBUTING.md, "Releasing").
 dist: $(STAMP)
 	rm -rf dist

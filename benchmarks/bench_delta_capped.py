@@ -1,11 +1,11 @@
 """Delta rounds against full rounds on links capped at a rate (default 1 Gbit/s), real steps.
 
 Needs root and iproute2 (network namespaces, ``tc``): three namespaced nodes on one bridge,
-every node's link capped (``wtcore.testing.cluster``). Node 0 runs two nccl trainers (gloo)
+every node's link capped (``wtcore_bench.netns``). Node 0 runs two nccl trainers (gloo)
 over HTTP, one with ``delta=True``; node 1 serves the delta trainer's receiver and node 2 the
 full trainer's (``wtcore serve``). Both get the same weights every round, in alternating
 order, never at the same time: the real training steps of
-:func:`wtcore.delta.realistic.realistic_steps`, then rounds where every element changes.
+:func:`wtcore.testing.realistic.realistic_steps`, then rounds where every element changes.
 Every round is checked (the receivers' checksums against the trainer's weights).
 
     .venv/bin/python benchmarks/bench_delta_capped.py --rate 1gbit --json out.json  # as root
@@ -34,7 +34,7 @@ LR = 1e-5
 
 def _states(width: int, steps: int, dense: int, lr: float = LR) -> list[dict[str, Any]]:
     from wtcore.delta.codec import bits
-    from wtcore.delta.realistic import realistic_steps
+    from wtcore.testing.realistic import realistic_steps
 
     states = realistic_steps(steps, d_model=width, layers=4, vocab=8192, seq=64, batch=4, lr=lr)
     for _ in range(dense):
@@ -51,8 +51,8 @@ def driver(args: argparse.Namespace) -> None:
     import torch
 
     from wtcore import TensorSource, WeightTransferTrainerFactory
-    from wtcore.delta.realistic import changed_fraction
     from wtcore.digest import digest_named
+    from wtcore.testing.realistic import changed_fraction
     from wtcore_http_client import HTTPWeightSyncClient
     from wtcore_nccl import NCCLTrainerInitInfo
 
@@ -124,7 +124,7 @@ def main() -> None:
     if args.driver:
         driver(args)
         return
-    from wtcore.testing.cluster import cluster, unavailable_reason
+    from wtcore_bench.netns import cluster, unavailable_reason
     from wtcore_http_client.safetensors import save_safetensors
 
     why = unavailable_reason()

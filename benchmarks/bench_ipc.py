@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_ipc.py                 # 1 GiB, ~300 tensors
     .venv/bin/python benchmarks/bench_ipc.py --size 64MiB --rounds 2
 
-Four numbers, all for the same synthetic model (``wtcore.testing.synthetic_state``):
+Four numbers, all for the same synthetic model (``wtcore.synthetic_state``):
 
 * ``ipc``: ``send_weights`` from this process into ONE worker process (its own model, loaded
   through ``WeightSyncWorker`` -> ``ModuleSink``), control plane the shared pipe client of
@@ -14,7 +14,7 @@ Four numbers, all for the same synthetic model (``wtcore.testing.synthetic_state
   ceiling of the worker's half.
 * ``file``: the naive baseline: ``torch.save`` to a file, ``torch.load``, copy into the model.
 
-The baselines are those of ``wtcore bench`` (``wtcore.bench.limits``), so the numbers of this
+The baselines are those of ``wtcore bench`` (``wtcore_bench.limits``), so the numbers of this
 script and of the bench compare. Every measurement runs ``--rounds`` times (the engine after
 one warm-up); the median is reported. The machine is shared and noisy: compare the ratios of
 one run.
@@ -80,10 +80,10 @@ def bench_ipc(state: dict[str, Any], rounds: int, buffer: int, num_buffers: int)
 def main() -> None:
     import torch
 
-    from wtcore.bench.api import BaselineContext
-    from wtcore.bench.limits import file_gbps, memcpy_gbps
     from wtcore.testing import synthetic_state
-    from wtcore_ipc.bench import shm_copy_gbps
+    from wtcore_bench.api import BaselineContext
+    from wtcore_bench.limits import file_gbps, memcpy_gbps
+    from wtcore_bench.support.ipc import shm_copy_gbps
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--size", default="1GiB", help="model size (e.g. 1GiB, 64MiB); default 1GiB")

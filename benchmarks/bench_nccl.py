@@ -18,7 +18,7 @@ and the peak extra RSS of the sender and of the receivers during the engine runs
 is at most ``buffer x num_buffers + largest tensor``). Receivers are real processes driven
 through the shared pipe control plane (``wtcore.testing.pipes``, via
 ``tests/nccl/nccl_e2e_kit.py``); ``raw`` and ``naive`` are the baselines of ``wtcore bench``
-(``wtcore.bench.limits``), measured with their own receiver processes after the engine runs.
+(``wtcore_bench.limits``), measured with their own receiver processes after the engine runs.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "nccl"
 from nccl_e2e_kit import fleet, spec_of
 
 from wtcore import TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
-from wtcore.bench.limits import per_tensor_gbps, raw_gloo_gbps
 from wtcore.testing import free_port, synthetic_state
 from wtcore.testing.pipes import Handlers
 from wtcore.units import parse_size
+from wtcore_bench.limits import per_tensor_gbps, raw_gloo_gbps
 from wtcore_nccl import NCCLTrainerInitInfo
 
 TIMEOUT_S = 120.0

@@ -96,7 +96,7 @@ def _receiver(port: int, nbytes: int, messages: int, inflight: int, repeats: int
 def main() -> None:
     import torch
 
-    from wtcore.net import free_port
+    from wtcore.testing.net import free_port
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size-mib", type=int, default=1024)

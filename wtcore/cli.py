@@ -1,9 +1,9 @@
 """The ``wtcore`` command line.
 
-Built-in subcommands: ``plugins`` (what is installed and whether it runs here) and ``bench``
-(the main job: receivers started, rounds verified, measured against this machine's limits).
-Plugins add more through the ``wtcore_add_commands`` hook, for example ``wtcore serve`` from
-wtcore-http-client.
+The core's one subcommand is ``plugins`` (what is installed and whether it runs here). Plugins
+add more through the ``wtcore_add_commands`` hook: ``wtcore bench`` from wtcore-bench,
+``wtcore serve`` from wtcore-http-client. A command whose distribution is missing is named with
+its install line.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
-
-from wtcore._parse import size_argument, sizes_argument
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     from wtcore._version import __version__
-    from wtcore.bench.baselines import BASELINE_SETS
     from wtcore.hooks import get_plugin_manager
+    from wtcore.registry import FIRST_PARTY
 
     parser = argparse.ArgumentParser(
         prog="wtcore", description="Move trained weights from RL trainers into inference workers."
@@ -36,98 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (schema 1)")
     p.set_defaults(func=_cmd_plugins)
 
-    b = sub.add_parser(
-        "bench",
-        help="sync a synthetic model to receivers it starts, verify, and measure against limits",
-    )
-    b.add_argument("--backend", default="local", help="engine name (default: local)")
-    b.add_argument(
-        "--client", default="inproc", help="client name, see `wtcore plugins` (default: inproc)"
-    )
-    b.add_argument("--receivers", type=int, default=2, help="number of receivers (default 2)")
-    b.add_argument(
-        "--size",
-        type=size_argument,
-        default=size_argument("64MiB"),
-        help="model size (default 64MiB)",
-    )
-    b.add_argument("--tensors", type=int, default=100, help="number of tensors (default 100)")
-    b.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    b.add_argument("--rounds", type=int, default=3, help="rounds per configuration (default 3)")
-    b.add_argument(
-        "--buffer-size",
-        type=sizes_argument,
-        default=[],
-        help="bucket buffer size, or a comma-separated list to sweep (default: the engine's)",
-    )
-    b.add_argument(
-        "--baselines",
-        default="auto",
-        choices=BASELINE_SETS,
-        help="limits, naive baselines and peers to measure in the same run (auto: the generic "
-        "limits and the backend's; peers: those plus what you would use instead of wtcore, "
-        "from every installed plugin; all: every installed engine's limits and every peer)",
-    )
-    b.add_argument(
-        "--interleave",
-        action="store_true",
-        help="measure the limits that can run round by round (memcpy, a raw collective) in "
-        "turns with the engine's rounds, one call before each, instead of all before them: on "
-        "a shared host a limit moves by a third within a minute",
-    )
-    b.add_argument(
-        "--device",
-        default="cpu",
-        choices=["cpu", "cuda"],
-        help="where the model, staging buffers and receivers' models live (default cpu)",
-    )
-    b.add_argument("--transactional", action="store_true", help="receivers stage each round")
-    b.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
-        help="torch threads in the trainer while it sends (default 1: on small hosts torch's "
-        "busy-waiting workers starve the transfer; 0 keeps torch's default)",
-    )
-    b.add_argument("--timeout", type=float, default=300.0, help="seconds per call (default 300)")
-    b.add_argument("--json", metavar="PATH", help="write the full record as JSON")
-    b.add_argument("--plot", metavar="PATH", help="write a PNG of GB/s against buffer size")
-    b.add_argument(
-        "--engine-option",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="set a field of the engine's init info (VALUE is JSON, or else a string), e.g. "
-        "broadcast=chain for nccl; repeatable",
-    )
-    b.add_argument(
-        "--nodes",
-        type=int,
-        default=0,
-        help="run the receivers on N network-namespace nodes and the trainer on one more "
-        "(root and iproute2 only; needs a network client such as --client http)",
-    )
-    b.add_argument(
-        "--link-rate",
-        default=None,
-        metavar="RATE",
-        help="with --nodes: cap every node's link to RATE each way (tc syntax: 1gbit, 100mbit) "
-        "and report the achieved rate against it",
-    )
-    b.add_argument("--corrupt-round", type=int, default=None, help=argparse.SUPPRESS)
-    b.add_argument(
-        "--delta",
-        action="store_true",
-        help="delta rounds against full rounds on real training steps (wtcore.bench.delta); "
-        "uses --backend, --receivers, --timeout, --json, --torch-threads and --delta-* only",
-    )
-    b.add_argument("--delta-steps", type=int, default=8, help="real training steps (default 8)")
-    b.add_argument(
-        "--delta-width", type=int, default=256, help="the trained model's d_model (default 256)"
-    )
-    b.set_defaults(func=_cmd_bench)
-
     get_plugin_manager().hook.wtcore_add_commands(subparsers=sub)
+    for name, dist in FIRST_PARTY["commands"].items():  # not installed: say what to install
+        if name not in sub.choices:
+            m = sub.add_parser(name, help=f"(not installed: pip install {dist})")
+            m.set_defaults(func=_missing_command, dist=dist)
     return parser
 
 
@@ -142,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         parser = build_parser()
+        known, _ = parser.parse_known_args(argv)
+        if getattr(known, "func", None) is _missing_command:
+            return int(known.func(known))
         args = parser.parse_args(argv)
         func = getattr(args, "func", None)
         if func is None:
@@ -153,6 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WtcoreError as e:
         print(f"wtcore: error: {_error_line(e)}", file=sys.stderr)
         return 1
+
+
+def _missing_command(args: argparse.Namespace) -> int:
+    print(
+        f"wtcore: '{args.command}' is provided by {args.dist}: pip install {args.dist}",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _error_line(error: BaseException) -> str:
@@ -190,125 +111,6 @@ def _write_stdout(text: str) -> None:
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-
-
-# ---------------------------------------------------------------------- bench
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from wtcore.bench import run_bench
-    from wtcore.bench.report import check_plot_available, print_table, write_json, write_plot
-
-    if args.receivers < 1 or args.rounds < 1:
-        print("wtcore bench: --receivers and --rounds must be at least 1", file=sys.stderr)
-        return 2
-    if args.delta:
-        return _cmd_bench_delta(args)
-    if args.plot:
-        check_plot_available()  # fail in one line now, not after the whole run
-    if args.link_rate is not None and not args.nodes:
-        print("wtcore bench: --link-rate needs --nodes", file=sys.stderr)
-        return 2
-    engine_options = _engine_options(args.engine_option)
-    if args.nodes:
-        record = _bench_on_nodes(args)
-    else:
-        record = run_bench(_bench_options(args, engine_options))
-    print_table(record, sys.stdout)
-    if args.json:
-        write_json(record, args.json)
-    if args.plot:
-        write_plot(record, args.plot)
-    return 0 if record["ok"] else 1
-
-
-def _engine_options(items: Sequence[str]) -> dict[str, Any]:
-    """``--engine-option FIELD=VALUE`` pairs; VALUE is JSON when it parses, else a string."""
-    import json
-
-    from wtcore.errors import PayloadError
-
-    out: dict[str, Any] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        if not sep or not name.strip():
-            raise PayloadError(f"--engine-option: expected FIELD=VALUE, got {item!r}")
-        try:
-            out[name.strip()] = json.loads(text)
-        except ValueError:
-            out[name.strip()] = text
-    return out
-
-
-def _bench_on_nodes(args: argparse.Namespace) -> dict[str, Any]:
-    """The same bench, run again inside the trainer's node of a namespaced cluster."""
-    from wtcore.bench.nodes import run_on_nodes
-
-    inner = [
-        "--backend", args.backend, "--client", args.client,
-        "--receivers", str(args.receivers), "--size", str(args.size),
-        "--tensors", str(args.tensors), "--dtype", args.dtype, "--rounds", str(args.rounds),
-        "--baselines", "none", "--torch-threads", str(args.torch_threads),
-        "--timeout", str(args.timeout),
-        *(["--buffer-size", ",".join(map(str, args.buffer_size))] if args.buffer_size else []),
-        *(["--transactional"] if args.transactional else []),
-        *(a for item in args.engine_option for a in ("--engine-option", item)),
-    ]  # fmt: skip
-    return run_on_nodes(
-        inner,
-        client=args.client,
-        nodes=args.nodes,
-        receivers=args.receivers,
-        link_rate=args.link_rate,
-        timeout_s=args.timeout,
-        rounds=args.rounds,
-    )
-
-
-def _bench_options(args: argparse.Namespace, engine_options: dict[str, Any]) -> Any:
-    from wtcore.bench import BenchOptions
-
-    return BenchOptions(
-        backend=args.backend,
-        client=args.client,
-        receivers=args.receivers,
-        size_bytes=args.size,
-        num_tensors=args.tensors,
-        dtype=args.dtype,
-        rounds=args.rounds,
-        buffer_sizes=args.buffer_size,
-        baselines=args.baselines,
-        device=args.device,
-        transactional=args.transactional,
-        torch_threads=args.torch_threads,
-        timeout_s=args.timeout,
-        corrupt_round=args.corrupt_round,
-        engine_options=engine_options,
-        interleave=args.interleave,
-    )
-
-
-def _cmd_bench_delta(args: argparse.Namespace) -> int:
-    import json
-
-    from wtcore.bench.delta import DeltaBenchOptions, print_delta_table, run_delta_bench
-
-    if args.torch_threads > 0:
-        import torch
-
-        torch.set_num_threads(args.torch_threads)
-    record = run_delta_bench(
-        DeltaBenchOptions(
-            backend=args.backend,
-            receivers=args.receivers,
-            steps=args.delta_steps,
-            width=args.delta_width,
-            timeout_s=args.timeout,
-        )
-    )
-    print_delta_table(record, sys.stdout)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=2)
-    return 0 if record["ok"] else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,21 +25,33 @@ The family is deliberately small::
     |                                        TransferTimeoutError)
     +-- PluginNotFoundError (LookupError)    no plugin of that name
     +-- PluginLoadError (ImportError)        a plugin failed to import
+    +-- RemoteError (RuntimeError)           a peer's error, from its ErrorRecord   its status
 
 :func:`http_status` is the one mapping from a class to an HTTP status; the reference HTTP
 receiver answers with it, and :func:`wtcore.fanout.failure_of` stamps it on in-process and
 Ray failures too, so a condition reads the same over every transport.
+
+:class:`ErrorRecord` is the one form of an error that crosses a process boundary as JSON: the
+HTTP receiver's error bodies, the pipe control plane of :mod:`wtcore.testing.pipes` and the
+fan-out's report of every receiver's failure all read and write it, so there is one set of
+keys, one size limit and one check of what a peer sent. :class:`RemoteError` is what a record
+becomes again on the other side (also an instance of the named class when that is wtcore's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
+    "ErrorRecord",
     "MetadataMismatchError",
     "MissingFileError",
     "PayloadError",
+    "PluginAPIError",
     "PluginConflictError",
     "PluginLoadError",
     "PluginNotFoundError",
@@ -48,6 +60,7 @@ __all__ = [
     "ReceiverError",
     "ReceiverFailure",
     "ReceiverTimeoutError",
+    "RemoteError",
     "StaleBaseError",
     "TransferError",
     "TransferTimeoutError",
@@ -209,7 +222,14 @@ _HTTP_STATUS: tuple[tuple[type[BaseException], int], ...] = (
 
 
 def http_status(error: BaseException) -> int:
-    """The HTTP status a receiver answers for ``error``: 400, 404, 409, 504, else 500."""
+    """The HTTP status a receiver answers for ``error``: 400, 404, 409, 504, else 500.
+
+    An error that carries a peer's :class:`ErrorRecord` (a :class:`RemoteError`) keeps the
+    status that peer gave it.
+    """
+    record = getattr(error, "record", None)
+    if isinstance(record, ErrorRecord):
+        return record.status
     for cls, status in _HTTP_STATUS:
         if isinstance(error, cls):
             return status
@@ -222,3 +242,189 @@ class PluginConflictError(WtcoreError, ValueError):
 
 class PluginTypeError(PluginLoadError, TypeError):
     """A registered plugin imported, but is not the kind of class its registry holds."""
+
+
+class PluginAPIError(PluginTypeError):
+    """A registered engine lacks a method the current engine API requires.
+
+    Typically an engine written against an older wtcore. Raised when the class is registered
+    or first loaded, naming the engine, the missing methods and the upgrade notes to read.
+    """
+
+
+# ---------------------------------------------------------------------- errors as JSON
+#: Most characters of an :class:`ErrorRecord`'s message. A longer one is cut (and marked) when
+#: a record is made here, and refused when one arrives. 8192 characters of ASCII keep an HTTP
+#: error body well inside the HTTP client's 64 KiB limit on error bodies.
+MAX_MESSAGE_CHARS = 8192
+#: What a type name may be: a class name, dotted (``module.Class``) or Ray's wrapped form
+#: (``RayTaskError(PayloadError)``), at most 128 characters.
+_TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.()]{0,127}")
+_CUT = " ... (cut)"
+
+
+def _kind(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:57] + '...' if len(text) > 60 else text}"
+
+
+def _type_name(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise PayloadError(f"{field}: expected a string, got {_kind(value)}")
+    if not _TYPE_NAME.fullmatch(value):
+        raise PayloadError(
+            f"{field}: expected a class name (letters, digits, '_', '.', '(', ')'; at most 128 "
+            f"characters), got {value[:60]!r}"
+        )
+    return value
+
+
+def _error_status(value: object, field: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise PayloadError(f"{field}: expected an integer, got {_kind(value)}")
+    if not 400 <= value <= 599:
+        raise PayloadError(f"{field}: expected an HTTP error status (400 to 599), got {value}")
+    return int(value)  # an http.HTTPStatus becomes a plain int
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """An error as plain data: its class name, its message, and the HTTP status it maps to.
+
+    Why one record: wtcore's own control planes move errors as JSON, never as pickles, and a
+    record per transport meant as many sets of keys, limits on a message and rules for a
+    peer's type name. One record serves all of them, so a condition reads the same over each
+    and a peer's error is checked in one place. The HTTP receiver answers with
+    :meth:`to_json` as its error body (the keys docs/http.md documents: ``{"error": message,
+    "error_type": type, "status": status}``), the pipe control plane of
+    :mod:`wtcore.testing.pipes` puts the same keys in its answers, and
+    :func:`wtcore.fanout.failure_of` reads a record off any exception with
+    :meth:`from_exception` (over Ray too, from the exception Ray hands back). A peer's dict
+    is checked by :meth:`from_json` before it is believed, and :meth:`to_exception` raises it
+    again on this side.
+
+    ``status`` is :func:`http_status` of the error (or the status a peer answered with). A
+    ``message`` longer than :data:`MAX_MESSAGE_CHARS` is cut when a record is made here;
+    :meth:`from_json` refuses one instead.
+    """
+
+    type: str
+    message: str
+    status: int
+
+    def __post_init__(self) -> None:
+        _type_name(self.type, "ErrorRecord.type")
+        if not isinstance(self.message, str):
+            raise PayloadError(f"ErrorRecord.message: expected a string, got {_kind(self.message)}")
+        if len(self.message) > MAX_MESSAGE_CHARS:
+            cut = self.message[: MAX_MESSAGE_CHARS - len(_CUT)] + _CUT
+            object.__setattr__(self, "message", cut)
+        object.__setattr__(self, "status", _error_status(self.status, "ErrorRecord.status"))
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ErrorRecord:
+        """The record of ``exc``: the record it carries (a peer's error, a receiver's HTTP
+        answer), else its class name, its text and :func:`http_status`."""
+        record = getattr(exc, "record", None)
+        if isinstance(record, ErrorRecord):
+            return record
+        name = type(exc).__name__
+        if not _TYPE_NAME.fullmatch(name):  # a class made with type() may be named anything
+            name = re.sub(r"[^A-Za-z0-9_.()]", "_", name)
+            name = name[:128] if _TYPE_NAME.fullmatch(name[:128]) else f"_{name[:127]}"
+        try:
+            message = str(exc)
+        except Exception:  # a broken __str__ must not hide the error itself
+            message = f"<a {name} whose str() failed>"
+        return cls(name, message, http_status(exc))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"error": message, "error_type": type, "status": status}``: plain JSON."""
+        return {"error": self.message, "error_type": self.type, "status": self.status}
+
+    @classmethod
+    def from_json(cls, obj: object) -> ErrorRecord:
+        """The record in ``obj``, a peer's JSON object, checked as hostile input.
+
+        The three keys must be there with the right types: ``error`` a string of at most
+        :data:`MAX_MESSAGE_CHARS` characters, ``error_type`` a class name, ``status`` an HTTP
+        error status (400-599). Any other key is the envelope's (a pipe answer's ``id``) and is
+        not read. A bad value raises :class:`PayloadError` naming the key.
+        """
+        if not isinstance(obj, Mapping):
+            raise PayloadError(f"error_record: expected a JSON object, got {_kind(obj)}")
+        for key in ("error", "error_type", "status"):
+            if key not in obj:
+                raise PayloadError(f"error_record.{key}: missing required field")
+        message = obj["error"]
+        if not isinstance(message, str):
+            raise PayloadError(f"error_record.error: expected a string, got {_kind(message)}")
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise PayloadError(
+                f"error_record.error: {len(message)} characters, over the limit of "
+                f"{MAX_MESSAGE_CHARS}"
+            )
+        return cls(
+            _type_name(obj["error_type"], "error_record.error_type"),
+            message,
+            _error_status(obj["status"], "error_record.status"),
+        )
+
+    def to_exception(self, where: str = "") -> RemoteError:
+        """This record as an exception to raise (``where``, if given, names the call).
+
+        Always a :class:`RemoteError`; when :attr:`type` names one of wtcore's error classes
+        it is also an instance of that class, under that name, so ``except PayloadError`` (or
+        ``except ValueError``) catches a peer's error as it catches a local one. Any other
+        name (a builtin, a peer's own class) gives a plain :class:`RemoteError`, whose
+        ``record.type`` keeps the name; a peer's name is never looked up anywhere else.
+        """
+        return _REMOTE_CLASSES.get(self.type, RemoteError)(self, where)
+
+
+class RemoteError(WtcoreError, RuntimeError):
+    """An error a peer reported as an :class:`ErrorRecord` (another process, a receiver).
+
+    Made by :meth:`ErrorRecord.to_exception`: ``record`` is what arrived, ``status`` its
+    status and ``where`` the call it answered; the message reads ``where: Type: message``.
+    """
+
+    def __init__(self, record: ErrorRecord, where: str = "") -> None:
+        head = f"{where}: " if where else ""
+        super().__init__(f"{head}{record.type}: {record.message}")
+        self.record = record
+        self.where = where
+        self.status = record.status
+
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[[ErrorRecord, str], RemoteError], tuple[ErrorRecord, str]]:
+        return (_remote_error, (self.record, self.where))
+
+
+def _remote_error(record: ErrorRecord, where: str) -> RemoteError:
+    """Unpickle a :class:`RemoteError` (its class is made here, not found by name)."""
+    return record.to_exception(where)
+
+
+def _remote_classes() -> dict[str, type[RemoteError]]:
+    """One :class:`RemoteError` subclass per wtcore error class, named after it.
+
+    :class:`ReceiverError` and its subclass are left out: they are built from receivers'
+    failures, not from a message, so a peer's one arrives as a plain :class:`RemoteError`.
+    """
+    out: dict[str, type[RemoteError]] = {"RemoteError": RemoteError}
+    for name in __all__:
+        local = globals()[name]
+        if not (isinstance(local, type) and issubclass(local, WtcoreError)) or issubclass(
+            local, (ReceiverError, RemoteError)
+        ):
+            continue
+        out[name] = cast(
+            "type[RemoteError]", type(name, (RemoteError, local), {"__module__": __name__})
+        )
+    return out
+
+
+#: The classes :meth:`ErrorRecord.to_exception` makes: a fixed set, never a peer's name.
+_REMOTE_CLASSES = _remote_classes()

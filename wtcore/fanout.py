@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from wtcore.concurrency import BackgroundCall
 from wtcore.defaults import DEFAULT_TIMEOUT_S
-from wtcore.errors import ReceiverError, ReceiverFailure, WtcoreError, http_status
+from wtcore.errors import ErrorRecord, ReceiverError, ReceiverFailure, WtcoreError
 from wtcore.rounds import new_round_id
 
 __all__ = ["DEFAULT_TIMEOUT_S", "FAIL_FAST_S", "FanOutClient", "failure_of", "fan_out"]
@@ -29,24 +29,22 @@ _NO_STATUS = object()
 def failure_of(receiver: str, error: BaseException) -> ReceiverFailure:
     """A :class:`ReceiverFailure` for ``error``, raised by (or on the way to) ``receiver``.
 
-    The status is the error's own ``status`` attribute when it has one (an HTTP answer; a
-    ``None`` there means "no answer"), else :func:`~wtcore.errors.http_status` of a wtcore
-    error, so a condition carries the same status over every transport. An error that says
-    which server-side class it was (``server_error_type``, with ``detail``: its message
-    without that name) is reported under that class, as in process and over Ray.
+    Its type and message are the error's :class:`~wtcore.errors.ErrorRecord`: the record it
+    carries when a peer sent one (a receiver's HTTP error answer, a pipe child's error), so a
+    failure is reported under the server-side class whatever the transport. The status is the
+    error's own ``status`` attribute when it has one (an HTTP answer; a ``None`` there means
+    "no answer"), else the record's for a wtcore error, so a condition carries the same
+    status over every transport.
     """
+    record = ErrorRecord.from_exception(error)
     status: Any = getattr(error, "status", _NO_STATUS)
     if status is _NO_STATUS:
-        status = http_status(error) if isinstance(error, WtcoreError) else None
-    server_type = getattr(error, "server_error_type", None)
-    detail = getattr(error, "detail", None)
-    if not (isinstance(server_type, str) and isinstance(detail, str)):
-        server_type, detail = type(error).__name__, str(error) or repr(error)
+        status = record.status if isinstance(error, WtcoreError) else None
     return ReceiverFailure(
         receiver=receiver,
-        message=detail,
+        message=record.message or repr(error),
         status=status if isinstance(status, int) else None,
-        error_type=server_type,
+        error_type=record.type,
         timed_out=isinstance(error, TimeoutError) or getattr(error, "timed_out", False) is True,
     )
 

@@ -43,7 +43,7 @@ def wtcore_launch_receivers(
     Start ``count`` receivers reachable by client ``client`` for ``wtcore bench``. Asked only
     when the client class declares no ``bench_launcher``; using it warns.
 
-    Return a :class:`wtcore.bench.ReceiverFleet` (a ``client`` attribute with ``checksums()``,
+    Return a :class:`wtcore_bench.ReceiverFleet` (a ``client`` attribute with ``checksums()``,
     ``pids()`` and ``close()``), or ``None`` if ``client`` is not yours. Each receiver hosts
     ``model.build_zeros()`` with worker engine ``backend``, rank ``i`` of ``count``; ``options``
     are extra ``WeightSyncWorker`` keyword arguments (e.g. ``transactional``).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
@@ -46,5 +46,3 @@ class InProcessClient(FanOutClient):
 
     def get_world_size(self) -> int:
         return len(self.workers)
-
-    bench_launcher: ClassVar[str] = "wtcore.bench.fleet:InProcessFleet"  # wtcore bench

@@ -145,5 +145,3 @@ class LocalTrainerEngine(BucketedTrainerEngine):
         # The payload is a copy, so the slot is free again as soon as this returns.
         data = base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]
         return {**BucketUpdateInfo.wire(bucket.metas), "data": data}
-
-    from wtcore.bench.local import BENCH as bench  # wtcore bench: see wtcore/bench/api.py

@@ -10,6 +10,12 @@ Two rules keep a name meaning one thing. Two distributions registering one name 
 winner chosen by discovery order), and no distribution may register a built-in name. An install
 line is suggested only for names in :data:`FIRST_PARTY`: guessing ``pip install wtcore-<typo>``
 would send users to whoever registers the typo on the package index.
+
+An engine class is also checked against the engine API it is registered for, from its class
+attributes alone (nothing is instantiated): every abstract method and every method its bases
+list in ``required_methods`` must be defined. An engine written for an older wtcore is then a
+:class:`~wtcore.errors.PluginAPIError` naming what to add, when it is registered or first
+loaded, instead of a failure deep in a round.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import importlib
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from wtcore.errors import (
     PayloadError,
+    PluginAPIError,
     PluginConflictError,
     PluginLoadError,
     PluginNotFoundError,
@@ -50,10 +57,14 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
     "wtcore.engines": {"nccl": "wtcore-nccl", "ipc": "wtcore-ipc"},
     "wtcore.trainer_engines": {"nccl": "wtcore-nccl", "ipc": "wtcore-ipc"},
     "wtcore.clients": {"http": "wtcore-http-client", "ray": "wtcore-ray-client"},
+    # ``wtcore`` subcommands, added through the ``wtcore_add_commands`` hook.
+    "commands": {"bench": "wtcore-bench", "serve": "wtcore-http-client"},
 }
 
 _DISABLE_ENV = "WTCORE_DISABLE_PLUGIN_AUTOLOAD"
 _CORE_DIST = "wtcore"
+#: Where a plugin author reads what changed in the engine API (named by PluginAPIError).
+_UPGRADE_NOTES = 'CHANGELOG.md, 0.2.0, "For plugin authors"'
 
 
 def autoload_disabled() -> bool:
@@ -281,6 +292,16 @@ class Registry(Generic[T]):
                 f"{self.kind} {name!r}{where} must be a subclass of {base.__module__}."
                 f"{base.__qualname__}, got {obj!r}"
             )
+        assert isinstance(obj, type)
+        missing = [] if _is_protocol(base) else _missing_methods(obj)
+        if missing:
+            where = f"{info.origin}, " if info and info.distribution else ""
+            raise PluginAPIError(
+                f"{self.kind} {name!r} ({where}{obj.__module__}:{obj.__qualname__}) does not "
+                f"implement {' and '.join(missing)}, which wtcore {_core_version()} requires "
+                f"of every {self.kind}; it was probably written for an older wtcore. What to "
+                f"change: see {_UPGRADE_NOTES}"
+            )
 
     def _not_found(self, name: str) -> PluginNotFoundError:
         installed = sorted(self._all())
@@ -305,6 +326,28 @@ def _core_version() -> str:
     from wtcore._version import __version__
 
     return __version__
+
+
+def _missing_methods(cls: type) -> list[str]:
+    """What ``cls`` lacks to be a concrete engine, read from class attributes only.
+
+    Its abstract methods, then each entry of a ``required_methods`` mapping declared by a
+    class in its MRO (``{method: alternatives}``) that neither the method nor one of its
+    alternatives is defined for, below the class that declared it. Each is spelled
+    ``name()``, with its alternatives: ``worker_init_info() (or override handshake())``.
+    """
+    missing = [f"{m}()" for m in sorted(getattr(cls, "__abstractmethods__", ()))]
+    mro = cls.__mro__
+    for depth, declaring in enumerate(mro):
+        required = vars(declaring).get("required_methods")
+        if not isinstance(required, Mapping):
+            continue
+        below = mro[:depth]
+        for method, alternatives in required.items():
+            if not any(n in vars(k) for k in below for n in (method, *alternatives)):
+                instead = " or ".join(f"override {a}()" for a in alternatives)
+                missing.append(f"{method}() (or {instead})" if instead else f"{method}()")
+    return missing
 
 
 def _is_protocol(tp: type) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -13,7 +14,6 @@ from wtcore.source import WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
 if TYPE_CHECKING:
-    from wtcore.bench.api import EngineBench
     from wtcore.client import WeightSyncClient
     from wtcore.delta.trainer import DeltaTracker
 
@@ -81,6 +81,11 @@ class TrainerWeightTransferEngine(ABC):
     """
 
     init_info_cls: ClassVar[type[TrainerInitInfo]]
+    #: Methods a concrete engine must define besides the abstract ones, each with the methods
+    #: that may stand in for it. :mod:`wtcore.registry` checks them when an engine is
+    #: registered or first loaded, so one written for wtcore 0.1 (which had no
+    #: :meth:`worker_init_info`) is refused there, not in the middle of a recovery round.
+    required_methods: ClassVar[Mapping[str, tuple[str, ...]]] = {"worker_init_info": ("handshake",)}
 
     def __init__(
         self,
@@ -253,26 +258,3 @@ class TrainerWeightTransferEngine(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-    # ------------------------------------------------------------------ bench API
-    # What ``wtcore bench`` (or any tool) needs to run this engine on one host, declared by the
-    # engine so that the core never picks a plugin by name or guesses its fields. See
-    # wtcore/bench/api.py and docs/writing-an-engine.md.
-
-    #: How to run this engine in ``wtcore bench``; ``None`` (the default): it cannot.
-    bench: ClassVar[EngineBench | None] = None
-
-    @classmethod
-    def bench_support(cls) -> EngineBench:
-        """This engine's :attr:`bench`, or an error that says how to add it."""
-        if cls.bench is None:
-            from wtcore.bench.api import BenchNotSupportedError
-
-            raise BenchNotSupportedError(
-                f"trainer engine {cls.__module__}.{cls.__qualname__} does not support "
-                "wtcore bench: set its `bench` class attribute to a wtcore.bench.EngineBench "
-                "(see docs/writing-an-engine.md)"
-            )
-        return cls.bench
-
-    # ------------------------------------------------------------------ end of bench API

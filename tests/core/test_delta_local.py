@@ -88,7 +88,7 @@ def test_a_refused_delta_round_leaves_the_receiver_as_it_was(
 
 
 def test_bench_delta_runs_and_counts_bytes() -> None:
-    from wtcore.bench.delta import DeltaBenchOptions, run_delta_bench
+    from wtcore_bench.delta import DeltaBenchOptions, run_delta_bench
 
     record = run_delta_bench(DeltaBenchOptions(steps=1, dense_rounds=2, width=32))
     assert record["ok"]

@@ -24,3 +24,24 @@ def test_import_and_listing_import_nothing_heavy() -> None:
     result = json.loads(out.stdout)
     assert result["heavy"] == []
     assert "local" in result["names"]["engines"] and "inproc" in result["names"]["clients"]
+
+
+TOOLING = """
+import json, sys
+import wtcore_nccl.trainer, wtcore_nccl.worker, wtcore_ipc.trainer, wtcore_ipc.worker
+from wtcore import CLIENTS, ENGINES, TRAINER_ENGINES
+for registry in (ENGINES, TRAINER_ENGINES, CLIENTS):
+    for name in registry.names():
+        registry.load(name)
+print(json.dumps(sorted(m for m in sys.modules
+                        if m.startswith(("wtcore_bench", "wtcore.testing", "wtcore._moved")))))
+"""
+
+
+def test_loading_every_engine_and_client_loads_no_tooling() -> None:
+    """The protocol knows no tooling: engines and clients never load the bench or the tests'
+    helpers (the bench finds them, not the other way round)."""
+    out = subprocess.run(
+        [sys.executable, "-c", TOOLING], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout) == []

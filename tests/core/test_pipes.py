@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -32,16 +34,17 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.digest import digest_named
+from wtcore.errors import ErrorRecord
 from wtcore.local import LocalTrainerInitInfo
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
 from wtcore.testing.pipes import (
+    PipeChannel,
     PipeFleet,
     RemoteError,
     decode_state,
     encode_state,
-    error_record,
     pipe_fleet,
-    remote_error,
+    serve,
 )
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -154,15 +157,53 @@ def test_state_encoding_is_exact_json() -> None:
         assert torch.equal(got[name], t), name
 
 
-def test_error_records_round_trip() -> None:
-    rec = error_record(TransferTimeoutError("slow"))
-    assert rec == {"ok": False, "type": "TransferTimeoutError", "message": "slow"}
-    e = remote_error(rec["type"], rec["message"], "w0.update_weights")
-    assert isinstance(e, TransferTimeoutError) and isinstance(e, TimeoutError)
-    assert str(e) == "w0.update_weights: TransferTimeoutError: slow"
-    odd = remote_error("SomethingOnlyTheChildKnows", "boom")
-    assert type(odd).__name__ == "SomethingOnlyTheChildKnows" and isinstance(odd, RemoteError)
-    assert isinstance(remote_error("KeyError", "x"), KeyError)
+def test_a_child_error_crosses_as_its_record() -> None:
+    """The child answers with the ErrorRecord's keys (those of an HTTP error body)."""
+    parent, child = mp.Pipe()
+
+    def boom() -> None:
+        raise TransferTimeoutError("slow")
+
+    server = threading.Thread(target=serve, args=(child, {"boom": boom}), daemon=True)
+    server.start()
+    try:
+        parent.send_bytes(json.dumps({"id": 7, "call": "boom", "args": []}).encode())
+        answer = json.loads(parent.recv_bytes())
+        assert answer == {
+            "id": 7,
+            "ok": False,
+            "error": "slow",
+            "error_type": "TransferTimeoutError",
+            "status": 504,
+        }
+        e = ErrorRecord.from_json(answer).to_exception("w0.update_weights")
+        assert isinstance(e, TransferTimeoutError) and isinstance(e, TimeoutError)
+        assert (
+            isinstance(e, RemoteError) and str(e) == "w0.update_weights: TransferTimeoutError: slow"
+        )
+    finally:
+        parent.send_bytes(json.dumps({"id": 8, "call": "exit"}).encode())
+        server.join(10)
+        parent.close()
+
+
+def test_a_malformed_error_answer_is_a_transfer_error() -> None:
+    """A child's error record is checked before it is believed: a bad one names the field."""
+    parent, child = mp.Pipe()
+    bad = {"ok": False, "error": "x", "error_type": "no spaces allowed", "status": 500}
+
+    def answer() -> None:
+        req = json.loads(child.recv_bytes())
+        child.send_bytes(json.dumps({"id": req["id"], **bad}).encode())
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    channel = PipeChannel(parent, "w0", timeout_s=TIMEOUT_S)
+    with pytest.raises(TransferError, match=r"w0.ping: .*malformed error.*error_record.error_type"):
+        channel.call("ping")
+    t.join(10)
+    parent.close()
+    child.close()
 
 
 def test_decoding_checks_the_state_like_an_update() -> None:
@@ -180,15 +221,14 @@ def test_a_remote_error_reads_like_every_transport() -> None:
     from wtcore.errors import ReceiverTimeoutError
     from wtcore.fanout import failure_of
 
-    e = remote_error("ProtocolStateError", "start twice", "w0.start_weight_update")
+    e = ErrorRecord("ProtocolStateError", "start twice", 409).to_exception("w0.start_weight_update")
     failure = failure_of("w0", e)
     assert (failure.error_type, failure.message, failure.status) == (
         "ProtocolStateError",
         "start twice",
         409,
     )
-    assert remote_error("WrongTypeError", "x").status == 400  # the core's map, not a copy
-    assert remote_error("TransferTimeoutError", "x").status == 504
     # a ReceiverError's constructor takes failures: the name survives, the call does not fail
-    assert type(remote_error("ReceiverTimeoutError", "x")).__name__ == "ReceiverTimeoutError"
-    assert not isinstance(remote_error("ReceiverTimeoutError", "x"), ReceiverTimeoutError)
+    odd = ErrorRecord("ReceiverTimeoutError", "x", 504).to_exception()
+    assert type(odd) is RemoteError and odd.record.type == "ReceiverTimeoutError"
+    assert not isinstance(odd, ReceiverTimeoutError)

@@ -369,14 +369,17 @@ def _check_json(b: Block) -> None:
 
 def _check_toml(b: Block) -> None:
     data = tomllib.loads(b.code)
-    if "project" in data:  # a plugin's pyproject.toml
+    if "project" in data:  # a plugin's pyproject.toml, whole or its entry points only
         from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES
+        from wtcore_bench.support import CLIENT_GROUP, ENGINE_GROUP
 
         groups = {r.group for r in (CLIENTS, ENGINES, TRAINER_ENGINES)} | {"wtcore.hooks"}
+        groups |= {ENGINE_GROUP, CLIENT_GROUP}
         eps = data["project"].get("entry-points", {})
         assert eps and set(eps) <= groups, f"{b.where}: entry-point groups {sorted(eps)}"
-        deps = data["project"].get("dependencies", [])
-        assert any(re.match(r"^wtcore\s*~=", d) for d in deps), f"{b.where}: pin wtcore with ~="
+        if "name" in data["project"]:
+            deps = data["project"].get("dependencies", [])
+            assert any(re.match(r"^wtcore\s*~=", d) for d in deps), f"{b.where}: pin wtcore ~="
         return
     if "backend" in data:  # a trainer config (wtcore.config)
         from wtcore.registry import TRAINER_ENGINES

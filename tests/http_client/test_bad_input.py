@@ -12,6 +12,7 @@ import torch
 
 from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
+from wtcore.errors import ErrorRecord
 from wtcore.local import LocalTrainerInitInfo
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
@@ -68,6 +69,7 @@ def check(r: requests.Response, status: int, *fragments: str) -> None:
     assert r.status_code == status, r.text
     body = r.json()
     assert body["status"] == status
+    assert ErrorRecord.from_json(body).to_json() == body  # every error body is a record
     for fragment in fragments:
         assert fragment in body["error"], body["error"]
 

@@ -186,6 +186,12 @@ def test_the_routes_accept_exactly_those_bodies() -> None:
          "InternalError: boom"),  # OpenAI/vLLM style
         (409, b'{"error": "out of order", "error_type": "ProtocolStateError"}',
          "application/json", "ProtocolStateError: out of order"),  # wtcore
+        (409, b'{"error": "x", "error_type": "ProtocolStateError", "status": 409}',
+         "application/json", "ProtocolStateError: x"),  # wtcore's ErrorRecord, in full
+        (500, b'{"error": "odd", "error_type": "not a class\\n", "status": 500}',
+         "application/json", "odd"),  # a record that fails its checks names no class
+        (500, b'{"error": "odd", "error_type": "X", "status": "500"}', "application/json",
+         "odd"),
         (502, b"upstream down", "text/plain", "upstream down"),
     ],
 )  # fmt: skip

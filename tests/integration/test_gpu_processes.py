@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wtcore.bench import BenchOptions, ModelSpec, run_bench
+from wtcore_bench import BenchOptions, ModelSpec, run_bench
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,9 +46,9 @@ def test_engine_between_processes_on_one_gpu(backend: str) -> None:
 def test_nccl_transport_between_processes_on_two_gpus() -> None:
     from wtcore.digest import digest_named
     from wtcore.factory import WeightTransferTrainerFactory
-    from wtcore.net import free_port
     from wtcore.source import ModuleSource
     from wtcore.synthetic import build_module
+    from wtcore.testing.net import free_port
     from wtcore_http_client import HTTPWeightSyncClient
     from wtcore_http_client.process import launch_serve
     from wtcore_nccl import NCCLTrainerInitInfo

@@ -26,12 +26,11 @@ from collections.abc import Callable, Iterator, Mapping
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
+from wtcore.errors import ErrorRecord
 from wtcore.testing.pipes import (
     PipeChannel,
     decode_state,
     encode_state,
-    error_record,
-    remote_error,
     serve,
     worker_handlers,
 )
@@ -308,7 +307,7 @@ class _StdioClient:
         self.out.flush()
         msg = json.loads(sys.stdin.readline())
         if not msg["ok"]:
-            raise remote_error(msg["type"], msg["message"], call)
+            raise ErrorRecord.from_json(msg).to_exception(call)
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._call("init_weight_transfer_engine", init_info)
@@ -376,7 +375,7 @@ def relay(trainer: TrainerProc, worker: PipeWorker, msg: dict[str, Any]) -> None
         result = worker.call(msg["call"], *msg["args"])
         trainer.answer({"ok": True, "result": result})
     except Exception as e:
-        trainer.answer(error_record(e))
+        trainer.answer({"ok": False, **ErrorRecord.from_exception(e).to_json()})
 
 
 _KEEP: list[Any] = []

@@ -1,4 +1,4 @@
-"""Multinode tests: namespaced nodes (``wtcore.testing.cluster``), always torn down.
+"""Multinode tests: namespaced nodes (``wtcore_bench.netns``), always torn down.
 
 Every test in this folder is marked ``multinode`` and skips with the reason when the machine
 cannot make network namespaces (not root, no iproute2). The helpers live in ``mn_kit``.
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from wtcore.testing.cluster import Cluster, cluster, unavailable_reason
+from wtcore_bench.netns import Cluster, cluster, unavailable_reason
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:

@@ -13,7 +13,8 @@ command per line on stdin; each command gets one JSON line back on stdout:
   ``checksums()``, asked one receiver at a time so that a dead one is reported, not raised;
 - ``{"op": "close"}``: shut the trainer down; ``{"op": "exit"}``: leave.
 
-Every answer carries ``ok`` and ``elapsed_s``; a failure carries ``error_type`` and ``error``.
+Every answer carries ``ok`` and ``elapsed_s``; a failure carries its
+:class:`~wtcore.errors.ErrorRecord` (``error``, ``error_type``, ``status``) and a ``traceback``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import traceback
 from typing import Any
 
 from wtcore import TensorSource, WeightTransferTrainerFactory
+from wtcore.errors import ErrorRecord
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_nccl import NCCLTrainerInitInfo
@@ -52,7 +54,7 @@ def _per_receiver(call: str) -> list[Any]:
                 [value] = getattr(c, call)()
             out.append(value)
         except Exception as e:
-            out.append({"error_type": type(e).__name__, "error": str(e)})
+            out.append(ErrorRecord.from_exception(e).to_json())
     return out
 
 
@@ -101,8 +103,7 @@ def main() -> None:
         except Exception as e:
             answer = {
                 "ok": False,
-                "error_type": type(e).__name__,
-                "error": str(e),
+                **ErrorRecord.from_exception(e).to_json(),
                 "traceback": traceback.format_exc(limit=4),
             }
             del e

@@ -1,6 +1,6 @@
 """Helpers of the multinode tests: ``wtcore serve`` receivers in nodes, the trainer driver.
 
-Everything runs as real processes inside ``wtcore.testing.cluster`` nodes; the pytest process
+Everything runs as real processes inside ``wtcore_bench.netns`` nodes; the pytest process
 (in the host's namespace) only starts them, pulls links, and reads the driver's JSON answers.
 Every test here is marked ``multinode`` and skips with the reason when the machine cannot make
 namespaces (not root, no iproute2).
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wtcore.procs import stop_processes
-from wtcore.testing.cluster import Node
+from wtcore_bench.netns import Node
 
 HERE = Path(__file__).resolve().parent
 API_KEY = "multinode-test-key"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from wtcore.testing.cluster import cluster, rate_bits
+from wtcore_bench.netns import cluster, rate_bits
 
 pytestmark = [pytest.mark.timeout(120)]
 

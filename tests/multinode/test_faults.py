@@ -21,8 +21,8 @@ import pytest
 from mn_kit import API_KEY, MASTER_PORT, Driver, Receiver, start_receivers
 
 from wtcore.digest import digest_named
-from wtcore.testing.cluster import Cluster
 from wtcore.testing.sources import synthetic_state
+from wtcore_bench.netns import Cluster
 
 pytestmark = [pytest.mark.timeout(300)]
 

@@ -22,7 +22,7 @@ from fsdp_trainer import model_state
 from mn_kit import API_KEY, MASTER_PORT, START_TIMEOUT_S, Receiver, node_env, start_receivers
 
 from wtcore.digest import digest_named
-from wtcore.testing.cluster import Cluster
+from wtcore_bench.netns import Cluster
 from wtcore_http_client.safetensors import save_safetensors
 
 pytestmark = [pytest.mark.timeout(240)]

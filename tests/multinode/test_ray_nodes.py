@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from mn_kit import node_env
 
-from wtcore.testing.cluster import Cluster
+from wtcore_bench.netns import Cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 

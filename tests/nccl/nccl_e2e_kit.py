@@ -21,8 +21,8 @@ import torch
 
 from wtcore.concurrency import BackgroundCall
 from wtcore.meta import dtype_from_name, dtype_name
-from wtcore.net import free_port
 from wtcore.source import WeightSource
+from wtcore.testing.net import free_port
 from wtcore.testing.pipes import Handlers, PipeClient, decode_state, encode_state, pipe_fleet
 from wtcore.worker import WeightSyncWorker
 from wtcore_nccl import NCCLTrainerInitInfo

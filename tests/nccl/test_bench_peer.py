@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wtcore.bench import BaselineContext
 from wtcore.synthetic import synthetic_state
-from wtcore_nccl.bench import BENCH, vllm_buckets, vllm_packing_run
+from wtcore_bench import BaselineContext
+from wtcore_bench.support.nccl import BENCH, vllm_buckets, vllm_packing_run
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -48,8 +48,8 @@ def test_vllm_packing_is_a_peer_on_cpu_and_cuda() -> None:
 def test_raw_gloo_session_broadcasts_once_per_call_and_checks_every_receiver() -> None:
     import multiprocessing as mp
 
-    from wtcore.bench.limits import session_gbps
-    from wtcore_nccl.bench import raw_gloo_session
+    from wtcore_bench.limits import session_gbps
+    from wtcore_bench.support.nccl import raw_gloo_session
 
     raw = BENCH.baselines["raw_gloo"]
     assert raw.session is raw_gloo_session  # so `wtcore bench --interleave` can take turns
@@ -67,7 +67,7 @@ def test_raw_gloo_session_broadcasts_once_per_call_and_checks_every_receiver() -
 def test_per_tensor_session_runs_round_after_round_and_stops_its_receivers() -> None:
     import multiprocessing as mp
 
-    from wtcore_nccl.bench import per_tensor_session
+    from wtcore_bench.support.nccl import per_tensor_session
 
     assert BENCH.baselines["per_tensor"].session is per_tensor_session
     with per_tensor_session(_ctx(receivers=1)) as run:

@@ -14,15 +14,14 @@ ray = pytest.importorskip("ray", reason="the Ray object-store peer needs ray")
 
 import torch  # noqa: E402
 
-from wtcore.bench import BaselineContext  # noqa: E402
 from wtcore.synthetic import synthetic_state  # noqa: E402
-from wtcore_ray_client import RayWeightSyncClient  # noqa: E402
+from wtcore_bench import BaselineContext  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def test_object_store_peer_moves_the_model_bit_exact(ray_cluster: Any) -> None:
-    from wtcore_ray_client.peer import object_store_run
+    from wtcore_bench.support.ray_peer import object_store_run
 
     state = synthetic_state(2 << 20, 30, "bfloat16", seed=5)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
@@ -36,8 +35,8 @@ def test_object_store_peer_moves_the_model_bit_exact(ray_cluster: Any) -> None:
 
 
 def test_the_client_declares_the_peer() -> None:
-    import pkgutil
+    from wtcore_bench.support import client_bench
 
-    baselines = pkgutil.resolve_name(RayWeightSyncClient.bench_baselines)
+    baselines = client_bench("ray").baselines
     assert baselines["ray_object_store"].peer is True
     assert baselines["ray_object_store"].devices == ("cpu",)

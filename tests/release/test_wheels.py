@@ -110,17 +110,23 @@ print(json.dumps(out))
         cls, is_lookup, msg = out["errors"][name]
         assert is_lookup, (name, cls, msg)
         assert f"pip install {dist}" in msg, (name, msg)
+    # and the commands other distributions add say where they come from
+    for command, dist in (("bench", "wtcore-bench"), ("serve", "wtcore-http-client")):
+        proc = release.run("-m", "wtcore", command, "--size", "1MiB")
+        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+        assert f"'{command}' is provided by {dist}: pip install {dist}" in proc.stderr
 
 
 @pytest.fixture
 def with_nccl(release: Release) -> Iterator[Release]:
-    """wtcore-nccl installed from its wheel for one test, then removed again, so the shared
-    venv is "core only" for every other test whatever the order."""
-    release.pip("install", "--quiet", "--no-compile", str(release.wheel("wtcore-nccl")))
+    """wtcore-nccl and wtcore-bench installed from their wheels for one test, then removed
+    again, so the shared venv is "core only" for every other test whatever the order."""
+    wheels = [str(release.wheel(d)) for d in ("wtcore-nccl", "wtcore-bench")]
+    release.pip("install", "--quiet", "--no-compile", *wheels)
     try:
         yield release
     finally:
-        release.pip("uninstall", "--quiet", "--yes", "wtcore-nccl")
+        release.pip("uninstall", "--quiet", "--yes", "wtcore-nccl", "wtcore-bench")
 
 
 def test_installed_wheels_run_a_verified_nccl_sync(
@@ -158,7 +164,9 @@ def test_installed_wheels_run_a_verified_nccl_sync(
     assert [r["verified"] for r in run["rounds"]] == [True]
     # and it ran from the installed wheels, not from the source tree
     where = with_nccl.run(
-        "-c", "import wtcore, wtcore_nccl; print(wtcore.__file__, wtcore_nccl.__file__)"
+        "-c",
+        "import wtcore, wtcore_nccl, wtcore_bench; "
+        "print(wtcore.__file__, wtcore_nccl.__file__, wtcore_bench.__file__)",
     )
     assert where.returncode == 0, where.stderr
     assert str(REPO) not in where.stdout and "site-packages" in where.stdout

@@ -1,35 +1,5 @@
-"""The multinode tests' name for :mod:`wtcore.netns` (namespaced nodes on one machine).
+"""Deprecated: moved to ``wtcore_bench.netns`` (CHANGELOG, 0.2.0); this alias goes in 0.3."""
 
-The harness became a production module when ``wtcore bench --nodes`` started using it
-(production code never imports ``wtcore.testing``); this re-export keeps the tests' imports.
-"""
+from wtcore._moved import moved
 
-from __future__ import annotations
-
-from wtcore.netns import (
-    CMD_TIMEOUT_S,
-    DEFAULT_SUBNET,
-    IFNAME,
-    PREFIX,
-    Cluster,
-    NetnsError,
-    Node,
-    cluster,
-    rate_bits,
-    sweep_stale,
-    unavailable_reason,
-)
-
-__all__ = [
-    "CMD_TIMEOUT_S",
-    "DEFAULT_SUBNET",
-    "IFNAME",
-    "PREFIX",
-    "Cluster",
-    "NetnsError",
-    "Node",
-    "cluster",
-    "rate_bits",
-    "sweep_stale",
-    "unavailable_reason",
-]
+__getattr__ = moved(__name__, "wtcore_bench.netns", "pip install wtcore-bench")

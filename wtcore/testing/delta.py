@@ -2,7 +2,7 @@
 
 Subclass :class:`DeltaContractSuite`, set ``backend`` and implement
 ``make_trainer_init_info`` (the suite turns ``delta`` on). The rounds are real training steps
-(:func:`wtcore.delta.realistic.realistic_steps`), plus a step where every element changes and
+(:func:`wtcore.testing.realistic.realistic_steps`), plus a step where every element changes and
 one where none does; every round is checked bit-exact on every receiver.
 """
 
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pytest
 
 from wtcore.delta.codec import bits
-from wtcore.delta.realistic import realistic_steps
 from wtcore.errors import ReceiverError
 from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.inproc import InProcessClient
 from wtcore.sink import ModuleSink, WeightSink
 from wtcore.source import TensorSource
 from wtcore.testing.contract import SwitchableSink
+from wtcore.testing.realistic import realistic_steps
 from wtcore.testing.sources import build_module, zeros_like_state
 from wtcore.worker import WeightSyncWorker
 

@@ -5,17 +5,16 @@ child runs :func:`serve` (or :func:`serve_worker` for a :class:`~wtcore.worker.W
 the parent's :class:`PipeClient` is a :class:`~wtcore.fanout.FanOutClient` (one
 :class:`~wtcore.errors.ReceiverError` per fanned-out call) whose every wait is bounded, and
 :func:`pipe_fleet` starts the children and always stops them. Messages are JSON, never pickles,
-as on every production control plane. A child's error crosses as :func:`error_record` and comes
-back as :func:`remote_error`, which keeps the remote type's name and, where it is one of
-wtcore's or a builtin, its class; like an HTTP error it carries ``server_error_type``,
-``detail`` and the ``status`` of :func:`~wtcore.errors.http_status`, so
-:func:`~wtcore.fanout.failure_of` reports it as it reports every other transport's.
+as on every production control plane. A child's error crosses as its
+:class:`~wtcore.errors.ErrorRecord` (the keys of an HTTP error body, beside the answer's ``id``
+and ``"ok": false``) and is raised again as a :class:`~wtcore.errors.RemoteError`, of the
+remote class when that is one of wtcore's, so :func:`~wtcore.fanout.failure_of` reports it as
+it reports every other transport's.
 """
 
 from __future__ import annotations
 
 import base64
-import builtins
 import contextlib
 import functools
 import itertools
@@ -28,14 +27,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from wtcore import errors as _errors
 from wtcore.client import WeightSyncClient, calls_of
 from wtcore.errors import (
+    ErrorRecord,
     PayloadError,
+    RemoteError,
     TransferError,
     TransferTimeoutError,
     UnknownNameError,
-    http_status,
 )
 from wtcore.fanout import FanOutClient
 from wtcore.procs import stop_processes
@@ -51,12 +50,10 @@ __all__ = [
     "PipeChannel",
     "PipeClient",
     "PipeFleet",
-    "RemoteError",
+    "RemoteError",  # wtcore.errors.RemoteError: what a child's error is raised as
     "decode_state",
     "encode_state",
-    "error_record",
     "pipe_fleet",
-    "remote_error",
     "serve",
     "serve_worker",
     "worker_handlers",
@@ -71,50 +68,6 @@ WORKER_CALLS = (*calls_of(WeightSyncClient), "abort_weight_update", "weight_info
 # Request ids are unique across every client of this process, so an answer that arrives
 # after its call was abandoned (timeout) can never be taken for the answer to a later call.
 _IDS = itertools.count(1)
-
-
-# ---------------------------------------------------------------------- errors
-def error_record(e: BaseException) -> dict[str, Any]:
-    """The JSON form of an error: its type *name* and message (no traceback, no pickle)."""
-    return {"ok": False, "type": type(e).__name__, "message": str(e)}
-
-
-class RemoteError(RuntimeError):
-    """An error raised in another process; ``error_type`` is the remote type's name."""
-
-    def __init__(self, error_type: str, message: str, where: str = "") -> None:
-        super().__init__(
-            f"{where}: {error_type}: {message}" if where else f"{error_type}: {message}"
-        )
-        self.error_type = self.server_error_type = error_type
-        self.remote_message = self.detail = message
-        self.status = http_status(self)
-
-
-@functools.cache
-def _remote_class(error_type: str) -> type[RemoteError]:
-    """A class *named* ``error_type`` that also derives from the local class of that name
-    (wtcore's errors, then builtins) where one exists, so callers catch it as they would
-    locally; ``functools.cache`` makes it one class per name."""
-    home = _errors if error_type in _errors.__all__ else builtins
-    local = getattr(home, error_type, None)
-    bases: tuple[type, ...] = (RemoteError,)
-    # ReceiverError (and its subclass) take a list of failures, not a message: name only.
-    if (
-        isinstance(local, type)
-        and issubclass(local, Exception)
-        and not issubclass(local, _errors.ReceiverError)
-    ):
-        bases += (local,)
-    try:
-        return type(error_type, bases, {"__module__": __name__})
-    except TypeError:  # layout conflict with an exotic builtin: keep the name only
-        return type(error_type, (RemoteError,), {"__module__": __name__})
-
-
-def remote_error(error_type: str, message: str, where: str = "") -> RemoteError:
-    """The :class:`RemoteError` for an error record (see :func:`_remote_class`)."""
-    return _remote_class(error_type)(error_type, message, where)
 
 
 # ---------------------------------------------------------------------- child side
@@ -160,7 +113,7 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
                 )
             data = _encode({"id": req_id, "ok": True, "result": result})
         except Exception as e:  # a result that is not JSON is the child's error too
-            data = _encode({"id": req_id, **error_record(e)})
+            data = _encode({"id": req_id, "ok": False, **ErrorRecord.from_exception(e).to_json()})
         try:
             conn.send_bytes(data)
         except OSError:
@@ -228,8 +181,9 @@ class PipeChannel:
     def call(self, call: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Send one request and wait (bounded) for its answer; late answers are skipped by id.
 
-        A remote error raises :func:`remote_error`; a dead child :class:`TransferError`; no
-        answer in time :class:`TransferTimeoutError`.
+        A remote error raises its :class:`~wtcore.errors.RemoteError`; a dead child, or an
+        error record that fails its checks, :class:`TransferError`; no answer in time
+        :class:`TransferTimeoutError`.
         """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
@@ -259,7 +213,13 @@ class PipeChannel:
                     continue
                 if msg["ok"]:
                     return msg["result"]
-                raise remote_error(msg["type"], msg["message"], where)
+                try:
+                    record = ErrorRecord.from_json(msg)
+                except PayloadError as e:
+                    raise TransferError(
+                        f"{where}: the child answered a malformed error: {e}"
+                    ) from e
+                raise record.to_exception(where)
         finally:
             self._lock.release()
 

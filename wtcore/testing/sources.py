@@ -1,4 +1,4 @@
-"""Synthetic models and sources for tests (the model builders live in :mod:`wtcore.synthetic`)."""
+"""Synthetic models and sources for tests (the builders live in :mod:`wtcore.synthetic`)."""
 
 from __future__ import annotations
 

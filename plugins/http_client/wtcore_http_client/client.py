@@ -27,13 +27,13 @@ import functools
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
-from wtcore.errors import PayloadError, TransferTimeoutError
+from wtcore.errors import ErrorRecord, PayloadError, TransferTimeoutError
 from wtcore.fanout import FanOutClient, Target
 from wtcore.rounds import ROUND_HEADER
 from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError
@@ -176,7 +176,7 @@ class HTTPWeightSyncClient(FanOutClient):
         except requests.RequestException as e:
             raise HTTPConnectionError(f"{where}: {type(e).__name__}: {e}") from e
         if failed:
-            message, error_type = _server_message(content, complete, r.reason)
+            message, error_type = _server_message(content, complete, r.reason, r.status_code)
             raise HTTPStatusError(r.status_code, where, message, error_type)
         if not complete:
             raise HTTPStatusError(
@@ -317,8 +317,6 @@ class HTTPWeightSyncClient(FanOutClient):
         """Close the pooled connections; the servers keep running."""
         self._session.close()
 
-    bench_launcher: ClassVar[str] = "wtcore_http_client.bench:HTTPFleet"  # wtcore bench
-
 
 def _read_bounded(r: requests.Response, limit: int) -> tuple[bytes, bool]:
     """Up to ``limit`` bytes of ``r``'s body as they arrive; whether that was all of it."""
@@ -330,8 +328,12 @@ def _read_bounded(r: requests.Response, limit: int) -> tuple[bytes, bool]:
     return bytes(data), True
 
 
-def _server_message(content: bytes, complete: bool, reason: str | None) -> tuple[str, str | None]:
-    """The server's message: ``{"error": ...}`` (wtcore, vLLM) or ``{"detail": ...}`` (FastAPI)."""
+def _server_message(
+    content: bytes, complete: bool, reason: str | None, status: int
+) -> tuple[str, str | None]:
+    """The server's message and error class: wtcore's :class:`~wtcore.errors.ErrorRecord`
+    (checked as hostile input), an OpenAI-style ``{"error": {...}}`` (vLLM), any other
+    ``{"error": ...}``, FastAPI's ``{"detail": ...}``, or the start of a text answer."""
     body: Any = None
     if complete:
         try:
@@ -346,8 +348,14 @@ def _server_message(content: bytes, complete: bool, reason: str | None) -> tuple
         err = body.get("error", body.get("detail", body.get("message")))
         if isinstance(err, dict):  # OpenAI-style {"error": {"message": ..., "type": ...}}
             kind = err.get("type")
-            return str(err.get("message", err)), kind if isinstance(kind, str) else None
-        if err is not None:
+            err = str(err.get("message", err))
+        else:  # wtcore's ErrorRecord has "error_type" (and "status") beside "error"
             kind = body.get("error_type")
-            return str(err), kind if isinstance(kind, str) else None
+        if err is not None:
+            fields = {"error": err, "error_type": kind, "status": body.get("status", status)}
+            try:  # a class name only from what passes the record's checks
+                record = ErrorRecord.from_json(fields)
+            except PayloadError:
+                return str(err), None
+            return record.message, record.type
     return json.dumps(body)[:500], None

@@ -1,9 +1,10 @@
 """Errors of the HTTP control plane.
 
-Each one carries what :func:`wtcore.fanout.failure_of` reads (``status``,
-``server_error_type``, ``timed_out``), so that a fanned-out call reports every failing URL with
-its HTTP status, the server's own error class and message, and counts a receiver's timeout as
-a timeout exactly as the in-process and Ray clients do.
+Each one carries what :func:`wtcore.fanout.failure_of` reads (``status``, ``timed_out``, and
+for an error answer the server's :class:`~wtcore.errors.ErrorRecord` as ``record``), so that a
+fanned-out call reports every failing URL with its HTTP status, the server's own error class
+and message, and counts a receiver's timeout as a timeout exactly as the in-process and Ray
+clients do.
 
 ``ReceiverTimeoutError`` is the core's :class:`wtcore.errors.ReceiverTimeoutError`, re-exported
 here so the old import path keeps working.
@@ -11,7 +12,13 @@ here so the old import path keeps working.
 
 from __future__ import annotations
 
-from wtcore.errors import ReceiverTimeoutError, TransferError, WtcoreError
+from wtcore.errors import (
+    ErrorRecord,
+    PayloadError,
+    ReceiverTimeoutError,
+    TransferError,
+    WtcoreError,
+)
 
 __all__ = ["HTTPConnectionError", "HTTPStatusError", "ReceiverTimeoutError"]
 
@@ -39,6 +46,16 @@ class HTTPStatusError(WtcoreError, RuntimeError):
     def detail(self) -> str:
         """The message without the server's error class (a failure reports that separately)."""
         return f"{self.route}: {self.message}"
+
+    @property
+    def record(self) -> ErrorRecord:
+        """The server's error as a record: its class (``HTTPStatusError`` when it named none),
+        :attr:`detail`, and the status (500 for one outside 400-599)."""
+        status = self.status if 400 <= self.status <= 599 else 500
+        try:
+            return ErrorRecord(self.server_error_type or "HTTPStatusError", self.detail, status)
+        except PayloadError:  # a class name no record may carry: keep it in the message
+            return ErrorRecord("HTTPStatusError", str(self), status)
 
     @property
     def timed_out(self) -> bool:

@@ -5,11 +5,12 @@ object)``. The stdlib server in :mod:`wtcore_http_client.server` wraps it, and s
 FastAPI or Starlette app (see docs/http.md): the rules live here once.
 
 Every protocol call is delegated to a :class:`wtcore.WeightSyncWorker`, which owns the state
-rules; this module only checks the *envelope* (JSON, the one allowed key, auth, size) and maps
-errors onto statuses with the core's one table, :func:`wtcore.errors.http_status`
-(:class:`~wtcore.errors.PayloadError` -> 400, :class:`~wtcore.errors.ProtocolStateError` ->
-409, :class:`~wtcore.errors.TransferTimeoutError` -> 504, any other failure -> 500), so a
-condition gets the same status whatever the engine. Nothing is applied when a request is
+rules; this module only checks the *envelope* (JSON, the one allowed key, auth, size) and
+answers every error with its :class:`wtcore.errors.ErrorRecord`, whose status comes from the
+core's one table, :func:`wtcore.errors.http_status` (:class:`~wtcore.errors.PayloadError` ->
+400, :class:`~wtcore.errors.ProtocolStateError` -> 409,
+:class:`~wtcore.errors.TransferTimeoutError` -> 504, any other failure -> 500), so a condition
+gets the same status and body whatever the engine. Nothing is applied when a request is
 refused.
 
 Beyond vLLM's routes, ``POST /abort_weight_update`` (optional body ``{"reason": "..."}``) is
@@ -36,10 +37,11 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
-from wtcore.errors import PayloadError, ProtocolStateError, WtcoreError, http_status
+from wtcore.errors import ErrorRecord, PayloadError, ProtocolStateError
 from wtcore.rounds import ROUND_HEADER
 from wtcore.worker import WeightSyncWorker
 from wtcore_http_client.framing import FramingError, parse_content_length
@@ -99,15 +101,17 @@ class Response(NamedTuple):
 
 
 class _HTTPError(Exception):
+    """A refusal of the envelope (auth, route, size) under its own status and class name."""
+
     def __init__(self, status: int, message: str, error_type: str) -> None:
         super().__init__(message)
-        self.status = status
-        self.message = message
-        self.error_type = error_type
+        self.record = ErrorRecord(error_type, message, status)
 
 
-def _error(status: int, message: str, error_type: str) -> Response:
-    return Response(status, {"error": message, "error_type": error_type, "status": status})
+def _error(error: BaseException) -> Response:
+    """The answer to ``error``: its record as the body (docs/http.md), under its status."""
+    record = ErrorRecord.from_exception(error)
+    return Response(record.status, record.to_json())
 
 
 class ReceiverRoutes:
@@ -155,14 +159,13 @@ class ReceiverRoutes:
         """Serve one request. ``path`` may carry a query string; header names any case."""
         try:
             return self._dispatch(method.upper(), path, headers, body)
-        except _HTTPError as e:
-            return _error(e.status, e.message, e.error_type)
-        except (PayloadError, ProtocolStateError) as e:  # the caller's mistake: no log
-            return _error(http_status(e), str(e), type(e).__name__)
+        except (_HTTPError, PayloadError, ProtocolStateError) as e:  # the caller's mistake
+            return _error(e)
         except Exception as e:
             log.exception("%s %s failed", method, path)
-            status = http_status(e) if isinstance(e, WtcoreError) else 500
-            return _error(status, f"{type(e).__name__}: {e}", type(e).__name__)
+            record = ErrorRecord.from_exception(e)  # its message also names the class
+            record = replace(record, message=f"{record.type}: {record.message}")
+            return Response(record.status, record.to_json())
 
     def check_auth(self, headers: Mapping[str, str]) -> None:
         """Raise 401 unless the bearer token matches (constant-time comparison)."""
@@ -206,10 +209,8 @@ class ReceiverRoutes:
                 except FramingError as e:
                     raise _HTTPError(e.status, e.message, "PayloadError") from None
                 self._check_length(method, route, length)
-        except _HTTPError as e:
-            return _error(e.status, e.message, e.error_type)
-        except PayloadError as e:
-            return _error(400, str(e), type(e).__name__)
+        except (_HTTPError, PayloadError) as e:
+            return _error(e)
         return None
 
     def _check_length(self, method: str, path: str, length: int) -> None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from wtcore.errors import PayloadError
+from wtcore.errors import ErrorRecord, PayloadError
 from wtcore_http_client.framing import FramingError, check_headers
 from wtcore_http_client.routes import ReceiverRoutes, Response
 
@@ -169,7 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
         text = message or self.responses.get(code, ("error",))[0]
         if explain:
             text = f"{text}: {explain}"
-        self._send(Response(code, {"error": text, "error_type": "HTTPError", "status": code}))
+        self._send(Response(code, ErrorRecord("HTTPError", text, code).to_json()))
 
     def do_GET(self) -> None:
         self._serve()
@@ -206,11 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
         except FramingError as e:
             self.close_connection = True
             error_type = "LengthRequired" if e.status == 411 else "PayloadError"
-            self._send(
-                Response(
-                    e.status, {"error": e.message, "error_type": error_type, "status": e.status}
-                )
-            )
+            self._send(Response(e.status, ErrorRecord(error_type, e.message, e.status).to_json()))
             return
         headers = dict(self.headers.items())  # no duplicates left to choose between
         early = routes.precheck(self.command, self.path, headers)
@@ -318,13 +314,8 @@ class _Server(ThreadingHTTPServer):
                 self._deadlines.pop(request, None)
 
     def _refuse(self, request: socket.socket) -> None:
-        body = json.dumps(
-            {
-                "error": f"too many connections (the limit is {self.limits.max_connections})",
-                "error_type": "ServiceUnavailable",
-                "status": 503,
-            }
-        ).encode()
+        message = f"too many connections (the limit is {self.limits.max_connections})"
+        body = json.dumps(ErrorRecord("ServiceUnavailable", message, 503).to_json()).encode()
         try:
             request.settimeout(1.0)
             request.sendall(_BUSY % (len(body), body))

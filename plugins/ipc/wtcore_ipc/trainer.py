@@ -352,5 +352,3 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             raise
         with stats.phase("control"):
             self.client.finish_weight_update(stats.weight_version)
-
-    from wtcore_ipc.bench import BENCH as bench  # wtcore bench: see wtcore_ipc/bench.py

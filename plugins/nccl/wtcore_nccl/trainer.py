@@ -368,5 +368,3 @@ class NCCLTrainerEngine(BucketedTrainerEngine):
         self._close_group(None)
         self._store = None
         super().shutdown()
-
-    from wtcore_nccl.bench import BENCH as bench  # wtcore bench: see wtcore_nccl/bench.py

@@ -15,7 +15,7 @@ pickled tensor or handle here, so the same trainer code works over HTTP. A large
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError, ReceiverFailure, WrongTypeError
@@ -159,9 +159,6 @@ class RayWeightSyncClient(FanOutClient):
     def get_world_size(self) -> int:
         """The number of inference workers this client reaches."""
         return len(self.handles)
-
-    bench_launcher: ClassVar[str] = "wtcore_ray_client.bench:RayFleet"  # wtcore bench
-    bench_baselines: ClassVar[str] = "wtcore_ray_client.peer:BASELINES"  # --baselines peers
 
 
 class _RayCall:

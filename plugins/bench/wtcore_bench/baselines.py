@@ -1,20 +1,26 @@
 """Which limits, naive baselines and peers a bench run measures, and measuring them.
 
 ``--baselines`` picks a set (:data:`BASELINE_SETS`); the baselines come from the generic limits
-(:mod:`wtcore.bench.limits`), the engine's :class:`~wtcore.bench.api.EngineBench`, and, for
-``peers`` and ``all``, every installed engine and client (a client class's ``bench_baselines``
-import target). Nothing is named here: what is installed decides.
+(:mod:`wtcore_bench.limits`), the engine's :class:`~wtcore_bench.api.EngineBench`, and, for
+``peers`` and ``all``, every installed engine and client (its
+:class:`~wtcore_bench.api.ClientBench`). Nothing is named here: what is installed decides.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from wtcore.bench.api import Baseline, BaselineContext, OptionalDependencyError, device_kind
 from wtcore.errors import PayloadError, WtcoreError
+from wtcore_bench.api import (
+    Baseline,
+    BaselineContext,
+    EngineBench,
+    OptionalDependencyError,
+    device_kind,
+)
 
 if TYPE_CHECKING:
-    from wtcore.bench.runner import BenchOptions
+    from collections.abc import Mapping
 
 __all__ = ["BASELINE_SETS", "measure_baselines", "select_baselines"]
 
@@ -23,7 +29,7 @@ BASELINE_SETS = ("auto", "peers", "all", "none")
 
 
 def select_baselines(
-    opts: BenchOptions, engine: type[Any]
+    baselines: str, device: str, support: EngineBench
 ) -> tuple[dict[str, Baseline], dict[str, str]]:
     """The baselines to measure, and those left out with the reason (``{name: why}``).
 
@@ -32,60 +38,62 @@ def select_baselines(
     every peer. A plugin that cannot load, or a baseline that cannot run on ``--device``, is
     left out with its reason rather than failing the run.
     """
-    from wtcore.bench.limits import GENERIC_BASELINES
+    from wtcore_bench.limits import GENERIC_BASELINES
 
-    if opts.baselines not in BASELINE_SETS:
+    if baselines not in BASELINE_SETS:
         raise PayloadError(
-            f"baselines: expected one of {', '.join(BASELINE_SETS)}, got {opts.baselines!r}"
+            f"baselines: expected one of {', '.join(BASELINE_SETS)}, got {baselines!r}"
         )
-    if opts.baselines == "none":
+    if baselines == "none":
         return {}, {}
     skipped: dict[str, str] = {}
-    peers = opts.baselines in ("peers", "all")
+    peers = baselines in ("peers", "all")
     # (declared baselines, take its limits, take its peers)
-    found: list[tuple[dict[str, Baseline], bool, bool]] = [(dict(GENERIC_BASELINES), True, False)]
-    if engine.bench is not None:
-        found.append((dict(engine.bench.baselines), True, peers))
+    found: list[tuple[Mapping[str, Baseline], bool, bool]] = [
+        (GENERIC_BASELINES, True, False),
+        (support.baselines, True, peers),
+    ]
     if peers:
-        everything = opts.baselines == "all"
+        everything = baselines == "all"
         found += [(b, everything, True) for b in _installed_baselines(skipped)]
     out: dict[str, Baseline] = {}
     for declared, limits, with_peers in found:
         for name, b in declared.items():
             if name in out or not (with_peers if b.peer else limits):
                 continue
-            if device_kind(opts.device) not in b.devices:
-                skipped[name] = f"runs on {', '.join(b.devices)} only, not --device {opts.device}"
+            if device_kind(device) not in b.devices:
+                skipped[name] = f"runs on {', '.join(b.devices)} only, not --device {device}"
             else:
                 out[name] = b
     return out, skipped
 
 
-def _installed_baselines(skipped: dict[str, str]) -> list[dict[str, Baseline]]:
-    """What every installed engine (``bench.baselines``) and client (``bench_baselines``) declares.
+def _installed_baselines(skipped: dict[str, str]) -> list[Mapping[str, Baseline]]:
+    """What every installed engine and client declares for the bench.
 
-    A plugin that fails to load lands in ``skipped`` under ``engine:<name>`` / ``client:<name>``.
+    A plugin that fails to load lands in ``skipped`` under
+    ``engine:<name>`` / ``client:<name>``.
     """
-    import pkgutil
-
     from wtcore.registry import CLIENTS, TRAINER_ENGINES
+    from wtcore_bench.support import find_client_bench, find_engine_bench
 
-    out: list[dict[str, Baseline]] = []
+    out: list[Mapping[str, Baseline]] = []
     for name in TRAINER_ENGINES.names():
         try:
-            cls = TRAINER_ENGINES.load(name)
+            engine = find_engine_bench(name, TRAINER_ENGINES.load(name))
         except WtcoreError as e:
             skipped[f"engine:{name}"] = str(e)
             continue
-        if cls.bench is not None:
-            out.append(dict(cls.bench.baselines))
+        if engine is not None:
+            out.append(engine.baselines)
     for name in CLIENTS.names():
         try:
-            target = getattr(CLIENTS.load(name), "bench_baselines", None)
-            if isinstance(target, str):
-                out.append(dict(pkgutil.resolve_name(target)))
+            client = find_client_bench(name, CLIENTS.load(name))
         except (WtcoreError, ImportError) as e:
             skipped[f"client:{name}"] = str(e)
+            continue
+        if client is not None:
+            out.append(client.baselines)
     return out
 
 

@@ -1,7 +1,7 @@
 """``wtcore bench --nodes N --link-rate R``: receivers on namespaced nodes behind capped links.
 
 On one machine the loopback device is far faster than a real network, so a bench there
-measures CPU, not the network. With ``--nodes`` the bench builds a :mod:`wtcore.netns`
+measures CPU, not the network. With ``--nodes`` the bench builds a :mod:`wtcore_bench.netns`
 cluster (root only): node 0 runs the trainer (the bench itself, started again inside that
 node), nodes ``1 .. N`` run the receivers (receiver ``i`` on node ``1 + i % N``), and with
 ``--link-rate`` every node's link is capped in both directions. The report then holds the
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import pkgutil
 import secrets
 import subprocess
 import sys
@@ -28,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from wtcore.bench.api import BenchNotSupportedError
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore_bench.api import BenchNotSupportedError
 
 __all__ = ["NODES_ENV", "NodeSlot", "Placement", "placement", "run_on_nodes"]
 
@@ -87,15 +86,13 @@ def placement() -> Placement | None:
 def check_client_places(client: str) -> None:
     """Refuse a client whose bench launcher cannot start receivers on nodes."""
     from wtcore.registry import CLIENTS
+    from wtcore_bench.support import client_bench
 
-    cls = CLIENTS.load(client)
-    target = getattr(cls, "bench_launcher", None)
-    launcher = pkgutil.resolve_name(target) if isinstance(target, str) else None
+    launcher = client_bench(client, CLIENTS.load(client)).launcher
     if not getattr(launcher, "places_on_nodes", False):
         raise BenchNotSupportedError(
-            f"--nodes: client {client!r} cannot start receivers on other nodes (its "
-            "bench_launcher does not set places_on_nodes); use a network client such as "
-            "--client http"
+            f"--nodes: client {client!r} cannot start receivers on other nodes (its bench "
+            "launcher does not set places_on_nodes); use a network client such as --client http"
         )
 
 
@@ -114,7 +111,7 @@ def run_on_nodes(
     ``argv`` are the bench's own arguments without ``--nodes``, ``--link-rate``, ``--json``
     and ``--plot`` (the inner bench writes its record to a file of ours).
     """
-    from wtcore.netns import cluster, rate_bits, unavailable_reason
+    from wtcore_bench.netns import cluster, rate_bits, unavailable_reason
 
     if nodes < 1:
         raise PayloadError(f"--nodes: expected at least 1, got {nodes}")

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from wtcore.bench.api import Baseline, BaselineContext, EngineBench
-from wtcore.bench.received import Spec
 from wtcore.errors import TransferError
 from wtcore.procs import stop_processes
+from wtcore_bench.api import Baseline, BaselineContext, EngineBench
+from wtcore_bench.received import Spec
 
 if TYPE_CHECKING:
     from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
@@ -154,7 +154,7 @@ def raw_gloo_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
 
 def raw_gloo_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
     """The ``raw_gloo`` limit: see :func:`raw_gloo_session`."""
-    from wtcore.bench.limits import session_gbps
+    from wtcore_bench.limits import session_gbps
 
     return session_gbps(raw_gloo_session, ctx, repeats)
 
@@ -172,8 +172,8 @@ def _naive_receiver(
     tensor (or its pipe closes)."""
     import torch
 
-    from wtcore.bench.received import zeros_from_spec
     from wtcore.meta import dtype_from_name
+    from wtcore_bench.received import zeros_from_spec
 
     pg = _group(rank, world, host, port, timeout_s)
     model = zeros_from_spec(metas)
@@ -217,7 +217,7 @@ def per_tensor_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
 
 def per_tensor_gbps(ctx: BaselineContext, repeats: int = 2) -> float:
     """The naive baseline: see :func:`per_tensor_session`."""
-    from wtcore.bench.limits import session_gbps
+    from wtcore_bench.limits import session_gbps
 
     return session_gbps(per_tensor_session, ctx, repeats)
 
@@ -250,8 +250,8 @@ def _vllm_receiver(
 ) -> None:
     import torch
 
-    from wtcore.bench.received import raw_state, zeros_from_spec
     from wtcore.digest import digest_named
+    from wtcore_bench.received import raw_state, zeros_from_spec
 
     pg = _group(rank, world, host, port, timeout_s)
     model = zeros_from_spec(metas, device)
@@ -294,10 +294,10 @@ def vllm_packing_run(
     """
     import torch
 
-    from wtcore.bench.limits import median_gbps
-    from wtcore.bench.received import check_digests, state_from_raw
     from wtcore.digest import digest_named
     from wtcore.errors import TransferTimeoutError
+    from wtcore_bench.limits import median_gbps
+    from wtcore_bench.received import check_digests, state_from_raw
     from wtcore_nccl.config import DEFAULT_BUFFER_SIZE
 
     target = target_bytes or DEFAULT_BUFFER_SIZE
@@ -359,8 +359,8 @@ def _start_receivers(
 ) -> tuple[int, int, list[Any], Spec, list[Any]]:
     """Receiver processes with a pipe each: ``target(rank, world, host, port, timeout, spec,
     *args, *per_child(pipe end))``; returns the port, world size, pipes, spec and processes."""
-    from wtcore.bench.received import state_spec
-    from wtcore.net import free_port
+    from wtcore.testing.net import free_port
+    from wtcore_bench.received import state_spec
 
     port = free_port(ctx.host)
     world = ctx.receivers + 1
@@ -410,7 +410,7 @@ class NCCLBench(EngineBench):
         buffer_size_bytes: int | None,
         device: str = "cpu",
     ) -> TrainerInitInfo:
-        from wtcore.net import free_port
+        from wtcore.testing.net import free_port
         from wtcore_nccl.config import DEFAULT_BUFFER_SIZE, NCCLTrainerInitInfo
 
         return NCCLTrainerInitInfo(
@@ -424,7 +424,7 @@ class NCCLBench(EngineBench):
         )
 
 
-#: What ``NCCLTrainerEngine.bench`` is.
+#: ``nccl`` in ``wtcore.bench_engines``.
 BENCH = NCCLBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={

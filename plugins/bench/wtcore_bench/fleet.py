@@ -1,25 +1,24 @@
 """Receivers that the bench starts and always stops.
 
-The bench gets receivers from the chosen client class: its ``bench_launcher`` names a
-:class:`~wtcore.bench.api.ReceiverLauncher`, imported only now, so the core never imports or
-names a plugin. :class:`InProcessFleet` is the built-in client's launcher.
+The bench gets receivers from the chosen client's :class:`~wtcore_bench.api.ClientBench`
+(:func:`wtcore_bench.support.client_bench`), so the bench never names a plugin.
+:class:`InProcessFleet` is the core's in-process client's launcher (:data:`INPROC`).
 """
 
 from __future__ import annotations
 
 import os
-import pkgutil
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from wtcore.bench.api import BenchNotSupportedError, ModelSpec, ReceiverFleet
 from wtcore.errors import WrongTypeError
+from wtcore_bench.api import ClientBench, ModelSpec, ReceiverFleet
 
 if TYPE_CHECKING:
     from wtcore.worker import WeightSyncWorker
 
-__all__ = ["InProcessFleet", "ModelSpec", "ReceiverFleet", "launch_fleet"]
+__all__ = ["INPROC", "InProcessFleet", "ModelSpec", "ReceiverFleet", "launch_fleet"]
 
 
 class InProcessFleet:
@@ -75,23 +74,15 @@ def launch_fleet(
     never guesses at return shapes.
     """
     from wtcore.registry import CLIENTS
+    from wtcore_bench.support import client_bench
 
     cls = CLIENTS.load(client)  # unknown name -> the registry's "did you mean" error
-    target = getattr(cls, "bench_launcher", None)
     opts = dict(options or {})
-    fleet: ReceiverFleet | None
-    if isinstance(target, str):
-        launcher = pkgutil.resolve_name(target)
+    fleet = _legacy_hook(client, backend, count, model, timeout_s, opts)
+    if fleet is None:
+        launcher = client_bench(client, cls).launcher
         fleet = launcher(cls, backend, count, model, timeout_s=timeout_s, options=opts)
-    else:
-        fleet = _legacy_hook(client, backend, count, model, timeout_s, opts)
-    if fleet is not None:
-        return _inspectable(client, fleet)
-    raise BenchNotSupportedError(
-        f"client {client!r} ({cls.__module__}.{cls.__qualname__}) cannot start receivers for "
-        "wtcore bench: set its `bench_launcher` class attribute to the import target of a "
-        "wtcore.bench.ReceiverLauncher (see docs/writing-an-engine.md)"
-    )
+    return _inspectable(client, fleet)
 
 
 def _inspectable(client: str, fleet: ReceiverFleet) -> ReceiverFleet:
@@ -119,9 +110,13 @@ def _legacy_hook(
     timeout_s: float,
     options: dict[str, Any],
 ) -> ReceiverFleet | None:
-    """The deprecated ``wtcore_launch_receivers`` hook, asked only when the class says nothing."""
+    """The deprecated ``wtcore_launch_receivers`` hook, asked only when the client declares no
+    bench support."""
     from wtcore.hooks import get_plugin_manager
+    from wtcore_bench.support import CLIENT_GROUP, _declared
 
+    if _declared(CLIENT_GROUP, client) is not None:
+        return None
     caller = get_plugin_manager().hook.wtcore_launch_receivers
     if not caller.get_hookimpls():
         return None
@@ -136,9 +131,13 @@ def _legacy_hook(
     if fleet is not None:
         warnings.warn(
             f"receivers for client {client!r} came from the wtcore_launch_receivers hook, "
-            "which is deprecated and will be removed in the next release: set "
-            "`bench_launcher` on the client class instead",
+            "which is deprecated and will be removed in 0.3: declare a wtcore_bench.ClientBench "
+            "in the 'wtcore.bench_clients' entry-point group instead",
             DeprecationWarning,
             stacklevel=3,
         )
     return fleet
+
+
+#: What the core's ``inproc`` client declares in ``wtcore.bench_clients``.
+INPROC = ClientBench(InProcessFleet)

@@ -7,25 +7,32 @@ copies each tensor's bytes into its model. The round ends when every actor has a
 Actors report digests after the last round, checked against the trainer's: a peer that
 moved the wrong bytes is no yardstick.
 
-``RayWeightSyncClient.bench_baselines`` names :data:`BASELINES`. The CPU only: the object
-store is host memory. Ray is started for the measurement unless the process is connected
-already (:class:`~wtcore_ray_client.bench.RaySession`).
+The ``ray`` client's :class:`~wtcore_bench.api.ClientBench` (:data:`CLIENT`) carries them. The CPU
+only: the object store is host memory. Ray is started for the measurement unless the process is
+connected already (:class:`~wtcore_bench.support.ray.RaySession`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from wtcore.bench.api import Baseline, BaselineContext
+from wtcore_bench.api import Baseline, BaselineContext, ClientBench
+from wtcore_bench.support.ray import RayFleet, RaySession
 
-__all__ = ["BASELINES", "ObjectStoreReceiver", "object_store_gbps", "object_store_run"]
+__all__ = [
+    "BASELINES",
+    "CLIENT",
+    "ObjectStoreReceiver",
+    "object_store_gbps",
+    "object_store_run",
+]
 
 
 class ObjectStoreReceiver:
     """A receiver actor's body: a zero model, filled from object-store buckets."""
 
     def __init__(self, metas: list[tuple[str, str, list[int]]]) -> None:
-        from wtcore.bench.received import zeros_from_spec
+        from wtcore_bench.received import zeros_from_spec
 
         self.model = zeros_from_spec(metas)
 
@@ -46,7 +53,7 @@ class ObjectStoreReceiver:
 
     def raw(self) -> dict[str, bytes]:
         """Tests only: every tensor's bytes."""
-        from wtcore.bench.received import raw_state
+        from wtcore_bench.received import raw_state
 
         return raw_state(self.model.items())
 
@@ -59,7 +66,7 @@ def object_store_run(
     send_models: bool = False,
 ) -> tuple[float, list[dict[str, Any]]]:
     """GB/s through Ray's object store, and (with ``send_models``) every receiver's model."""
-    from wtcore.bench.api import OptionalDependencyError
+    from wtcore_bench.api import OptionalDependencyError
 
     try:
         import ray
@@ -67,12 +74,11 @@ def object_store_run(
         raise OptionalDependencyError("the ray_object_store peer needs ray: pip install ray") from e
     import torch
 
-    from wtcore.bench.limits import median_gbps
-    from wtcore.bench.received import check_digests, state_from_raw, state_spec
     from wtcore.buckets import pack_bucket, plan_buckets
     from wtcore.digest import digest_named
     from wtcore.meta import ParamMeta
-    from wtcore_ray_client.bench import RaySession
+    from wtcore_bench.limits import median_gbps
+    from wtcore_bench.received import check_digests, state_from_raw, state_spec
 
     metas = state_spec(ctx.state)
     tensors = list(ctx.state.values())
@@ -123,7 +129,10 @@ def object_store_gbps(ctx: BaselineContext) -> float:
     return object_store_run(ctx)[0]
 
 
-#: What ``RayWeightSyncClient.bench_baselines`` names.
+#: The peers of ``ray`` in ``wtcore.bench_clients`` (:data:`CLIENT`).
 BASELINES: dict[str, Baseline] = {
     "ray_object_store": Baseline("Ray object store (put, get, copy)", object_store_gbps, peer=True),
 }
+
+#: ``ray`` in ``wtcore.bench_clients``: Ray actors as receivers, and the object-store peer.
+CLIENT = ClientBench(RayFleet, BASELINES)

@@ -11,12 +11,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from wtcore.bench.api import BaselineContext, BenchNotSupportedError, ModelSpec, device_kind
-from wtcore.bench.baselines import measure_baselines, select_baselines
-from wtcore.bench.fleet import launch_fleet
-from wtcore.bench.memory import PeakTracker
-from wtcore.bench.turns import Turns
 from wtcore.errors import PayloadError
+from wtcore_bench.api import BaselineContext, BenchNotSupportedError, ModelSpec, device_kind
+from wtcore_bench.baselines import measure_baselines, select_baselines
+from wtcore_bench.fleet import launch_fleet
+from wtcore_bench.memory import PeakTracker
+from wtcore_bench.support import engine_bench
+from wtcore_bench.turns import Turns
 
 if TYPE_CHECKING:
     from wtcore.trainer import TrainerWeightTransferEngine
@@ -53,7 +54,7 @@ class BenchOptions:
 def _progress(total: int, desc: str) -> Any:
     try:
         from tqdm import tqdm  # type: ignore[import-untyped]
-    except ImportError:  # the bar is optional: pip install wtcore[bench]
+    except ImportError:  # tqdm is a dependency, but the bar stays optional
         return None
     return tqdm(total=total, desc=desc, file=sys.stderr, unit="round", leave=False)
 
@@ -108,7 +109,7 @@ def _run_engine(
     from wtcore.source import ModuleSource
 
     on_device = {} if opts.device == "cpu" else {"device": opts.device}
-    support = engine_cls.bench_support()
+    support = engine_bench(opts.backend, engine_cls)
     prepare = {k: v for k, v in opts.engine_options.items() if k in support.model_options}
     fields = {k: v for k, v in opts.engine_options.items() if k not in prepare}
     info = support.init_info(
@@ -205,20 +206,20 @@ def _corrupt(fleet: Any) -> None:
 
 def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     """Run everything; returns the JSON-ready record (``record["ok"]`` says if all verified)."""
-    from wtcore.bench.nodes import placement
     from wtcore.registry import TRAINER_ENGINES
     from wtcore.synthetic import build_module
+    from wtcore_bench.nodes import placement
 
     _check_device(opts.device)
     where = placement()  # inside the trainer's node of `wtcore bench --nodes`
     if where is not None:
         opts = dataclasses.replace(opts, host=where.trainer_address)
     engine_cls = TRAINER_ENGINES.load(opts.backend)
-    support = engine_cls.bench_support()  # before anything starts: a clear error if absent
+    support = engine_bench(opts.backend, engine_cls)  # before anything starts: a clear error
     support.check_device(engine_cls, opts.device)
     if opts.buffer_sizes:
         support.buffer_kwargs(engine_cls, opts.buffer_sizes[0])
-    baselines, skipped = select_baselines(opts, engine_cls)
+    baselines, skipped = select_baselines(opts.baselines, opts.device, support)
     spec = ModelSpec(opts.size_bytes, opts.num_tensors, opts.dtype, seed=0, device=opts.device)
     state = spec.build_state()
     nbytes = sum(t.numel() * t.element_size() for t in state.values())

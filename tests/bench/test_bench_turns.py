@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from wtcore.bench import Baseline, BaselineContext, OptionalDependencyError
-from wtcore.bench.api import BaselineSession
-from wtcore.bench.limits import GENERIC_BASELINES, session_gbps
-from wtcore.bench.turns import Turns
 from wtcore.errors import TransferError
+from wtcore_bench import Baseline, BaselineContext, OptionalDependencyError
+from wtcore_bench.api import BaselineSession
+from wtcore_bench.limits import GENERIC_BASELINES, session_gbps
+from wtcore_bench.turns import Turns
 
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 

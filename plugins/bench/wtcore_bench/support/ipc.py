@@ -4,7 +4,7 @@
 the ceiling of this engine's CPU path, where every receiver copies the sender's segment once.
 ``--engine-option shared_weights=true`` measures the one-copy path (the trainer's model in
 shared memory). The engine needs no rendezvous, so the default
-:class:`~wtcore.bench.api.EngineBench` init info
+:class:`~wtcore_bench.api.EngineBench` init info
 (rank 0, the buffer size and, on ``--device cuda``, the device: CUDA IPC) is all it takes.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from wtcore.bench.api import Baseline, BaselineContext, EngineBench
 from wtcore.errors import PayloadError
+from wtcore_bench.api import Baseline, BaselineContext, EngineBench
 
 __all__ = ["BENCH", "shared_weights", "shm_copy_gbps", "shm_copy_session"]
 
@@ -29,7 +29,7 @@ def shm_copy_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
     segment is gone on exit."""
     import mmap
 
-    from wtcore.bench.limits import copy_session
+    from wtcore_bench.limits import copy_session
     from wtcore_ipc.shm import SHM_DIR
 
     size = max(ctx.nbytes, 1)
@@ -44,7 +44,7 @@ def shm_copy_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
 
 
 def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
-    from wtcore.bench.limits import session_gbps
+    from wtcore_bench.limits import session_gbps
 
     return session_gbps(shm_copy_session, ctx, repeats)
 
@@ -61,7 +61,7 @@ def shared_weights(model: Any, value: Any) -> AbstractContextManager[object]:
     return share_weights(model)
 
 
-#: What ``IPCTrainerEngine.bench`` is.
+#: ``ipc`` in ``wtcore.bench_engines``.
 BENCH = EngineBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={

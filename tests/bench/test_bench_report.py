@@ -6,8 +6,8 @@ import io
 import re
 from typing import Any
 
-from wtcore.bench.report import print_table
 from wtcore.stats import PHASES
+from wtcore_bench.report import print_table
 
 
 def _record() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """``wtcore bench --client http``: start the bench's receivers as ``wtcore serve`` processes.
 
-``HTTPWeightSyncClient.bench_launcher`` names :class:`HTTPFleet`: one real server process per
-receiver, each hosting the bench's synthetic model (same names, shapes and dtypes as the
+``http`` in ``wtcore.bench_clients`` is :data:`CLIENT`: :class:`HTTPFleet`, one real server
+process per receiver, each hosting the bench's synthetic model (same names, shapes and dtypes as the
 trainer's), all driven by one fan-out :class:`~wtcore_http_client.client.HTTPWeightSyncClient`
 and always stopped by PID.
 """
@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from wtcore.errors import PayloadError
+from wtcore_bench.api import ClientBench
 
-__all__ = ["HTTPFleet"]
+__all__ = ["CLIENT", "HTTPFleet"]
 
 _FLAGS = {"transactional": "--transactional", "reject_nonfinite": "--reject-nonfinite"}
 
@@ -22,7 +23,7 @@ _FLAGS = {"transactional": "--transactional", "reject_nonfinite": "--reject-nonf
 class HTTPFleet:
     """``count`` ``wtcore serve`` processes and the client that drives them.
 
-    Under ``wtcore bench --nodes`` (:func:`wtcore.bench.nodes.placement`) each server runs in
+    Under ``wtcore bench --nodes`` (:func:`wtcore_bench.nodes.placement`) each server runs in
     its node, on that node's address, with the run's API key.
     """
 
@@ -38,7 +39,7 @@ class HTTPFleet:
         timeout_s: float,
         options: Mapping[str, Any],
     ) -> None:
-        from wtcore.bench.nodes import placement
+        from wtcore_bench.nodes import placement
         from wtcore_http_client.process import ServeProcess, launch_serve
 
         where = placement()
@@ -88,3 +89,7 @@ class HTTPFleet:
             self.client.close()
         for server in self.servers:
             server.stop(timeout_s=10)
+
+
+#: ``http`` in ``wtcore.bench_clients``.
+CLIENT = ClientBench(HTTPFleet)

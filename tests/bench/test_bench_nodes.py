@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from wtcore.bench.nodes import NODES_ENV, NodeSlot, Placement, placement
 from wtcore.cli import main
 from wtcore.errors import PayloadError
+from wtcore_bench.nodes import NODES_ENV, NodeSlot, Placement, placement
 
 SMALL = ["--size", "64KiB", "--tensors", "4", "--rounds", "1", "--baselines", "none"]
 

@@ -1,6 +1,8 @@
 """``wtcore bench`` through the engine and client APIs alone, with a third-party engine.
 
-The engine below is defined here and registered at runtime; nothing about it follows the
+The engine below is defined here and registered at runtime, its bench support with it
+(:func:`wtcore_bench.support.register_engine_bench`, what an entry point in
+``wtcore.bench_engines`` does for an installed plugin); nothing about it follows the
 first-party engines' naming (its buffer option is ``chunk_bytes``, it has a "rendezvous port"
 only its own :class:`EngineBench` knows how to choose). If the bench runs it, verifies every
 round and measures its own baseline, the core needed nothing but the declared API.
@@ -18,25 +20,26 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from wtcore.bench import (
+from wtcore.engine import WeightTransferEngine
+from wtcore.errors import PayloadError, WtcoreError
+from wtcore.meta import dtype_from_name, dtype_name
+from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES
+from wtcore.source import WeightSource, iter_checked
+from wtcore.stats import TransferStats
+from wtcore.testing.net import free_port
+from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+from wtcore_bench import (
     Baseline,
     BaselineContext,
     BenchNotSupportedError,
     BenchOptions,
+    ClientBench,
     EngineBench,
     OptionalDependencyError,
     run_bench,
 )
-from wtcore.bench.report import check_plot_available, print_table
-from wtcore.client import WeightSyncClient
-from wtcore.engine import WeightTransferEngine
-from wtcore.errors import PayloadError, WtcoreError
-from wtcore.meta import dtype_from_name, dtype_name
-from wtcore.net import free_port
-from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES
-from wtcore.source import WeightSource, iter_checked
-from wtcore.stats import TransferStats
-from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+from wtcore_bench.report import check_plot_available, print_table
+from wtcore_bench.support import register_client_bench, register_engine_bench
 
 NAME = "thirdparty-b64"
 BASELINE_CALLS: list[BaselineContext] = []
@@ -104,26 +107,11 @@ class B64TrainerEngine(TrainerWeightTransferEngine):
     """One tensor per ``update_weights`` call, base64 in the payload."""
 
     init_info_cls = B64TrainerInitInfo
-    bench = B64Bench(
-        buffer_option="chunk_bytes",
-        baselines={"one_byte": Baseline("one byte per call (made up)", _one_byte_per_call)},
-    )
 
-    @classmethod
-    def trainer_init(
-        cls,
-        init_info: TrainerInitInfo,
-        *,
-        client: WeightSyncClient | None,
-        source: WeightSource | None = None,
-    ) -> B64TrainerEngine:
-        assert isinstance(init_info, B64TrainerInitInfo)
-        engine = cls(init_info, client=client, source=source)
-        if client is not None:
-            client.init_weight_transfer_engine(
-                {"rendezvous_port": init_info.rendezvous_port, "chunk_bytes": init_info.chunk_bytes}
-            )
-        return engine
+    def worker_init_info(self) -> dict[str, Any]:
+        info = self.init_info
+        assert isinstance(info, B64TrainerInitInfo)
+        return {"rendezvous_port": info.rendezvous_port, "chunk_bytes": info.chunk_bytes}
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         assert self.client is not None
@@ -144,14 +132,21 @@ class B64TrainerEngine(TrainerWeightTransferEngine):
         self.client.finish_weight_update(stats.weight_version)
 
 
+B64_BENCH = B64Bench(
+    buffer_option="chunk_bytes",
+    baselines={"one_byte": Baseline("one byte per call (made up)", _one_byte_per_call)},
+)
+
+
 class NoBenchTrainerEngine(B64TrainerEngine):
-    bench = None
+    pass
 
 
 @pytest.fixture
 def third_party() -> Iterator[None]:
     ENGINES.register(NAME, B64WorkerEngine)
     TRAINER_ENGINES.register(NAME, B64TrainerEngine)
+    register_engine_bench(NAME, B64_BENCH)
     TRAINER_ENGINES.register("thirdparty-nobench", NoBenchTrainerEngine)
     BASELINE_CALLS.clear()
     try:
@@ -159,6 +154,7 @@ def third_party() -> Iterator[None]:
     finally:
         ENGINES.unregister(NAME)
         TRAINER_ENGINES.unregister(NAME)
+        register_engine_bench(NAME, None)
         TRAINER_ENGINES.unregister("thirdparty-nobench")
 
 
@@ -204,26 +200,40 @@ def test_engine_without_bench_support_is_a_clear_error(third_party: None) -> Non
     with pytest.raises(BenchNotSupportedError, match="does not support wtcore bench") as info:
         run_bench(_opts(backend="thirdparty-nobench", baselines="none"))
     assert isinstance(info.value, WtcoreError) and isinstance(info.value, NotImplementedError)
-    assert "NoBenchTrainerEngine" in str(info.value) and "`bench`" in str(info.value)
+    assert "'thirdparty-nobench'" in str(info.value)
+    assert "'wtcore.bench_engines' entry-point group" in str(info.value)
+
+
+class LegacyBenchTrainerEngine(B64TrainerEngine):
+    """Declares its bench support the pre-0.2 way, as a class attribute."""
+
+    bench = B64_BENCH
+
+
+def test_a_bench_class_attribute_still_works_with_a_deprecation_warning(
+    third_party: None,
+) -> None:
+    ENGINES.register("thirdparty-legacy", B64WorkerEngine)
+    TRAINER_ENGINES.register("thirdparty-legacy", LegacyBenchTrainerEngine)
+    try:
+        with pytest.warns(DeprecationWarning, match=r"LegacyBenchTrainerEngine\.bench is dep"):
+            record = run_bench(_opts(backend="thirdparty-legacy", baselines="none", rounds=1))
+    finally:
+        ENGINES.unregister("thirdparty-legacy")
+        TRAINER_ENGINES.unregister("thirdparty-legacy")
+    assert record["ok"] is True and record["settings"]["buffer_option"] == "chunk_bytes"
 
 
 def test_buffer_size_for_an_engine_without_a_buffer_option_is_refused_up_front(
     third_party: None,
 ) -> None:
-    B64TrainerEngine.bench = EngineBench()  # the default: no buffer option, no baselines
-    try:
-        with pytest.raises(BenchNotSupportedError, match="has no buffer size option"):
-            run_bench(_opts(buffer_sizes=[4096], baselines="none"))
-    finally:
-        del B64TrainerEngine.bench
-        B64TrainerEngine.bench = B64Bench(
-            buffer_option="chunk_bytes",
-            baselines={"one_byte": Baseline("one byte per call (made up)", _one_byte_per_call)},
-        )
+    register_engine_bench(NAME, EngineBench())  # the default: no buffer option, no baselines
+    with pytest.raises(BenchNotSupportedError, match="has no buffer size option"):
+        run_bench(_opts(buffer_sizes=[4096], baselines="none"))
 
 
 class _NoLauncherClient:
-    """A registered client class that declares no ``bench_launcher``."""
+    """A registered client that declares no bench support."""
 
     def __init__(self, *a: Any, **kw: Any) -> None: ...
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None: ...
@@ -244,14 +254,12 @@ def test_client_without_a_launcher_is_a_clear_error() -> None:
 class _FourCallsOnly(_NoLauncherClient):
     """Launches real in-process receivers, but offers only the four vLLM calls."""
 
-    bench_launcher: ClassVar[str] = "wtcore.bench.fleet:InProcessFleet"
-
 
 def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_stopped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from wtcore.bench.fleet import InProcessFleet
     from wtcore.errors import WrongTypeError
+    from wtcore_bench.fleet import InProcessFleet
 
     closed: list[InProcessFleet] = []
     real_close = InProcessFleet.close
@@ -262,6 +270,7 @@ def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_sto
 
     monkeypatch.setattr(InProcessFleet, "close", close)
     CLIENTS.register("thirdparty-fourcalls", _FourCallsOnly)
+    register_client_bench("thirdparty-fourcalls", ClientBench(InProcessFleet))
     try:
         with pytest.raises(WrongTypeError) as info:
             run_bench(
@@ -269,6 +278,7 @@ def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_sto
             )
     finally:
         CLIENTS.unregister("thirdparty-fourcalls")
+        register_client_bench("thirdparty-fourcalls", None)
     message = str(info.value)
     assert "client 'thirdparty-fourcalls': the bench needs a wtcore.client.InspectableClient" in (
         message
@@ -281,10 +291,10 @@ def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_sto
 
 
 def test_deprecated_launch_hook_is_a_fallback_that_warns() -> None:
-    from wtcore.bench.fleet import InProcessFleet
     from wtcore.hooks import register_hooks, unregister_hooks
     from wtcore.hookspecs import hookimpl
     from wtcore.inproc import InProcessClient
+    from wtcore_bench.fleet import InProcessFleet
 
     class Legacy:
         @hookimpl

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from wtcore.bench import BenchNotSupportedError, BenchOptions
-from wtcore.bench.baselines import select_baselines
 from wtcore.cli import build_parser
 from wtcore.errors import PayloadError
 from wtcore.registry import TRAINER_ENGINES
+from wtcore_bench import BenchNotSupportedError
+from wtcore_bench.baselines import select_baselines
+from wtcore_bench.support import engine_bench
 
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 GENERIC = {"memcpy", "file"}
@@ -25,10 +26,7 @@ PEERS = {"vllm_packing", "ray_object_store"}
 
 
 def _names(baselines: str, backend: str = "local", device: str = "cpu") -> set[str]:
-    chosen, _ = select_baselines(
-        BenchOptions(backend=backend, baselines=baselines, device=device),
-        TRAINER_ENGINES.load(backend),
-    )
+    chosen, _ = select_baselines(baselines, device, engine_bench(backend))
     return set(chosen)
 
 
@@ -42,10 +40,7 @@ def test_auto_measures_limits_only_and_peers_adds_every_installed_peer() -> None
 
 
 def test_baselines_that_cannot_run_on_the_device_are_skipped_with_the_reason() -> None:
-    chosen, skipped = select_baselines(
-        BenchOptions(backend="nccl", baselines="peers", device="cuda"),
-        TRAINER_ENGINES.load("nccl"),
-    )
+    chosen, skipped = select_baselines("peers", "cuda", engine_bench("nccl"))
     assert set(chosen) == {"vllm_packing"}
     assert set(skipped) == GENERIC | {"raw_gloo", "per_tensor", "ray_object_store"}
     assert skipped["ray_object_store"] == "runs on cpu only, not --device cuda"
@@ -53,7 +48,7 @@ def test_baselines_that_cannot_run_on_the_device_are_skipped_with_the_reason() -
 
 def test_unknown_baseline_set_names_the_field() -> None:
     with pytest.raises(PayloadError, match="baselines: expected one of auto, peers, all, none"):
-        select_baselines(BenchOptions(baselines="most"), TRAINER_ENGINES.load("local"))
+        select_baselines("most", "cpu", engine_bench("local"))
 
 
 def test_the_cli_accepts_peers_all_and_device() -> None:
@@ -66,10 +61,9 @@ def test_the_cli_accepts_peers_all_and_device() -> None:
 def test_an_engine_without_cuda_says_so() -> None:
     engine = TRAINER_ENGINES.load("local")
     with pytest.raises(BenchNotSupportedError, match=r"LocalTrainerEngine .* --device cuda.*cpu"):
-        engine.bench_support().check_device(engine, "cuda")
+        engine_bench("local").check_device(engine, "cuda")
     for name in ("nccl", "ipc"):
-        cls = TRAINER_ENGINES.load(name)
-        cls.bench_support().check_device(cls, "cuda:0")  # declared: no error
+        engine_bench(name).check_device(TRAINER_ENGINES.load(name), "cuda:0")  # declared
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a host without CUDA")
@@ -87,10 +81,10 @@ def test_device_cuda_without_cuda_is_one_clear_line() -> None:
 
 
 def test_a_peer_whose_receiver_holds_other_bytes_fails_naming_it() -> None:
-    from wtcore.bench.received import check_digests
     from wtcore.digest import digest_named
     from wtcore.errors import TransferError
     from wtcore.testing import mixed_dtype_state
+    from wtcore_bench.received import check_digests
 
     state = mixed_dtype_state(seed=4)
     want = digest_named(state.items())
@@ -105,8 +99,8 @@ def test_a_peer_whose_receiver_holds_other_bytes_fails_naming_it() -> None:
 
 
 def test_raw_bytes_round_trip_bit_exact_for_every_dtype() -> None:
-    from wtcore.bench.received import raw_state, state_from_raw, state_spec
     from wtcore.testing import mixed_dtype_state
+    from wtcore_bench.received import raw_state, state_from_raw, state_spec
 
     state = mixed_dtype_state(seed=6)
     back = state_from_raw(raw_state(state.items()), state_spec(state))

@@ -3,7 +3,7 @@
 On a shared host the raw collective an engine is compared with moves by a third from one
 minute to the next, so a limit measured before the engine's rounds can make the same engine
 look 0.7x or 1.05x of it. In turns, every baseline that has a ``session``
-(:class:`~wtcore.bench.api.Baseline`) is set up once, before the engine's receivers start,
+(:class:`~wtcore_bench.api.Baseline`) is set up once, before the engine's receivers start,
 and called once, timed, right before every engine round: each limit is then the median over
 the same seconds the engine's rounds ran in.
 """
@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from wtcore.bench.api import OptionalDependencyError
+from wtcore_bench.api import OptionalDependencyError
 
 if TYPE_CHECKING:
-    from wtcore.bench.api import Baseline, BaselineContext
+    from wtcore_bench.api import Baseline, BaselineContext
 
 __all__ = ["Turns"]
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from wtcore.bench.api import OptionalDependencyError
 from wtcore.stats import PHASES
 from wtcore.units import format_size
+from wtcore_bench.api import OptionalDependencyError
 
 __all__ = ["check_plot_available", "print_table", "write_json", "write_plot"]
 
@@ -77,7 +77,7 @@ def write_json(record: dict[str, Any], path: str | Path) -> None:
 
 
 def check_plot_available() -> None:
-    """Raise :class:`~wtcore.bench.api.OptionalDependencyError` unless matplotlib imports.
+    """Raise :class:`~wtcore_bench.api.OptionalDependencyError` unless matplotlib imports.
 
     The CLI calls this before the run, so a missing package costs one line, not a whole bench.
     """
@@ -85,7 +85,7 @@ def check_plot_available() -> None:
         import matplotlib  # noqa: F401
     except ImportError as e:
         raise OptionalDependencyError(
-            "--plot needs matplotlib: pip install matplotlib (or pip install 'wtcore[plot]')"
+            "--plot needs matplotlib: pip install matplotlib (or pip install 'wtcore-bench[plot]')"
         ) from e
 
 

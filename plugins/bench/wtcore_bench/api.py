@@ -1,18 +1,20 @@
 """What an engine or a client declares so that ``wtcore bench`` (or any tool) can drive it.
 
 The bench never picks a plugin by name and never guesses field names. Everything it needs
-comes from two class-level APIs:
+comes from two declarations, each an entry point keyed by the name the plugin is registered
+under in the core (:mod:`wtcore_bench.support`):
 
-* a **trainer engine class** sets ``bench`` to an :class:`EngineBench`: how to build its init
-  info for ``N`` receivers on this host (choosing free ports itself), which init-info field sets
-  its bucket size (``buffer_option``), and the limits and naive baselines worth measuring next
-  to it (``baselines``, a mapping of name to :class:`Baseline`);
-* a **client class** (registered in ``wtcore.clients``) sets ``bench_launcher`` to the import
-  target (``"package.module:attr"``) of a :class:`ReceiverLauncher`, which starts receivers it
-  can reach and returns a :class:`ReceiverFleet`. A target, like an entry point, because the
-  launcher usually imports the client module: the client module never imports it back. It may
-  also set ``bench_baselines`` to the target of a mapping of name to :class:`Baseline` (the
-  peers its transport makes possible, such as Ray's object store).
+* for a **trainer engine**, an :class:`EngineBench` in ``wtcore.bench_engines``: how to build
+  its init info for ``N`` receivers on this host (choosing free ports itself), which init-info
+  field sets its bucket size (``buffer_option``), and the limits and naive baselines worth
+  measuring next to it (``baselines``, a mapping of name to :class:`Baseline`);
+* for a **client**, a :class:`ClientBench` in ``wtcore.bench_clients``: a
+  :class:`ReceiverLauncher`, which starts receivers it can reach and returns a
+  :class:`ReceiverFleet`, and the peers its transport makes possible (such as Ray's object
+  store).
+
+The engine and client classes themselves carry nothing for the bench: the protocol knows no
+tooling, and loading an engine never loads the bench.
 
 A :class:`Baseline` is a **limit** (a ceiling of this machine: memcpy, a raw collective) or,
 with ``peer=True``, a **peer**: what a user would run instead of wtcore (another library's
@@ -44,6 +46,7 @@ __all__ = [
     "BaselineContext",
     "BaselineSession",
     "BenchNotSupportedError",
+    "ClientBench",
     "EngineBench",
     "ModelSpec",
     "OptionalDependencyError",
@@ -127,7 +130,7 @@ class Baseline:
     baseline with a session can be measured in turns with the engine's rounds
     (``wtcore bench --interleave``): on a shared host a limit measured a minute earlier moves
     by a third, one measured between the engine's rounds does not.
-    :func:`wtcore.bench.limits.session_gbps` derives ``measure`` from it.
+    :func:`wtcore_bench.limits.session_gbps` derives ``measure`` from it.
     """
 
     label: str
@@ -176,7 +179,7 @@ class ReceiverLauncher(Protocol):
 
 @dataclass(frozen=True)
 class EngineBench:
-    """How a trainer engine runs in ``wtcore bench``: set ``bench = EngineBench(...)`` on its class.
+    """How a trainer engine runs in ``wtcore bench``: its ``wtcore.bench_engines`` entry point.
 
     The default :meth:`init_info` suits engines whose init info needs nothing but the rank and
     the buffer size (no rendezvous); engines with an address to meet at subclass it and choose
@@ -244,3 +247,17 @@ class EngineBench:
                 "run the bench without --buffer-size"
             )
         return {self.buffer_option: buffer_size_bytes}
+
+
+@dataclass(frozen=True)
+class ClientBench:
+    """How the bench starts receivers for one client: its ``wtcore.bench_clients`` entry point.
+
+    ``launcher`` starts them (a :class:`ReceiverLauncher`; one whose class sets
+    ``places_on_nodes = True`` can also start them on ``wtcore bench --nodes`` nodes);
+    ``baselines`` are the peers the client's transport makes possible, by name.
+    """
+
+    #: A :class:`ReceiverLauncher` (checked when called: its fleet's client must inspect).
+    launcher: Callable[..., Any]
+    baselines: Mapping[str, Baseline] = field(default_factory=dict)

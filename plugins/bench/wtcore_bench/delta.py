@@ -3,7 +3,7 @@
 Two fleets of in-process receivers over the chosen engine get the same weights each round,
 one from a trainer with ``delta=True``, one from a plain trainer (before and after the delta
 round; its time is the mean of the two). The
-weights are real training steps (:func:`wtcore.delta.realistic.realistic_steps`); then the
+weights are real training steps (:func:`wtcore.testing.realistic.realistic_steps`); then the
 bench alternates steps where every element changes, to measure what delta costs when it cannot
 help. Every round is checked (checksums of every receiver against the trainer's weights).
 """
@@ -64,9 +64,10 @@ def _trainer(
     opts: DeltaBenchOptions, client: Any, delta: bool, source: Any
 ) -> TrainerWeightTransferEngine:
     from wtcore.registry import TRAINER_ENGINES
+    from wtcore_bench.support import engine_bench
 
     cls = TRAINER_ENGINES.load(opts.backend)
-    info = cls.bench_support().init_info(
+    info = engine_bench(opts.backend, cls).init_info(
         cls, receivers=opts.receivers, host=opts.host, buffer_size_bytes=None
     )
     info.delta = delta
@@ -88,9 +89,9 @@ def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
     """Run it; returns the JSON-ready record (``ok``: every round verified)."""
     import torch
 
-    from wtcore.delta.realistic import changed_fraction, realistic_steps
     from wtcore.digest import digest_named
     from wtcore.source import TensorSource
+    from wtcore.testing.realistic import changed_fraction, realistic_steps
 
     t0 = time.perf_counter()
     steps = realistic_steps(

@@ -7,7 +7,7 @@ limits here:
 * ``memcpy``: one single-threaded copy into a preallocated buffer (the practical ceiling);
 * ``file``: ``torch.save`` to a file, ``torch.load``, copy into the model;
 
-plus those the engine declares in its :class:`~wtcore.bench.api.EngineBench` (for example the
+plus those the engine declares in its :class:`~wtcore_bench.api.EngineBench` (for example the
 raw collective its data plane is built on). The helpers here (:func:`median_gbps`,
 :func:`copy_out_gbps`) are for engines writing their own.
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from wtcore.bench.api import Baseline, BaselineContext, BaselineSession
+from wtcore_bench.api import Baseline, BaselineContext, BaselineSession
 
 if TYPE_CHECKING:
     import torch

@@ -1,14 +1,14 @@
 """``wtcore bench --backend local``: the built-in engine's bench API.
 
-``local`` has no rendezvous, so the default :class:`~wtcore.bench.api.EngineBench` init info
+``local`` has no rendezvous, so the default :class:`~wtcore_bench.api.EngineBench` init info
 (rank 0 plus the buffer size) is all it takes, and only the generic limits apply.
 """
 
 from __future__ import annotations
 
-from wtcore.bench.api import EngineBench
+from wtcore_bench.api import EngineBench
 
 __all__ = ["BENCH"]
 
-#: What ``LocalTrainerEngine.bench`` is.
+#: ``local`` in ``wtcore.bench_engines``.
 BENCH = EngineBench(buffer_option="packed_buffer_size_bytes")

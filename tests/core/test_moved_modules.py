@@ -1,0 +1,40 @@
+"""The modules that left the core keep their old import paths for one release, with a warning."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+MOVED = [
+    ("wtcore.bench", "wtcore_bench", "EngineBench"),
+    ("wtcore.netns", "wtcore_bench.netns", "cluster"),
+    ("wtcore.net", "wtcore.testing.net", "free_port"),
+    ("wtcore.delta.realistic", "wtcore.testing.realistic", "realistic_steps"),
+    ("wtcore.testing.cluster", "wtcore_bench.netns", "Cluster"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "name"), MOVED)
+def test_the_old_path_forwards_with_a_warning(old: str, new: str, name: str) -> None:
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new}\.{name}"):
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(new), name)
+
+
+def test_a_name_the_new_module_does_not_export_is_an_attribute_error() -> None:
+    module = importlib.import_module("wtcore.bench")
+    with pytest.raises(AttributeError, match="'wtcore.bench' has no attribute 'nope'"):
+        module.nope  # noqa: B018
+
+
+def test_a_missing_distribution_names_its_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from wtcore.errors import PluginLoadError
+
+    monkeypatch.setitem(sys.modules, "wtcore_bench", None)  # as if not installed
+    module = importlib.import_module("wtcore.bench")
+    with pytest.raises(PluginLoadError, match=r"moved to wtcore_bench.*pip install wtcore-bench"):
+        module.EngineBench  # noqa: B018
