@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo rl-demo test quick lint typecheck pytest dist clean
+.PHONY: install demo rl-demo test quick lint typecheck pytest pytest-rest dist clean
 
 install: $(STAMP)
 
@@ -55,18 +55,25 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
 ifneq ($(filter test,$(MAKECMDGOALS)),)
-pytest: $(VLLM_STAMP)
+pytest-rest: $(VLLM_STAMP)
 endif
 
-test: lint typecheck pytest
+# Everything CI runs, in two pytest sessions that together are `make pytest`: the quick loop
+# first (ruff, mypy and the in-process tests, failing fast and printing its count and time),
+# then every test it leaves out.
+test: quick pytest-rest
+
+pytest-rest: $(STAMP) quick
+	$(BIN)/python -m pytest -m "not ($(QUICK_MARKERS))"
 
 # The loop while you work (1 to 2 minutes on 2 cores): lint, typecheck, then the tests that
 # start no child process, server, torch.distributed group, Ray or vLLM (scripts/quick.sh,
 # tests/conftest.py).
 # PYTEST_ARGS go to pytest: `make quick PYTEST_ARGS='-x -k delta'`.
 PYTEST_ARGS ?=
+QUICK_MARKERS := not processes and not vllm and not ray and not multinode and not gpu
 quick: $(STAMP)
-	BIN=$(BIN) STAMP=$(STAMP) scripts/quick.sh $(PYTEST_ARGS)
+	BIN=$(BIN) STAMP=$(STAMP) MARKERS="$(QUICK_MARKERS)" scripts/quick.sh $(PYTEST_ARGS)
 
 # The seven sdists and wheels, each built in an isolated environment, then checked as an index
 # would check them (CONTRIBUTING.md, "Releasing").

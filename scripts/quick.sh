@@ -8,7 +8,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 STAMP=${STAMP:-.venv/.installed}  # made by `make quick` before this runs; not remade here
-MARKERS="not processes and not vllm and not ray and not multinode and not gpu"
+# The selection; the Makefile passes its QUICK_MARKERS, which `make test` complements.
+MARKERS=${MARKERS:-"not processes and not vllm and not ray and not multinode and not gpu"}
 
 # Each step runs even when one before it failed (-k: one loop shows every kind of failure); the
 # exit status is non-zero if any failed.

@@ -38,10 +38,11 @@ def wtcore_update_failed(engine: Any, weight_version: str | None, error: BaseExc
 def wtcore_launch_receivers(
     client: str, backend: str, count: int, model: Any, timeout_s: float, options: dict[str, Any]
 ) -> Any:
-    """Deprecated (removed in the next release): set ``bench_launcher`` on the client class.
+    """Deprecated (removed in 0.3): declare a ``wtcore_bench.ClientBench`` for the client.
 
     Start ``count`` receivers reachable by client ``client`` for ``wtcore bench``. Asked only
-    when the client class declares no ``bench_launcher``; using it warns.
+    when the client declares none in the ``wtcore.bench_clients`` entry-point group; using it
+    warns.
 
     Return a :class:`wtcore_bench.ReceiverFleet` (a ``client`` attribute with ``checksums()``,
     ``pids()`` and ``close()``), or ``None`` if ``client`` is not yours. Each receiver hosts

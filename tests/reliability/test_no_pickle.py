@@ -10,7 +10,7 @@ Refused:
   ``shelve`` or ``joblib`` (plain or ``from`` imports, at any depth);
 * a call ``<pickle-like>.loads/load/Unpickler(...)``, by module name or through an alias;
 * ``torch.load`` without ``weights_only=True`` (its ``weights_only=False`` mode unpickles
-  arbitrary code). The only call, in ``wtcore/bench/limits.py``, passes it.
+  arbitrary code). The only call, in ``wtcore_bench/limits.py``, passes it.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ class ReceiverFleet(Protocol):
 
 
 class ReceiverLauncher(Protocol):
-    """Starts receivers for the bench; what a client's ``bench_launcher`` target names.
+    """Starts receivers for the bench; what a client's :class:`ClientBench` holds.
 
     Starts ``count`` receivers, rank ``i`` of ``count``, each hosting ``model.build_zeros()``
     behind worker engine ``backend``, and returns them with a ``client_cls`` instance that
@@ -183,7 +183,7 @@ class EngineBench:
 
     The default :meth:`init_info` suits engines whose init info needs nothing but the rank and
     the buffer size (no rendezvous); engines with an address to meet at subclass it and choose
-    free ports themselves (:func:`wtcore.net.free_port`).
+    free ports themselves (:func:`wtcore.testing.net.free_port`).
     """
 
     #: The init-info field that sets the size of one packed bucket (``--buffer-size``);
