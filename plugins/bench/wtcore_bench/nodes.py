@@ -10,8 +10,8 @@ achieved rate against the cap (``record["link"]``), the limit that matters here.
 The two halves talk through one environment variable: the outer bench (in the host's
 namespace) sets :data:`NODES_ENV` to a :class:`Placement` for the inner one, whose receiver
 launcher (a :class:`~wtcore_bench.api.ClientBench` launcher that sets ``places_on_nodes =
-True``) starts each receiver in its node, listening on that node's address. Everything is stopped and every
-namespace deleted when the run ends, however it ends.
+True``) starts each receiver in its node, listening on that node's address. Everything is
+stopped and every namespace deleted when the run ends, however it ends.
 """
 
 from __future__ import annotations
