@@ -89,8 +89,39 @@ def worker_main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     die_at = int(argv[argv.index("--die-at-update") + 1]) if "--die-at-update" in argv else 0
     hang_at = int(argv[argv.index("--hang-at-update") + 1]) if "--hang-at-update" in argv else 0
+    cut_at = (
+        int(argv[argv.index("--truncate-at-tensor") + 1]) if "--truncate-at-tensor" in argv else -1
+    )
     conn = Connection(int(argv[argv.index("--conn-fd") + 1]))
-    held: dict[str, Any] = {"worker": None, "module": None, "updates": 0}
+    held: dict[str, Any] = {"worker": None, "module": None, "updates": 0, "segment": None}
+
+    class TruncatingSink(ModuleSink):
+        """Has another process truncate the round's segment when the copy reaches tensor
+        ``cut_at`` (it keeps the control area and the first slot header): what a hostile or
+        broken peer can do to shared memory at any moment."""
+
+        offered = 0
+
+        def _count(self) -> None:
+            """One more tensor reaches this sink; at ``cut_at``, before it is copied, cut."""
+            if self.offered == cut_at:
+                from wtcore_ipc.shm import CONTROL_BYTES, HEADER_BYTES, SHM_DIR
+
+                path = os.path.join(SHM_DIR, held["segment"])
+                cut = "import os, sys; os.truncate(sys.argv[1], int(sys.argv[2]))"
+                keep = str(CONTROL_BYTES + HEADER_BYTES)
+                subprocess.run([sys.executable, "-c", cut, path, keep], check=True, timeout=60)
+            self.offered += 1
+
+        def destination(self, name: str, dtype: Any, shape: tuple[int, ...]) -> Any:
+            self._count()
+            return super().destination(name, dtype, shape)
+
+        def load_weights(self, weights: Any) -> None:
+            batch = list(weights)
+            for _ in batch:
+                self._count()
+            super().load_weights(batch)
 
     def current() -> WeightSyncWorker:
         assert held["worker"] is not None, "call setup first"
@@ -108,7 +139,7 @@ def worker_main(argv: list[str]) -> None:
         held["module"] = module
         held["worker"] = WeightSyncWorker(
             "ipc",
-            ModuleSink(module),
+            (TruncatingSink if cut_at >= 0 else ModuleSink)(module),
             device=device,
             rank=rank,
             world_size=world,
@@ -121,6 +152,8 @@ def worker_main(argv: list[str]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if held["updates"] == hang_at:
             time.sleep(600)
+        if isinstance(update_info, dict):
+            held["segment"] = update_info.get("segment")
         current().update_weights(update_info, round_id=round_id)
 
     def shutdown() -> None:

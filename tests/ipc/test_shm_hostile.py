@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from wtcore.errors import PayloadError, TransferError
 from wtcore_ipc.shm import SHM_DIR, StagingSegment
@@ -187,3 +188,51 @@ def test_reclaiming_never_touches_a_live_segment() -> None:
         assert os.path.exists(seg.path), "a locked segment belongs to a live trainer"
     finally:
         seg.close()
+
+
+# ------------------------------------------------- a segment truncated while it is copied out
+@pytest.mark.parametrize("mode", ["shared", "ring"])
+def test_a_segment_truncated_mid_copy_by_another_process_is_a_refused_round(
+    procs: Any, mode: str
+) -> None:
+    """Another process truncates the segment while the worker copies tensor 3 out of it.
+
+    Before, the copy read through the mapping and SIGBUS killed the worker (rc -7) on the
+    first try; reads now go through the file descriptor, so the round is refused, nothing is
+    published, and the same worker takes a healthy trainer's next round bit-exact.
+    """
+    state = procs.make_state(12)
+    worker = procs.PipeWorker("--truncate-at-tensor", "3")
+    trainer = procs.TrainerProc("12", str(4096), "1", *(["--shared"] if mode == "shared" else []))
+    healthy = None
+    try:
+        worker.setup(state)
+        before = worker.dump()
+        announce = procs.relay_until_update(trainer, worker)
+        assert announce["offsets" if mode == "shared" else "num_slots"], announce
+        with pytest.raises(TransferError, match=r"truncated to \d+ bytes while"):
+            worker.call("update_weights", announce, timeout_s=60)
+        assert worker.proc.poll() is None, "the worker survived the truncation"
+        info = worker.call("weight_info")
+        assert info["weight_version"] != "r0", "nothing of the round is published"
+        assert info["consistent"] is False, "part of the round landed: the model is mixed"
+        assert any(not torch.equal(t, before[n]) for n, t in worker.dump().items())
+        trainer.close()  # its own segment is gone under it; a fresh trainer takes over
+        healthy = procs.TrainerProc("13", str(4096), "1")
+        worker.call("abort")
+        worker_state = procs.make_state(13)
+        while True:  # relay the healthy trainer's whole round
+            msg = healthy.next_message()
+            procs.relay(healthy, worker, msg)
+            if msg["call"] == "finish_weight_update":
+                break
+        procs.assert_bit_exact(worker.dump(), worker_state)
+        assert worker.call("weight_info")["consistent"] is True
+    finally:
+        trainer.close()
+        if healthy is not None:
+            healthy.close()
+        worker.kill()
+        from wtcore_ipc.shm import reclaim_orphans
+
+        reclaim_orphans()  # the killed trainer's segment (its owner is gone)

@@ -451,6 +451,34 @@ class SegmentReader:
         self.check_size()
         return self._buf[offset : offset + length]
 
+    def read_into(self, offset: int, out: torch.Tensor) -> None:
+        """Copy ``out.numel()`` bytes at ``offset`` into the flat ``uint8`` CPU tensor ``out``.
+
+        Through the file descriptor (``os.preadv``), not the mapping: a peer that truncates the
+        file meanwhile makes the read come back short, which is refused here, where a read
+        through the mapping would kill this process with SIGBUS. The copy is the kernel's, one
+        per byte, as the mapping's would be.
+        """
+        if self._fd is None:
+            raise TransferError(f"segment {self.name} is closed")
+        want = out.numel()
+        if offset < 0 or offset + want > self.size:
+            raise PayloadError(
+                f"segment {self.name!r}: {want} bytes at {offset} end past its {self.size} bytes"
+            )
+        done = 0
+        view = memoryview(out.numpy()).cast("B") if want else memoryview(b"")  # type: ignore[arg-type]
+        while done < want:
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                now = os.fstat(self._fd).st_size
+                raise TransferError(
+                    f"segment {self.name!r}: truncated to {now} bytes while {want} bytes at "
+                    f"{offset} were read out of it ({self.size} bytes at open); the round is "
+                    "refused (the trainer must stage it again)"
+                )
+            done += got
+
     def unlink_orphan(self) -> None:
         """Unlink the segment if its owner is gone (the trainer was killed)."""
         if self._fd is not None and not self.owner_alive():

@@ -1,12 +1,13 @@
 """The worker half of ``ipc``: map the trainer's staging buffer and copy each tensor out once.
 
-CPU: the segment is mapped read-only once and kept across buckets and rounds; each tensor is
-a view into it (:func:`wtcore.buckets.unpack_bucket`) that the sink copies into the model, so
-every byte is copied exactly once on this side. Before anything is applied the worker checks
-that the payload is one bucket of the advertised size (the shared rule), that it lies inside
-the segment, that the slot header matches (magic, sequence number, length) and that the
-trainer still holds the segment; a failed check is an error naming the field, with the model
-untouched.
+CPU: the segment is opened once and kept across buckets and rounds; each tensor is read out
+of it through the file descriptor straight into the tensor the sink offers (or into a fresh
+one the sink then loads), so every byte is copied once on this side, and a segment another
+process truncates mid-copy makes a short read, a refused round, never a SIGBUS. Before
+anything is applied the worker checks that the payload is one bucket of the advertised size
+(the shared rule), that it lies inside the segment, that the slot header matches (magic,
+sequence number, length) and that the trainer still holds the segment; a failed check is an
+error naming the field, with the model untouched.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, ClassVar
 
-from wtcore.buckets import Bucket, unpack_bucket
+from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.errors import PayloadError, TransferError
 from wtcore.kit import BucketedWorkerEngine
+from wtcore.sink import direct_destination
 from wtcore_ipc.ring import frames, wait_until
 from wtcore_ipc.shm import (
     CANCELLED,
@@ -34,6 +36,7 @@ from wtcore_ipc.wire import IPCInitInfo, IPCUpdateInfo
 if TYPE_CHECKING:
     import torch
 
+    from wtcore.meta import ParamMeta
     from wtcore_ipc.cuda import CudaImporter
 
 __all__ = ["IPCWorkerEngine", "slot_ready"]
@@ -128,20 +131,25 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         f = 0  # frames consumed
         for bucket in buckets:
             chunks = frames(bucket.nbytes, u.slot_bytes)
-            # A bucket bigger than a slot (one big tensor) is gathered here, then loaded.
-            whole = None if len(chunks) == 1 else torch.empty(bucket.nbytes, dtype=torch.uint8)
+            # A bucket bigger than a slot (one big tensor) is gathered frame by frame into the
+            # tensor the sink offers, else here and then loaded.
+            whole = dest = None
+            if len(chunks) > 1:
+                m = bucket.metas[0]
+                dest = direct_destination(self.sink, m.name, m.dtype, m.shape, "cpu")
+                whole = (
+                    as_bytes(dest)
+                    if dest is not None
+                    else torch.empty(bucket.nbytes, dtype=torch.uint8)
+                )
             for start, length in chunks:
                 offset = CONTROL_BYTES + (f % u.num_slots) * stride + HEADER_BYTES
                 seq = u.seq + f
                 self._wait_slot(r, offset, seq, length, bucket, aborted)
                 if whole is None:
-                    views = list(unpack_bucket(bucket, r.view(offset, length)))
-                    try:
-                        self.sink.load_weights(views)
-                    finally:
-                        del views
+                    self._read_bucket(r, offset, bucket)
                 else:
-                    whole[start : start + length].copy_(r.view(offset, length))
+                    r.read_into(offset, whole[start : start + length])
                 if r.header(offset).seq != seq:
                     raise TransferError(
                         f"segment {name!r}: slot {f % u.num_slots} was overwritten while frame "
@@ -149,9 +157,9 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                     )
                 f += 1
                 r.ack(self.rank, u.seq, f, self.world_size)
-            if whole is not None:
+            if whole is not None and dest is None:
                 self.sink.load_weights(list(unpack_bucket(bucket, whole)))
-                del whole
+            del whole, dest
 
     def _receive_shared(self, u: IPCUpdateInfo, name: str, offsets: list[int]) -> None:
         """Copy each tensor straight out of the trainer's shared weights (one copy in all).
@@ -185,7 +193,10 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         group: list[tuple[str, torch.Tensor]] = []
         size = 0
         for m, off in zip(u.metas, offsets, strict=True):
-            group.append((m.name, r.view(base + off, m.nbytes).view(m.dtype).reshape(m.shape)))
+            staged = self._read_tensor(r, base + off, m)
+            if staged is None:  # read straight into the sink's tensor
+                continue
+            group.append((m.name, staged))
             size += m.nbytes
             if size >= self.settings.packed_buffer_size_bytes:
                 self.sink.load_weights(group)
@@ -199,6 +210,30 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                 f"{where}: the trainer abandoned round seq={u.seq} while it was copied out; "
                 "the loaded weights may be mixed"
             )
+
+    def _read_tensor(self, r: SegmentReader, at: int, m: ParamMeta) -> torch.Tensor | None:
+        """Read tensor ``m`` at byte ``at`` of the segment: into the tensor the sink offers
+        (then ``None``: nothing left to load), else into a fresh one that is returned.
+
+        Reads go through the file, never through the mapping, so a segment truncated by
+        another process mid-copy is a refused round, not a SIGBUS (:meth:`SegmentReader.read_into`).
+        """
+        import torch
+
+        dest = direct_destination(self.sink, m.name, m.dtype, m.shape, "cpu")
+        out = dest if dest is not None else torch.empty(m.shape, dtype=m.dtype)
+        r.read_into(at, as_bytes(out))
+        return None if dest is not None else out
+
+    def _read_bucket(self, r: SegmentReader, at: int, bucket: Bucket) -> None:
+        """Read every tensor of a packed bucket that starts at byte ``at`` and load it."""
+        group = []
+        for m, off in zip(bucket.metas, bucket.offsets, strict=True):
+            staged = self._read_tensor(r, at + off, m)
+            if staged is not None:
+                group.append((m.name, staged))
+        if group:
+            self.sink.load_weights(group)
 
     def _check_owner(self, r: SegmentReader) -> None:
         if not r.owner_alive():
