@@ -21,12 +21,22 @@ import secrets
 
 from wtcore.errors import PayloadError
 
-__all__ = ["ROUND_HEADER", "ROUND_ID_RE", "check_round_id", "new_round_id"]
+__all__ = [
+    "MAX_VERSION_CHARS",
+    "ROUND_HEADER",
+    "ROUND_ID_RE",
+    "check_round_id",
+    "check_weight_version",
+    "new_round_id",
+]
 
 #: The HTTP header that carries a round's id (vLLM ignores headers it does not know).
 ROUND_HEADER = "X-Wtcore-Round"
 #: What a round id may look like: long enough to be unguessable, safe in a header.
-ROUND_ID_RE = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+ROUND_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")  # always fullmatch: `$` lets "\n" through
+#: The longest ``weight_version`` a receiver publishes, on every transport (it is echoed in
+#: ``weight_info``, logs and vLLM's own answers).
+MAX_VERSION_CHARS = 256
 
 
 def new_round_id() -> str:
@@ -38,7 +48,19 @@ def check_round_id(value: object, *, field: str = "round_id") -> str | None:
     """``value`` if it is ``None`` or a well-formed id, else a :class:`PayloadError`."""
     if value is None:
         return None
-    if not isinstance(value, str) or not ROUND_ID_RE.match(value):
+    if not isinstance(value, str) or not ROUND_ID_RE.fullmatch(value):
         shown = f"a {type(value).__name__}" if not isinstance(value, str) else "a malformed id"
         raise PayloadError(f"{field}: expected {ROUND_ID_RE.pattern}, got {shown}")
+    return value
+
+
+def check_weight_version(value: object) -> str | None:
+    """``value`` if it is ``None`` or a string of at most :data:`MAX_VERSION_CHARS`
+    characters, else a :class:`PayloadError` naming the field."""
+    if value is not None and not isinstance(value, str):
+        raise PayloadError(f"weight_version: expected a string or null, got {value!r:.60}")
+    if value is not None and len(value) > MAX_VERSION_CHARS:
+        raise PayloadError(
+            f"weight_version: {len(value)} characters, over the limit of {MAX_VERSION_CHARS}"
+        )
     return value

@@ -49,7 +49,7 @@ from wtcore.errors import (
     WrongTypeError,
 )
 from wtcore.guards import FiniteCheckSink
-from wtcore.rounds import check_round_id
+from wtcore.rounds import check_round_id, check_weight_version
 from wtcore.sink import ReadableSink, WeightSink
 from wtcore.staging import StagingSink
 
@@ -438,10 +438,7 @@ class WeightSyncWorker:
         """Publish ``weight_version``; refused for a round that applied no update."""
         name = "finish_weight_update"
         with self._round_call(name, round_id) as generation:
-            if weight_version is not None and not isinstance(weight_version, str):
-                raise PayloadError(
-                    f"weight_version: expected a string or null, got {weight_version!r}"
-                )
+            check_weight_version(weight_version)
             if self._updates_in_round == 0:
                 raise ProtocolStateError(
                     f"{name}: refused, this round applied no update_weights; a version is "

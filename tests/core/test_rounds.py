@@ -360,3 +360,50 @@ def test_preemption_that_does_not_end_in_time_is_a_timeout() -> None:
     info = worker.weight_info()
     assert (info["busy"], info["state"], info["consistent"]) == (None, "idle", False)
     worker.init_weight_transfer_engine({"packed_buffer_size_bytes": BUCKET})  # now it can
+
+
+# ------------------------------------------------------------- issue 29, items 8 and 9
+def test_a_round_id_with_a_trailing_newline_is_refused() -> None:
+    """``re.match`` with ``$`` let ``id + "\\n"`` through; ids are matched whole."""
+    from wtcore.errors import PayloadError
+    from wtcore.rounds import check_round_id
+
+    rid = new_round_id()
+    assert check_round_id(rid) == rid
+    worker, _ = _worker()
+    worker.init_weight_transfer_engine({"packed_buffer_size_bytes": BUCKET, "packed": True})
+    for bad in (rid + "\n", rid + "\r\n", "\n" + rid, rid + " "):
+        with pytest.raises(PayloadError, match="round_id: expected"):
+            check_round_id(bad)
+        with pytest.raises(PayloadError, match="round_id: expected"):
+            worker.start_weight_update(round_id=bad)
+    assert _info(worker) == (None, True, "idle")
+    worker.shutdown()
+
+
+def test_every_transport_bounds_the_published_version_in_the_core() -> None:
+    """The worker itself refuses a version over 256 characters (HTTP did; in process and the
+    Ray actor, which delegate to it, published 10 MB): nothing published, the round open."""
+    from wtcore.errors import PayloadError
+    from wtcore.rounds import MAX_VERSION_CHARS
+
+    state = _state(1)
+    worker, model = _worker()
+    client = InProcessClient([worker])
+    trainer = _trainer(client)
+    trainer.send_weights(TensorSource(state), weight_version="v" * MAX_VERSION_CHARS)
+    assert _info(worker) == ("v" * MAX_VERSION_CHARS, True, "idle")
+    worker.start_weight_update()
+    for payload in _payloads(_state(2)):
+        worker.update_weights(payload)
+    with pytest.raises(
+        PayloadError, match=r"weight_version: 10000000 characters, over the limit of 256"
+    ):
+        worker.finish_weight_update("x" * 10_000_000)
+    version, consistent, st = _info(worker)
+    assert version == "v" * MAX_VERSION_CHARS and consistent is False and st == "updating"
+    worker.finish_weight_update("ok")  # the same round, a sane version
+    assert _info(worker) == ("ok", True, "idle")
+    assert_state_equal(model, _state(2))
+    trainer.shutdown()
+    worker.shutdown()

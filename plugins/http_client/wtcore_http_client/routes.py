@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 from wtcore.errors import ErrorRecord, PayloadError, ProtocolStateError
-from wtcore.rounds import ROUND_HEADER
+from wtcore.rounds import MAX_VERSION_CHARS, ROUND_HEADER
 from wtcore.worker import WeightSyncWorker
 from wtcore_http_client.framing import FramingError, parse_content_length
 from wtcore_http_client.pause import check_pause_mode
@@ -72,7 +72,6 @@ MAX_JSON_DEPTH = 32
 MAX_INT_DIGITS = 20
 #: Most characters of a JSON object key and of a ``weight_version`` (echoed by ``/weight_info``).
 MAX_KEY_CHARS = 256
-MAX_VERSION_CHARS = 256
 #: Most characters of an abort ``reason`` (kept in ``last_error``).
 MAX_REASON_CHARS = 1024
 
@@ -278,12 +277,7 @@ class ReceiverRoutes:
                 raise PayloadError(
                     f"weight_version: expected a string or null, got {_kind(version)}"
                 )
-            if version is not None and len(version) > MAX_VERSION_CHARS:
-                raise PayloadError(
-                    f"weight_version: {len(version)} characters, over the limit of "
-                    f"{MAX_VERSION_CHARS}"
-                )
-            w.finish_weight_update(version, round_id=round_id)
+            w.finish_weight_update(version, round_id=round_id)  # which bounds its length
         elif path == "/pause":
             _json_object(body)
             self._pause(query)
