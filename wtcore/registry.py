@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import logging
 import os
 import re
 import threading
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger("wtcore.registry")
 
 #: The one table of first-party plugin names (entry-point group -> name -> distribution), used
 #: only for install hints: no other distribution name is ever suggested.
@@ -105,8 +107,9 @@ class PluginConflict:
             return (
                 f"{self.kind} {self.name!r} is built into wtcore ({core.target}), and "
                 f"{_listing(others)} also register{'s' if len(others) == 1 else ''} it in "
-                f"{self.group}: a plugin may not shadow a built-in name. Uninstall "
-                f"{_names(others)} or have its entry point renamed."
+                f"{self.group}: a plugin may not shadow a built-in name, so it is ignored and "
+                f"the built-in is used. Uninstall {_names(others)} or have its entry point "
+                "renamed."
             )
         return (
             f"{self.kind} {self.name!r} is registered in {self.group} by "
@@ -155,6 +158,7 @@ class Registry(Generic[T]):
         self._conflicts: dict[str, PluginConflict] = {}
         self._runtime: dict[str, PluginInfo] = {}
         self._objects: dict[str, Any] = {}
+        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ discovery
     def _discover(self) -> dict[str, PluginInfo]:
@@ -217,8 +221,16 @@ class Registry(Generic[T]):
             found = self._all().get(name)
             if found is None:
                 raise self._not_found(name)
-            if name not in self._runtime and name in self._conflicts:
-                raise self._conflicts[name].error()
+            conflict = self._conflicts.get(name) if name not in self._runtime else None
+            if conflict is not None and conflict.builtin:
+                # The built-in wins (a plugin must not break it); said once, and listed by
+                # `wtcore plugins` as a conflict (exit 1).
+                if name not in self._warned:
+                    self._warned.add(name)
+                    log.warning("%s", conflict.message)
+                return found
+            if conflict is not None:
+                raise conflict.error()
             return found
 
     def register(self, name: str, target: str | type[T], *, replace: bool = False) -> None:

@@ -246,16 +246,24 @@ def test_registering_at_runtime_settles_a_conflict(two_tcp_dists: Path) -> None:
     assert reg.load("tcp") is LocalWorkerEngine and reg.conflicts() == []
 
 
-def test_a_plugin_may_not_shadow_a_builtin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_may_not_shadow_a_builtin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The built-in wins (issue 29, item 10): a distribution registering ``local`` used to
+    make every use of the built-in raise; now it is ignored with a warning, once, and still
+    listed as a conflict (``wtcore plugins`` exits 1)."""
     _write_dist(tmp_path, "shadow", "0.3", "[wtcore.engines]\nlocal = shadow_mod:Engine\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     reg = _registry()
-    with pytest.raises(PluginConflictError) as exc:
-        reg.load("local")
-    text = str(exc.value)
+    with caplog.at_level("WARNING", logger="wtcore.registry"):
+        assert reg.load("local") is LocalWorkerEngine
+        assert reg.load("local") is LocalWorkerEngine
+    (record,) = caplog.records
+    text = record.getMessage()
     assert "engine 'local' is built into wtcore (wtcore.local:LocalWorkerEngine)" in text
     assert "shadow 0.3 (shadow_mod:Engine) also registers it" in text
-    assert "may not shadow a built-in name" in text and "Uninstall shadow" in text
+    assert "may not shadow a built-in name, so it is ignored and the built-in is used" in text
+    assert "Uninstall shadow" in text
     (conflict,) = reg.conflicts()
     assert conflict.builtin and conflict.providers[0].distribution == "wtcore"
 
