@@ -142,6 +142,7 @@ class WeightSyncWorker:
         self._rounds_failed = 0
         self._updates_in_round = 0
         self._touched = False  # whether an update of the open round reached the engine
+        self._committing = False  # a transactional finish is writing the staged round
         # The open round's owner (None: unowned), its deadline, and the last ended round's
         # id with why it ended (for a clear error to a caller that still thinks it is open).
         self._round_id: str | None = None
@@ -308,7 +309,7 @@ class WeightSyncWorker:
     def _fail_round(self, name: str, error: BaseException, *, sink_touched: bool = False) -> None:
         if self._state is not WorkerState.CLOSED:  # a shutdown mid-call stays final
             self._state = WorkerState.IDLE
-        if self._staging is not None and not sink_touched:
+        if self._staging is not None and not sink_touched and not self._committing:
             self._staging.rollback()  # the old weights keep serving, untouched
         elif self._touched or sink_touched:
             self._consistent = False  # (a round that began no update changed nothing)
@@ -452,11 +453,18 @@ class WeightSyncWorker:
                 self._call_failed(name, generation, e)
                 raise
             if self._staging is not None:
+                # An init may preempt the commit; it must then know that the real sink is
+                # being written, or it would keep the old version consistent over new bytes.
+                with self._lock:
+                    self._committing = True
                 try:
                     self._staging.commit()
                 except BaseException as e:
                     self._call_failed(f"{name} (commit)", generation, e, sink_touched=True)
                     raise
+                finally:
+                    with self._lock:
+                        self._committing = False
             with self._lock:
                 self._current(name, generation)
                 self._state = WorkerState.IDLE

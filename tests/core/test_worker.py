@@ -20,6 +20,7 @@ from wtcore import (
 from wtcore.digest import digest_named
 from wtcore.meta import metas_to_wire
 from wtcore.testing import build_module
+from wtcore.worker import WorkerState
 
 
 def _payload(state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -341,3 +342,63 @@ def test_engine_without_init_is_the_same_protocol_error(backend: str) -> None:
     with pytest.raises(ProtocolStateError, match="init_transfer_engine was not called"):
         engine.start_weight_update()
         engine.update_weights({**meta, **extra})
+
+
+@pytest.mark.timeout(60)
+def test_an_init_preempting_a_transactional_commit_leaves_the_weights_inconsistent(
+    model: torch.nn.Module,
+) -> None:
+    """Issue 29, item 4: an init that preempted a transactional finish while it committed
+    rolled the (already copying) staging back and kept ``v1, consistent: true`` over v2's
+    bytes. The commit is now known to the preemption: the old version, ``consistent: false``."""
+    gate, entered = threading.Event(), threading.Event()
+
+    class CommitGate(ModuleSink):
+        """The real sink: its first load (the commit of the staged round) waits for the gate."""
+
+        calls = 0
+
+        def load_weights(self, weights: Any) -> None:
+            self.calls += 1
+            if self.calls == 2:  # call 1: round v1's commit; call 2: round v2's
+                entered.set()
+                assert gate.wait(30)
+            super().load_weights(weights)
+
+    w = WeightSyncWorker("local", CommitGate(model), transactional=True)
+    try:
+        _init(w)
+        for version, value in (("v1", 1.0), ("v2", 2.0)):
+            w.start_weight_update()
+            w.update_weights(_payload({"a.w": torch.full((4,), value)}))
+            if version == "v1":
+                w.finish_weight_update(version)
+        assert w.weight_info()["weight_version"] == "v1"
+        errors: list[BaseException] = []
+
+        def finish() -> None:
+            try:
+                w.finish_weight_update("v2")
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=finish)
+        t.start()
+        assert entered.wait(30), "the commit never started"
+        init = threading.Thread(target=_init, args=(w,))
+        init.start()
+        deadline = time.monotonic() + 30
+        while w.state is WorkerState.UPDATING and time.monotonic() < deadline:
+            time.sleep(0.01)  # the init has preempted the round
+        gate.set()  # the commit goes on writing v2 into the model
+        t.join(30)
+        init.join(30)
+        assert not t.is_alive() and not init.is_alive()
+        (error,) = errors
+        assert isinstance(error, ProtocolStateError) and "preempted" in str(error)
+        assert torch.equal(model.get_parameter("a.w"), torch.full((4,), 2.0))  # v2's bytes
+        info = w.weight_info()
+        assert info["weight_version"] == "v1" and info["consistent"] is False
+    finally:
+        gate.set()
+        w.shutdown()
