@@ -19,7 +19,14 @@ from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import ErrorRecord, ReceiverError, ReceiverFailure, WtcoreError
 from wtcore.rounds import new_round_id
 
-__all__ = ["DEFAULT_TIMEOUT_S", "FAIL_FAST_S", "FanOutClient", "failure_of", "fan_out"]
+__all__ = [
+    "ABORT_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
+    "FAIL_FAST_S",
+    "FanOutClient",
+    "failure_of",
+    "fan_out",
+]
 
 T = TypeVar("T")
 
@@ -51,6 +58,9 @@ def failure_of(receiver: str, error: BaseException) -> ReceiverFailure:
 
 #: After one receiver has failed, how long the others still get before the call gives up.
 FAIL_FAST_S = 5.0
+#: The bound of a best-effort abort after a failed round, for every receiver at once: a
+#: receiver that stops answering must not hold the trainer's error back by a whole timeout.
+ABORT_TIMEOUT_S = FAIL_FAST_S
 
 #: ``(label, thunk)``: how to make one call on one receiver. A thunk may have a ``cancel()``
 #: method; :func:`fan_out` calls it for a call it gave up on (best effort, never waited for).
@@ -185,10 +195,18 @@ class FanOutClient(ABC):
     def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
         """End this client's open round on every receiver without publishing (best effort).
 
-        With no round of this client open, it ends an unowned round only.
+        With no round of this client open, it ends an unowned round only. Bounded by
+        :data:`ABORT_TIMEOUT_S`, not the client's timeout: it follows a failure, and a
+        receiver that stopped answering is left to the next handshake and its round deadline.
         """
         try:
-            self._each("abort_weight_update", reason, round_id=self.round_id)
+            fan_out(
+                "abort_weight_update",
+                self._targets("abort_weight_update", reason, round_id=self.round_id),
+                timeout_s=min(self._deadline_s(), ABORT_TIMEOUT_S),
+                fail_fast_s=self.fail_fast_s,
+                describe=self._describe,
+            )
         finally:
             self.round_id = None
 
