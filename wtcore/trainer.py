@@ -71,14 +71,11 @@ class TrainerInitInfo:
 
 
 class RoundPolicy:
-    """What a sender's rounds send; this default, ``"full"``, sends the source as it is.
+    """What a sender's rounds send; this default (``"full"``) sends the source as it is.
 
     :meth:`TrainerWeightTransferEngine.send_weights` runs the round (hooks, handshake, abort,
-    recovery) and asks the policy only what to send: :meth:`source` for this round, then, if
-    the engine failed, :meth:`resend` for a source to send instead over a fresh handshake
-    (``None``: the round failed); :meth:`committed` or :meth:`aborted` end the round. A policy
-    is found by name (:attr:`TrainerInitInfo.rounds`), so engines and this module know none
-    but this one; delta rounds (:mod:`wtcore.delta.trainer`) are the other.
+    recovery) and asks its policy, found by name (:attr:`TrainerInitInfo.rounds`), only what
+    to send, so neither it nor any engine knows delta rounds (:mod:`wtcore.delta.trainer`).
     """
 
     def __init__(self, init_info: TrainerInitInfo) -> None:
@@ -91,7 +88,7 @@ class RoundPolicy:
         return source
 
     def resend(self, error: BaseException) -> WeightSource | None:
-        """After the engine failed with ``error``: what to send instead, or ``None``."""
+        """After the engine failed: what to send instead (after an abort and a handshake)."""
         return None
 
     def committed(self, stats: TransferStats) -> None:
@@ -130,6 +127,12 @@ class TrainerWeightTransferEngine(ABC):
         client: WeightSyncClient | None,
         source: WeightSource | None,
     ) -> None:
+        info_cls = getattr(self, "init_info_cls", TrainerInitInfo)
+        if not isinstance(init_info, info_cls):
+            raise WrongTypeError(
+                f"trainer engine {init_info.backend!r} ({type(self).__name__}) expects "
+                f"{info_cls.__name__}, got {type(init_info).__name__}"
+            )
         if init_info.is_sender and client is None:
             raise PayloadError("trainer_init: the sender (rank 0) needs a client")
         self.init_info = init_info
@@ -158,12 +161,6 @@ class TrainerWeightTransferEngine(ABC):
         The default builds the engine and, on the sender, runs :meth:`handshake`; if that
         fails the engine is shut down before the error propagates.
         """
-        info_cls = getattr(cls, "init_info_cls", None)
-        if info_cls is not None and not isinstance(init_info, info_cls):
-            raise PayloadError(
-                f"trainer_init: {cls.__name__} expects a {info_cls.__name__}, "
-                f"got {type(init_info).__name__}"
-            )
         engine = cls(init_info, client=client, source=source)
         if init_info.is_sender:
             try:

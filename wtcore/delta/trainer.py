@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from wtcore.delta.codec import bits, plan
@@ -74,16 +74,9 @@ class DeltaReport:
     encode_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "why": self.why,
-            "model_bytes": self.model_bytes,
-            "changed_fraction": self.changed / self.elements if self.elements else 0.0,
-            "tensors": dict(self.tensors),
-            "base_copies": self.base_copies,
-            "check_seconds": self.check_seconds,
-            "encode_seconds": self.encode_seconds,
-        }
+        out = asdict(self)
+        elements, changed = out.pop("elements"), out.pop("changed")
+        return {**out, "changed_fraction": changed / elements if elements else 0.0}
 
 
 def _dense_by_sample(new: torch.Tensor, base: torch.Tensor) -> bool:
