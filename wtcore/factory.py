@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
-from wtcore.errors import WrongTypeError
 from wtcore.registry import ENGINES, TRAINER_ENGINES
 from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 
@@ -49,12 +48,6 @@ class WeightTransferTrainerFactory:
         source: WeightSource | None = None,
     ) -> TrainerWeightTransferEngine:
         cls = TRAINER_ENGINES.load(init_info.backend)
-        expected = getattr(cls, "init_info_cls", None)
-        if expected is not None and not isinstance(init_info, expected):
-            raise WrongTypeError(
-                f"trainer engine {init_info.backend!r} expects {expected.__name__}, "
-                f"got {type(init_info).__name__}"
-            )
         engine: TrainerWeightTransferEngine = cls.trainer_init(
             init_info, client=client, source=source
         )

@@ -160,12 +160,8 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
     init_info_cls: ClassVar[type[TrainerInitInfo]] = BucketedTrainerInitInfo
 
     def __init__(self, init_info: TrainerInitInfo, **kwargs: Any) -> None:
-        if not isinstance(init_info, BucketedTrainerInitInfo):
-            raise PayloadError(
-                f"{type(self).__name__}: expected a BucketedTrainerInitInfo subclass, got "
-                f"{type(init_info).__name__}"
-            )
-        super().__init__(init_info, **kwargs)
+        super().__init__(init_info, **kwargs)  # refuses any but an init_info_cls
+        assert isinstance(init_info, BucketedTrainerInitInfo)
         self.info: BucketedTrainerInitInfo = init_info
         self._slots: list[torch.Tensor] = []
         self._capacity = -1

@@ -43,6 +43,7 @@ __all__ = [
     "CLIENTS",
     "ENGINES",
     "FIRST_PARTY",
+    "ROUND_POLICIES",
     "TRAINER_ENGINES",
     "PluginConflict",
     "PluginInfo",
@@ -393,4 +394,12 @@ CLIENTS: Registry[Any] = Registry(
     "wtcore.client:WeightSyncClient",
     "client",
     builtins={"inproc": "wtcore.inproc:InProcessClient"},
+)
+#: What a sender's rounds send (``TrainerInitInfo.rounds``), entry-point group
+#: ``wtcore.round_policies``: named here so that the trainer never imports a policy's module.
+ROUND_POLICIES: Registry[Any] = Registry(
+    "wtcore.round_policies",
+    "wtcore.trainer:RoundPolicy",
+    "round policy",
+    builtins={"full": "wtcore.trainer:RoundPolicy", "delta": "wtcore.delta.trainer:DeltaRounds"},
 )

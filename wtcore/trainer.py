@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from wtcore.errors import PayloadError, ProtocolStateError, WrongTypeError
+from wtcore.registry import ROUND_POLICIES
 from wtcore.source import WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
 if TYPE_CHECKING:
     from wtcore.client import WeightSyncClient
-    from wtcore.delta.trainer import DeltaTracker
 
-__all__ = ["TrainerInitInfo", "TrainerWeightTransferEngine"]
+__all__ = ["RoundPolicy", "TrainerInitInfo", "TrainerWeightTransferEngine"]
 
 log = logging.getLogger("wtcore.trainer")
 
@@ -64,6 +64,39 @@ class TrainerInitInfo:
         """Trainer rank 0 sends; other ranks only iterate the source in lockstep."""
         return self.rank == 0
 
+    @property
+    def rounds(self) -> str:
+        """The name of this engine's round policy in :data:`wtcore.registry.ROUND_POLICIES`."""
+        return "delta" if self.delta else "full"
+
+
+class RoundPolicy:
+    """What a sender's rounds send; this default (``"full"``) sends the source as it is.
+
+    :meth:`TrainerWeightTransferEngine.send_weights` runs the round (hooks, handshake, abort,
+    recovery) and asks its policy, found by name (:attr:`TrainerInitInfo.rounds`), only what
+    to send, so neither it nor any engine knows delta rounds (:mod:`wtcore.delta.trainer`).
+    """
+
+    def __init__(self, init_info: TrainerInitInfo) -> None:
+        self.init_info = init_info
+
+    def source(
+        self, source: WeightSource, client: WeightSyncClient | None, stats: TransferStats
+    ) -> WeightSource:
+        """This round's source, given the caller's and the client the round goes through."""
+        return source
+
+    def resend(self, error: BaseException) -> WeightSource | None:
+        """After the engine failed: what to send instead (after an abort and a handshake)."""
+        return None
+
+    def committed(self, stats: TransferStats) -> None:
+        """Every receiver loaded the round."""
+
+    def aborted(self) -> None:
+        """The round failed: the receivers may hold anything."""
+
 
 class TrainerWeightTransferEngine(ABC):
     """Sends a :class:`WeightSource` to every receiver reachable through a client.
@@ -94,6 +127,12 @@ class TrainerWeightTransferEngine(ABC):
         client: WeightSyncClient | None,
         source: WeightSource | None,
     ) -> None:
+        info_cls = getattr(self, "init_info_cls", TrainerInitInfo)
+        if not isinstance(init_info, info_cls):
+            raise WrongTypeError(
+                f"trainer engine {init_info.backend!r} ({type(self).__name__}) expects "
+                f"{info_cls.__name__}, got {type(init_info).__name__}"
+            )
         if init_info.is_sender and client is None:
             raise PayloadError("trainer_init: the sender (rank 0) needs a client")
         self.init_info = init_info
@@ -102,11 +141,7 @@ class TrainerWeightTransferEngine(ABC):
         self._closed = False
         #: Set by a failed round: the next :meth:`send_weights` re-runs :meth:`handshake`.
         self.needs_handshake = False
-        self._delta: DeltaTracker | None = None
-        if init_info.delta and init_info.is_sender:
-            from wtcore.delta.trainer import DeltaTracker
-
-            self._delta = DeltaTracker(init_info.delta_base_device)
+        self.rounds: RoundPolicy = ROUND_POLICIES.load(init_info.rounds)(init_info)
 
     @classmethod
     def host_status(cls) -> str:
@@ -126,12 +161,6 @@ class TrainerWeightTransferEngine(ABC):
         The default builds the engine and, on the sender, runs :meth:`handshake`; if that
         fails the engine is shut down before the error propagates.
         """
-        info_cls = getattr(cls, "init_info_cls", None)
-        if info_cls is not None and not isinstance(init_info, info_cls):
-            raise PayloadError(
-                f"trainer_init: {cls.__name__} expects a {info_cls.__name__}, "
-                f"got {type(init_info).__name__}"
-            )
         engine = cls(init_info, client=client, source=source)
         if init_info.is_sender:
             try:
@@ -202,15 +231,20 @@ class TrainerWeightTransferEngine(ABC):
                 with stats.phase("control"):
                     self.handshake()
                 self.needs_handshake = False
-            if self._delta is None:
-                self._send(src, stats)
-            else:
-                from wtcore.delta.trainer import send_round
-
-                send_round(self, self._delta, src, stats)
+            sent = self.rounds.source(src, self.client, stats)
+            try:
+                self._send(sent, stats)
+            except BaseException as e:
+                again = self.rounds.resend(e)
+                if again is None:
+                    raise
+                self._abort_round(e)
+                with stats.phase("control"):
+                    self.handshake()
+                self._send(again, stats)
+            self.rounds.committed(stats)
         except BaseException as e:
-            if self._delta is not None:
-                self._delta.invalidate()  # the receivers may hold anything: next round full
+            self.rounds.aborted()
             # Whatever failed, some receivers may be mid-round or hold a torn-down data plane:
             # end the round there now (so none keeps reporting consistent over what it got),
             # and start the next round with a fresh handshake (see the class docstring).

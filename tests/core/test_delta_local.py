@@ -72,8 +72,7 @@ def test_a_refused_delta_round_leaves_the_receiver_as_it_was(
         trainer.send_weights(weight_version="v1")
         sent = {"w": state["w"].clone()}
         state["w"][0, :3] += 1
-        tracker = trainer._delta
-        assert tracker is not None
+        tracker = trainer.rounds.tracker
         tracker.version = "not-v1"  # as if the trainer's view were stale
         monkeypatch.setattr(tracker, "why_full", lambda client: None)
         monkeypatch.setattr("wtcore.delta.trainer._refused", lambda e: False)
@@ -119,7 +118,7 @@ def test_rounds_without_a_version_are_full_and_keep_no_base() -> None:
             stats = trainer.send_weights()
             assert stats.delta is not None and stats.delta["mode"] == "full"
             assert "no weight_version" in stats.delta["why"]
-            assert trainer._delta is not None and trainer._delta._base == {}
+            assert trainer.rounds.tracker._base == {}
         stats = trainer.send_weights(weight_version="v1")
         assert stats.delta is not None and stats.delta["base_copies"] == 1
         state["w"][0, 0] += 1

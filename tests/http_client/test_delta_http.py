@@ -55,8 +55,7 @@ def test_delta_chain_and_refusal_over_http(fleet: list[Any], monkeypatch: Any) -
             assert [i["delta"] for i in client.weight_info()] == [True, True]
             # The trainer's view is stale (it skips the check): both receivers answer 409
             # StaleBaseError, and the trainer sends a full round by itself.
-            tracker = trainer._delta
-            assert tracker is not None
+            tracker = trainer.rounds.tracker
             tracker.version = "s1"
             monkeypatch.setattr(tracker, "why_full", lambda client: None)
             for n, t in state.items():

@@ -5,7 +5,9 @@ its version). Each round it asks the receivers their state (``weight_info``): wh
 holds the base version, consistent, and takes patches, the round is a delta round whose source
 is the header plus, per tensor, nothing (unchanged), a patch, or the whole tensor (when a patch
 would not be smaller, or the tensor is new or changed shape); otherwise the round is full and
-the base is refreshed as it goes. Engines see only a source, so every engine carries both.
+the base is refreshed as it goes. Engines see only a source, so every engine carries both:
+:class:`DeltaRounds` is the round policy (:class:`~wtcore.trainer.RoundPolicy`) that
+``delta=True`` selects by name, so the trainer's template never imports this module.
 
 The base follows what receivers hold: it is brought up to date while the round is encoded
 and is kept only if the round completes on every receiver (any failure drops it, and the next
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from wtcore.delta.codec import bits, plan
@@ -35,15 +37,16 @@ from wtcore.delta.header import HEADER_NAME, DeltaHeader
 from wtcore.errors import ReceiverError, WtcoreError
 from wtcore.meta import ParamMeta, dtype_name
 from wtcore.source import TensorSource, WeightSource, iter_checked
+from wtcore.trainer import RoundPolicy, TrainerInitInfo
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from wtcore.client import WeightSyncClient
     from wtcore.stats import TransferStats
-    from wtcore.trainer import TrainerWeightTransferEngine
 
-__all__ = ["DeltaReport", "DeltaTracker", "send_round"]
+__all__ = ["DeltaReport", "DeltaRounds", "DeltaTracker"]
 
 log = logging.getLogger("wtcore.delta")
 
@@ -71,16 +74,9 @@ class DeltaReport:
     encode_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "why": self.why,
-            "model_bytes": self.model_bytes,
-            "changed_fraction": self.changed / self.elements if self.elements else 0.0,
-            "tensors": dict(self.tensors),
-            "base_copies": self.base_copies,
-            "check_seconds": self.check_seconds,
-            "encode_seconds": self.encode_seconds,
-        }
+        out = asdict(self)
+        elements, changed = out.pop("elements"), out.pop("changed")
+        return {**out, "changed_fraction": changed / elements if elements else 0.0}
 
 
 def _dense_by_sample(new: torch.Tensor, base: torch.Tensor) -> bool:
@@ -308,49 +304,53 @@ def _refused(error: BaseException) -> bool:
     )
 
 
-def send_round(
-    engine: TrainerWeightTransferEngine,
-    tracker: DeltaTracker,
-    source: WeightSource,
-    stats: TransferStats,
-) -> None:
-    """One round of ``engine`` with delta on: a delta round when it can, else a full one."""
-    report = DeltaReport()
-    if stats.weight_version is None:
-        # Without a version no receiver can name its base: a plain full round, no base copy.
-        tracker.invalidate()
-        report.why = "no weight_version: a base is recognized by its version"
-        report.model_bytes = sum(m.nbytes for m in source.metadata())
-        engine._send(source, stats)
-        stats.delta = report.to_dict()
-        return
-    t0 = time.perf_counter()
-    with stats.phase("control"):
-        why = tracker.why_full(engine.client)
-    report.check_seconds = time.perf_counter() - t0
-    if why is not None:
-        report.why = why
-        metas = source.metadata()
-        report.model_bytes = sum(m.nbytes for m in metas)
-        report.base_copies = len(metas)
-        engine._send(tracker.refreshing(source), stats)
-    else:
+class DeltaRounds(RoundPolicy):
+    """The ``"delta"`` round policy (``delta=True``): a delta round when it can, else full."""
+
+    def __init__(self, init_info: TrainerInitInfo) -> None:
+        super().__init__(init_info)
+        self.tracker = DeltaTracker(init_info.delta_base_device)
+        self._report = DeltaReport()
+
+    def source(
+        self, source: WeightSource, client: WeightSyncClient | None, stats: TransferStats
+    ) -> WeightSource:
+        tracker, report = self.tracker, DeltaReport()
+        self._report = report
+        if stats.weight_version is None:
+            # Without a version no receiver can name its base: a plain full round, no base copy.
+            tracker.invalidate()
+            report.why = "no weight_version: a base is recognized by its version"
+            report.model_bytes = sum(m.nbytes for m in source.metadata())
+            return source
+        t0 = time.perf_counter()
+        with stats.phase("control"):
+            why = tracker.why_full(client)
+        report.check_seconds = time.perf_counter() - t0
+        if why is not None:
+            report.why = why
+            metas = source.metadata()
+            report.model_bytes = sum(m.nbytes for m in metas)
+            report.base_copies = len(metas)
+            return tracker.refreshing(source)
         t0 = time.perf_counter()
         with stats.phase("pack"):
             sent = tracker.encode(source, report)
         report.encode_seconds = time.perf_counter() - t0
-        try:
-            engine._send(sent, stats)
-            report.mode = "delta"
-        except BaseException as e:
-            if not _refused(e):
-                raise
-            # The safety net: a receiver changed since weight_info. Full round, from the base.
-            log.warning("delta round refused by receivers; sending a full round instead: %s", e)
-            report.why = "refused by receivers (StaleBaseError)"
-            engine._abort_round(e)
-            with stats.phase("control"):
-                engine.handshake()
-            engine._send(tracker.base_source(), stats)
-    stats.delta = report.to_dict()
-    tracker.commit(stats.weight_version)
+        report.mode = "delta"  # unless refused (resend)
+        return sent
+
+    def resend(self, error: BaseException) -> WeightSource | None:
+        """The safety net: a receiver changed since ``weight_info``. Full round, from the base."""
+        if self._report.mode != "delta" or not _refused(error):
+            return None
+        log.warning("delta round refused by receivers; sending a full round instead: %s", error)
+        self._report.mode, self._report.why = "full", "refused by receivers (StaleBaseError)"
+        return self.tracker.base_source()
+
+    def committed(self, stats: TransferStats) -> None:
+        stats.delta = self._report.to_dict()
+        self.tracker.commit(stats.weight_version)
+
+    def aborted(self) -> None:
+        self.tracker.invalidate()  # the receivers may hold anything: the next round is full
