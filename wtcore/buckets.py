@@ -4,6 +4,9 @@ Both ends compute the same buckets from the same metadata, so only raw bytes tra
 data plane. The rule: tensors are laid out in order, each at an offset aligned to
 :data:`ALIGNMENT` bytes; a tensor that would make the current bucket exceed the buffer size
 closes it and opens the next; a tensor larger than the buffer travels as a bucket of its own.
+An engine may also name a size (``direct_min_bytes``) from which a tensor always travels alone,
+even when it would fit: packing copies every byte twice, which gains nothing for a tensor that
+fills a message by itself (the nccl engine sends such tensors in place).
 """
 
 from __future__ import annotations
@@ -59,8 +62,11 @@ class Bucket:
         return sum(m.nbytes for m in self.metas)
 
 
-def plan_buckets(metas: Sequence[ParamMeta], buffer_size_bytes: int) -> list[Bucket]:
-    """Split ``metas`` into buckets of at most ``buffer_size_bytes`` (see module docstring)."""
+def plan_buckets(
+    metas: Sequence[ParamMeta], buffer_size_bytes: int, *, direct_min_bytes: int = 0
+) -> list[Bucket]:
+    """Split ``metas`` into buckets of at most ``buffer_size_bytes`` (see module docstring);
+    every tensor of at least ``direct_min_bytes`` bytes (0: none) is a bucket of its own."""
     if buffer_size_bytes <= 0:
         raise PayloadError(f"buffer_size_bytes must be positive, got {buffer_size_bytes}")
     buckets: list[Bucket] = []
@@ -74,13 +80,16 @@ def plan_buckets(metas: Sequence[ParamMeta], buffer_size_bytes: int) -> list[Buc
         cur, offsets, end = [], [], 0
 
     for m in metas:
+        alone = 0 < direct_min_bytes <= m.nbytes
         start = align(end)
-        if cur and start + m.nbytes > buffer_size_bytes:
+        if cur and (alone or start + m.nbytes > buffer_size_bytes):
             close()
             start = 0
         cur.append(m)
         offsets.append(start)
         end = start + m.nbytes
+        if alone:
+            close()
     if cur:
         close()
     return buckets
@@ -91,9 +100,16 @@ def per_tensor_buckets(metas: Sequence[ParamMeta]) -> list[Bucket]:
     return [Bucket(i, (m,), (0,), m.nbytes) for i, m in enumerate(metas)]
 
 
-def plan_round(metas: Sequence[ParamMeta], *, packed: bool, buffer_size_bytes: int) -> list[Bucket]:
-    """The buckets of one round, as both ends of a bucket engine compute them."""
-    return plan_buckets(metas, buffer_size_bytes) if packed else per_tensor_buckets(metas)
+def plan_round(
+    metas: Sequence[ParamMeta], *, packed: bool, buffer_size_bytes: int, direct_min_bytes: int = 0
+) -> list[Bucket]:
+    """The buckets of one round, as both ends of a bucket engine compute them.
+
+    ``direct_min_bytes`` (packed only; 0: none): tensors of at least that size travel alone.
+    """
+    if not packed:
+        return per_tensor_buckets(metas)
+    return plan_buckets(metas, buffer_size_bytes, direct_min_bytes=direct_min_bytes)
 
 
 def max_bucket_nbytes(buckets: Sequence[Bucket]) -> int:

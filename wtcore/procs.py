@@ -22,21 +22,28 @@ __all__ = ["stop_processes"]
 KILL_WAIT_S = 5.0
 
 
-def stop_processes(procs: Iterable[Any], timeout_s: float, *, sig: int | None = None) -> list[int]:
+def stop_processes(
+    procs: Iterable[Any], timeout_s: float, *, sig: int | None = None, group: bool = False
+) -> list[int]:
     """Stop every process in ``procs``; return the PIDs that had to be killed.
 
     ``procs`` holds ``multiprocessing`` processes and/or ``subprocess.Popen`` objects.
     ``sig`` (for example ``signal.SIGTERM``) is sent first; without it the processes are
     expected to be exiting on their own (told through a pipe, or done with their work).
     After ``timeout_s`` in all, survivors get ``SIGKILL``.
+
+    ``group``: each process leads its own process group (started with
+    ``start_new_session=True``, as a server that forks helpers is); ``sig`` goes to the whole
+    group, and at the end the group gets ``SIGKILL`` even when its leader exited, since its
+    children can outlive it (the group id is still ours: the leader was started here).
     """
     procs = [p for p in procs if p.pid is not None]  # never started: nothing to stop
     if sig is not None:
         for p in procs:
             if _alive(p):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGCONT)
-                    os.kill(p.pid, sig)
+                    _signal(p.pid, signal.SIGCONT, group)
+                    _signal(p.pid, sig, group)
     deadline = time.monotonic() + timeout_s
     for p in procs:
         _wait(p, max(0.0, deadline - time.monotonic()))
@@ -47,7 +54,18 @@ def stop_processes(procs: Iterable[Any], timeout_s: float, *, sig: int | None = 
                 p.kill()
             killed.append(int(p.pid))
             _wait(p, KILL_WAIT_S)
+    if group:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
     return killed
+
+
+def _signal(pid: int, sig: int, group: bool) -> None:
+    if group:
+        os.killpg(pid, sig)
+    else:
+        os.kill(pid, sig)
 
 
 def _alive(p: Any) -> bool:

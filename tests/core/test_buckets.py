@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from wtcore import MetadataMismatchError, ParamMeta, TensorSource
-from wtcore.buckets import ALIGNMENT, pack_bucket, pack_source, plan_buckets, unpack_bucket
+from wtcore.buckets import (
+    ALIGNMENT,
+    pack_bucket,
+    pack_source,
+    per_tensor_buckets,
+    plan_buckets,
+    plan_round,
+    unpack_bucket,
+)
 from wtcore.testing import MismatchedSource, mixed_dtype_state
 
 
@@ -31,6 +39,24 @@ def test_tensor_larger_than_buffer_travels_alone() -> None:
     buckets = plan_buckets([_m("a", 10), _m("big", 1000), _m("c", 10)], 100)
     assert [[m.name for m in b.metas] for b in buckets] == [["a"], ["big"], ["c"]]
     assert buckets[1].nbytes == 1000
+
+
+def test_direct_min_bytes_sends_large_tensors_alone_and_packs_the_runs_between() -> None:
+    metas = [_m("a", 10), _m("b", 10), _m("big", 64), _m("c", 10), _m("d", 0), _m("huge", 90)]
+    buckets = plan_round(metas, packed=True, buffer_size_bytes=100, direct_min_bytes=64)
+    assert [[m.name for m in b.metas] for b in buckets] == [
+        ["a", "b"],
+        ["big"],
+        ["c", "d"],
+        ["huge"],
+    ]
+    assert [b.index for b in buckets] == [0, 1, 2, 3]
+    # Each run between large tensors is planned as the plain rule plans it on its own.
+    assert buckets[2].offsets == plan_buckets(metas[3:5], 100)[0].offsets
+    # 0 (the default) is the plain rule; unpacked ignores it.
+    assert plan_round(metas, packed=True, buffer_size_bytes=100) == plan_buckets(metas, 100)
+    unpacked = plan_round(metas, packed=False, buffer_size_bytes=100, direct_min_bytes=64)
+    assert unpacked == per_tensor_buckets(metas)
 
 
 def test_empty_and_invalid() -> None:

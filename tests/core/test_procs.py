@@ -59,3 +59,34 @@ def test_multiprocessing_children_one_deadline_for_all() -> None:
     assert time.monotonic() - start < 15  # one shared deadline, not one per process
     assert not any(p.is_alive() for p in (done, *stuck))
     assert done.exitcode == 0 and all(p.exitcode == -signal.SIGKILL for p in stuck)
+
+
+def test_a_group_is_signalled_and_its_leftover_children_killed() -> None:
+    # The leader exits on SIGTERM; its child ignores SIGTERM and would outlive it.
+    code = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {IGNORES_SIGTERM!r}],"
+        " stdout=subprocess.PIPE, text=True)\n"
+        "assert child.stdout.readline() == 'ready\\n'\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    ) as leader:
+        assert leader.stdout is not None
+        child_pid = int(leader.stdout.readline())
+        assert stop_processes([leader], 30.0, sig=signal.SIGTERM, group=True) == []
+    assert leader.returncode == -signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{child_pid}") and _state(child_pid) != "Z":
+        assert time.monotonic() < deadline, f"the group's child {child_pid} outlived the stop"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

@@ -5,17 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from wtcore import ReceiverError, TensorSource, TransferTimeoutError, WeightTransferTrainerFactory
 from wtcore.local import LocalTrainerInitInfo
-from wtcore.meta import ParamMeta
-from wtcore.source import WeightSource
-from wtcore.testing import free_port
+from wtcore.testing import KillingSource, free_port
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverTimeoutError
 
@@ -31,22 +27,6 @@ def _pair(start_server: Any) -> list[Any]:
     return [start_server("--rank", str(r), *args) for r in range(2)]
 
 
-class KillingSource(WeightSource):
-    """A source that kills a receiver while the round is running (after start, mid-pack)."""
-
-    def __init__(self, inner: WeightSource, victim: Any) -> None:
-        self.inner, self.victim = inner, victim
-
-    def metadata(self) -> list[ParamMeta]:
-        return self.inner.metadata()
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for i, item in enumerate(self.inner):
-            if i == 1:
-                self.victim.stop(signal.SIGKILL)
-            yield item
-
-
 def test_server_killed_mid_round(start_server: Any) -> None:
     alive, doomed = _pair(start_server)
     state = synthetic_state(SIZE, TENSORS, "float32", seed=3)
@@ -56,7 +36,10 @@ def test_server_killed_mid_round(start_server: Any) -> None:
         )
         t0 = time.monotonic()
         with pytest.raises(ReceiverError) as err:
-            trainer.send_weights(KillingSource(TensorSource(state), doomed), weight_version="x")
+            trainer.send_weights(
+                KillingSource(TensorSource(state), lambda: doomed.stop(signal.SIGKILL), at=1),
+                weight_version="x",
+            )
         assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S
         assert doomed.proc.poll() is not None
         assert err.value.call == "update_weights"

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import IO, Any
 
 from wtcore.errors import ErrorRecord
+from wtcore.procs import stop_processes
 from wtcore.testing.pipes import (
     PipeChannel,
     decode_state,
@@ -222,17 +223,12 @@ class PipeWorker:
         """Ask the worker to exit, then kill it by PID if it does not; always reaps."""
         if self.proc.poll() is None:
             self.channel.send_exit()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
+        stop_processes([self.proc], 10.0)
+        self.channel.close()
 
     def kill(self) -> None:
         """SIGKILL this worker (by its PID) if it still runs; reap it and close the channel."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
+        stop_processes([self.proc], 0.0)
         self.channel.close()
 
 
@@ -381,9 +377,7 @@ class TrainerProc:
         self.proc.stdin.flush()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
+        stop_processes([self.proc], 0.0)  # SIGKILL if it still runs, and reap it
         for s in (self.proc.stdin, self.proc.stdout):
             if s is not None:
                 try:
@@ -459,8 +453,7 @@ def trainer_main(argv: list[str]) -> None:
     engine.shutdown()
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(HERE))
+if __name__ == "__main__":  # run as a script: its own folder is on sys.path already
     if sys.argv[1] == "worker":
         worker_main(sys.argv[2:])
     else:

@@ -1,13 +1,12 @@
 """Multinode tests: namespaced nodes (``wtcore_bench.netns``), always torn down.
 
 Every test in this folder is marked ``multinode`` and skips with the reason when the machine
-cannot make network namespaces (not root, no iproute2). The helpers live in ``mn_kit``.
+cannot make network namespaces (not root, no iproute2). The helpers live in ``tests.multinode.mn_kit``.
 """
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,6 @@ import pytest
 from wtcore_bench.netns import Cluster, cluster, unavailable_reason
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

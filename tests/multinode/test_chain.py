@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mn_kit import API_KEY, MASTER_PORT, Driver, Receiver, start_receivers
 
+from tests.multinode.mn_kit import API_KEY, MASTER_PORT, Driver, Receiver, start_receivers
 from wtcore.digest import digest_named
 from wtcore.testing.sources import synthetic_state
 from wtcore_bench.netns import Cluster

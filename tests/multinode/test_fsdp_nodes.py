@@ -18,9 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_trainer import model_state
-from mn_kit import API_KEY, MASTER_PORT, START_TIMEOUT_S, Receiver, node_env, start_receivers
 
+from tests.multinode.fsdp_trainer import model_state
+from tests.multinode.mn_kit import (
+    API_KEY,
+    MASTER_PORT,
+    START_TIMEOUT_S,
+    Receiver,
+    node_env,
+    start_receivers,
+)
 from wtcore.digest import digest_named
 from wtcore_bench.netns import Cluster
 from wtcore_http_client.safetensors import save_safetensors

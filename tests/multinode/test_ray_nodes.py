@@ -20,6 +20,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mn_kit import node_env
 
+from tests.multinode.mn_kit import node_env
+from wtcore.procs import stop_processes
 from wtcore_bench.netns import Cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -104,16 +106,8 @@ def ray_nodes(make_cluster: Any) -> Iterator[tuple[Cluster, dict[str, str], floa
                 _wait_started(root / "n0.log", node.procs[-1])
         yield c, env, t0, root
     finally:
-        for node in c.nodes:  # SIGTERM each `ray start --block`: it stops its own daemons
-            for p in node.procs:
-                if p.poll() is None:
-                    p.terminate()
-        for node in c.nodes:
-            for p in node.procs:
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        # SIGTERM each `ray start --block`: it stops its own daemons.
+        stop_processes([p for node in c.nodes for p in node.procs], 20.0, sig=signal.SIGTERM)
         # Anything left in the nodes (workers mid-exit) is killed with the namespaces.
         shutil.rmtree(root, ignore_errors=True)
 

@@ -5,13 +5,14 @@ and serves the protocol calls that arrive on its pipe (:func:`wtcore.testing.pip
 the trainer side talks to the fleet through the shared :class:`~wtcore.testing.pipes.PipeClient`,
 which fans every call out and maps a dead process or a missing answer to an error within its
 timeout. This kit only adds what is nccl-specific: how a worker is built, a ``state`` dump
-(tensors as raw bytes, so comparisons are bit-exact) and the test data.
+(tensors as raw bytes, so comparisons are bit-exact) and the test data. The helpers every
+suite shares (``spec_of``, ``wait_until``, ``KillingSource``) are :mod:`wtcore.testing`'s;
+``spec_of`` is re-exported here for the modules that import it from this kit.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,10 +21,9 @@ from typing import Any
 import torch
 
 from wtcore.concurrency import BackgroundCall
-from wtcore.meta import dtype_from_name, dtype_name
-from wtcore.source import WeightSource
 from wtcore.testing.net import free_port
 from wtcore.testing.pipes import Handlers, PipeClient, decode_state, encode_state, pipe_fleet
+from wtcore.testing.sources import spec_of, state_of_spec
 from wtcore.worker import WeightSyncWorker
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.group import Group, connect_store, host_store, join_group, release_group
@@ -31,15 +31,14 @@ from wtcore_nccl.group import Group, connect_store, host_store, join_group, rele
 __all__ = [
     "Fleet",
     "Handlers",
-    "KillingSource",
     "fleet",
     "loopback_info",
     "make_state",
     "spec_of",
-    "wait_until",
 ]
 
-Spec = list[tuple[str, str, list[int]]]
+#: A model's names, dtypes and shapes (:func:`wtcore.testing.spec_of`).
+Spec = dict[str, Any]
 #: Extra handlers for a worker process, given its worker (``worker.sink.module`` is the model).
 Extra = Callable[[WeightSyncWorker], Handlers]
 
@@ -53,7 +52,7 @@ def _make_worker(
     from wtcore import ModuleSink
     from wtcore.testing import build_module
 
-    module = build_module({n: torch.zeros(shape, dtype=dtype_from_name(d)) for n, d, shape in spec})
+    module = build_module(state_of_spec(spec))
     return WeightSyncWorker(
         {"backend": "nccl", **options}, ModuleSink(module), rank=rank, world_size=world_size
     )
@@ -139,14 +138,17 @@ def make_state(seed: int, *, big_numel: int = 12_000, tiny: int = 150) -> dict[s
     return state
 
 
-def spec_of(state: Mapping[str, torch.Tensor]) -> Spec:
-    return [(n, dtype_name(t.dtype), list(t.shape)) for n, t in state.items()]
-
-
-def loopback_info(*, world_size: int = 2, **fields: Any) -> NCCLTrainerInitInfo:
-    """The sender's (rank 0) init info for a group on loopback, at a free port."""
+def loopback_info(
+    *, world_size: int = 2, master_port: int | None = None, **fields: Any
+) -> NCCLTrainerInitInfo:
+    """The sender's (rank 0) init info for a group on loopback, at ``master_port`` (a free
+    one if ``None``)."""
     return NCCLTrainerInitInfo(
-        rank=0, master_address="127.0.0.1", master_port=free_port(), world_size=world_size, **fields
+        rank=0,
+        master_address="127.0.0.1",
+        master_port=free_port() if master_port is None else master_port,
+        world_size=world_size,
+        **fields,
     )
 
 
@@ -179,28 +181,3 @@ def groups_on_threads(
     finally:
         for g in groups:
             release_group(g)
-
-
-def wait_until(pred: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
-class KillingSource(WeightSource):
-    """Yields ``inner``'s tensors and kills ``proc`` (SIGKILL) just before item ``at``."""
-
-    def __init__(self, inner: WeightSource, proc: Any, at: int) -> None:
-        self.inner, self.proc, self.at = inner, proc, at
-
-    def metadata(self) -> list[Any]:
-        return self.inner.metadata()
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for i, item in enumerate(self.inner):
-            if i == self.at:
-                self.proc.kill()
-                self.proc.join(5)
-            yield item

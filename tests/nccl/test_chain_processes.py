@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nccl_e2e_kit import fleet, groups_on_threads, loopback_info, make_state, spec_of
 
+from tests.nccl.nccl_e2e_kit import fleet, groups_on_threads, loopback_info, make_state
 from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
 from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.testing import spec_of
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
 from wtcore_nccl.forward import CHUNK_BYTES
 from wtcore_nccl.pipeline import wait_work

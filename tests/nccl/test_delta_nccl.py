@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import test_contract_nccl  # this folder is on sys.path (conftest); its init info is reused
 
+from tests.nccl import test_contract_nccl  # its init info is reused
 from wtcore.testing.delta import DeltaContractSuite
 
 

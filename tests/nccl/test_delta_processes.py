@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from nccl_e2e_kit import fleet, spec_of
 
+from tests.nccl.nccl_e2e_kit import fleet
 from wtcore import TensorSource, WeightTransferTrainerFactory
-from wtcore.testing import free_port
+from wtcore.testing import free_port, spec_of
 from wtcore.testing.delta import delta_chain
 from wtcore_nccl import NCCLTrainerInitInfo
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nccl_e2e_kit import fleet, make_state, spec_of
 
+from tests.nccl.nccl_e2e_kit import fleet, make_state
 from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
-from wtcore.testing import free_port
+from wtcore.testing import free_port, spec_of
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(180)]

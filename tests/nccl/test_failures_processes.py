@@ -7,14 +7,16 @@ test runs may share a small machine). Timeouts that are not under test have wide
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
-from nccl_e2e_kit import Fleet, KillingSource, fleet, make_state, spec_of, wait_until
 
+from tests.nccl.nccl_e2e_kit import Fleet, fleet, loopback_info, make_state
 from wtcore import (
     MetadataMismatchError,
     ReceiverError,
@@ -23,7 +25,8 @@ from wtcore import (
     TransferTimeoutError,
     WeightTransferTrainerFactory,
 )
-from wtcore.testing import MismatchedSource, free_port
+from wtcore.procs import stop_processes
+from wtcore.testing import KillingSource, MismatchedSource, spec_of, wait_until
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -33,15 +36,12 @@ TIMEOUT_S = 20.0
 
 def _info(world_size: int, **kw: object) -> NCCLTrainerInitInfo:
     opts: dict[str, object] = {
-        "master_address": "127.0.0.1",
-        "master_port": free_port(),
-        "world_size": world_size,
         "packed_buffer_size_bytes": 4 << 10,
         "timeout_s": TIMEOUT_S,
         "torch_num_threads": 1,
         **kw,
     }
-    return NCCLTrainerInitInfo(rank=0, **opts)  # type: ignore[arg-type]
+    return loopback_info(world_size=world_size, **opts)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,11 @@ def two() -> Iterator[Fleet]:
     """Two worker processes shared by the failure tests that leave them healthy."""
     with fleet(2, spec_of(make_state(0)), timeout_s=2 * TIMEOUT_S) as f:
         yield f
+
+
+def _kill(proc: Any) -> None:
+    """SIGKILL ``proc`` and reap it: a worker that dies without a word."""
+    stop_processes([proc], 0, sig=signal.SIGKILL)
 
 
 def _assert_round_failed(f: Fleet, i: int, *, version: str | None) -> None:
@@ -138,7 +143,7 @@ def test_worker_killed_mid_transfer(packed: bool) -> None:
         t0 = time.monotonic()
         with pytest.raises((TransferError, ReceiverError)) as exc:
             trainer.send_weights(
-                KillingSource(TensorSource(make_state(6, tiny=400)), victim, at=200),
+                KillingSource(TensorSource(make_state(6, tiny=400)), lambda: _kill(victim), at=200),
                 weight_version="v2",
             )
         assert time.monotonic() - t0 < TIMEOUT_S

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from nccl_e2e_kit import loopback_info
 
+from tests.nccl.nccl_e2e_kit import loopback_info
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.errors import MetadataMismatchError
 from wtcore.inproc import InProcessClient

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 import torch
-from nccl_e2e_kit import Fleet, fleet, loopback_info, make_state, spec_of, wait_until
 
+from tests.nccl.nccl_e2e_kit import Fleet, fleet, loopback_info, make_state
 from wtcore import ReceiverError, TensorSource, TransferError
+from wtcore.testing import spec_of, wait_until
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.frames import make_header
 from wtcore_nccl.trainer import NCCLTrainerEngine

@@ -19,15 +19,15 @@ import time
 
 import pytest
 import torch
-from nccl_e2e_kit import loopback_info, wait_until
 
+from tests.nccl.nccl_e2e_kit import loopback_info
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.buckets import as_bytes
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError
 from wtcore.inproc import InProcessClient
 from wtcore.meta import ParamMeta, metas_to_wire
-from wtcore.testing import build_module
+from wtcore.testing import build_module, wait_until
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.frames import make_header
 

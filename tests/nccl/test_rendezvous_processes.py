@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from nccl_e2e_kit import Fleet, fleet, make_state, spec_of
 
+from tests.nccl.nccl_e2e_kit import Fleet, fleet, loopback_info, make_state
 from wtcore import MetadataMismatchError, TensorSource, WeightTransferTrainerFactory
-from wtcore.testing import MismatchedSource, free_port
+from wtcore.testing import MismatchedSource, free_port, spec_of
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.group import GENERATION_KEY
 
@@ -25,11 +25,9 @@ TIMEOUT_S = 20.0
 
 
 def _info(port: int) -> NCCLTrainerInitInfo:
-    return NCCLTrainerInitInfo(
-        rank=0,
-        master_address="127.0.0.1",
-        master_port=port,
+    return loopback_info(
         world_size=3,
+        master_port=port,
         packed_buffer_size_bytes=4 << 10,
         timeout_s=TIMEOUT_S,
         torch_num_threads=1,

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from nccl_e2e_kit import loopback_info
 
+from tests.nccl.nccl_e2e_kit import loopback_info
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.concurrency import BackgroundCall
 from wtcore.inproc import InProcessClient

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-from nccl_e2e_kit import loopback_info, make_state, wait_until
 
+from tests.nccl.nccl_e2e_kit import loopback_info, make_state
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.inproc import InProcessClient
 from wtcore.source import WeightSource
-from wtcore.testing import build_module, zeros_like_state
+from wtcore.testing import build_module, wait_until, zeros_like_state
 from wtcore.testing.pipes import PipeClient, serve, worker_handlers
 from wtcore_nccl import NCCLTrainerInitInfo
 

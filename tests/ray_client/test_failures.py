@@ -9,21 +9,21 @@ from __future__ import annotations
 import base64
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from wtcore import PayloadError, ReceiverError, TensorSource, WeightSource
+from wtcore import PayloadError, ReceiverError, TensorSource
 from wtcore.buckets import max_bucket_nbytes, pack_source, plan_buckets
 from wtcore.config import trainer_from_config
 from wtcore.digest import digest_named
 from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.local import LocalTrainerInitInfo
-from wtcore.meta import ParamMeta, metas_to_wire
+from wtcore.meta import metas_to_wire
 from wtcore.stats import TransferStats
-from wtcore.testing import free_port
+from wtcore.testing import KillingSource, free_port
 from wtcore_ray_client import RayWeightSyncClient, launch_receivers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]  # Ray and torch start slowly under load
@@ -31,22 +31,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]  # Ray and torch start 
 SEED = 5
 
 
-class KillingSource(WeightSource):
-    """Kills ``victim`` once ``after`` tensors have been handed out: a crash mid-round."""
+def _killer(actor: Any) -> Callable[[], None]:
+    """Kill ``actor`` for good (a crash mid-round), for :class:`wtcore.testing.KillingSource`."""
 
-    def __init__(self, inner: WeightSource, victim: Any, after: int) -> None:
-        self.inner, self.victim, self.after = inner, victim, after
-
-    def metadata(self) -> list[ParamMeta]:
-        return self.inner.metadata()
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def kill() -> None:
         import ray
 
-        for i, item in enumerate(self.inner):
-            if i == self.after:
-                ray.kill(self.victim, no_restart=True)
-            yield item
+        ray.kill(actor, no_restart=True)
+
+    return kill
 
 
 def test_actor_killed_mid_round(ray_cluster: None, kit: Any) -> None:
@@ -62,7 +55,7 @@ def test_actor_killed_mid_round(ray_cluster: None, kit: Any) -> None:
             t0 = time.monotonic()
             with pytest.raises(ReceiverError) as ei:
                 trainer.send_weights(
-                    KillingSource(TensorSource(state), victim, after=5), weight_version="bad"
+                    KillingSource(TensorSource(state), _killer(victim), at=5), weight_version="bad"
                 )
             assert time.monotonic() - t0 < timeout_s
         err = ei.value
@@ -226,7 +219,7 @@ def test_actor_killed_mid_broadcast_nccl_engine(ray_cluster: None, kit: Any) -> 
             with pytest.raises(ReceiverError) as ei:
                 trainer.send_weights(
                     KillingSource(
-                        TensorSource(kit.make_state(SEED + 1)), group.handles[1], after=5
+                        TensorSource(kit.make_state(SEED + 1)), _killer(group.handles[1]), at=5
                     ),
                     weight_version="bad",
                 )

@@ -39,8 +39,9 @@ from wtcore import (
 from wtcore.digest import digest_named
 from wtcore.local import LocalTrainerInitInfo
 from wtcore.meta import ParamMeta
+from wtcore.procs import stop_processes
 from wtcore.source import WeightSource
-from wtcore.testing import MismatchedSource, free_port
+from wtcore.testing import MismatchedSource, free_port, wait_until
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_http_client.process import ServeProcess, launch_serve
@@ -68,13 +69,6 @@ def checksums_of(server: ServeProcess) -> dict[str, str]:
     with HTTPWeightSyncClient(server.url, timeout_s=30) as c:
         [sums] = c.checksums()
     return sums  # type: ignore[no-any-return]
-
-
-def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def port_is_free(port: int) -> bool:
@@ -325,9 +319,7 @@ def test_trainer_killed_mid_round(launch: Callable[..., list[ServeProcess]]) -> 
         )
         print(f"receiver noticed after {time.monotonic() - t0:.1f} s")
     finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait(10)
+        stop_processes([child], 0.0)  # SIGKILL if it still runs, and reap it
         if child.stdout is not None:
             child.stdout.close()
     info = info_of(receiver)

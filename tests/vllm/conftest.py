@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-from vllm_kit import HERE, VLLM_PYTHON, Outputs, VLLMServer, generate, servers  # noqa: E402
+from tests.vllm.vllm_kit import HERE, VLLM_PYTHON, Outputs, VLLMServer, generate, servers
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,7 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_kit import ROOT, VLLM_PYTHON, stop_process
+
+from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, stop_process
 
 # The first test to use the session's servers also pays for starting them.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from vllm_kit import VLLM_PYTHON
+
+from tests.vllm.vllm_kit import VLLM_PYTHON
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

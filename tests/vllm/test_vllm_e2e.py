@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 import requests
-from vllm_kit import VLLM_PYTHON, VLLMServer, generate, run_trainer, start_trainer, stop_process
+
+from tests.vllm.vllm_kit import (
+    VLLM_PYTHON,
+    VLLMServer,
+    generate,
+    run_trainer,
+    start_trainer,
+    stop_process,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 

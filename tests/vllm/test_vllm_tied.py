@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vllm_kit import VLLM_PYTHON, VLLMServer, generate, run_trainer
+
+from tests.vllm.vllm_kit import VLLM_PYTHON, VLLMServer, generate, run_trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import requests
 
+from wtcore.procs import stop_processes
 from wtcore.testing.net import free_port
 
 __all__ = [
@@ -50,19 +51,9 @@ STOP_TIMEOUT_S = 30.0
 
 
 def stop_process(proc: subprocess.Popen[Any], *, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM the process group led by ``proc`` (its own session), then SIGKILL it."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    # Children (engine core, worker) may outlive the leader; the group id is still ours.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
+    """SIGTERM the process group led by ``proc`` (its own session), then SIGKILL it: its
+    children (engine core, worker) may outlive the leader."""
+    stop_processes([proc], timeout_s, sig=signal.SIGTERM, group=True)
 
 
 def server_env() -> dict[str, str]:

@@ -3,7 +3,9 @@
 * :class:`RecordingClient` records (and forwards) every control-plane call, and checks that
   each payload survives a JSON round trip.
 * :mod:`wtcore.testing.sources` builds synthetic models and sources, including sources whose
-  iteration disagrees with their metadata.
+  iteration disagrees with their metadata, :class:`KillingSource` (a receiver dies mid-round)
+  and :func:`spec_of` / :func:`state_of_spec` (a model's shape as JSON, and back as zeros).
+* :func:`wait_until` polls for a condition, bounded, naming what it waited for.
 * :mod:`wtcore.testing.pipes` drives ``WeightSyncWorker`` s in child processes over a pipe
   (JSON only, every wait bounded): :class:`PipeClient`, :func:`pipe_fleet`, :func:`serve_worker`.
 * :class:`EngineContractSuite` (in :mod:`wtcore.testing.contract`, which needs pytest) is the
@@ -25,15 +27,20 @@ from wtcore.testing.pipes import (
 from wtcore.testing.recording import RecordingClient
 from wtcore.testing.sources import (
     MISMATCH_KINDS,
+    KillingSource,
     MismatchedSource,
     build_module,
     mixed_dtype_state,
+    spec_of,
+    state_of_spec,
     synthetic_state,
     zeros_like_state,
 )
+from wtcore.testing.waits import wait_until
 
 __all__ = [
     "MISMATCH_KINDS",
+    "KillingSource",
     "MismatchedSource",
     "PipeClient",
     "PipeFleet",
@@ -47,6 +54,9 @@ __all__ = [
     "pipe_fleet",
     "serve_worker",
     "spawned",
+    "spec_of",
+    "state_of_spec",
     "synthetic_state",
+    "wait_until",
     "zeros_like_state",
 ]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError
-from wtcore.meta import ParamMeta
+from wtcore.meta import ParamMeta, metas_from_wire, metas_to_wire
 from wtcore.source import WeightSource
 from wtcore.synthetic import build_module, synthetic_state, zeros_like_state
 
@@ -15,9 +15,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MISMATCH_KINDS",
+    "KillingSource",
     "MismatchedSource",
     "build_module",
     "mixed_dtype_state",
+    "spec_of",
+    "state_of_spec",
     "synthetic_state",
     "zeros_like_state",
 ]
@@ -76,3 +79,38 @@ class MismatchedSource(WeightSource):
         elif self.kind == "extra":
             items.append(("extra.weight", torch.zeros(3)))
         return iter(items)
+
+
+class KillingSource(WeightSource):
+    """Yields ``inner``'s tensors and calls ``kill()`` just before item ``at``: a receiver that
+    dies in the middle of a round (a process SIGKILLed, a server stopped, an actor killed).
+
+    ``kill`` is whatever ends the peer for the transport under test, so one source serves every
+    engine's and client's failure tests.
+    """
+
+    def __init__(self, inner: WeightSource, kill: Callable[[], object], at: int) -> None:
+        self.inner, self.kill, self.at = inner, kill, at
+
+    def metadata(self) -> list[ParamMeta]:
+        return self.inner.metadata()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for i, item in enumerate(self.inner):
+            if i == self.at:
+                self.kill()
+            yield item
+
+
+def spec_of(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The names, dtypes and shapes of ``state`` as the JSON-safe wire triple
+    (:func:`wtcore.meta.metas_to_wire`): what a worker process needs to build a zero model."""
+    return metas_to_wire([ParamMeta.of(n, t) for n, t in state.items()])
+
+
+def state_of_spec(spec: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Zeros shaped like :func:`spec_of`'s ``spec`` (checked as the wire checks it)."""
+    import torch
+
+    metas = metas_from_wire(spec["names"], spec["dtype_names"], spec["shapes"])
+    return {m.name: torch.zeros(m.shape, dtype=m.dtype) for m in metas}

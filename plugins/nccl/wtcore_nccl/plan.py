@@ -6,7 +6,8 @@ to fill a broadcast on its own gains nothing from packing, so the plan gives eve
 at least ``direct_min_bytes`` a bucket of its own; small tensors are still packed (one
 broadcast each would cost more in per-message overhead than the copy). Both ends compute the
 plan from the update's metadata and ``direct_min_bytes`` (shipped in the init info), so only
-raw bytes travel.
+raw bytes travel. The rule itself is the core's one (``direct_min_bytes`` of
+:func:`wtcore.buckets.plan_round`); this module names it for the nccl engine.
 
 Whether a single-tensor bucket is then sent and received *in place* is each end's own choice,
 invisible on the wire: the sender broadcasts straight from the source tensor when it is on the
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from wtcore.buckets import Bucket, plan_buckets, plan_round
+from wtcore.buckets import Bucket, plan_round
 
 if TYPE_CHECKING:
     from wtcore.meta import ParamMeta
@@ -31,26 +32,11 @@ __all__ = ["is_single", "plan_nccl"]
 def plan_nccl(
     metas: Sequence[ParamMeta], *, packed: bool, buffer_size_bytes: int, direct_min_bytes: int
 ) -> list[Bucket]:
-    """The buckets of one round: :func:`wtcore.buckets.plan_round`, except that (packed) every
+    """The buckets of one round: :func:`wtcore.buckets.plan_round`, where (packed) every
     tensor of at least ``direct_min_bytes`` bytes (0: none) travels as a bucket of its own."""
-    if not packed or direct_min_bytes <= 0:
-        return plan_round(metas, packed=packed, buffer_size_bytes=buffer_size_bytes)
-    buckets: list[Bucket] = []
-    run: list[ParamMeta] = []
-
-    def flush() -> None:
-        for b in plan_buckets(run, buffer_size_bytes):
-            buckets.append(Bucket(len(buckets), b.metas, b.offsets, b.nbytes))
-        run.clear()
-
-    for m in metas:
-        if m.nbytes >= direct_min_bytes:
-            flush()
-            buckets.append(Bucket(len(buckets), (m,), (0,), m.nbytes))
-        else:
-            run.append(m)
-    flush()
-    return buckets
+    return plan_round(
+        metas, packed=packed, buffer_size_bytes=buffer_size_bytes, direct_min_bytes=direct_min_bytes
+    )
 
 
 def is_single(bucket: Bucket) -> bool:

@@ -223,7 +223,12 @@ def per_tensor_gbps(ctx: BaselineContext, repeats: int = 2) -> float:
 
 
 def vllm_buckets(sizes: list[int], target: int) -> list[tuple[int, int]]:
-    """vLLM's bucket rule: ``[start, stop)`` index runs; one closes once it exceeds ``target``."""
+    """vLLM's bucket rule: ``[start, stop)`` index runs; one closes once it exceeds ``target``.
+
+    Deliberately *not* :func:`wtcore.buckets.plan_round`: this is a peer's rule (vLLM's packed
+    broadcast closes a bucket after the tensor that overflows it, unaligned), reproduced so
+    the ``vllm`` baseline measures vLLM's own schedule, not ours.
+    """
     out, start, total = [], 0, 0
     for i, n in enumerate(sizes):
         total += n
