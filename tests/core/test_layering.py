@@ -155,6 +155,29 @@ def test_the_plugin_api_is_a_list_of_real_core_modules() -> None:
     assert sorted(m for m in api if layer_of(m) not in (PROTOCOL_L, KIT_L)) == []
 
 
+def _documented_layers() -> dict[str, str]:
+    """``{core module: layer}`` from the table under "Where things live" in architecture.md."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Where things live\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in RANK:
+            for m in re.findall(r"`(wtcore(?:\.\w+)*)`", cells[1]):
+                out[m] = cells[0]
+    return out
+
+
+def test_the_architecture_doc_lists_the_same_layers() -> None:
+    documented = _documented_layers()
+    wrong = sorted(
+        f"{m}: doc {d}, test {layer_of(m)}" for m, d in documented.items() if d != layer_of(m)
+    )
+    assert wrong == []
+    for layer, table in ((PROTOCOL_L, PROTOCOL), (KIT_L, KIT)):
+        assert sorted(m for m, d in documented.items() if d == layer) == sorted(table), layer
+
+
 def test_imports_follow_the_layers() -> None:
     breaks = layer_breaks(graph(), plugin_api())
     assert breaks == [], "imports against the layers:\n" + "\n".join(breaks)
