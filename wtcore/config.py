@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wtcore._parse import parse_dataclass
 from wtcore.errors import MissingFileError, PayloadError
+from wtcore.parse import parse_dataclass
 from wtcore.registry import CLIENTS, TRAINER_ENGINES
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from wtcore._parse import parse_dataclass
 from wtcore.errors import PayloadError, WrongTypeError
+from wtcore.parse import parse_dataclass
 from wtcore.sink import WeightSink
 
 __all__ = ["WeightTransferConfig", "WeightTransferEngine"]

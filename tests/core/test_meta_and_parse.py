@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from wtcore import ParamMeta, PayloadError
-from wtcore._parse import parse_dataclass
 from wtcore.meta import dtype_from_name, dtype_name, metas_from_wire, metas_to_wire
+from wtcore.parse import parse_dataclass
 
 
 def test_dtype_names_round_trip() -> None:

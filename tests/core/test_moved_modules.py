@@ -12,6 +12,7 @@ MOVED = [
     ("wtcore.net", "wtcore.testing.net", "free_port"),
     ("wtcore.delta.realistic", "wtcore.testing.realistic", "realistic_steps"),
     ("wtcore.testing.cluster", "wtcore_bench.netns", "Cluster"),
+    ("wtcore._parse", "wtcore.parse", "parse_dataclass"),
 ]
 
 

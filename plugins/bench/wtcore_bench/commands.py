@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from wtcore._parse import size_argument, sizes_argument
 from wtcore.hookspecs import hookimpl
+from wtcore.parse import size_argument, sizes_argument
 from wtcore_bench.baselines import BASELINE_SETS
 
 __all__ = ["wtcore_add_commands"]

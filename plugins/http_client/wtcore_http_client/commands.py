@@ -23,9 +23,9 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from wtcore._parse import size_argument
 from wtcore.errors import PayloadError
 from wtcore.hookspecs import hookimpl
+from wtcore.parse import size_argument
 
 if TYPE_CHECKING:
     import torch
@@ -215,3 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_serve_arguments(parser)
     return run_serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""The layers of wtcore and the one direction imports go between them.
+
+protocol <- kit <- engines and clients <- tooling: a module imports its own layer and those to
+its left, never one to its right, so the protocol can be read (and changed) without the
+transports, and nothing shipped depends on the bench or the tests' tools. Engine and client
+plugins see the core only through the plugin API, the list in docs/writing-an-engine.md ("The
+plugin API"), which this test reads so the two cannot drift. Every core module is placed in
+exactly one layer below: a new module fails the test until it is. Plugins are placed by
+package: every ``plugins/*/wtcore_*`` is an engine or client, except the bench, which is
+tooling. The graph is the one ``test_import_graph.py`` checks (:mod:`graph`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .graph import ROOT, cycles, graph
+
+PROTOCOL = {
+    "wtcore": "the public names, re-exported",
+    "wtcore._version": "the version, read statically",
+    "wtcore.errors": "the error family and its HTTP statuses",
+    "wtcore.meta": "tensor metadata on the wire",
+    "wtcore.source": "what a trainer sends",
+    "wtcore.sink": "what receives it",
+    "wtcore.buckets": "the bucket rule, pack, unpack",
+    "wtcore.engine": "the worker engine half",
+    "wtcore.trainer": "the trainer engine half",
+    "wtcore.worker": "the receiver state machine",
+    "wtcore.staging": "transactional staging",
+    "wtcore.guards": "the finite check",
+    "wtcore.verify": "verify=True",
+    "wtcore.digest": "the digests verify compares",
+    "wtcore.client": "the client protocols",
+    "wtcore.rounds": "who owns a round",
+    "wtcore.factory": "names to engine pairs",
+    "wtcore.registry": "the registries",
+    "wtcore.config": "config files",
+    "wtcore.hooks": "calling the observers",
+    "wtcore.hookspecs": "the hooks a plugin implements",
+    "wtcore.defaults": "the one default timeout",
+    "wtcore.stats": "what one send_weights did",
+    "wtcore.parse": "untrusted input to typed values",
+    "wtcore.units": "byte sizes",
+}
+KIT = {
+    "wtcore.kit": "what every bucket engine shares",
+    "wtcore.concurrency": "a blocking call with a timeout",
+    "wtcore.fanout": "the one fan-out",
+    "wtcore.procs": "stopping child processes by PID",
+    "wtcore.synthetic": "synthetic models",
+    "wtcore.delta": "delta rounds",
+    "wtcore.delta.codec": "the patch codec",
+    "wtcore.delta.header": "the patch header",
+    "wtcore.delta.receiver": "the receiver's delta sink",
+    "wtcore.delta.trainer": "the trainer's delta base",
+}
+CORE_ENGINES_AND_CLIENTS = {
+    "wtcore.local": "the built-in local engine",
+    "wtcore.inproc": "the in-process client",
+}
+CORE_TOOLING = {
+    "wtcore.cli": "the wtcore command",
+    "wtcore.__main__": "python -m wtcore",
+    "wtcore.inventory": "wtcore plugins",
+    "wtcore.testing": "the contract suites and test helpers (and every wtcore.testing.*)",
+    # the deprecated aliases, forwarding lazily by string (no edge to where they point)
+    "wtcore._moved": "the forwarding helper",
+    "wtcore._parse": "alias of wtcore.parse",
+    "wtcore.bench": "alias of wtcore_bench",
+    "wtcore.netns": "alias of wtcore_bench.netns",
+    "wtcore.net": "alias of wtcore.testing.net",
+    "wtcore.delta.realistic": "alias of wtcore.testing.realistic",
+}
+TOOLING_PLUGINS = {"wtcore_bench"}
+
+# Imports across layers being taken apart elsewhere, each listed exactly. The protocol's halves
+# reach into delta rounds (and the delta trainer back into the base trainer: KNOWN_CIRCLES in
+# test_import_graph.py); delta rounds are being turned into a layer of their own, and that
+# refactor deletes these entries when it lands.
+KNOWN_BREAKS = {
+    ("wtcore.trainer", "wtcore.delta.trainer"),
+    ("wtcore.worker", "wtcore.delta.receiver"),
+}
+
+PROTOCOL_L, KIT_L, ENGINES_L, TOOLING_L = "protocol", "kit", "engines and clients", "tooling"
+RANK = {PROTOCOL_L: 0, KIT_L: 1, ENGINES_L: 2, TOOLING_L: 3}
+
+
+def plugin_api() -> set[str]:
+    """The core modules listed under "## The plugin API" in docs/writing-an-engine.md."""
+    text = (ROOT / "docs" / "writing-an-engine.md").read_text()
+    section = text.split("\n## The plugin API\n", 1)[1].split("\n## ", 1)[0]
+    bullets = [line for line in section.splitlines() if line.startswith("- ")]
+    return {m for line in bullets for m in re.findall(r"`(wtcore(?:\.\w+)+)`", line.split(":")[0])}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a module is placed in, or None if it is not placed."""
+    top = module.split(".")[0]
+    if top != "wtcore":
+        return TOOLING_L if top in TOOLING_PLUGINS else ENGINES_L
+    if module == "wtcore.testing" or module.startswith("wtcore.testing."):
+        return TOOLING_L
+    for layer, table in (
+        (PROTOCOL_L, PROTOCOL),
+        (KIT_L, KIT),
+        (ENGINES_L, CORE_ENGINES_AND_CLIENTS),
+        (TOOLING_L, CORE_TOOLING),
+    ):
+        if module in table:
+            return layer
+    return None
+
+
+def layer_breaks(g: dict[str, set[str]], api: set[str]) -> list[str]:
+    """Every import against the layers, one line each naming importer and imported."""
+    out = []
+    for m, deps in sorted(g.items()):
+        lm = layer_of(m)
+        top = m.split(".")[0]
+        for d in sorted(deps):
+            ld = layer_of(d)
+            if lm is None or ld is None or (m, d) in KNOWN_BREAKS:
+                continue  # unplaced modules are reported by their own test
+            if RANK[ld] > RANK[lm]:
+                out.append(f"{m} ({lm}) imports {d} ({ld})")
+            elif lm == TOOLING_L and ld == TOOLING_L and d.split(".")[0] in TOOLING_PLUGINS:
+                if top == "wtcore":
+                    out.append(f"{m} ({lm}, core) imports {d} (the bench)")
+            elif lm == ENGINES_L and top != "wtcore" and d.split(".")[0] == "wtcore":
+                if d not in api:
+                    out.append(f"{m} (plugin) imports {d}, not in the plugin API")
+            elif lm == ENGINES_L and ld == ENGINES_L and d.split(".")[0] != top:
+                out.append(f"{m} ({lm}) imports {d}, another engine or client")
+    return out
+
+
+def test_every_core_module_is_in_exactly_one_layer() -> None:
+    tables = [PROTOCOL, KIT, CORE_ENGINES_AND_CLIENTS, CORE_TOOLING]
+    placed = [m for t in tables for m in t]
+    assert sorted(m for m in set(placed) if placed.count(m) > 1) == []
+    unplaced = sorted(m for m in graph() if layer_of(m) is None)
+    assert unplaced == [], "place these modules in a layer (tests/core/test_layering.py)"
+    stale = sorted(m for m in placed if m not in graph())
+    assert stale == [], "these placed modules no longer exist"
+
+
+def test_the_plugin_api_is_a_list_of_real_core_modules() -> None:
+    api = plugin_api()
+    assert {"wtcore.errors", "wtcore.kit", "wtcore.parse", "wtcore.synthetic"} <= api
+    g = graph()
+    assert sorted(m for m in api if m not in g) == []
+    # the plugin API is protocol and kit only: nothing a plugin sees is a tool or another engine
+    assert sorted(m for m in api if layer_of(m) not in (PROTOCOL_L, KIT_L)) == []
+
+
+def _documented_layers() -> dict[str, str]:
+    """``{core module: layer}`` from the table under "Where things live" in architecture.md."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Where things live\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in RANK:
+            for m in re.findall(r"`(wtcore(?:\.\w+)*)`", cells[1]):
+                out[m] = cells[0]
+    return out
+
+
+def test_the_architecture_doc_lists_the_same_layers() -> None:
+    documented = _documented_layers()
+    wrong = sorted(
+        f"{m}: doc {d}, test {layer_of(m)}" for m, d in documented.items() if d != layer_of(m)
+    )
+    assert wrong == []
+    for layer, table in ((PROTOCOL_L, PROTOCOL), (KIT_L, KIT)):
+        assert sorted(m for m, d in documented.items() if d == layer) == sorted(table), layer
+
+
+def test_imports_follow_the_layers() -> None:
+    breaks = layer_breaks(graph(), plugin_api())
+    assert breaks == [], "imports against the layers:\n" + "\n".join(breaks)
+
+
+def test_every_known_break_is_still_there() -> None:
+    """An entry outliving its import would hide it coming back: delete it instead."""
+    g = graph()
+    assert sorted(b for b in KNOWN_BREAKS if b[1] not in g.get(b[0], set())) == []
+
+
+def test_a_new_plugin_is_an_engine_and_the_bench_is_tooling() -> None:
+    assert layer_of("wtcore_tcp.stream") == ENGINES_L
+    assert layer_of("wtcore_bench.api") == TOOLING_L
+
+
+def _with(g: dict[str, set[str]], *edges: tuple[str, str]) -> dict[str, set[str]]:
+    out = {m: set(ds) for m, ds in g.items()}
+    for a, b in edges:
+        out.setdefault(a, set()).add(b)
+        out.setdefault(b, set())
+    return out
+
+
+def test_the_circles_of_the_issue_fail_when_put_back() -> None:
+    """Each of the issue's four circles, put back into today's graph, is caught."""
+    g, api = graph(), plugin_api()
+    # the protocol's trainer importing the bench's api (which imports the trainer back)
+    bench = _with(g, ("wtcore.trainer", "wtcore_bench.api"), ("wtcore_bench.api", "wtcore.trainer"))
+    assert ["wtcore.trainer", "wtcore_bench.api"] in [
+        [m for m in c if m in ("wtcore.trainer", "wtcore_bench.api")] for c in cycles(bench)
+    ]
+    assert "wtcore.trainer (protocol) imports wtcore_bench.api (tooling)" in layer_breaks(
+        bench, api
+    )
+    # the baselines and the runner importing each other
+    runner = _with(
+        g,
+        ("wtcore_bench.baselines", "wtcore_bench.runner"),
+        ("wtcore_bench.runner", "wtcore_bench.baselines"),
+    )
+    assert ["wtcore_bench.baselines", "wtcore_bench.runner"] in cycles(runner)
+    # the http server's `__main__` block importing the commands, which import the server
+    http = _with(g, ("wtcore_http_client.server", "wtcore_http_client.commands"))
+    assert ["wtcore_http_client.commands", "wtcore_http_client.server"] in cycles(http)
+    # the trainer <-> delta trainer circle is in today's graph, allowed by name only
+    assert ["wtcore.delta.trainer", "wtcore.trainer"] in cycles(g)
+
+
+def test_each_rule_names_the_offending_import() -> None:
+    g, api = graph(), plugin_api()
+    cases = {
+        ("wtcore.meta", "wtcore.kit"): "wtcore.meta (protocol) imports wtcore.kit (kit)",
+        (
+            "wtcore.kit",
+            "wtcore.local",
+        ): "wtcore.kit (kit) imports wtcore.local (engines and clients)",
+        ("wtcore_nccl", "wtcore.testing.net"): (
+            "wtcore_nccl (engines and clients) imports wtcore.testing.net (tooling)"
+        ),
+        (
+            "wtcore_nccl",
+            "wtcore.cli",
+        ): "wtcore_nccl (engines and clients) imports wtcore.cli (tooling)",
+        ("wtcore_nccl", "wtcore.staging"): (
+            "wtcore_nccl (plugin) imports wtcore.staging, not in the plugin API"
+        ),
+        ("wtcore_vllm", "wtcore_nccl.config"): (
+            "wtcore_vllm (engines and clients) imports wtcore_nccl.config, another engine or client"
+        ),
+        ("wtcore.testing.net", "wtcore_bench.netns"): (
+            "wtcore.testing.net (tooling, core) imports wtcore_bench.netns (the bench)"
+        ),
+    }
+    for edge, message in cases.items():
+        assert message in layer_breaks(_with(g, edge), api), edge
+    # the bench, tooling, may import the tests' tools, any engine and any core module
+    assert layer_breaks(_with(g, ("wtcore_bench.api", "wtcore.staging")), api) == []
