@@ -74,13 +74,16 @@ def launch_fleet(
     never guesses at return shapes.
     """
     from wtcore.registry import CLIENTS
-    from wtcore_bench.support import client_bench
+    from wtcore_bench.support import client_bench, find_client_bench
 
     cls = CLIENTS.load(client)  # unknown name -> the registry's "did you mean" error
     opts = dict(options or {})
-    fleet = _legacy_hook(client, backend, count, model, timeout_s, opts)
+    declared = find_client_bench(client, cls)
+    fleet = None
+    if declared is None:  # the deprecated hook is asked only when nothing is declared
+        fleet = _legacy_hook(client, backend, count, model, timeout_s, opts)
     if fleet is None:
-        launcher = client_bench(client, cls).launcher
+        launcher = (declared or client_bench(client, cls)).launcher
         fleet = launcher(cls, backend, count, model, timeout_s=timeout_s, options=opts)
     return _inspectable(client, fleet)
 
@@ -113,10 +116,7 @@ def _legacy_hook(
     """The deprecated ``wtcore_launch_receivers`` hook, asked only when the client declares no
     bench support."""
     from wtcore.hooks import get_plugin_manager
-    from wtcore_bench.support import CLIENT_GROUP, _declared
 
-    if _declared(CLIENT_GROUP, client) is not None:
-        return None
     caller = get_plugin_manager().hook.wtcore_launch_receivers
     if not caller.get_hookimpls():
         return None

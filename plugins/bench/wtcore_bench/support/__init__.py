@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pkgutil
 import warnings
-from typing import Any
+from typing import Any, TypeVar
 
 from wtcore.registry import autoload_disabled
 from wtcore_bench.api import BenchNotSupportedError, ClientBench, EngineBench
@@ -32,6 +32,7 @@ __all__ = [
     "register_engine_bench",
 ]
 
+T = TypeVar("T")
 ENGINE_GROUP = "wtcore.bench_engines"
 CLIENT_GROUP = "wtcore.bench_clients"
 
@@ -86,17 +87,21 @@ def _legacy(owner: type[Any], attr: str, group: str) -> Any:
     return value
 
 
+def _checked(found: Any, kind: type[T], where: str) -> T | None:
+    """``found`` if it is ``None`` or a ``kind``; else an error naming what was declared."""
+    if found is None or isinstance(found, kind):
+        return found
+    raise BenchNotSupportedError(
+        f"{where} names a {type(found).__name__}, not a wtcore_bench.{kind.__name__}"
+    )
+
+
 def find_engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench | None:
     """How engine ``name`` (class ``cls``, if loaded) runs in the bench; ``None``: undeclared."""
     found = _declared(ENGINE_GROUP, name)
     if found is None and cls is not None:
         found = _legacy(cls, "bench", ENGINE_GROUP)
-    if found is None or isinstance(found, EngineBench):
-        return found
-    raise BenchNotSupportedError(
-        f"engine {name!r}: {ENGINE_GROUP} names a {type(found).__name__}, "
-        "not a wtcore_bench.EngineBench"
-    )
+    return _checked(found, EngineBench, f"engine {name!r}: {ENGINE_GROUP}")
 
 
 def engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench:
@@ -122,12 +127,7 @@ def find_client_bench(name: str, cls: type[Any] | None = None) -> ClientBench | 
                 pkgutil.resolve_name(target),
                 pkgutil.resolve_name(peers) if isinstance(peers, str) else {},
             )
-    if found is None or isinstance(found, ClientBench):
-        return found
-    raise BenchNotSupportedError(
-        f"client {name!r}: {CLIENT_GROUP} names a {type(found).__name__}, "
-        "not a wtcore_bench.ClientBench"
-    )
+    return _checked(found, ClientBench, f"client {name!r}: {CLIENT_GROUP}")
 
 
 def client_bench(name: str, cls: type[Any] | None = None) -> ClientBench:
