@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -88,8 +89,10 @@ def test_chain_across_nodes_and_a_relay_that_vanishes(make_cluster: Any, tmp_pat
         assert took < TIMEOUT_S + SLACK_S, (took, got["error"])
         print(f"after {took:.1f} s: {got['error_type']}: {got['error']}")
         before, after = settled(driver, [0, 2])
-        # Rank 1 could not hand chunks on to rank 2; rank 3 stopped getting them from it.
-        assert "to rank 2" in before["last_error"], before
+        # Rank 1 could not hand chunks on to rank 2; rank 3 stopped getting them from it. Which
+        # of rank 1's waits notices first depends on timing: a send "to rank 2", or a chunk
+        # "not yet taken by rank 2 (the next rank of the chain)" (seen once under CI load).
+        assert re.search(r"(to|taken by) rank 2\b", before["last_error"]), before
         assert "from rank 2" in after["last_error"], after
         for info in (before, after):
             assert info["weight_version"] == "v3", info
