@@ -45,16 +45,17 @@ Extra = Callable[[WeightSyncWorker], Handlers]
 
 # ---------------------------------------------------------------------- worker process side
 def _make_worker(
-    rank: int, world_size: int, spec: Spec, options: dict[str, Any]
+    rank: int, world_size: int, spec: Spec, options: dict[str, Any], backend: str = "nccl"
 ) -> WeightSyncWorker:
-    """Runs in the worker process: a ``WeightSyncWorker`` over a zero model of ``spec``."""
+    """Runs in the worker process: a ``WeightSyncWorker`` of ``backend`` over a zero model of
+    ``spec``."""
     torch.set_num_threads(1)
     from wtcore import ModuleSink
     from wtcore.testing import build_module
 
     module = build_module(state_of_spec(spec))
     return WeightSyncWorker(
-        {"backend": "nccl", **options}, ModuleSink(module), rank=rank, world_size=world_size
+        {"backend": backend, **options}, ModuleSink(module), rank=rank, world_size=world_size
     )
 
 
@@ -72,6 +73,7 @@ def _handlers(extra: Extra | None, worker: WeightSyncWorker) -> Handlers:
 class Fleet:
     client: PipeClient
     procs: list[Any]
+    backend: str = "nccl"
 
     def states(self) -> list[dict[str, torch.Tensor]]:
         return [decode_state(self.client.call(i, "state")) for i in range(len(self.procs))]
@@ -94,6 +96,7 @@ def fleet(
     options: dict[str, Any] | None = None,
     extra: Extra | None = None,
     ready_timeout_s: float = 180.0,
+    backend: str = "nccl",
 ) -> Iterator[Fleet]:
     """Start ``num_workers`` worker processes; on exit stop them, killing by PID if needed,
     and assert that none is left (``pipe_fleet`` does all three).
@@ -102,10 +105,11 @@ def fleet(
     the caller's timers never include a spawn on a loaded machine.
 
     ``extra(worker)`` may add handlers (the benchmark adds its probes); it must be picklable.
+    ``backend``: the workers' engine (``tcp`` workers take no options).
     """
-    opts = dict(options or {"torch_num_threads": 1})
+    opts = dict(options if options is not None else {"torch_num_threads": 1})
     makes = [
-        functools.partial(_make_worker, rank, num_workers, spec, opts)
+        functools.partial(_make_worker, rank, num_workers, spec, opts, backend)
         for rank in range(num_workers)
     ]
     with pipe_fleet(
@@ -114,7 +118,7 @@ def fleet(
         extra_handlers=functools.partial(_handlers, extra),
         ready_timeout_s=ready_timeout_s,
     ) as pf:
-        yield Fleet(pf.client, pf.procs)
+        yield Fleet(pf.client, pf.procs, backend)
 
 
 # ---------------------------------------------------------------------- data

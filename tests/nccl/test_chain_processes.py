@@ -15,10 +15,10 @@ import torch
 from tests.nccl.nccl_e2e_kit import fleet, groups_on_threads, loopback_info, make_state
 from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
 from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.pipeline import wait_work
 from wtcore.testing import spec_of
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
-from wtcore_nccl.forward import CHUNK_BYTES
-from wtcore_nccl.pipeline import wait_work
+from wtcore_nccl.chain import CHUNK_BYTES
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -61,13 +61,12 @@ def test_chain_rounds_bit_exact_over_three_workers() -> None:
 def test_broadcast_option_is_validated(cls: type) -> None:
     common = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 2}
     extra = {"rank": 0} if cls is NCCLTrainerInitInfo else {"rank_offset": 1}
-    with pytest.raises(PayloadError, match="broadcast: expected .*collective, chain, stream"):
+    with pytest.raises(PayloadError, match="broadcast: expected .*collective, chain, got"):
         cls(**common, **extra, broadcast="ring")
     info = cls(**common, **extra)
     worker = info.worker_init_info() if cls is NCCLTrainerInitInfo else info
-    # One worker: auto is the stream; a trainer that sends only vLLM's fields means the
-    # collective.
-    assert worker.broadcast == ("stream" if cls is NCCLTrainerInitInfo else "collective")
+    # One worker: auto is the collective, as for a trainer that sends only vLLM's fields.
+    assert worker.broadcast == "collective"
 
 
 def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:

@@ -8,10 +8,11 @@ import sys
 import pytest
 
 from wtcore import ModuleSink, PayloadError, WeightSyncWorker
+from wtcore.channel import DEFAULT_DIRECT_MIN_BYTES
 from wtcore.registry import ENGINES, TRAINER_ENGINES
 from wtcore.testing import build_module
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
-from wtcore_nccl.config import DEFAULT_DIRECT_MIN_BYTES, resolve_broadcast, resolve_transport
+from wtcore_nccl.config import resolve_broadcast, resolve_transport
 
 BASE = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 3}
 
@@ -64,15 +65,13 @@ def test_trainer_init_info_rejects_bad_values(field: str, value: object) -> None
         NCCLTrainerInitInfo(**{**BASE, field: value}, rank=0)  # type: ignore[arg-type]
 
 
-def test_broadcast_auto_is_the_stream_or_the_chain_over_gloo() -> None:
+def test_broadcast_auto_is_the_chain_over_gloo_and_never_another_data_plane() -> None:
     """The default follows the measurement: gloo's collective sends one copy per child from the
-    sender's link and pays a rendezvous per message, the stream to one worker pays none, and
-    NCCL's own broadcast already pipelines."""
+    sender's link, the chain carries each byte once; NCCL's own broadcast already pipelines.
+    ``auto`` never leaves the process group (TCP streams are the tcp engine)."""
     base = dict(BASE)
     assert resolve_broadcast("auto", "gloo", 3) == "chain"
-    assert resolve_broadcast("auto", "gloo", 2) == "stream"
-    assert resolve_broadcast("stream", "gloo", 4) == "stream"
-    assert resolve_broadcast("auto", "gloo", 2, "cuda:0") == "collective"  # gloo over CUDA
+    assert resolve_broadcast("auto", "gloo", 2) == "collective"
     assert resolve_broadcast("auto", "nccl", 8) == "collective"
     assert resolve_broadcast("collective", "gloo", 8) == "collective"
     assert NCCLTrainerInitInfo(**base, rank=0).worker_init_info().broadcast == "chain"
@@ -82,14 +81,20 @@ def test_broadcast_auto_is_the_stream_or_the_chain_over_gloo() -> None:
     assert forced.worker_init_info().broadcast == "collective"
     with pytest.raises(ValueError, match="broadcast"):
         NCCLInitInfo(**base, rank_offset=1, broadcast="auto")  # workers get a concrete mode
-    for make in (
-        lambda: NCCLTrainerInitInfo(**base, device="cuda", broadcast="stream", rank=0),
-        lambda: NCCLInitInfo(**base, rank_offset=1, transport="nccl", broadcast="stream"),
-    ):
-        with pytest.raises(ValueError, match="broadcast: 'stream' .* needs the gloo transport"):
-            make()
     with pytest.raises(ValueError, match="checksum: expected a bool"):
         NCCLInitInfo(**base, rank_offset=1, checksum="yes")  # type: ignore[arg-type]
+
+
+def test_broadcast_stream_warns_naming_the_tcp_engine_and_still_works() -> None:
+    """The stream moved to its own engine: a trainer config that asks for it gets one
+    DeprecationWarning naming ``tcp`` and the collective; a worker told ``stream`` (an old
+    trainer) refuses the init naming the field and the engine."""
+    with pytest.warns(DeprecationWarning, match="'tcp' engine") as caught:
+        info = NCCLTrainerInitInfo(**BASE, broadcast="stream", rank=0)
+    assert len(caught) == 1
+    assert info.worker_init_info().broadcast == "collective"
+    with pytest.raises(ValueError, match="^broadcast: 'stream' is the 'tcp' engine"):
+        NCCLInitInfo(**BASE, rank_offset=1, broadcast="stream")
 
 
 def test_transport_follows_the_device_unless_forced() -> None:

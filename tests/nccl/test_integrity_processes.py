@@ -4,8 +4,8 @@ The trainer (this process) is a test-only subclass that broadcasts more or fewer
 the bucket it announced; the workers are real processes on a real gloo group. Without frame
 headers gloo aborts a receiver given too many bytes (SIGABRT) and leaves stale bytes in a
 receiver given too few, which then published the round as consistent. Each case runs over
-the chain (gloo, frame headers checked before each receive) and over the stream (every
-message's length checked before a byte of it is read).
+nccl's chain (gloo, frame headers checked before each receive) and over tcp's streams (every
+message's length checked before a byte of it is read): the checks are the kit's.
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ import torch
 
 from tests.nccl.nccl_e2e_kit import Fleet, fleet, loopback_info, make_state
 from wtcore import ReceiverError, TensorSource, TransferError
+from wtcore.frames import make_header
 from wtcore.testing import spec_of, wait_until
-from wtcore_nccl import NCCLTrainerInitInfo
-from wtcore_nccl.frames import make_header
 from wtcore_nccl.trainer import NCCLTrainerEngine
+from wtcore_tcp import TCPTrainerInitInfo
+from wtcore_tcp.trainer import TCPTrainerEngine
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    import torch.distributed as dist
-
-    from wtcore_nccl.group import Group
+    from wtcore.channel import ChannelTrainerEngine
+    from wtcore.pipeline import Channel, Work
+    from wtcore.trainer import TrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -37,69 +38,76 @@ TIMEOUT_S = 20.0
 BIG_NUMEL = 700_000
 
 
-class MisSizedTrainer(NCCLTrainerEngine):
-    """Broadcasts ``delta`` bytes more (or fewer, negative) for the big tensor's bucket."""
+class MisSized:
+    """Sends ``delta`` bytes more (or fewer, negative) for the big tensor's bucket."""
 
     delta: ClassVar[int] = 0
 
-    def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
-        d = type(self).delta
+    def _send_frame(self, channel: Channel, index: int, data: torch.Tensor) -> Work:
+        d = MisSized.delta
         if d and data.numel() >= BIG_NUMEL * 4:
             data = torch.cat([data, torch.full((d,), 7, dtype=torch.uint8)]) if d > 0 else data[:d]
-        return super()._send_frame(group, index, data)
+        return super()._send_frame(channel, index, data)  # type: ignore[misc]
 
 
-class TornTrainer(NCCLTrainerEngine):
+class Torn:
     """With ``tear`` set, announces the big bucket's true size and CRC, then sends it with
     one byte changed."""
 
     tear = False
 
-    def _send_frame(self, group: Group, index: int, data: torch.Tensor) -> dist.Work:
+    def _send_frame(self, channel: Channel, index: int, data: torch.Tensor) -> Work:
         if not self.tear or data.numel() < BIG_NUMEL * 4:
-            return super()._send_frame(group, index, data)
-        group.broadcast(make_header(index, data, "cpu"))
+            return super()._send_frame(channel, index, data)  # type: ignore[misc, no-any-return]
+        channel.broadcast(make_header(index, data, "cpu"))
         torn = data.clone()
         torn[len(torn) // 2] ^= 0xFF
-        return group.broadcast(torn)
+        return channel.broadcast(torn)
 
 
-def _info(packed: bool, broadcast: str, checksum: bool = False) -> NCCLTrainerInitInfo:
-    return loopback_info(
-        world_size=3,
-        packed=packed,
-        packed_buffer_size_bytes=16 << 10,
-        timeout_s=TIMEOUT_S,
-        torch_num_threads=1,
-        broadcast=broadcast,
-        checksum=checksum,
-    )
+ENGINES: dict[str, type[ChannelTrainerEngine]] = {
+    "nccl": NCCLTrainerEngine,
+    "tcp": TCPTrainerEngine,
+}
 
 
-BROADCASTS = pytest.mark.parametrize("broadcast", ["chain", "stream"])
+def _trainer(mixin: type, backend: str) -> type[ChannelTrainerEngine]:
+    return type(f"{mixin.__name__}{backend}", (mixin, ENGINES[backend]), {})
+
+
+def _info(backend: str, packed: bool, checksum: bool = False) -> TrainerInitInfo:
+    common = {"packed": packed, "packed_buffer_size_bytes": 16 << 10, "timeout_s": TIMEOUT_S}
+    if backend == "tcp":
+        return TCPTrainerInitInfo(
+            address="127.0.0.1", world_size=3, checksum=checksum, rank=0, **common
+        )
+    return loopback_info(world_size=3, torch_num_threads=1, checksum=checksum, **common)
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
     return make_state(seed, big_numel=BIG_NUMEL, tiny=20)
 
 
-@pytest.fixture(scope="module")
-def two() -> Iterator[Fleet]:
-    with fleet(2, spec_of(_state(0)), timeout_s=2 * TIMEOUT_S) as f:
+@pytest.fixture(scope="module", params=["nccl", "tcp"])
+def two(request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """Two worker processes of nccl (its chain, for two workers) or of tcp."""
+    options = {} if request.param == "tcp" else None
+    with fleet(
+        2, spec_of(_state(0)), timeout_s=2 * TIMEOUT_S, backend=request.param, options=options
+    ) as f:
         yield f
 
 
-@BROADCASTS
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
 @pytest.mark.parametrize("delta", [1, 4096, -4096, -(2 << 20)])
 def test_missized_bucket_is_refused_and_the_receiver_survives(
-    two: Fleet, delta: int, packed: bool, broadcast: str, monkeypatch: pytest.MonkeyPatch
+    two: Fleet, delta: int, packed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     good = _state(1)
-    info = _info(packed, broadcast)
-    with MisSizedTrainer.trainer_init(info, client=two.client) as trainer:
+    info = _info(two.backend, packed)
+    with _trainer(MisSized, two.backend).trainer_init(info, client=two.client) as trainer:
         trainer.send_weights(TensorSource(good), weight_version="good")
-        monkeypatch.setattr(MisSizedTrainer, "delta", delta)
+        monkeypatch.setattr(MisSized, "delta", delta)
         t0 = time.monotonic()
         with pytest.raises((TransferError, ReceiverError)) as exc:
             trainer.send_weights(TensorSource(_state(2)), weight_version="bad")
@@ -118,26 +126,26 @@ def test_missized_bucket_is_refused_and_the_receiver_survives(
             assert info["consistent"] is False
             errors.append(info["last_error"])
         # The frame header's check, or the stream's own length check. Every chain rank checks
-        # what it got; over the stream (a fan-out) the trainer may abandon the round, after the
-        # first refusal, before the other worker read the bucket: it then says so.
+        # what it got; over tcp (a fan-out) the trainer may abandon the round, after the first
+        # refusal, before the other worker read the bucket: its streams close, naming it.
         assert any("planned" in e for e in errors), errors
         for e in errors:
-            assert "planned" in e or (broadcast == "stream" and "abandoned" in e), errors
+            closed = "from rank 0 (the sender)" in e
+            assert "planned" in e or (two.backend == "tcp" and closed), errors
         # An honest sender recovers on the next round (re-handshake), bit-exact.
-        monkeypatch.setattr(MisSizedTrainer, "delta", 0)
+        monkeypatch.setattr(MisSized, "delta", 0)
         fresh = _state(3)
         trainer.send_weights(TensorSource(fresh), weight_version="fresh")
         two.assert_synced(fresh, "fresh")
 
 
-@BROADCASTS
-def test_torn_bucket_fails_its_crc_and_nothing_of_it_is_applied(two: Fleet, broadcast: str) -> None:
+def test_torn_bucket_fails_its_crc_and_nothing_of_it_is_applied(two: Fleet) -> None:
     good = _state(1)
-    with TornTrainer.trainer_init(
-        _info(True, broadcast, checksum=True), client=two.client
+    with _trainer(Torn, two.backend).trainer_init(
+        _info(two.backend, True, checksum=True), client=two.client
     ) as trainer:
         trainer.send_weights(TensorSource(good), weight_version="good")
-        assert isinstance(trainer, TornTrainer)
+        assert isinstance(trainer, Torn)
         trainer.tear = True
         with pytest.raises((TransferError, ReceiverError), match="CRC-32"):
             trainer.send_weights(TensorSource(_state(2)), weight_version="torn")

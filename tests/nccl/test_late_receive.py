@@ -9,8 +9,8 @@ its stale bytes. The receiver must not let them overwrite the new round: it writ
 the new round before the old receive ended, so the model ends up exactly the new round's, and
 ``consistent: true`` is true.
 
-Over the stream (``broadcast="stream"``) the abort closes the connection, which ends the
-receive at once: the new round is not held, and the old trainer's bytes have nowhere to land.
+Over tcp's streams the abort closes the connection, which ends the receive at once: the new
+round is not held, and the old trainer's bytes have nowhere to land.
 """
 
 from __future__ import annotations
@@ -20,16 +20,15 @@ import time
 import pytest
 import torch
 
-from tests.nccl.nccl_e2e_kit import loopback_info
+from tests.nccl.test_stale_notice import channel_info
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.buckets import as_bytes
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError
+from wtcore.frames import make_header
 from wtcore.inproc import InProcessClient
 from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.testing import build_module, wait_until
-from wtcore_nccl import NCCLTrainerInitInfo
-from wtcore_nccl.frames import make_header
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -38,22 +37,14 @@ TIMEOUT_S = 30.0
 STALE_AFTER_S = 3.0
 
 
-def _info(broadcast: str) -> NCCLTrainerInitInfo:
-    return loopback_info(
-        world_size=2,
-        direct_min_bytes=1024,
-        timeout_s=TIMEOUT_S,
-        broadcast=broadcast,
-    )
-
-
-@pytest.mark.parametrize("broadcast", ["collective", "stream"])
-def test_a_stale_in_place_receive_never_lands_on_a_newer_round(broadcast: str) -> None:
+@pytest.mark.parametrize("backend", ["nccl", "tcp"])
+def test_a_stale_in_place_receive_never_lands_on_a_newer_round(backend: str) -> None:
     module = build_module({"s": torch.zeros(4), "v": torch.zeros(64, 64), "w": torch.zeros(64, 64)})
-    worker = WeightSyncWorker("nccl", ModuleSink(module))
+    worker = WeightSyncWorker(backend, ModuleSink(module))
     engine = worker.engine
     old_client = InProcessClient(worker, timeout_s=TIMEOUT_S)
-    old = WeightTransferTrainerFactory.trainer_init(_info(broadcast), client=old_client)
+    old = WeightTransferTrainerFactory.trainer_init(channel_info(backend), client=old_client)
+    stream = backend == "tcp"
     new = None
     try:
         # The old trainer sends buckets 0 ("s") and 1 ("v"), then announces bucket 2 ("w":
@@ -65,10 +56,10 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round(broadcast: str) -
             old_client.update_weights,
             metas_to_wire([ParamMeta.of(n, t) for n, t in old_state.items()]),
         )
-        group = old._group  # type: ignore[attr-defined]
+        group = old._channel  # type: ignore[attr-defined]
         for index, name in enumerate(old_state):
             data = as_bytes(old_state[name])
-            if broadcast != "stream":  # the stream's length prefix stands in for the header
+            if not stream:  # the stream's length prefix stands in for the header
                 group.broadcast(make_header(index, data, "cpu", checksum=False)).wait()
             if name != "w":
                 group.broadcast(data).wait()
@@ -81,10 +72,10 @@ def test_a_stale_in_place_receive_never_lands_on_a_newer_round(broadcast: str) -
         # A new trainer syncs the receiver while the old one still holds its bytes.
         fresh = {n: torch.randn(t.shape) for n, t in old_state.items()}
         new = WeightTransferTrainerFactory.trainer_init(
-            _info(broadcast), client=InProcessClient(worker, timeout_s=TIMEOUT_S)
+            channel_info(backend), client=InProcessClient(worker, timeout_s=TIMEOUT_S)
         )
         send = BackgroundCall(new.send_weights, TensorSource(fresh), weight_version="new")
-        if broadcast == "stream":  # the closed stream ended the old receive: nothing holds it
+        if stream:  # the closed stream ended the old receive: nothing holds it
             send.result(TIMEOUT_S)
             try:  # the old trainer's bytes go nowhere (its connection was shut down)
                 group.broadcast(as_bytes(stale)).wait()

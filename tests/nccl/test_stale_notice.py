@@ -1,7 +1,7 @@
 """An abort notice read during one round must not fail the next.
 
-A receiver asks the sender's store, while it waits, whether the sender gave up (the abort
-notice), on a helper thread. With two workers over the stream, a sender that fails on one
+A receiver asks its channel, while it waits, whether the sender gave up (the abort notice),
+on a helper thread (the kit's receiving loop, :mod:`wtcore.channel`). With two workers, a sender that fails on one
 worker may already have sent the other everything: that worker finishes its round, and its
 last question comes back afterwards with the failed round's reason. The next round, on a
 new group, must not report that reason as its own (seen in the multi-node fault tests as a
@@ -24,6 +24,8 @@ from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTra
 from wtcore.concurrency import BackgroundCall
 from wtcore.inproc import InProcessClient
 from wtcore.testing import build_module
+from wtcore.trainer import TrainerInitInfo
+from wtcore_tcp import TCPTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -38,14 +40,23 @@ class _SlowStart(TensorSource):
         yield from super().__iter__()
 
 
-@pytest.mark.parametrize("broadcast", ["collective", "stream"])
-def test_a_late_abort_notice_of_a_finished_round_does_not_fail_the_next(broadcast: str) -> None:
+def channel_info(backend: str) -> TrainerInitInfo:
+    """A one-worker trainer on loopback: nccl's collective, or tcp's streams."""
+    if backend == "tcp":
+        return TCPTrainerInitInfo(
+            address="127.0.0.1", world_size=2, direct_min_bytes=1024, timeout_s=TIMEOUT_S, rank=0
+        )
+    return loopback_info(
+        world_size=2, direct_min_bytes=1024, timeout_s=TIMEOUT_S, broadcast="collective"
+    )
+
+
+@pytest.mark.parametrize("backend", ["nccl", "tcp"])
+def test_a_late_abort_notice_of_a_finished_round_does_not_fail_the_next(backend: str) -> None:
     shapes = {"a": (64, 64), "b": (128,), "c": (32, 32)}
     module = build_module({n: torch.zeros(s) for n, s in shapes.items()})
-    worker = WeightSyncWorker("nccl", ModuleSink(module))
-    info = loopback_info(
-        world_size=2, direct_min_bytes=1024, timeout_s=TIMEOUT_S, broadcast=broadcast
-    )
+    worker = WeightSyncWorker(backend, ModuleSink(module))
+    info = channel_info(backend)
     trainer = WeightTransferTrainerFactory.trainer_init(
         info, client=InProcessClient(worker, timeout_s=TIMEOUT_S)
     )

@@ -8,18 +8,24 @@ chosen; :meth:`NCCLTrainerInitInfo.worker_init_info` derives the worker's
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from wtcore.channel import (
+    DEFAULT_BUFFER_SIZE,
+    ChannelTrainerInitInfo,
+    ChannelUpdateInfo,
+    check_direct,
+)
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
-from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
-from wtcore_nccl.forward import BROADCASTS
+from wtcore.kit import check_bucket_options
+from wtcore_nccl.chain import BROADCASTS
 
 __all__ = [
     "BROADCASTS",
     "DEFAULT_BUFFER_SIZE",
-    "DEFAULT_DIRECT_MIN_BYTES",
     "DEFAULT_TIMEOUT_S",
     "TRANSPORTS",
     "NCCLInitInfo",
@@ -29,11 +35,6 @@ __all__ = [
     "resolve_transport",
 ]
 
-#: Default size of one packed bucket buffer (docs/benchmarks.md: 1 GiB made a 1 GiB model one
-#: bucket, unpipelined, with 1 GiB of staging on each end; 32-256 MiB measured alike).
-DEFAULT_BUFFER_SIZE = 64 << 20
-#: Default ``direct_min_bytes`` of the wtcore trainer: tensors this large travel in place.
-DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 #: What a rendezvous secret looks like (``secrets.token_hex(16)`` and longer).
 _SECRET = re.compile(r"[0-9a-f]{32,128}")
 #: ``auto`` picks NCCL for CUDA devices and gloo otherwise.
@@ -49,28 +50,31 @@ def resolve_transport(transport: str, device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-def resolve_broadcast(broadcast: str, transport: str, world_size: int, device: str = "cpu") -> str:
-    """The concrete broadcast: ``auto`` means, over gloo, the stream to one worker (from a CPU
-    ``device``: the stream moves CPU tensors only) and the chain to two or more; the
-    collective over NCCL, and over gloo from a GPU.
+def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
+    """The concrete broadcast: ``auto`` means the chain to two or more workers over gloo, and
+    the collective otherwise (over NCCL, whose own broadcast already pipelines through a ring).
 
-    Gloo's collective broadcast is a rendezvous per message, which a round of many tensors
-    pays once per tensor; a TCP stream has none (docs/benchmarks.md, "nccl engine"). Gloo's
-    collective (and the stream) send one copy per worker from the sender's link, so the round
-    time grows with the workers; the chain keeps it flat ("Scaling under a bandwidth cap").
-    NCCL's own broadcast already pipelines through a ring, so it stays the collective there.
+    Gloo's collective sends one copy per worker from the sender's link, so the round time
+    grows with the workers; the chain keeps it flat (docs/benchmarks.md, "Scaling under a
+    bandwidth cap"). ``auto`` never leaves the process group: TCP streams without one are
+    the ``tcp`` engine.
     """
+    if broadcast == "stream":
+        warnings.warn(
+            "nccl's broadcast='stream' is the 'tcp' engine since wtcore 0.2 (pip install "
+            "wtcore-tcp; backend 'tcp'); nccl now uses its collective broadcast here, and the "
+            "option goes in 0.3",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        return "collective"
     if broadcast != "auto" and broadcast not in BROADCASTS:
         raise PayloadError(
             f"broadcast: expected auto or one of {', '.join(BROADCASTS)}, got {broadcast!r}"
         )
     if broadcast != "auto":
         return broadcast
-    if transport != "gloo":
-        return "collective"
-    if world_size > 2:
-        return "chain"
-    return "stream" if str(device) == "cpu" else "collective"
+    return "chain" if transport == "gloo" and world_size > 2 else "collective"
 
 
 def _check_group(
@@ -86,22 +90,17 @@ def _check_group(
         )
     if transport not in TRANSPORTS:
         raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if broadcast == "stream":
+        raise PayloadError(
+            "broadcast: 'stream' is the 'tcp' engine since wtcore 0.2; the trainer must use "
+            "backend 'tcp' (pip install wtcore-tcp), or 'collective' or 'chain' here"
+        )
     if broadcast not in BROADCASTS:
         raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
-    if broadcast == "stream" and transport == "nccl":
-        raise PayloadError(
-            "broadcast: 'stream' moves CPU tensors over TCP and needs the gloo transport; "
-            "transport is 'nccl' (use 'collective' or 'chain')"
-        )
-
-
-def _check_direct(value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise PayloadError(f"direct_min_bytes: expected an integer >= 0, got {value!r}")
 
 
 @dataclass
-class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
+class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
     """Trainer settings of the ``nccl`` engine.
 
     ``world_size`` counts every rank of the transfer group: the sender (trainer rank 0) plus
@@ -113,40 +112,28 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
     should use 1. It is ``None`` (leave torch alone) by default because the trainer process
     also trains.
 
-    ``direct_min_bytes``: a tensor at least this large travels as a bucket of its own and, when
-    it lies on the group's device, is broadcast straight from its storage and received straight
-    into the receiver's parameter (when the sink offers it); 0 packs everything
-    (:mod:`wtcore_nccl.plan`). ``checksum``: add a CRC-32 of every bucket to its frame header;
-    receivers then verify each bucket before applying it, and stage every bucket to do so
-    (:mod:`wtcore_nccl.frames`). Sizes are always checked.
+    ``direct_min_bytes`` and ``checksum`` are the kit's
+    (:class:`wtcore.channel.ChannelTrainerInitInfo`).
 
     ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
-    broadcast), ``"chain"`` (workers relay chunks to the next rank, so the sender's link
-    carries each byte once; :mod:`wtcore_nccl.forward`) or ``"stream"`` (gloo transport only:
-    a TCP stream from the sender to each worker, no rendezvous per message;
-    :mod:`wtcore_nccl.stream`). The default, ``"auto"``, is over gloo the stream with one
-    worker and the chain with two or more, and the collective over NCCL
-    (:func:`resolve_broadcast`); docs/nccl.md says when each wins.
+    broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
+    carries each byte once; :mod:`wtcore_nccl.chain`). The default, ``"auto"``, is over gloo
+    the chain with two or more workers, else the collective (:func:`resolve_broadcast`);
+    docs/nccl.md says when each wins. ``"stream"`` is deprecated: it is the ``tcp`` engine.
     """
 
     backend: ClassVar[str] = "nccl"
     master_address: str
     master_port: int
     world_size: int
-    packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
     transport: str = field(default="auto", kw_only=True)
-    device: str = field(default="cpu", kw_only=True)
     torch_num_threads: int | None = field(default=None, kw_only=True)
-    # In-place transfer and integrity (see wtcore_nccl.plan and wtcore_nccl.frames).
-    direct_min_bytes: int = field(default=DEFAULT_DIRECT_MIN_BYTES, kw_only=True)
-    checksum: bool = field(default=False, kw_only=True)
     broadcast: str = field(default="auto", kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_direct(self.direct_min_bytes)
-        if not isinstance(self.checksum, bool):
-            raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
+        if self.broadcast == "stream":
+            self.broadcast = resolve_broadcast("stream", self.resolved_transport, self.world_size)
         try:
             _check_group(
                 master_address=self.master_address,
@@ -168,9 +155,7 @@ class NCCLTrainerInitInfo(BucketedTrainerInitInfo):
 
     @property
     def resolved_broadcast(self) -> str:
-        return resolve_broadcast(
-            self.broadcast, self.resolved_transport, self.world_size, self.device
-        )
+        return resolve_broadcast(self.broadcast, self.resolved_transport, self.world_size)
 
     def worker_init_info(self, secret: str = "") -> NCCLInitInfo:
         """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1).
@@ -228,12 +213,11 @@ class NCCLInitInfo:
     #: 0 (the plain packing rule) for a trainer that does not send it.
     direct_min_bytes: int = 0
     broadcast: str = "collective"
-    #: Whether the trainer's headers carry CRCs (its ``checksum``); a receiver that posts a
-    #: receive before its header arrived (``stream``) stages every bucket when it is set.
+    #: Whether the trainer's frame headers carry CRCs (its ``checksum``).
     checksum: bool = False
 
     def __post_init__(self) -> None:
-        _check_direct(self.direct_min_bytes)
+        check_direct(self.direct_min_bytes)
         if not isinstance(self.checksum, bool):
             raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
         if self.secret and not _SECRET.fullmatch(self.secret):
@@ -264,5 +248,5 @@ class NCCLInitInfo:
 
 
 @dataclass
-class NCCLUpdateInfo(BucketUpdateInfo):
+class NCCLUpdateInfo(ChannelUpdateInfo):
     """All tensors of one round, in order; the bytes travel on the group."""

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
-from wtcore_nccl import stream as _stream
-from wtcore_nccl.forward import BROADCASTS, Chain
-from wtcore_nccl.sockets import listen_on
+from wtcore.listen import listen_on
+from wtcore_nccl.chain import BROADCASTS, Chain
 
 if TYPE_CHECKING:
     import torch
@@ -139,24 +138,19 @@ class Group:
     world_size: int
     transport: str
     generation: int
-    #: The forwarding chain (``broadcast="chain"``, :mod:`wtcore_nccl.forward`), else ``None``.
+    #: The forwarding chain (``broadcast="chain"``, :mod:`wtcore_nccl.chain`), else ``None``.
     chain: Chain | None = None
-    #: The streams (``broadcast="stream"``, :mod:`wtcore_nccl.stream`; no process group).
-    stream: _stream.Stream | None = None
 
     @property
     def checks_sizes(self) -> bool:
-        """Whether the transport itself refuses a message of another size than the receive
-        posted for it, before writing any of it (the stream does; gloo aborts instead), so a
-        receive may be posted before the frame's header was checked."""
-        return self.stream is not None
+        """Never: gloo aborts the receiving process on a message longer than its receive, so
+        every receive waits for its frame header (:class:`wtcore.pipeline.Channel`)."""
+        return False
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
         """Start an async broadcast of ``tensor`` from rank 0 (the sender)."""
         import torch.distributed as dist
 
-        if self.stream is not None:
-            return self.stream.broadcast(tensor)  # type: ignore[return-value]  # quacks alike
         if self.chain is not None:
             return self.chain.broadcast(tensor)  # type: ignore[return-value]  # quacks alike
         opts = dist.BroadcastOptions()
@@ -182,6 +176,10 @@ class Group:
         except Exception:
             return None
         return None
+
+    def release(self, pending: Iterable[dist.Work] = ()) -> None:
+        """Close the group without blocking (:func:`release_group`)."""
+        release_group(self, pending)
 
 
 # ---------------------------------------------------------------- which address gloo advertises
@@ -285,9 +283,7 @@ def join_group(
     ``poll`` runs between short waits (it raises to give up early: the sender uses it to
     fail fast when the worker RPC was rejected, a worker to notice a shutdown). With a
     ``secret`` the handshake's keys live under it (``generation`` is not used).
-    ``broadcast="chain"`` relays every broadcast along the ranks (:mod:`wtcore_nccl.forward`);
-    ``broadcast="stream"`` opens a TCP stream from the sender to each worker instead of a
-    process group (:mod:`wtcore_nccl.stream`).
+    ``broadcast="chain"`` relays every broadcast along the ranks (:mod:`wtcore_nccl.chain`).
     """
     import torch.distributed as dist
 
@@ -315,20 +311,6 @@ def join_group(
                 "never did (is world_size right, and did every worker get the init call?)"
             )
         time.sleep(_POLL_S)
-    if broadcast == "stream":
-        if transport != "gloo":
-            raise PayloadError(f"broadcast: 'stream' needs the gloo transport, got {transport!r}")
-        streams = _stream.connect(
-            gstore,
-            rank=rank,
-            world_size=world_size,
-            address=address,
-            secret=secret,
-            generation=generation,
-            timeout_s=timeout_s,
-            poll=poll,
-        )
-        return Group(None, gstore, rank, world_size, transport, generation, stream=streams)
     try:
         pg = _make_pg(
             transport,
@@ -359,13 +341,7 @@ def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> Non
     Callers reach the process group only through :class:`Group`, so this reference is the
     one that counts.
     """
-    if group is None:
-        return
-    if group.stream is not None:  # closing the streams ends every call in progress at once
-        streams, group.stream = group.stream, None
-        streams.close()
-        return
-    if group.pg is None:
+    if group is None or group.pg is None:
         return
     pg, group.pg = group.pg, None
     if group.chain is not None:

@@ -1,4 +1,4 @@
-"""The streamed broadcast (``broadcast="stream"``): every message down TCP streams to each worker.
+"""TCP streams from the sender to every worker: the ``tcp`` engine's channel.
 
 Gloo's broadcast is a rendezvous per message: the receiver posts its buffer, tells the sender,
 and only then do the bytes move. A round of a few hundred tensors therefore pays a round trip
@@ -11,24 +11,24 @@ so the size check is free and a sender whose sizes disagree cannot overrun a rec
 The receiver refuses such a message (:class:`~wtcore.errors.TransferError`, naming both
 sizes) instead of the transport aborting the process, as gloo does.
 
-The sender (rank 0) listens on ``master_address`` (an address of its own host that every
-worker reaches, as they reach the store there) on a port the kernel picks, and publishes the
-port under the handshake's key prefix. Every worker opens :data:`LANES` connections and
-introduces each with its rank, the lane's number and a token derived from the handshake's
-secret; the sender drops a connection whose hello is malformed, late, a duplicate or wrongly
-signed (a stranger who found the port), and acknowledges each lane it keeps, so both ends
-leave :func:`connect` knowing the group is whole. Each message is a 16-byte prefix (magic,
-byte count) and the bytes; message ``k`` of a handshake travels on lane ``k % LANES`` (both
-ends number the messages in the same order), each lane from a thread of its own on both ends.
-The sender writes every message to every worker (a fan-out: use the chain,
-:mod:`wtcore_nccl.forward`, when the sender's link is the limit).
+The sender listens on its configured ``address`` (an address of its own host that every
+worker reaches) and ships the port and a fresh random *token* in every handshake's init info,
+which travels only over the (authenticated) control plane: no rendezvous store. Every worker
+opens :data:`LANES` connections and introduces each with its rank, the lane's number and an
+HMAC of both under the token; the sender greets every accepted connection on a thread of its
+own, bounded by :data:`HELLO_S`, so a stranger who connects and says nothing holds up no one,
+and it drops a connection whose hello is malformed, late, a duplicate or wrongly signed. It
+acknowledges each lane it keeps, so both ends leave the handshake knowing the group is whole.
+Each message is a 16-byte prefix (magic, byte count) and the bytes; message ``k`` of a
+handshake travels on lane ``k % LANES`` (both ends number the messages in the same order),
+each lane from a thread of its own on both ends. The sender writes every message to every
+worker (a fan-out: nccl's chain carries each byte once over the sender's link).
 
-:meth:`Stream.broadcast` returns a :class:`StreamWork`, which behaves like the ``dist.Work``
-of a collective for the callers (:func:`wtcore_nccl.pipeline.wait_work`, the reaper). Every
-blocking socket call is bounded by the group's timeout (``SO_RCVTIMEO``/``SO_SNDTIMEO``), and
-:meth:`Stream.close` shuts the sockets down, which ends any call in progress at once; a
-receive never reports completion while its thread may still write into the buffer.
-Only CPU tensors travel this way (the gloo transport).
+:meth:`Stream.broadcast` returns a :class:`StreamWork` (a :class:`wtcore.pipeline.ThreadWork`).
+Every blocking socket call is bounded by the timeout (``SO_RCVTIMEO``/``SO_SNDTIMEO``), and
+:meth:`Stream.release` shuts the sockets down, which ends any call in progress at once; a
+receive never reports completion while its thread may still write into the buffer. Only CPU
+tensors travel this way.
 """
 
 from __future__ import annotations
@@ -40,27 +40,26 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore_nccl.forward import ChainWork
-from wtcore_nccl.sockets import listen_on
+from wtcore.pipeline import ThreadWork, Work
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LANES", "PORT_KEY", "Stream", "StreamWork", "connect"]
+__all__ = ["HELLO_S", "LANES", "Stream", "StreamWork", "accept", "connect"]
 
-#: Store key (under the handshake's prefix) of the sender's stream port.
-PORT_KEY = "stream/port"
 _PREFIX = struct.Struct("<QQ")  # magic, byte count
 _MAGIC = int.from_bytes(b"wtcstrm1", "big")
 _HELLO = struct.Struct("<QQQ32s")  # magic, rank, lane, token
 _HELLO_MAGIC = int.from_bytes(b"wtchelo1", "big")
 _ACK = b"\x01"
 #: How long an accepted connection may take to say hello before it is dropped.
-_HELLO_S = 5.0
+HELLO_S = 5.0
+#: Connections greeted at once; one more is dropped at once (a flood holds up no one).
+_GREETERS = 64
 _POLL_S = 0.05
 #: TCP connections per worker ("lanes"): message ``k`` travels on lane ``k % LANES``. On
 #: loopback the sender's kernel does most of a connection's work (its copy and the receiving
@@ -71,11 +70,9 @@ LANES = 2
 _SMALL = 1 << 16
 
 
-def _token(secret: str, generation: int, rank: int, lane: int) -> bytes:
-    """What rank ``rank`` proves it got this handshake's init call with: its secret (or, for
-    a sender without one, the guessable generation, as the store keys are then)."""
-    key = secret or f"generation-{generation}"
-    return hashlib.sha256(f"wtcore-stream:{key}:{rank}:{lane}".encode()).digest()
+def _signature(token: str, rank: int, lane: int) -> bytes:
+    """What rank ``rank`` proves it got this handshake's init call with (the token)."""
+    return hmac.new(token.encode(), f"wtcore-tcp:{rank}:{lane}".encode(), hashlib.sha256).digest()
 
 
 def _bytes_view(tensor: torch.Tensor) -> memoryview:
@@ -83,9 +80,7 @@ def _bytes_view(tensor: torch.Tensor) -> memoryview:
     import torch
 
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
-        raise TransferError(
-            "broadcast='stream' moves contiguous CPU tensors only (use the collective on CUDA)"
-        )
+        raise TransferError("the tcp engine moves contiguous CPU tensors only (use nccl on CUDA)")
     flat = tensor.detach().reshape(-1).view(torch.uint8)
     return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]  # numpy is a buffer
 
@@ -144,17 +139,28 @@ def _address(sock: socket.socket) -> str:
 _Lane = tuple[int, int]  # (peer rank, lane)
 
 
-def _accept(
+def accept(
     listener: socket.socket,
     *,
     world_size: int,
-    secret: str,
-    generation: int,
-    deadline: float,
-    poll: Callable[[], None] | None,
-) -> dict[_Lane, socket.socket]:
-    """Keep every lane of every worker rank whose hello is signed; drop the others."""
+    token: str,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+) -> Stream:
+    """The sender's end: keep every lane of every worker rank whose hello is signed.
+
+    ``listener`` accepts in short waits, ``poll`` running between them (it raises to give up:
+    the init call failed). Each accepted connection is greeted on a thread of its own.
+    """
+    deadline = time.monotonic() + timeout_s
+    listener.settimeout(_POLL_S)
+    greeted: queue.Queue[tuple[_Lane | None, socket.socket]] = queue.Queue()
+    greeting = 0
     peers: dict[_Lane, socket.socket] = {}
+
+    def greet(conn: socket.socket) -> None:
+        greeted.put((_greet(conn, world_size, token), conn))
+
     try:
         while len(peers) < (world_size - 1) * LANES:
             if poll is not None:
@@ -162,85 +168,90 @@ def _accept(
             if time.monotonic() >= deadline:
                 missing = [r for r in range(1, world_size) if sum(k[0] == r for k in peers) < LANES]
                 raise TransferTimeoutError(
-                    f"ranks {missing} never opened their stream connections to the sender"
+                    f"ranks {missing} never opened their tcp connections to the sender at "
+                    f"{_local(listener)} within {timeout_s:g} s"
                 )
+            while not greeted.empty():
+                lane, conn = greeted.get()
+                greeting -= 1
+                if lane is None or lane in peers:
+                    conn.close()  # a stranger, a duplicate, or a worker of another handshake
+                    continue
+                try:
+                    conn.sendall(_ACK)
+                except OSError:
+                    conn.close()
+                    continue
+                peers[lane] = conn
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
-            lane = _greet(conn, world_size, secret, generation)
-            if lane is None or lane in peers:
-                conn.close()  # a stranger, a duplicate, or a worker of another handshake
+            if greeting >= _GREETERS:
+                conn.close()
                 continue
-            conn.sendall(_ACK)
-            peers[lane] = conn
+            greeting += 1
+            threading.Thread(
+                target=greet, args=(conn,), name="wtcore-tcp-hello", daemon=True
+            ).start()
     except BaseException:
         for s in peers.values():
             s.close()
         raise
-    return peers
+    finally:  # connections still being greeted close themselves once their hello is read
+        threading.Thread(target=_drain, args=(greeted, greeting), daemon=True).start()
+    return Stream(0, peers, timeout_s)
 
 
-def _greet(conn: socket.socket, world_size: int, secret: str, generation: int) -> _Lane | None:
-    """The worker rank and lane ``conn`` proves it is (within a few seconds), or ``None``."""
+def _drain(greeted: queue.Queue[tuple[_Lane | None, socket.socket]], left: int) -> None:
+    for _ in range(left):
+        try:
+            _, conn = greeted.get(timeout=HELLO_S + 1.0)
+        except queue.Empty:
+            return
+        conn.close()
+
+
+def _local(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getsockname()[:2]
+    except OSError:
+        return "its address"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _greet(conn: socket.socket, world_size: int, token: str) -> _Lane | None:
+    """The worker rank and lane ``conn`` proves it is (within :data:`HELLO_S`), or ``None``."""
     hello = bytearray(_HELLO.size)
     try:
-        _bound(conn, _HELLO_S)
-        _recv_exact(conn, memoryview(hello), time.monotonic() + _HELLO_S)
+        _bound(conn, HELLO_S)
+        _recv_exact(conn, memoryview(hello), time.monotonic() + HELLO_S)
     except (OSError, TransferError):
         return None
-    magic, rank, lane, token = _HELLO.unpack(hello)
+    magic, rank, lane, signature = _HELLO.unpack(hello)
     if magic != _HELLO_MAGIC or not 0 < rank < world_size or not 0 <= lane < LANES:
         return None
-    signed = hmac.compare_digest(token, _token(secret, generation, rank, lane))
+    signed = hmac.compare_digest(signature, _signature(token, rank, lane))
     return (int(rank), int(lane)) if signed else None
 
 
 def connect(
-    store: Any,
+    address: str,
+    port: int,
     *,
     rank: int,
-    world_size: int,
-    address: str,
-    secret: str,
-    generation: int,
+    token: str,
     timeout_s: float,
     poll: Callable[[], None] | None = None,
 ) -> Stream:
-    """Open the group's streams: rank 0 accepts every worker, the others connect to it.
-
-    Call only once every rank arrived in the store (:func:`wtcore_nccl.group.join_group`).
-    """
+    """A worker's end: open every lane to the sender at ``address:port`` and say hello."""
     deadline = time.monotonic() + timeout_s
-    if rank == 0:
-        with listen_on(address, 0, "the nccl stream port") as listener:
-            listener.settimeout(_POLL_S)  # accept in short waits, polling between them
-            store.set(PORT_KEY, str(listener.getsockname()[1]))
-            peers = _accept(
-                listener,
-                world_size=world_size,
-                secret=secret,
-                generation=generation,
-                deadline=deadline,
-                poll=poll,
-            )
-        return Stream(rank, peers, timeout_s)
-    while not store.check([PORT_KEY]):
-        if poll is not None:
-            poll()
-        if time.monotonic() >= deadline:
-            raise TransferTimeoutError(
-                f"the sender at {address} published no stream port within {timeout_s:g} s"
-            )
-        time.sleep(0.01)
-    try:
-        port = int(bytes(store.get(PORT_KEY)))
-    except ValueError as e:
-        raise TransferError(f"the sender at {address} published a malformed port: {e}") from e
     lanes: dict[_Lane, socket.socket] = {}
     try:
         for lane in range(LANES):
-            lanes[(0, lane)] = _open_lane(address, port, rank, lane, secret, generation, deadline)
+            if poll is not None:
+                poll()
+            lanes[(0, lane)] = _open_lane(address, port, rank, lane, token, deadline)
     except BaseException:
         for sock in lanes.values():
             sock.close()
@@ -249,10 +260,10 @@ def connect(
 
 
 def _open_lane(
-    address: str, port: int, rank: int, lane: int, secret: str, generation: int, deadline: float
+    address: str, port: int, rank: int, lane: int, token: str, deadline: float
 ) -> socket.socket:
     """Connect one lane to the sender, say hello, and wait for its acknowledgement."""
-    what = f"stream connection {lane} of rank {rank} to the sender at {address}:{port}"
+    what = f"tcp connection {lane} of rank {rank} to the sender at {address}:{port}"
     try:
         sock = socket.create_connection(
             (address, port), timeout=max(0.05, deadline - time.monotonic())
@@ -261,7 +272,7 @@ def _open_lane(
         raise TransferError(f"cannot open the {what}: {e}") from e
     try:
         _bound(sock, max(0.05, deadline - time.monotonic()))
-        sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, lane, _token(secret, generation, rank, lane)))
+        sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, lane, _signature(token, rank, lane)))
         _recv_exact(sock, memoryview(bytearray(1)), deadline)
     except (OSError, TransferError) as e:
         sock.close()
@@ -269,11 +280,9 @@ def _open_lane(
     return sock
 
 
-class StreamWork(ChainWork):
-    """One message on this rank's streams; quacks like a ``dist.Work`` (see ChainWork).
-
-    Its failures are worded by :class:`Stream`, which knows each peer's address.
-    """
+class StreamWork(ThreadWork):
+    """One message on this rank's streams; its failures are worded by :class:`Stream`,
+    which knows each peer's address."""
 
     def pending_detail(self) -> str:
         if self.error is not None:
@@ -311,8 +320,24 @@ class Stream:
         target = self._writer if rank == 0 else self._reader
         for key in lanes:
             threading.Thread(
-                target=target, args=(key,), name=f"wtcore-nccl-stream-{rank}-{key}", daemon=True
+                target=target, args=(key,), name=f"wtcore-tcp-{rank}-{key}", daemon=True
             ).start()
+
+    @property
+    def checks_sizes(self) -> bool:
+        """Always: a message's length prefix is read, and refused, before its bytes."""
+        return True
+
+    def set_abort(self, reason: str) -> None:
+        """Nothing to tell: releasing the streams ends every receive at once, and the
+        control plane's ``abort_weight_update`` carries the reason."""
+
+    def abort_reason(self) -> str | None:
+        return None
+
+    def release(self, pending: Iterable[Work] = ()) -> None:
+        """Shut the connections down (see :meth:`close`); ``pending`` end with them."""
+        self.close()
 
     def broadcast(self, tensor: torch.Tensor) -> StreamWork:
         """Start sending ``tensor`` to every worker (rank 0) or receiving it (the others)."""
@@ -326,7 +351,7 @@ class Stream:
         )
         with self._lock:
             if self._closed.is_set():
-                raise TransferError("the nccl transfer group was closed")
+                raise TransferError("the tcp streams were closed")
             lane, self._next = self._next % LANES, self._next + 1
             for (_, n), q in self._queues.items():
                 if n == lane:
@@ -352,7 +377,7 @@ class Stream:
         while (job := q.get()) is not None:
             broken = self._broken.get(key[0])
             if broken is None and self._closed.is_set():
-                broken = "the nccl transfer group was closed"
+                broken = "the tcp streams were closed"
             if broken is not None:
                 self._fail(key, job[0], TransferError(f"the connection failed earlier: {broken}"))
                 continue

@@ -1,0 +1,38 @@
+"""wtcore-tcp: packed, pipelined weight streams over plain TCP, for CPU workers.
+
+The trainer's rank 0 streams every bucket to every worker over connections of its own (no
+process group, no rendezvous store); its address, port and a per-handshake token travel in
+the init call. The trainer half is registered as ``tcp`` in ``wtcore.trainer_engines``, the
+worker half as ``tcp`` in ``wtcore.engines``. Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from wtcore_tcp.config import TCPInitInfo, TCPTrainerInitInfo, TCPUpdateInfo
+
+if TYPE_CHECKING:
+    from wtcore_tcp.trainer import TCPTrainerEngine
+    from wtcore_tcp.worker import TCPWorkerEngine
+
+__all__ = [
+    "TCPInitInfo",
+    "TCPTrainerEngine",
+    "TCPTrainerInitInfo",
+    "TCPUpdateInfo",
+    "TCPWorkerEngine",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The engines are imported on first use, like the registries do.
+    if name == "TCPTrainerEngine":
+        from wtcore_tcp.trainer import TCPTrainerEngine
+
+        return TCPTrainerEngine
+    if name == "TCPWorkerEngine":
+        from wtcore_tcp.worker import TCPWorkerEngine
+
+        return TCPWorkerEngine
+    raise AttributeError(f"module 'wtcore_tcp' has no attribute {name!r}")

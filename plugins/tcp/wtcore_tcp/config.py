@@ -1,0 +1,129 @@
+"""The settings of the ``tcp`` engine pair: what the trainer owns and what it ships to workers.
+
+The trainer's :class:`TCPTrainerInitInfo` is the only place where settings are chosen;
+:meth:`TCPTrainerInitInfo.worker_init_info` derives each handshake's :class:`TCPInitInfo`
+from it (with the port the sender listens on and a fresh token), so the two ends cannot
+disagree on the bucket layout.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from wtcore.channel import ChannelTrainerInitInfo, ChannelUpdateInfo, check_direct
+from wtcore.defaults import DEFAULT_TIMEOUT_S
+from wtcore.errors import PayloadError
+from wtcore.kit import check_bucket_options
+
+__all__ = ["TCPInitInfo", "TCPTrainerInitInfo", "TCPUpdateInfo"]
+
+#: What a handshake token looks like (``secrets.token_hex(16)`` and longer).
+_TOKEN = re.compile(r"[0-9a-f]{32,128}")
+
+
+def _check_peers(address: str, port: int, world_size: int, *, any_port: bool) -> None:
+    if not isinstance(address, str) or not address:
+        raise PayloadError(f"address: expected a host name or IP address, got {address!r}")
+    low = 0 if any_port else 1
+    if not isinstance(port, int) or isinstance(port, bool) or not low <= port < 65536:
+        raise PayloadError(f"port: expected a port in [{low}, 65535], got {port!r}")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 2:
+        raise PayloadError(
+            f"world_size: expected at least 2 (the sender plus one worker), got {world_size!r}"
+        )
+
+
+@dataclass
+class TCPTrainerInitInfo(ChannelTrainerInitInfo):
+    """Trainer settings of the ``tcp`` engine.
+
+    ``address`` is an address of the trainer's host that every worker reaches; the sender
+    listens there only, on ``port`` (0, the default: a port the kernel picks at every
+    handshake, shipped to the workers in the init call). ``world_size`` counts the sender
+    plus every inference worker, which connect as ranks ``1 .. world_size - 1``. The bucket
+    options, ``direct_min_bytes`` and ``checksum`` are the kit's
+    (:class:`wtcore.channel.ChannelTrainerInitInfo`). CPU tensors only: ``device`` is
+    ``"cpu"``.
+    """
+
+    backend: ClassVar[str] = "tcp"
+    address: str
+    world_size: int
+    port: int = field(default=0, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_peers(self.address, self.port, self.world_size, any_port=True)
+        if self.device != "cpu":
+            raise PayloadError(
+                f"device: the tcp engine moves CPU tensors only, got {self.device!r} (use nccl "
+                "on CUDA)"
+            )
+
+    def worker_init_info(self, port: int, token: str) -> TCPInitInfo:
+        """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1)."""
+        return TCPInitInfo(
+            address=self.address,
+            port=port,
+            token=token,
+            rank_offset=1,
+            world_size=self.world_size,
+            packed=self.packed,
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+            packed_num_buffers=self.packed_num_buffers,
+            timeout_s=self.timeout_s,
+            direct_min_bytes=self.direct_min_bytes,
+            checksum=self.checksum,
+        )
+
+
+@dataclass
+class TCPInitInfo:
+    """The worker's init info: where the sender listens and this handshake's token.
+
+    ``token`` proves to the sender that a connection comes from a worker that got this
+    handshake's init call (the listening port takes connections from anyone who can reach
+    it); it travels only inside that call, and the sender draws a new one every handshake.
+    """
+
+    address: str
+    port: int
+    token: str = field(repr=False)
+    rank_offset: int
+    world_size: int
+    packed: bool = True
+    packed_buffer_size_bytes: int = 64 << 20
+    packed_num_buffers: int = 2
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    direct_min_bytes: int = 0
+    #: Whether the trainer's frame headers carry CRCs (its ``checksum``); the receiver then
+    #: stages every bucket, to verify it before anything of it is applied.
+    checksum: bool = False
+
+    def __post_init__(self) -> None:
+        _check_peers(self.address, self.port, self.world_size, any_port=False)
+        if not isinstance(self.token, str) or not _TOKEN.fullmatch(self.token):
+            raise PayloadError("token: expected 32 to 128 lowercase hex digits")
+        if not isinstance(self.rank_offset, int) or self.rank_offset < 1:
+            raise PayloadError(
+                f"rank_offset: expected at least 1 (rank 0 is the sender), got {self.rank_offset!r}"
+            )
+        check_direct(self.direct_min_bytes)
+        if not isinstance(self.checksum, bool):
+            raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
+        check_bucket_options(
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+            packed_num_buffers=self.packed_num_buffers,
+            timeout_s=self.timeout_s,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """A JSON-safe dict, as shipped in ``init_weight_transfer_engine``."""
+        return asdict(self)
+
+
+@dataclass
+class TCPUpdateInfo(ChannelUpdateInfo):
+    """All tensors of one round, in order; the bytes travel on the streams."""

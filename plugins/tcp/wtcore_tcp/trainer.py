@@ -1,0 +1,60 @@
+"""The sender: listens for its workers at every handshake, then streams the round to them.
+
+The round is the kit's (:class:`wtcore.channel.ChannelTrainerEngine`); this engine supplies
+its channel, TCP streams to every worker (:mod:`wtcore_tcp.stream`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from wtcore.channel import ChannelTrainerEngine
+from wtcore.listen import listen_on
+from wtcore_tcp.config import TCPTrainerInitInfo
+from wtcore_tcp.stream import Stream, accept
+
+if TYPE_CHECKING:
+    from wtcore.client import WeightSyncClient
+    from wtcore.source import WeightSource
+    from wtcore.trainer import TrainerInitInfo
+
+__all__ = ["TCPTrainerEngine"]
+
+
+class TCPTrainerEngine(ChannelTrainerEngine):
+    """Trainer half of the ``tcp`` engine (see the module docstring)."""
+
+    init_info_cls = TCPTrainerInitInfo
+
+    def __init__(
+        self,
+        init_info: TrainerInitInfo,
+        *,
+        client: WeightSyncClient | None,
+        source: WeightSource | None,
+    ) -> None:
+        super().__init__(init_info, client=client, source=source)
+        assert isinstance(init_info, TCPTrainerInitInfo)
+        self.info: TCPTrainerInitInfo = init_info
+
+    def open_channel(self) -> tuple[dict[str, Any], Callable[[Callable[[], None]], Stream]]:
+        """Listen on ``address`` (the port is the kernel's pick unless set), and draw this
+        handshake's token; the workers learn both in the init call and connect back."""
+        info = self.info
+        listener = listen_on(info.address, info.port, "the tcp stream port", field="")
+        token = secrets.token_hex(16)
+        port = int(listener.getsockname()[1])
+
+        def join(poll: Callable[[], None]) -> Stream:
+            with listener:
+                return accept(
+                    listener,
+                    world_size=info.world_size,
+                    token=token,
+                    timeout_s=info.timeout_s,
+                    poll=poll,
+                )
+
+        return info.worker_init_info(port, token).to_wire(), join

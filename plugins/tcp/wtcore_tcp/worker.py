@@ -1,0 +1,44 @@
+"""The receiver: connects to the sender the trainer's init names, then receives frames.
+
+The receiving is the kit's (:class:`wtcore.channel.ChannelWorkerEngine`); this engine joins
+its channel, the sender's TCP streams (:mod:`wtcore_tcp.stream`).
+"""
+
+from __future__ import annotations
+
+from wtcore.channel import ChannelWorkerEngine
+from wtcore.errors import PayloadError
+from wtcore_tcp.config import TCPInitInfo, TCPUpdateInfo
+from wtcore_tcp.stream import Stream, connect
+
+__all__ = ["TCPWorkerEngine"]
+
+
+class TCPWorkerEngine(ChannelWorkerEngine[TCPInitInfo, TCPUpdateInfo]):
+    """Worker half of the ``tcp`` engine (see the module docstring); CPU tensors only."""
+
+    init_info_cls = TCPInitInfo
+    update_info_cls = TCPUpdateInfo
+
+    def check_init(self, init_info: TCPInitInfo) -> None:
+        rank = init_info.rank_offset + self.rank
+        if rank >= init_info.world_size:
+            raise PayloadError(
+                f"init_info.world_size: {init_info.world_size} is too small: worker rank "
+                f"{self.rank} at rank_offset {init_info.rank_offset} would be rank {rank}"
+            )
+        if str(self.device) != "cpu":
+            raise PayloadError(
+                f"device: the tcp engine moves CPU tensors only, this worker's device is "
+                f"{self.device!r} (use nccl on CUDA)"
+            )
+
+    def open_channel(self, init_info: TCPInitInfo) -> Stream:
+        return connect(
+            init_info.address,
+            init_info.port,
+            rank=init_info.rank_offset + self.rank,
+            token=init_info.token,
+            timeout_s=init_info.timeout_s,
+            poll=self.check_stopped,
+        )
