@@ -57,8 +57,8 @@ log = logging.getLogger("wtcore.registry")
 #: The one table of first-party plugin names (entry-point group -> name -> distribution), used
 #: only for install hints: no other distribution name is ever suggested.
 FIRST_PARTY: dict[str, dict[str, str]] = {
-    "wtcore.engines": {"nccl": "wtcore-nccl", "ipc": "wtcore-ipc"},
-    "wtcore.trainer_engines": {"nccl": "wtcore-nccl", "ipc": "wtcore-ipc"},
+    "wtcore.engines": {"nccl": "wtcore-nccl", "tcp": "wtcore-tcp", "ipc": "wtcore-ipc"},
+    "wtcore.trainer_engines": {"nccl": "wtcore-nccl", "tcp": "wtcore-tcp", "ipc": "wtcore-ipc"},
     "wtcore.clients": {"http": "wtcore-http-client", "ray": "wtcore-ray-client"},
     # ``wtcore`` subcommands, added through the ``wtcore_add_commands`` hook.
     "commands": {"bench": "wtcore-bench", "serve": "wtcore-http-client"},

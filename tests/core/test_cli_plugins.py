@@ -62,21 +62,21 @@ def test_clean_install_exits_zero_with_valid_json() -> None:
 
 
 def test_two_distributions_one_name_is_shown_and_exits_one(tmp_path: Path) -> None:
-    _dist(tmp_path, "tcp-one", "[wtcore.engines]\ntcp = tcp_one:Engine\n")
-    _dist(tmp_path, "tcp-two", "[wtcore.engines]\ntcp = tcp_two:Engine\n", version="2.0")
+    _dist(tmp_path, "quic-one", "[wtcore.engines]\nquic = quic_one:Engine\n")
+    _dist(tmp_path, "quic-two", "[wtcore.engines]\nquic = quic_two:Engine\n", version="2.0")
     out = _run(tmp_path)
     assert out.returncode == 1
-    (line,) = [x for x in out.stdout.splitlines() if x.startswith("  tcp ")]
-    assert "CONFLICT: engine 'tcp' is registered in wtcore.engines by 2 distributions" in line
-    assert "tcp-one 1.0 (tcp_one:Engine)" in line and "tcp-two 2.0 (tcp_two:Engine)" in line
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("  quic ")]
+    assert "CONFLICT: engine 'quic' is registered in wtcore.engines by 2 distributions" in line
+    assert "quic-one 1.0 (quic_one:Engine)" in line and "quic-two 2.0 (quic_two:Engine)" in line
     assert "Traceback" not in out.stderr
     assert out.stderr.strip() == "wtcore plugins: some plugins are broken or conflicting"
 
     record = json.loads(_run(tmp_path, "--json").stdout)
     assert record["ok"] is False
     (conflict,) = record["registries"][0]["conflicts"]
-    assert conflict["name"] == "tcp" and conflict["builtin"] is False
-    assert {p["distribution"] for p in conflict["providers"]} == {"tcp-one", "tcp-two"}
+    assert conflict["name"] == "quic" and conflict["builtin"] is False
+    assert {p["distribution"] for p in conflict["providers"]} == {"quic-one", "quic-two"}
     assert conflict["message"] in line
 
 

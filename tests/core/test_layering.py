@@ -45,6 +45,10 @@ PROTOCOL = {
 }
 KIT = {
     "wtcore.kit": "what every bucket engine shares",
+    "wtcore.channel": "what every streamed engine shares: the round on a channel",
+    "wtcore.pipeline": "channels, their work in flight, reused buffers, bounded waits",
+    "wtcore.frames": "frame headers: sizes (and CRCs) before bytes",
+    "wtcore.listen": "a sender's listening socket, on one address",
     "wtcore.concurrency": "a blocking call with a timeout",
     "wtcore.fanout": "the one fan-out",
     "wtcore.procs": "stopping child processes by PID",

@@ -215,35 +215,35 @@ def _write_dist(
 
 
 @pytest.fixture
-def two_tcp_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    _write_dist(tmp_path, "tcp-one", "1.0", "[wtcore.engines]\ntcp = tcp_one:Engine\n")
-    _write_dist(tmp_path, "tcp-two", "2.0", "[wtcore.engines]\ntcp = tcp_two:Engine\n")
+def two_quic_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    _write_dist(tmp_path, "quic-one", "1.0", "[wtcore.engines]\nquic = quic_one:Engine\n")
+    _write_dist(tmp_path, "quic-two", "2.0", "[wtcore.engines]\nquic = quic_two:Engine\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
 
-def test_two_distributions_one_name_is_an_error_naming_both(two_tcp_dists: Path) -> None:
+def test_two_distributions_one_name_is_an_error_naming_both(two_quic_dists: Path) -> None:
     reg = _registry()
-    assert "tcp" in reg.names()  # listed (imports nothing), but not usable
+    assert "quic" in reg.names()  # listed (imports nothing), but not usable
     with pytest.raises(PluginConflictError) as exc:
-        reg.load("tcp")
+        reg.load("quic")
     text = str(exc.value)
-    assert "engine 'tcp' is registered in wtcore.engines by 2 distributions" in text
-    assert "tcp-one 1.0 (tcp_one:Engine)" in text and "tcp-two 2.0 (tcp_two:Engine)" in text
+    assert "engine 'quic' is registered in wtcore.engines by 2 distributions" in text
+    assert "quic-one 1.0 (quic_one:Engine)" in text and "quic-two 2.0 (quic_two:Engine)" in text
     assert isinstance(exc.value, WtcoreError) and isinstance(exc.value, ValueError)
     with pytest.raises(PluginConflictError):
-        reg.info("tcp")
+        reg.info("quic")
     (conflict,) = reg.conflicts()
-    assert conflict.name == "tcp" and not conflict.builtin
-    assert {p.distribution for p in conflict.providers} == {"tcp-one", "tcp-two"}
+    assert conflict.name == "quic" and not conflict.builtin
+    assert {p.distribution for p in conflict.providers} == {"quic-one", "quic-two"}
 
 
-def test_registering_at_runtime_settles_a_conflict(two_tcp_dists: Path) -> None:
+def test_registering_at_runtime_settles_a_conflict(two_quic_dists: Path) -> None:
     reg = _registry()
     with pytest.raises(PluginConflictError, match="already registered"):
-        reg.register("tcp", LocalWorkerEngine)
-    reg.register("tcp", LocalWorkerEngine, replace=True)
-    assert reg.load("tcp") is LocalWorkerEngine and reg.conflicts() == []
+        reg.register("quic", LocalWorkerEngine)
+    reg.register("quic", LocalWorkerEngine, replace=True)
+    assert reg.load("quic") is LocalWorkerEngine and reg.conflicts() == []
 
 
 def test_a_plugin_may_not_shadow_a_builtin(

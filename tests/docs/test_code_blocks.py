@@ -169,6 +169,7 @@ def _self_contained(tmp_path: Path) -> Generator[dict[str, Any], None, None]:
 EXECUTED: dict[str, Callable[[Path], Generator[dict[str, Any], None, None]]] = {
     "docs/http.md": _http_page,
     "docs/ipc.md": _self_contained,
+    "docs/tcp.md": _self_contained,
 }
 
 

@@ -5,9 +5,10 @@ trainer (and every HTTP call to the receivers) runs here, in the trainer's node,
 command per line on stdin; each command gets one JSON line back on stdout:
 
 - ``{"op": "init", "urls": [...], "api_key": k, "master_address": a, "master_port": p,
-  "world_size": n, "timeout_s": t, "size": bytes, "tensors": n, "broadcast": b}``: a new nccl
-  trainer (``broadcast`` optional: the engine's default, so the fault tests run the chain)
-  (the previous one, if any, is shut down first);
+  "world_size": n, "timeout_s": t, "size": bytes, "tensors": n, "broadcast": b, "backend": e}``:
+  a new trainer, ``nccl`` unless ``backend`` says ``tcp`` (which listens on ``master_address``,
+  on a port of its own); ``broadcast`` optional: nccl's default, so the fault tests run the
+  chain (the previous trainer, if any, is shut down first);
 - ``{"op": "send", "seed": s, "version": v}``: one round of ``synthetic_state(seed)``;
 - ``{"op": "info"}`` / ``{"op": "checksums"}``: every receiver's ``weight_info()`` /
   ``checksums()``, asked one receiver at a time so that a dead one is reported, not raised;
@@ -31,6 +32,7 @@ from wtcore.errors import ErrorRecord
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_nccl import NCCLTrainerInitInfo
+from wtcore_tcp import TCPTrainerInitInfo
 
 STATE: dict[str, Any] = {"trainer": None, "client": None, "cmd": None}
 
@@ -64,16 +66,23 @@ def handle(cmd: dict[str, Any]) -> dict[str, Any]:
         _close()
         STATE["cmd"] = cmd
         client = HTTPWeightSyncClient(cmd["urls"], api_key=cmd["api_key"], timeout_s=cmd["timeout"])
-        info = NCCLTrainerInitInfo(
-            rank=0,
-            master_address=cmd["master_address"],
-            master_port=cmd["master_port"],
-            world_size=cmd["world_size"],
-            packed_buffer_size_bytes=cmd.get("buffer_size", 256 << 10),
-            timeout_s=cmd["timeout"],
-            torch_num_threads=1,
-            broadcast=cmd.get("broadcast", "auto"),
-        )
+        common = {
+            "rank": 0,
+            "world_size": cmd["world_size"],
+            "packed_buffer_size_bytes": cmd.get("buffer_size", 256 << 10),
+            "timeout_s": cmd["timeout"],
+        }
+        info: NCCLTrainerInitInfo | TCPTrainerInitInfo
+        if cmd.get("backend", "nccl") == "tcp":
+            info = TCPTrainerInitInfo(address=cmd["master_address"], **common)
+        else:
+            info = NCCLTrainerInitInfo(
+                master_address=cmd["master_address"],
+                master_port=cmd["master_port"],
+                torch_num_threads=1,
+                broadcast=cmd.get("broadcast", "auto"),
+                **common,
+            )
         STATE["trainer"] = WeightTransferTrainerFactory.trainer_init(info, client=client)
         return {}
     if op == "send":

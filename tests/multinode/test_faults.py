@@ -1,13 +1,13 @@
 """Network faults between namespaced nodes: links that go down, a node that vanishes, slow links.
 
-Trainer on node 0, ``wtcore serve`` nccl receivers on nodes 1 and 2, every link capped (``tbf``)
+Trainer on node 0, ``wtcore serve`` receivers on nodes 1 and 2, every link capped (``tbf``)
 so that a round lasts long enough to be cut in the middle. Each test asserts: the round ends
 within the configured timeout (plus slack for a loaded 2-core machine) with an error naming the
 receiver's node; every reachable receiver then reports a known state (``consistent``, version,
 no call in flight); and the next round (link back, or over the survivors) is bit-exact. The
 module's cluster fixture checks that no process or namespace is left behind. Every test runs
-twice: with the engine's default broadcast (the chain, for two receivers) and over the stream
-(``broadcast="stream"``: a TCP connection from the trainer to each receiver).
+twice: over nccl (its default broadcast, the chain, for two receivers) and over tcp (TCP
+connections from the trainer to each receiver).
 """
 
 from __future__ import annotations
@@ -27,11 +27,14 @@ from wtcore_bench.netns import Cluster
 pytestmark = [pytest.mark.timeout(300)]
 
 SIZE, TENSORS = 2 << 20, 16
-TIMEOUT_S = 4.0  # the nccl engine's bound on each wait, and the HTTP client's
+TIMEOUT_S = 4.0  # the engine's bound on each wait, and the HTTP client's
 SLACK_S = 8.0  # fan-out grace, gloo's teardown, a loaded 2-core machine
 RATE = "20mbit"  # a round (2 x 2 MiB from the trainer) lasts about two seconds
-ARGS = ["--backend", "nccl", "--backend-options", '{"torch_num_threads": 1}',
-        "--size", str(SIZE), "--tensors", str(TENSORS)]  # fmt: skip
+ARGS = {
+    "nccl": ["--backend", "nccl", "--backend-options", '{"torch_num_threads": 1}'],
+    "tcp": ["--backend", "tcp"],
+}
+SHAPE = ["--size", str(SIZE), "--tensors", str(TENSORS)]
 _ports = itertools.count(MASTER_PORT + 100)
 
 
@@ -39,14 +42,15 @@ def digest(seed: int) -> str:
     return digest_named(synthetic_state(SIZE, TENSORS, "float32", seed=seed).items())
 
 
-@pytest.fixture(scope="module", params=["auto", "stream"])
+@pytest.fixture(scope="module", params=["nccl", "tcp"])
 def net(
     make_cluster: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Cluster, list[Receiver], Driver]]:
     c: Cluster = make_cluster(3, rate=RATE)
-    receivers = start_receivers(c.nodes[1:], ARGS, tmp_path_factory.mktemp("receivers"))
+    args = [*ARGS[request.param], *SHAPE]
+    receivers = start_receivers(c.nodes[1:], args, tmp_path_factory.mktemp("receivers"))
     driver = Driver(c[0])
-    driver.init_fields["broadcast"] = request.param
+    driver.init_fields["backend"] = request.param
     try:
         yield c, receivers, driver
     finally:

@@ -16,6 +16,7 @@ URL = "https://github.com/wtcore/wtcore"
 DISTRIBUTIONS: dict[str, str] = {
     "wtcore": ".",
     "wtcore-nccl": "plugins/nccl",
+    "wtcore-tcp": "plugins/tcp",
     "wtcore-ipc": "plugins/ipc",
     "wtcore-http-client": "plugins/http_client",
     "wtcore-ray-client": "plugins/ray_client",

@@ -76,6 +76,7 @@ out = {"torch_imported": "torch" in sys.modules,
        "errors": {}}
 configs = {
     "nccl": {"backend": "nccl"},
+    "tcp": {"backend": "tcp"},
     "ipc": {"backend": "ipc"},
     "http": {"backend": "local", "client": {"name": "http", "urls": ["http://127.0.0.1:9"]}},
     "ray": {"backend": "local", "client": {"name": "ray"}},
@@ -85,7 +86,7 @@ for name, config in configs.items():
         trainer_from_config(config)
     except WtcoreError as e:
         out["errors"][name] = [type(e).__name__, isinstance(e, LookupError), str(e)]
-for name in ("nccl", "ipc"):  # the inference side looks engines up in its own registry
+for name in ("nccl", "tcp", "ipc"):  # the inference side looks engines up in its own registry
     try:
         ENGINES.load(name)
     except WtcoreError as e:
@@ -99,10 +100,12 @@ print(json.dumps(out))
     assert out["backport"] is False, "the core must not pull importlib-metadata"
     want = {
         "nccl": "wtcore-nccl",
+        "tcp": "wtcore-tcp",
         "ipc": "wtcore-ipc",
         "http": "wtcore-http-client",
         "ray": "wtcore-ray-client",
         "worker nccl": "wtcore-nccl",
+        "worker tcp": "wtcore-tcp",
         "worker ipc": "wtcore-ipc",
     }
     assert set(out["errors"]) == set(want)

@@ -1,5 +1,12 @@
-"""Deprecated: moved to the kit, wtcore.frames (CHANGELOG, 0.2.0); this alias goes in 0.3."""
+"""Deprecated: moved to the kit as ``wtcore.frames`` (CHANGELOG, 0.2.0); this alias goes in 0.3."""
 
-from wtcore._moved import moved
+import warnings
 
-__getattr__ = moved(__name__, "wtcore.frames")
+from wtcore.frames import *  # noqa: F403
+from wtcore.frames import __all__  # noqa: F401
+
+warnings.warn(
+    "wtcore_nccl.frames is wtcore.frames since wtcore 0.2; the old path goes in 0.3",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -177,7 +177,7 @@ class Group:
             return None
         return None
 
-    def release(self, pending: Iterable[dist.Work] = ()) -> None:
+    def release(self, pending: Iterable[Any] = ()) -> None:
         """Close the group without blocking (:func:`release_group`)."""
         release_group(self, pending)
 

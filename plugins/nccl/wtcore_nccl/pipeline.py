@@ -1,5 +1,12 @@
-"""Deprecated: moved to the kit, wtcore.pipeline (CHANGELOG, 0.2.0); this alias goes in 0.3."""
+"""Deprecated: moved to the kit as ``wtcore.pipeline`` (CHANGELOG, 0.2.0); this alias goes in 0.3."""
 
-from wtcore._moved import moved
+import warnings
 
-__getattr__ = moved(__name__, "wtcore.pipeline")
+from wtcore.pipeline import *  # noqa: F403
+from wtcore.pipeline import __all__  # noqa: F401
+
+warnings.warn(
+    "wtcore_nccl.pipeline is wtcore.pipeline since wtcore 0.2; the old path goes in 0.3",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -6,6 +6,8 @@ its channel, the sender's TCP streams (:mod:`wtcore_tcp.stream`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from wtcore.channel import ChannelWorkerEngine
 from wtcore.errors import PayloadError
 from wtcore_tcp.config import TCPInitInfo, TCPUpdateInfo
@@ -19,6 +21,12 @@ class TCPWorkerEngine(ChannelWorkerEngine[TCPInitInfo, TCPUpdateInfo]):
 
     init_info_cls = TCPInitInfo
     update_info_cls = TCPUpdateInfo
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.config.options:
+            unknown = ", ".join(map(repr, sorted(self.config.options)))
+            raise PayloadError(f"tcp worker options: unknown {unknown}; the tcp worker has none")
 
     def check_init(self, init_info: TCPInitInfo) -> None:
         rank = init_info.rank_offset + self.rank
