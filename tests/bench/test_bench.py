@@ -57,7 +57,7 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
         "best_median_gbps",
     }
     assert record["versions"]["wtcore"] and record["versions"]["torch"].startswith("2.13")
-    assert record["settings"]["backend"] == "local" and record["settings"]["receivers"] == 2
+    assert record["settings"]["backend"] == "inline" and record["settings"]["receivers"] == 2
     assert set(record["limits_gbps"]) == {
         "memcpy",
         "file",

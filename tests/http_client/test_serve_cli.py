@@ -54,7 +54,7 @@ def test_serves_a_safetensors_model_and_stops_on_signal(
     assert server.url.startswith("http://127.0.0.1:")
     with HTTPWeightSyncClient(server.url, api_key="k", timeout_s=30) as client:
         assert client.checksums() == [digest_named(state.items())]
-        assert client.weight_info()[0]["backend"] == "local"
+        assert client.weight_info()[0]["backend"] == "inline"
     with HTTPWeightSyncClient(server.url, timeout_s=30) as anonymous, pytest.raises(ReceiverError):
         anonymous.checksums()
     assert server.stop(sig) == 0

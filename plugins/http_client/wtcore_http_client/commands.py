@@ -57,7 +57,7 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``wtcore serve`` (shared with ``python -m wtcore_http_client.server``)."""
-    p.add_argument("--backend", default="local", help="worker engine name (default: local)")
+    p.add_argument("--backend", default="inline", help="worker engine name (default: local)")
     p.add_argument(
         "--backend-options",
         default="{}",
