@@ -223,6 +223,9 @@ class Registry(Generic[T]):
 
     def resolve(self, name: str) -> str:
         """The current name for ``name``: a renamed built-in's old name warns, gives the new."""
+        return self._resolve(name)
+
+    def _resolve(self, name: str) -> str:
         new = self.renamed.get(name)
         if new is None or name in self._runtime:
             return name
@@ -235,7 +238,7 @@ class Registry(Generic[T]):
 
     def info(self, name: str) -> PluginInfo:
         """Where ``name`` comes from; a conflicting name raises :class:`PluginConflictError`."""
-        return self._info(self.resolve(name))
+        return self._info(self._resolve(name))
 
     def _info(self, name: str) -> PluginInfo:
         with self._lock:
@@ -282,7 +285,7 @@ class Registry(Generic[T]):
 
     def load(self, name: str) -> type[T]:
         """Import and return the class registered under ``name``."""
-        name = self.resolve(name)
+        name = self._resolve(name)
         with self._lock:
             if name in self._objects:
                 return self._objects[name]  # type: ignore[no-any-return]

@@ -102,3 +102,13 @@ def test_unknown_client_is_a_clear_error(tmp_path: Path) -> None:
     proc, _ = _bench("--client", "htp", "--baselines", "none", tmp_path=tmp_path)
     assert proc.returncode != 0
     assert "unknown client 'htp'" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_old_engine_name_still_benches_and_says_the_new_one(tmp_path: Path) -> None:
+    """``--backend local`` (renamed ``inline`` in 0.2.0) runs the inline engine until 0.3: one
+    warning on stderr, and the record names the engine by its new name."""
+    proc, record = _bench("--backend", "local", "--baselines", "none", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert record["ok"] is True and record["settings"]["backend"] == "inline"
+    assert proc.stderr.count("engine 'local' was renamed 'inline'") == 1, proc.stderr
