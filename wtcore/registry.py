@@ -5,11 +5,15 @@ Reading an entry-point group reads only package metadata; nothing is imported un
 suggests a close match; a plugin that fails to import is reported with its distribution and
 version, the cause chained.
 
+A renamed built-in keeps its old name for one release (``renamed``, old -> new): it resolves to
+the new name with a ``DeprecationWarning``.
+
 Two rules keep a name meaning one thing. Two distributions registering one name is a
 :class:`~wtcore.errors.PluginConflictError` naming both when that name is used (never a silent
-winner chosen by discovery order), and no distribution may register a built-in name. An install
-line is suggested only for names in :data:`FIRST_PARTY`: guessing ``pip install wtcore-<typo>``
-would send users to whoever registers the typo on the package index.
+winner chosen by discovery order), and no distribution may register a built-in name, an old
+one included. An install line is suggested only for names in :data:`FIRST_PARTY`: guessing
+``pip install wtcore-<typo>`` would send users to whoever registers the typo on the package
+index.
 
 An engine class is also checked against the engine API it is registered for, from its class
 attributes alone (nothing is instantiated): every abstract method and every method its bases
@@ -190,6 +194,12 @@ class Registry(Generic[T]):
                 self._conflicts = {}
                 for name, by_dist in claims.items():
                     providers = tuple(by_dist.values())
+                    core = self._builtins.get(self.renamed.get(name, ""))
+                    if core is not None:  # a renamed built-in's old name: still reserved
+                        self._conflicts[name] = PluginConflict(
+                            self.kind, self.group, name, (core, *providers), True
+                        )
+                        continue
                     found[name] = providers[0]
                     if len(providers) > 1:
                         self._conflicts[name] = PluginConflict(

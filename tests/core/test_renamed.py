@@ -10,6 +10,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,29 @@ def test_wtcore_plugins_lists_the_new_name_and_the_old_as_deprecated() -> None:
         )
         == 2
     )
+
+
+def test_a_plugin_may_not_take_the_old_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A distribution registering ``local`` would be shadowed by the alias without a word: it is
+    a built-in conflict instead (``wtcore plugins`` exits 1), and ``local`` stays ``inline``."""
+    info = tmp_path / "squatter-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: squatter\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[wtcore.engines]\nlocal = squatter:Engine\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg: Registry[object] = Registry(
+        "wtcore.engines",
+        "wtcore.engine:WeightTransferEngine",
+        "engine",
+        builtins={"inline": "wtcore.inline:InlineWorkerEngine"},
+        renamed={"local": "inline"},
+    )
+    assert "local" not in reg.names()
+    (conflict,) = reg.conflicts()
+    assert conflict.name == "local" and conflict.builtin
+    assert [p.distribution for p in conflict.providers] == ["wtcore", "squatter"]
+    assert "may not shadow a built-in name" in conflict.message
+    with pytest.warns(DeprecationWarning, match=RENAMED):
+        assert reg.load("local") is InlineWorkerEngine
