@@ -3,7 +3,8 @@
 The data travels *inline*, inside the control-plane payload, base64-encoded, one bucket per
 ``update_weights`` call. That makes it the simplest engine that runs the whole protocol over
 any client (in-process, HTTP, Ray) with no data plane to set up. It is meant for tests, demos
-and tiny models: every byte is copied through JSON, so it is slow by design.
+and tiny models: every byte is copied through JSON, so it is slow by design. Named ``local``
+before 0.2.0 (that name and ``wtcore.local`` still work, with a warning, until 0.3).
 
 Built on :mod:`wtcore.kit`, so this module is only the transport: encode a packed bucket,
 decode it. The worker re-plans each update's metadata with the shared rule and refuses

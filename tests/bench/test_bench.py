@@ -112,3 +112,10 @@ def test_the_old_engine_name_still_benches_and_says_the_new_one(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert record["ok"] is True and record["settings"]["backend"] == "inline"
     assert proc.stderr.count("engine 'local' was renamed 'inline'") == 1, proc.stderr
+
+
+def test_the_old_engine_name_finds_the_inline_bench_support() -> None:
+    from wtcore_bench.support import engine_bench
+
+    with pytest.warns(DeprecationWarning, match="engine 'local' was renamed 'inline'"):
+        assert engine_bench("local") is engine_bench("inline")
