@@ -48,8 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed) are the user's to act on, not a bug: they get ``wtcore: error: <message>``
     without a traceback, whichever command (built-in or a plugin's) raised them.
     """
+    import warnings
+
     from wtcore.errors import WtcoreError
 
+    if not sys.warnoptions:  # an old name on the command line is said (Python hides it)
+        warnings.filterwarnings("default", category=DeprecationWarning, module="wtcore")
     try:
         parser = build_parser()
         known, _ = parser.parse_known_args(argv)

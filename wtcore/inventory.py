@@ -72,6 +72,7 @@ def collect() -> dict[str, Any]:
                     }
                     for c in conflicts
                 ],
+                "renamed": [{"name": o, "new": n} for o, n in sorted(registry.renamed.items())],
             }
         )
     origins = hook_plugin_origins()
@@ -119,6 +120,7 @@ def render(record: dict[str, Any]) -> list[str]:
     names = [p["name"] for r in registries for p in r["plugins"]]
     names += [c["name"] for r in registries for c in r["conflicts"]]
     names += [h["name"] for h in hooks["plugins"]]
+    names += [a["name"] for r in registries for a in r["renamed"]]
     name_w = max([len(n) for n in names] + [len("BROKEN")])
     origin_w = max([len(p["origin"]) for r in registries for p in r["plugins"]] + [0])
 
@@ -131,6 +133,8 @@ def render(record: dict[str, Any]) -> list[str]:
             lines.append(f"  {p['name']:<{name_w}}  {p['origin']:<{origin_w}}  {p['status']}")
         for c in r["conflicts"]:
             lines.append(f"  {c['name']:<{name_w}}  CONFLICT: {c['message']}")
+        for a in r["renamed"]:
+            lines.append(f"  {a['name']:<{name_w}}  deprecated name of {a['new']!r} (until 0.3)")
         if not r["plugins"] and not r["conflicts"]:
             lines.append("  (none)")
     lines.append(f"hook plugins ({hooks['group']}):")

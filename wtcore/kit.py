@@ -17,7 +17,8 @@ moving is the same for every engine, and lives here:
 * :class:`BucketedWorkerEngine`: the worker half's init info, one "init was not called"
   error, and parsing of renamed init fields for one release.
 
-``docs/writing-an-engine.md`` builds an engine on it; ``local`` and ``ipc`` are built on it.
+``docs/writing-an-engine.md`` builds an engine on it; ``inline`` and ``ipc`` are built on it.
+Engines that announce a round once and stream its bytes (nccl, tcp) use :mod:`wtcore.channel`.
 """
 
 from __future__ import annotations

@@ -5,11 +5,15 @@ Reading an entry-point group reads only package metadata; nothing is imported un
 suggests a close match; a plugin that fails to import is reported with its distribution and
 version, the cause chained.
 
+A renamed built-in keeps its old name for one release (``renamed``, old -> new): it resolves to
+the new name with a ``DeprecationWarning``.
+
 Two rules keep a name meaning one thing. Two distributions registering one name is a
 :class:`~wtcore.errors.PluginConflictError` naming both when that name is used (never a silent
-winner chosen by discovery order), and no distribution may register a built-in name. An install
-line is suggested only for names in :data:`FIRST_PARTY`: guessing ``pip install wtcore-<typo>``
-would send users to whoever registers the typo on the package index.
+winner chosen by discovery order), and no distribution may register a built-in name, an old
+one included. An install line is suggested only for names in :data:`FIRST_PARTY`: guessing
+``pip install wtcore-<typo>`` would send users to whoever registers the typo on the package
+index.
 
 An engine class is also checked against the engine API it is registered for, from its class
 attributes alone (nothing is instantiated): every abstract method and every method its bases
@@ -26,6 +30,7 @@ import logging
 import os
 import re
 import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -146,8 +151,12 @@ class Registry(Generic[T]):
         base: type[T] | str,
         kind: str,
         builtins: dict[str, str] | None = None,
+        renamed: dict[str, str] | None = None,
     ) -> None:
         self.group = group
+        #: Old name -> new name of renamed built-ins: the old one still resolves, with a
+        #: ``DeprecationWarning``, for one release (CHANGELOG, 0.2.0).
+        self.renamed = dict(renamed or {})
         self._builtins = {
             name: PluginInfo(name, target, _CORE_DIST, _core_version())
             for name, target in (builtins or {}).items()
@@ -185,6 +194,12 @@ class Registry(Generic[T]):
                 self._conflicts = {}
                 for name, by_dist in claims.items():
                     providers = tuple(by_dist.values())
+                    core = self._builtins.get(self.renamed.get(name, ""))
+                    if core is not None:  # a renamed built-in's old name: still reserved
+                        self._conflicts[name] = PluginConflict(
+                            self.kind, self.group, name, (core, *providers), True
+                        )
+                        continue
                     found[name] = providers[0]
                     if len(providers) > 1:
                         self._conflicts[name] = PluginConflict(
@@ -216,8 +231,26 @@ class Registry(Generic[T]):
             self._discover()
             return [c for n, c in sorted(self._conflicts.items()) if n not in self._runtime]
 
+    def resolve(self, name: str) -> str:
+        """The current name for ``name``: a renamed built-in's old name warns, gives the new."""
+        return self._resolve(name)
+
+    def _resolve(self, name: str) -> str:
+        new = self.renamed.get(name)
+        if new is None or name in self._runtime:
+            return name
+        warnings.warn(
+            f"{self.kind} {name!r} was renamed {new!r}; the old name will be removed in 0.3",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return new
+
     def info(self, name: str) -> PluginInfo:
         """Where ``name`` comes from; a conflicting name raises :class:`PluginConflictError`."""
+        return self._info(self._resolve(name))
+
+    def _info(self, name: str) -> PluginInfo:
         with self._lock:
             found = self._all().get(name)
             if found is None:
@@ -239,7 +272,7 @@ class Registry(Generic[T]):
         if not isinstance(name, str) or not name:
             raise PayloadError(f"{self.kind} name must be a non-empty string, got {name!r}")
         with self._lock:
-            existing = self._all().get(name)
+            existing = self._all().get(self.renamed.get(name, name))
             if existing is not None and not replace:
                 raise PluginConflictError(
                     f"{self.kind} {name!r} is already registered ({existing.target}, "
@@ -262,10 +295,11 @@ class Registry(Generic[T]):
 
     def load(self, name: str) -> type[T]:
         """Import and return the class registered under ``name``."""
+        name = self._resolve(name)
         with self._lock:
             if name in self._objects:
                 return self._objects[name]  # type: ignore[no-any-return]
-            info = self.info(name)
+            info = self._info(name)
             module_name, attr = _split_target(info.target)
             try:
                 module = importlib.import_module(module_name)
@@ -323,12 +357,13 @@ class Registry(Generic[T]):
         if name in first_party:
             msg += f" {name!r} is provided by {first_party[name]}: pip install {first_party[name]}"
         else:
-            candidates = sorted({*installed, *first_party})
+            candidates = sorted({*installed, *first_party, *self.renamed})
             close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
             if close:
-                msg += f" Did you mean {close[0]!r}?"
-                if close[0] not in installed:
-                    dist = first_party[close[0]]
+                guess = self.renamed.get(close[0], close[0])  # a typo of an old name: the new
+                msg += f" Did you mean {guess!r}?"
+                if guess not in installed:
+                    dist = first_party[guess]
                     msg += f" It is provided by {dist}: pip install {dist}"
         if autoload_disabled():
             msg += f" (plugin discovery is off: {_DISABLE_ENV} is set)"
@@ -379,14 +414,16 @@ ENGINES: Registry[Any] = Registry(
     "wtcore.engines",
     "wtcore.engine:WeightTransferEngine",
     "engine",
-    builtins={"local": "wtcore.local:LocalWorkerEngine"},
+    builtins={"inline": "wtcore.inline:InlineWorkerEngine"},
+    renamed={"local": "inline"},
 )
 #: Trainer engines, entry-point group ``wtcore.trainer_engines``.
 TRAINER_ENGINES: Registry[Any] = Registry(
     "wtcore.trainer_engines",
     "wtcore.trainer:TrainerWeightTransferEngine",
     "trainer engine",
-    builtins={"local": "wtcore.local:LocalTrainerEngine"},
+    builtins={"inline": "wtcore.inline:InlineTrainerEngine"},
+    renamed={"local": "inline"},
 )
 #: Control-plane clients, entry-point group ``wtcore.clients``.
 CLIENTS: Registry[Any] = Registry(

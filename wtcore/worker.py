@@ -48,7 +48,7 @@ from wtcore.errors import (
     TransferTimeoutError,
     WrongTypeError,
 )
-from wtcore.guards import FiniteCheckSink
+from wtcore.finite import FiniteCheckSink
 from wtcore.rounds import check_round_id, check_weight_version
 from wtcore.sink import ReadableSink, WeightSink
 from wtcore.staging import StagingSink

@@ -57,7 +57,7 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
         "best_median_gbps",
     }
     assert record["versions"]["wtcore"] and record["versions"]["torch"].startswith("2.13")
-    assert record["settings"]["backend"] == "local" and record["settings"]["receivers"] == 2
+    assert record["settings"]["backend"] == "inline" and record["settings"]["receivers"] == 2
     assert set(record["limits_gbps"]) == {
         "memcpy",
         "file",
@@ -102,3 +102,20 @@ def test_unknown_client_is_a_clear_error(tmp_path: Path) -> None:
     proc, _ = _bench("--client", "htp", "--baselines", "none", tmp_path=tmp_path)
     assert proc.returncode != 0
     assert "unknown client 'htp'" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_old_engine_name_still_benches_and_says_the_new_one(tmp_path: Path) -> None:
+    """``--backend local`` (renamed ``inline`` in 0.2.0) runs the inline engine until 0.3: one
+    warning on stderr, and the record names the engine by its new name."""
+    proc, record = _bench("--backend", "local", "--baselines", "none", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert record["ok"] is True and record["settings"]["backend"] == "inline"
+    assert proc.stderr.count("engine 'local' was renamed 'inline'") == 1, proc.stderr
+
+
+def test_the_old_engine_name_finds_the_inline_bench_support() -> None:
+    from wtcore_bench.support import engine_bench
+
+    with pytest.warns(DeprecationWarning, match="engine 'local' was renamed 'inline'"):
+        assert engine_bench("local") is engine_bench("inline")

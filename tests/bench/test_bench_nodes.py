@@ -48,7 +48,7 @@ def test_engine_options_reach_the_init_info(tmp_path: Any, capsys: Any) -> None:
     assert record["settings"]["engine_options"] == {"packed_buffer_size_bytes": 4096}
     assert record["runs"][0]["rounds"][0]["num_buckets"] > 1  # 4 KiB buckets, not the default
     assert main(["bench", *SMALL, "--engine-option", "no_such_field=1"]) == 1
-    assert "--engine-option: LocalTrainerInitInfo has no field ['no_such_field']" in (
+    assert "--engine-option: InlineTrainerInitInfo has no field ['no_such_field']" in (
         capsys.readouterr().err
     )
     assert main(["bench", *SMALL, "--engine-option", "novalue"]) == 1

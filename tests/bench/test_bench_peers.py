@@ -25,7 +25,7 @@ GENERIC = {"memcpy", "file"}
 PEERS = {"vllm_packing", "ray_object_store"}
 
 
-def _names(baselines: str, backend: str = "local", device: str = "cpu") -> set[str]:
+def _names(baselines: str, backend: str = "inline", device: str = "cpu") -> set[str]:
     chosen, _ = select_baselines(baselines, device, engine_bench(backend))
     return set(chosen)
 
@@ -48,7 +48,7 @@ def test_baselines_that_cannot_run_on_the_device_are_skipped_with_the_reason() -
 
 def test_unknown_baseline_set_names_the_field() -> None:
     with pytest.raises(PayloadError, match="baselines: expected one of auto, peers, all, none"):
-        select_baselines("most", "cpu", engine_bench("local"))
+        select_baselines("most", "cpu", engine_bench("inline"))
 
 
 def test_the_cli_accepts_peers_all_and_device() -> None:
@@ -59,9 +59,9 @@ def test_the_cli_accepts_peers_all_and_device() -> None:
 
 
 def test_an_engine_without_cuda_says_so() -> None:
-    engine = TRAINER_ENGINES.load("local")
-    with pytest.raises(BenchNotSupportedError, match=r"LocalTrainerEngine .* --device cuda.*cpu"):
-        engine_bench("local").check_device(engine, "cuda")
+    engine = TRAINER_ENGINES.load("inline")
+    with pytest.raises(BenchNotSupportedError, match=r"InlineTrainerEngine .* --device cuda.*cpu"):
+        engine_bench("inline").check_device(engine, "cuda")
     for name in ("nccl", "ipc"):
         engine_bench(name).check_device(TRAINER_ENGINES.load(name), "cuda:0")  # declared
 

@@ -22,7 +22,7 @@ def _record() -> dict[str, Any]:
     }
     return {
         "settings": {
-            "backend": "local",
+            "backend": "inline",
             "client": "inproc",
             "receivers": 2,
             "model_bytes": 1 << 20,

@@ -26,7 +26,7 @@ def test_plugins_lists_every_registry() -> None:
         "hook plugins (wtcore.hooks):",
     ):
         assert title in out.stdout
-    assert re.search(r"^  local +wtcore 0\.2\.0 +available$", out.stdout, re.M)
+    assert re.search(r"^  inline +wtcore 0\.2\.0 +available$", out.stdout, re.M)
     assert "inproc" in out.stdout
 
 

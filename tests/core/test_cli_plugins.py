@@ -48,13 +48,13 @@ def test_clean_install_exits_zero_with_valid_json() -> None:
     assert record["schema"] == 1 and record["ok"] is True and record["discovery"] is True
     groups = [r["group"] for r in record["registries"]]
     assert groups == ["wtcore.engines", "wtcore.trainer_engines", "wtcore.clients"]
-    local = next(p for p in record["registries"][0]["plugins"] if p["name"] == "local")
-    assert local == {
-        "name": "local",
-        "target": "wtcore.local:LocalWorkerEngine",
+    inline = next(p for p in record["registries"][0]["plugins"] if p["name"] == "inline")
+    assert inline == {
+        "name": "inline",
+        "target": "wtcore.inline:InlineWorkerEngine",
         "distribution": "wtcore",
-        "version": local["version"],
-        "origin": f"wtcore {local['version']}",
+        "version": inline["version"],
+        "origin": f"wtcore {inline['version']}",
         "ok": True,
         "status": "available",
     }
@@ -111,7 +111,7 @@ def test_columns_fit_the_longest_name_hooks_included(tmp_path: Path) -> None:
         tmp_path,
         "longnames",
         "[wtcore.engines]\n"
-        "a_rather_long_engine_name = wtcore.local:LocalWorkerEngine\n"
+        "a_rather_long_engine_name = wtcore.inline:InlineWorkerEngine\n"
         "[wtcore.hooks]\n"
         "a_hook_plugin_with_an_even_longer_name = quiet_hooks_mod\n",
     )

@@ -20,8 +20,8 @@ from wtcore import (
 )
 from wtcore.digest import digest_named
 from wtcore.errors import http_status
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.inproc import InProcessClient
-from wtcore.local import LocalTrainerInitInfo
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
 
@@ -46,14 +46,14 @@ def test_inproc_client_satisfies_both_protocols_with_one_shape() -> None:
     state = _state()
     workers = [
         WeightSyncWorker(
-            "local", ModuleSink(build_module(zeros_like_state(state))), rank=r, world_size=2
+            "inline", ModuleSink(build_module(zeros_like_state(state))), rank=r, world_size=2
         )
         for r in range(2)
     ]
     with InProcessClient(workers) as client:
         assert isinstance(client, WeightSyncClient) and isinstance(client, InspectableClient)
         engine = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0), client=client
+            InlineTrainerInitInfo(rank=0), client=client
         )
         engine.send_weights(TensorSource(state), weight_version="v1")
         infos = client.weight_info()
@@ -75,9 +75,9 @@ def test_inproc_client_satisfies_both_protocols_with_one_shape() -> None:
 def test_inproc_timeout_is_a_timeout_error() -> None:
     state = _state()
     gate = threading.Event()
-    worker = WeightSyncWorker("local", GatedSink(build_module(zeros_like_state(state)), gate))
+    worker = WeightSyncWorker("inline", GatedSink(build_module(zeros_like_state(state)), gate))
     client = InProcessClient(worker, timeout_s=1.0)
-    engine = WeightTransferTrainerFactory.trainer_init(LocalTrainerInitInfo(rank=0), client=client)
+    engine = WeightTransferTrainerFactory.trainer_init(InlineTrainerInitInfo(rank=0), client=client)
     try:
         with pytest.raises(TimeoutError) as err:
             engine.send_weights(TensorSource(state), weight_version="v1")
@@ -89,10 +89,10 @@ def test_inproc_timeout_is_a_timeout_error() -> None:
     assert "no answer within 1 s" in str(err.value)
 
 
-@pytest.mark.parametrize("backend", ["local", "nccl", "ipc"])
+@pytest.mark.parametrize("backend", ["inline", "nccl", "ipc"])
 def test_init_not_called_is_409_everywhere(backend: str) -> None:
     """Same condition, same class and status: the worker's rules and the engine's own check."""
-    if backend != "local":
+    if backend != "inline":
         pytest.importorskip(f"wtcore_{backend}")
     worker = WeightSyncWorker(backend, ModuleSink(build_module(zeros_like_state(_state()))))
     try:

@@ -18,7 +18,7 @@ from wtcore import (
     load_config,
     trainer_from_config,
 )
-from wtcore.local import LocalTrainerEngine
+from wtcore.inline import InlineTrainerEngine
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
 
@@ -28,7 +28,7 @@ class _WorkerClient(WeightSyncWorker):
 
     def __init__(self, buffer_note: str = "") -> None:
         self.model = build_module(zeros_like_state(mixed_dtype_state()))
-        super().__init__("local", ModuleSink(self.model))
+        super().__init__("inline", ModuleSink(self.model))
 
 
 @pytest.fixture
@@ -41,10 +41,10 @@ def test_client() -> str:
 def test_config_builds_engine_and_client(test_client: str) -> None:
     state = mixed_dtype_state()
     engine = trainer_from_config(
-        {"backend": "local", "packed_buffer_size_bytes": 256, "client": {"name": test_client}},
+        {"backend": "inline", "packed_buffer_size_bytes": 256, "client": {"name": test_client}},
         source=TensorSource(state),
     )
-    assert isinstance(engine, LocalTrainerEngine)
+    assert isinstance(engine, InlineTrainerEngine)
     assert engine.init_info.packed_buffer_size_bytes == 256  # type: ignore[attr-defined]
     engine.send_weights(weight_version="cfg")
     assert isinstance(engine.client, _WorkerClient)
@@ -53,9 +53,9 @@ def test_config_builds_engine_and_client(test_client: str) -> None:
 
 def test_unknown_key_lists_valid_keys(test_client: str) -> None:
     with pytest.raises(PayloadError) as exc:
-        trainer_from_config({"backend": "local", "bufer_size": 1, "client": {"name": test_client}})
+        trainer_from_config({"backend": "inline", "bufer_size": 1, "client": {"name": test_client}})
     assert str(exc.value) == (
-        "config: unknown key(s) 'bufer_size' for backend 'local'; "
+        "config: unknown key(s) 'bufer_size' for backend 'inline'; "
         "valid keys: backend, client, delta, delta_base_device, packed, "
         "packed_buffer_size_bytes, packed_num_buffers, timeout_s, buffer_size_bytes"
     )
@@ -66,27 +66,27 @@ def test_unknown_client_key_lists_valid_keys(test_client: str) -> None:
         PayloadError,
         match=r"config.client: unknown key\(s\) 'urls' for client 'test-worker'; valid keys: name, buffer_note",
     ):
-        trainer_from_config({"backend": "local", "client": {"name": test_client, "urls": []}})
+        trainer_from_config({"backend": "inline", "client": {"name": test_client, "urls": []}})
 
 
 @pytest.mark.parametrize(
     ("config", "error", "message"),
     [
         ({"client": {}}, PayloadError, "config.backend: expected a backend name, got None"),
-        ({"backend": "local"}, PayloadError, "config.client: missing"),
+        ({"backend": "inline"}, PayloadError, "config.client: missing"),
         (
-            {"backend": "local", "packed_buffer_size_bytes": "big", "client": {"name": "x"}},
+            {"backend": "inline", "packed_buffer_size_bytes": "big", "client": {"name": "x"}},
             PayloadError,
             "config.packed_buffer_size_bytes: expected int, got str",
         ),
         (
-            {"backend": "local", "packed_buffer_size_bytes": -1, "client": {"name": "x"}},
+            {"backend": "inline", "packed_buffer_size_bytes": -1, "client": {"name": "x"}},
             PayloadError,
             "packed_buffer_size_bytes: expected a positive integer",
         ),
-        ({"backend": "lokal", "client": {}}, PluginNotFoundError, "Did you mean 'local'"),
+        ({"backend": "lokal", "client": {}}, PluginNotFoundError, "Did you mean 'inline'"),
         (
-            {"backend": "local", "client": {"name": "htp"}},
+            {"backend": "inline", "client": {"name": "htp"}},
             PluginNotFoundError,
             "unknown client 'htp'",
         ),
@@ -99,7 +99,7 @@ def test_config_errors(config: dict[str, object], error: type[Exception], messag
 
 def test_non_sender_rank_needs_no_client() -> None:
     engine = trainer_from_config(
-        {"backend": "local"}, rank=1, source=TensorSource({"w": torch.ones(2)})
+        {"backend": "inline"}, rank=1, source=TensorSource({"w": torch.ones(2)})
     )
     assert engine.client is None
     assert engine.send_weights().num_tensors == 1
@@ -107,25 +107,25 @@ def test_non_sender_rank_needs_no_client() -> None:
 
 def test_json_and_toml_files(tmp_path: Path, test_client: str) -> None:
     (tmp_path / "c.json").write_text(
-        json.dumps({"backend": "local", "client": {"name": test_client}})
+        json.dumps({"backend": "inline", "client": {"name": test_client}})
     )
     (tmp_path / "c.toml").write_text(
-        f'backend = "local"\npacked_buffer_size_bytes = 4096\n[client]\nname = "{test_client}"\n'
+        f'backend = "inline"\npacked_buffer_size_bytes = 4096\n[client]\nname = "{test_client}"\n'
     )
     assert load_config(tmp_path / "c.toml") == {
-        "backend": "local",
+        "backend": "inline",
         "packed_buffer_size_bytes": 4096,
         "client": {"name": test_client},
     }
     for name in ("c.json", "c.toml"):
         engine = trainer_from_config(tmp_path / name)
-        assert isinstance(engine, LocalTrainerEngine)
+        assert isinstance(engine, InlineTrainerEngine)
     (tmp_path / "c.yaml").write_text("")
     with pytest.raises(ValueError, match=r"must end in .json or .toml, got 'c.yaml'"):
         load_config(tmp_path / "c.yaml")
 
 
-@pytest.mark.parametrize("backend", ["local", "nccl", "ipc"])
+@pytest.mark.parametrize("backend", ["inline", "nccl", "ipc"])
 def test_sender_without_a_client_is_refused_before_anything_starts(backend: str) -> None:
     from wtcore import TRAINER_ENGINES, WeightTransferTrainerFactory
 
@@ -144,7 +144,7 @@ def test_sender_without_a_client_is_refused_before_anything_starts(backend: str)
 def test_old_buffer_option_name_still_works_with_a_warning(test_client: str) -> None:
     with pytest.warns(DeprecationWarning, match="buffer_size_bytes is deprecated.*packed_buffer"):
         engine = trainer_from_config(
-            {"backend": "local", "buffer_size_bytes": 512, "client": {"name": test_client}}
+            {"backend": "inline", "buffer_size_bytes": 512, "client": {"name": test_client}}
         )
     assert engine.init_info.packed_buffer_size_bytes == 512  # type: ignore[attr-defined]
     assert engine.init_info.buffer_size_bytes is None  # type: ignore[attr-defined]

@@ -49,12 +49,12 @@ def test_no_delta_attributes_but_the_user_fields(name: str) -> None:
 
 def test_delta_true_selects_the_delta_policy() -> None:
     from wtcore.delta.trainer import DeltaRounds
-    from wtcore.local import LocalTrainerEngine, LocalTrainerInitInfo
+    from wtcore.inline import InlineTrainerEngine, InlineTrainerInitInfo
     from wtcore.trainer import RoundPolicy
 
-    with LocalTrainerEngine(
-        LocalTrainerInitInfo(rank=1, delta=True), client=None, source=None
+    with InlineTrainerEngine(
+        InlineTrainerInitInfo(rank=1, delta=True), client=None, source=None
     ) as e:
         assert type(e.rounds) is DeltaRounds
-    with LocalTrainerEngine(LocalTrainerInitInfo(rank=1), client=None, source=None) as e:
+    with InlineTrainerEngine(InlineTrainerInitInfo(rank=1), client=None, source=None) as e:
         assert type(e.rounds) is RoundPolicy

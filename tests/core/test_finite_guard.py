@@ -12,9 +12,9 @@ from wtcore import (
     WeightSyncWorker,
     WeightTransferTrainerFactory,
 )
-from wtcore.guards import FiniteCheckSink
+from wtcore.finite import FiniteCheckSink
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.inproc import InProcessClient
-from wtcore.local import LocalTrainerInitInfo
 from wtcore.testing import build_module
 
 #: The float8 formats on the wire allow-list; the sink test below covers the ``fnuz`` ones too.
@@ -38,9 +38,9 @@ def _state(dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
 def test_float8_rounds_pass_and_nan_is_rejected(dtype: torch.dtype) -> None:
     good = _state(dtype, 0)
     model = build_module({k: torch.zeros_like(v) for k, v in good.items()})
-    worker = WeightSyncWorker("local", ModuleSink(model), reject_nonfinite=True)
+    worker = WeightSyncWorker("inline", ModuleSink(model), reject_nonfinite=True)
     engine = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096), client=InProcessClient(worker)
+        InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096), client=InProcessClient(worker)
     )
     engine.send_weights(TensorSource(good), weight_version="v1")
     held = dict(model.named_parameters())

@@ -17,7 +17,7 @@ from wtcore import hooks as wt_hooks
 from wtcore.cli import main
 from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.hookspecs import hookimpl
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing import MismatchedSource, build_module, mixed_dtype_state, zeros_like_state
 
 
@@ -53,9 +53,9 @@ def observer() -> Iterator[Observer]:
 
 
 def _trainer(state: dict[str, torch.Tensor]) -> Any:
-    worker = WeightSyncWorker("local", ModuleSink(build_module(zeros_like_state(state))))
+    worker = WeightSyncWorker("inline", ModuleSink(build_module(zeros_like_state(state))))
     return WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0), client=worker, source=TensorSource(state)
+        InlineTrainerInitInfo(rank=0), client=worker, source=TensorSource(state)
     )
 
 
@@ -73,7 +73,7 @@ def test_observers_see_started_finished_failed(observer: Observer) -> None:
 def test_non_sender_ranks_fire_no_hooks(observer: Observer) -> None:
     state = mixed_dtype_state()
     engine = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=1), client=None, source=TensorSource(state)
+        InlineTrainerInitInfo(rank=1), client=None, source=TensorSource(state)
     )
     stats = engine.send_weights(weight_version="v1")
     assert stats.num_tensors == len(state) and stats.num_buckets == 0

@@ -28,7 +28,7 @@ PROTOCOL = {
     "wtcore.trainer": "the trainer engine half",
     "wtcore.worker": "the receiver state machine",
     "wtcore.staging": "transactional staging",
-    "wtcore.guards": "the finite check",
+    "wtcore.finite": "the finite check",
     "wtcore.verify": "verify=True",
     "wtcore.digest": "the digests verify compares",
     "wtcore.client": "the client protocols",
@@ -60,7 +60,7 @@ KIT = {
     "wtcore.delta.trainer": "the trainer's delta base",
 }
 CORE_ENGINES_AND_CLIENTS = {
-    "wtcore.local": "the built-in local engine",
+    "wtcore.inline": "the built-in inline engine",
     "wtcore.inproc": "the in-process client",
 }
 CORE_TOOLING = {
@@ -75,6 +75,8 @@ CORE_TOOLING = {
     "wtcore.netns": "alias of wtcore_bench.netns",
     "wtcore.net": "alias of wtcore.testing.net",
     "wtcore.delta.realistic": "alias of wtcore.testing.realistic",
+    "wtcore.local": "alias of wtcore.inline",
+    "wtcore.guards": "alias of wtcore.finite",
 }
 TOOLING_PLUGINS = {"wtcore_bench"}
 
@@ -239,8 +241,8 @@ def test_each_rule_names_the_offending_import() -> None:
         ("wtcore.meta", "wtcore.kit"): "wtcore.meta (protocol) imports wtcore.kit (kit)",
         (
             "wtcore.kit",
-            "wtcore.local",
-        ): "wtcore.kit (kit) imports wtcore.local (engines and clients)",
+            "wtcore.inline",
+        ): "wtcore.kit (kit) imports wtcore.inline (engines and clients)",
         ("wtcore_nccl", "wtcore.testing.net"): (
             "wtcore_nccl (engines and clients) imports wtcore.testing.net (tooling)"
         ),

@@ -23,7 +23,7 @@ def test_import_and_listing_import_nothing_heavy() -> None:
     )
     result = json.loads(out.stdout)
     assert result["heavy"] == []
-    assert "local" in result["names"]["engines"] and "inproc" in result["names"]["clients"]
+    assert "inline" in result["names"]["engines"] and "inproc" in result["names"]["clients"]
 
 
 TOOLING = """

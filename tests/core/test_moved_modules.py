@@ -13,15 +13,23 @@ MOVED = [
     ("wtcore.delta.realistic", "wtcore.testing.realistic", "realistic_steps"),
     ("wtcore.testing.cluster", "wtcore_bench.netns", "Cluster"),
     ("wtcore._parse", "wtcore.parse", "parse_dataclass"),
+    ("wtcore.guards", "wtcore.finite", "FiniteCheckSink"),
+    ("wtcore.guards", "wtcore.finite", "is_all_finite"),
+]
+#: Modules renamed with their names: (old module, new module, old name, new name).
+RENAMED = [
+    ("wtcore.local", "wtcore.inline", f"Local{part}", f"Inline{part}")
+    for part in ("InitInfo", "TrainerEngine", "TrainerInitInfo", "UpdateInfo", "WorkerEngine")
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "name"), MOVED)
-def test_the_old_path_forwards_with_a_warning(old: str, new: str, name: str) -> None:
+@pytest.mark.parametrize(("old", "new", "name", "new_name"), [(*m, m[2]) for m in MOVED] + RENAMED)
+def test_the_old_path_forwards_with_a_warning(old: str, new: str, name: str, new_name: str) -> None:
     module = importlib.import_module(old)
-    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new}\.{name}"):
+    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new}\.{new_name};"):
         value = getattr(module, name)
-    assert value is getattr(importlib.import_module(new), name)
+    assert value is getattr(importlib.import_module(new), new_name)
+    assert name in getattr(module, "__all__", [name])  # ``import *`` forwards it too
 
 
 def test_a_name_the_new_module_does_not_export_is_an_attribute_error() -> None:

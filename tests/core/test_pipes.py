@@ -1,7 +1,7 @@
 """The shared pipe control plane (``wtcore.testing.pipes``) with real child processes.
 
 The nccl and ipc tests and both benchmarks drive their receivers through it, so its promises
-are checked here once, on the ``local`` engine (no data plane to set up): a full round is
+are checked here once, on the ``inline`` engine (no data plane to set up): a full round is
 bit-exact, remote errors keep their type, and a dead or stopped child costs one bounded
 timeout instead of a hang.
 """
@@ -35,7 +35,7 @@ from wtcore import (
 )
 from wtcore.digest import digest_named
 from wtcore.errors import ErrorRecord
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
 from wtcore.testing.pipes import (
     PipeChannel,
@@ -53,11 +53,11 @@ TIMEOUT_S = 3.0
 
 
 def _fleet(n: int, state: dict[str, torch.Tensor]) -> AbstractContextManager[PipeFleet]:
-    """Context manager for ``n`` children, each a ``local`` worker over a zero model."""
+    """Context manager for ``n`` children, each a ``inline`` worker over a zero model."""
     makes = [
         functools.partial(
             WeightSyncWorker,
-            "local",
+            "inline",
             ModuleSink(build_module(zeros_like_state(state))),
             rank=i,
             world_size=n,
@@ -81,7 +81,7 @@ def two(state: dict[str, torch.Tensor]) -> Iterator[PipeFleet]:
 def test_round_through_children_is_bit_exact(
     two: PipeFleet, state: dict[str, torch.Tensor]
 ) -> None:
-    info = LocalTrainerInitInfo(packed_buffer_size_bytes=4096, rank=0)
+    info = InlineTrainerInitInfo(packed_buffer_size_bytes=4096, rank=0)
     with WeightTransferTrainerFactory.trainer_init(
         info, client=two.client, source=TensorSource(state)
     ) as trainer:

@@ -372,8 +372,8 @@ def test_built_in_and_first_party_engines_pass_the_check() -> None:
         (ENGINES, WeightTransferEngine),
         (TRAINER_ENGINES, TrainerWeightTransferEngine),
     ):
-        assert {"local", *first_party} <= set(registry.names())
-        for name in sorted({"local", *first_party}):
+        assert {"inline", *first_party} <= set(registry.names())
+        for name in sorted({"inline", *first_party}):
             cls = registry.load(name)  # raises PluginAPIError if anything were missing
             assert issubclass(cls, base) and not getattr(cls, "__abstractmethods__", None)
 

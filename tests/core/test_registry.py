@@ -19,7 +19,7 @@ from wtcore import (
     WeightTransferEngine,
     WtcoreError,
 )
-from wtcore.local import LocalWorkerEngine
+from wtcore.inline import InlineWorkerEngine
 
 FIXTURE_ENTRY_POINTS = """\
 [wtcore.engines]
@@ -39,9 +39,9 @@ def fake_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     (tmp_path / "fakeplug_mod.py").write_text(
         textwrap.dedent(
             """
-            from wtcore.local import LocalWorkerEngine
+            from wtcore.inline import InlineWorkerEngine
 
-            class FakeEngine(LocalWorkerEngine):
+            class FakeEngine(InlineWorkerEngine):
                 pass
 
             class NotAnEngine:
@@ -59,7 +59,7 @@ def _registry() -> Registry[WeightTransferEngine[object, object]]:
         "wtcore.engines",
         WeightTransferEngine,
         "engine",
-        builtins={"local": "wtcore.local:LocalWorkerEngine"},
+        builtins={"inline": "wtcore.inline:InlineWorkerEngine"},
     )
 
 
@@ -67,7 +67,7 @@ def test_discovery_through_a_fixture_distribution(fake_dist: Path) -> None:
     import sys
 
     reg = _registry()
-    assert {"fake", "broken", "notanengine", "local"} <= set(reg.names())
+    assert {"fake", "broken", "notanengine", "inline"} <= set(reg.names())
     assert "fakeplug_mod" not in sys.modules  # listing imports nothing
     info = reg.info("fake")
     assert (info.distribution, info.version, info.target) == (
@@ -76,7 +76,7 @@ def test_discovery_through_a_fixture_distribution(fake_dist: Path) -> None:
         "fakeplug_mod:FakeEngine",
     )
     cls = reg.load("fake")
-    assert cls.__name__ == "FakeEngine" and issubclass(cls, LocalWorkerEngine)
+    assert cls.__name__ == "FakeEngine" and issubclass(cls, InlineWorkerEngine)
     assert "fakeplug_mod" in sys.modules
 
 
@@ -104,12 +104,14 @@ def test_wrong_base_is_a_type_error(fake_dist: Path) -> None:
 
 def test_unknown_name_lists_installed_and_suggests_no_guessed_install() -> None:
     reg = _registry()
-    reg.register("gloo_fast", LocalWorkerEngine)
+    reg.register("gloo_fast", InlineWorkerEngine)
     with pytest.raises(PluginNotFoundError) as exc:
         reg.load("gloo_fats")
     text = str(exc.value)
     assert (
-        "unknown engine 'gloo_fats'; installed:" in text and "gloo_fast" in text and "local" in text
+        "unknown engine 'gloo_fats'; installed:" in text
+        and "gloo_fast" in text
+        and "inline" in text
     )
     assert "Did you mean 'gloo_fast'?" in text
     assert "pip install" not in text  # never `pip install wtcore-<typo>`: typosquatting bait
@@ -153,14 +155,14 @@ def test_register_clash_and_replace() -> None:
     reg = _registry()
     with pytest.raises(
         PluginConflictError,
-        match=r"engine 'local' is already registered \(wtcore.local:LocalWorkerEngine, wtcore .*\); pass replace=True",
+        match=r"engine 'inline' is already registered \(wtcore.inline:InlineWorkerEngine, wtcore .*\); pass replace=True",
     ):
-        reg.register("local", LocalWorkerEngine)
-    reg.register("mine", "wtcore.local:LocalWorkerEngine")
+        reg.register("inline", InlineWorkerEngine)
+    reg.register("mine", "wtcore.inline:InlineWorkerEngine")
     with pytest.raises(ValueError, match="already registered"):
-        reg.register("mine", LocalWorkerEngine)
-    reg.register("mine", LocalWorkerEngine, replace=True)
-    assert reg.load("mine") is LocalWorkerEngine
+        reg.register("mine", InlineWorkerEngine)
+    reg.register("mine", InlineWorkerEngine, replace=True)
+    assert reg.load("mine") is InlineWorkerEngine
     reg.unregister("mine")
     assert "mine" not in reg.names()
     with pytest.raises(PayloadError, match="must look like 'package.module:Class'"):
@@ -170,7 +172,7 @@ def test_register_clash_and_replace() -> None:
 def test_disable_autoload(fake_dist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WTCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
     reg = _registry()
-    assert reg.names() == ["local"]  # built-ins stay, entry points are not read
+    assert reg.names() == ["inline"]  # built-ins stay, entry points are not read
     with pytest.raises(PluginNotFoundError, match="plugin discovery is off"):
         reg.load("fake")
     reg.register("fake", "fakeplug_mod:FakeEngine")  # explicit registration still works
@@ -186,7 +188,7 @@ def test_refresh_sees_newly_installed_plugins(
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: late\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
-        "[wtcore.engines]\nfake = wtcore.local:LocalWorkerEngine\n"
+        "[wtcore.engines]\nfake = wtcore.inline:InlineWorkerEngine\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     reg.refresh()
@@ -200,7 +202,7 @@ def test_real_editable_plugins_are_discovered() -> None:
     for name, dist in (("nccl", "wtcore-nccl"), ("ipc", "wtcore-ipc")):
         if dist in installed and name in ENGINES.names():
             assert ENGINES.info(name).distribution == dist
-    assert ENGINES.info("local").distribution == "wtcore"
+    assert ENGINES.info("inline").distribution == "wtcore"
 
 
 # ---------------------------------------------------------------------- conflicts
@@ -241,26 +243,26 @@ def test_two_distributions_one_name_is_an_error_naming_both(two_quic_dists: Path
 def test_registering_at_runtime_settles_a_conflict(two_quic_dists: Path) -> None:
     reg = _registry()
     with pytest.raises(PluginConflictError, match="already registered"):
-        reg.register("quic", LocalWorkerEngine)
-    reg.register("quic", LocalWorkerEngine, replace=True)
-    assert reg.load("quic") is LocalWorkerEngine and reg.conflicts() == []
+        reg.register("quic", InlineWorkerEngine)
+    reg.register("quic", InlineWorkerEngine, replace=True)
+    assert reg.load("quic") is InlineWorkerEngine and reg.conflicts() == []
 
 
 def test_a_plugin_may_not_shadow_a_builtin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The built-in wins (issue 29, item 10): a distribution registering ``local`` used to
+    """The built-in wins (issue 29, item 10): a distribution registering ``inline`` used to
     make every use of the built-in raise; now it is ignored with a warning, once, and still
     listed as a conflict (``wtcore plugins`` exits 1)."""
-    _write_dist(tmp_path, "shadow", "0.3", "[wtcore.engines]\nlocal = shadow_mod:Engine\n")
+    _write_dist(tmp_path, "shadow", "0.3", "[wtcore.engines]\ninline = shadow_mod:Engine\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     reg = _registry()
     with caplog.at_level("WARNING", logger="wtcore.registry"):
-        assert reg.load("local") is LocalWorkerEngine
-        assert reg.load("local") is LocalWorkerEngine
+        assert reg.load("inline") is InlineWorkerEngine
+        assert reg.load("inline") is InlineWorkerEngine
     (record,) = caplog.records
     text = record.getMessage()
-    assert "engine 'local' is built into wtcore (wtcore.local:LocalWorkerEngine)" in text
+    assert "engine 'inline' is built into wtcore (wtcore.inline:InlineWorkerEngine)" in text
     assert "shadow 0.3 (shadow_mod:Engine) also registers it" in text
     assert "may not shadow a built-in name, so it is ignored and the built-in is used" in text
     assert "Uninstall shadow" in text
@@ -272,7 +274,7 @@ def test_one_distribution_seen_twice_is_not_a_conflict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An editable install seen through two sys.path entries: the same distribution twice.
-    eps = "[wtcore.engines]\ntwice = wtcore.local:LocalWorkerEngine\n"
+    eps = "[wtcore.engines]\ntwice = wtcore.inline:InlineWorkerEngine\n"
     _write_dist(tmp_path / "a", "Twice_Dist", "1.0", eps)
     # a folder name importlib.metadata does not recognise as the same (its own de-duplication)
     _write_dist(tmp_path / "b", "twice-dist", "1.0", eps, folder="twice_dist_dev-1.0.dist-info")
@@ -280,7 +282,7 @@ def test_one_distribution_seen_twice_is_not_a_conflict(
     monkeypatch.syspath_prepend(str(tmp_path / "b"))
     reg = _registry()
     assert reg.conflicts() == []
-    assert reg.load("twice") is LocalWorkerEngine
+    assert reg.load("twice") is InlineWorkerEngine
     assert reg.info("twice").distribution in {"Twice_Dist", "twice-dist"}
 
 

@@ -18,8 +18,8 @@ from wtcore import (
     WrongTypeError,
 )
 from wtcore.digest import digest_named
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.inproc import InProcessClient
-from wtcore.local import LocalTrainerInitInfo
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
 
@@ -32,9 +32,9 @@ def _setup(
     receiver_state: dict[str, torch.Tensor], **worker_kw: Any
 ) -> tuple[Any, WeightSyncWorker, torch.nn.Module]:
     model = build_module(zeros_like_state(receiver_state))
-    worker = WeightSyncWorker("local", ModuleSink(model), **worker_kw)
+    worker = WeightSyncWorker("inline", ModuleSink(model), **worker_kw)
     engine = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096), client=InProcessClient(worker)
+        InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096), client=InProcessClient(worker)
     )
     return engine, worker, model
 
@@ -66,7 +66,7 @@ def test_failed_round_mixed_or_untouched(transactional: bool) -> None:
 def test_transactional_commit_happens_only_at_finish() -> None:
     state = _state(0)
     model = build_module(zeros_like_state(state))
-    worker = WeightSyncWorker("local", ModuleSink(model), transactional=True)
+    worker = WeightSyncWorker("inline", ModuleSink(model), transactional=True)
     calls: list[str] = []
 
     class Spy(InProcessClient):
@@ -78,7 +78,7 @@ def test_transactional_commit_happens_only_at_finish() -> None:
             super().finish_weight_update(weight_version)
 
     engine = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096), client=Spy(worker)
+        InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096), client=Spy(worker)
     )
     engine.send_weights(TensorSource(state), weight_version="v1")
     assert calls == ["finish"]
@@ -120,9 +120,11 @@ def test_verify_passes_and_catches_corruption_before_finish() -> None:
     assert_state_equal(model, state)
 
     corrupt_model = build_module(zeros_like_state(state))
-    bad_worker = WeightSyncWorker("local", _CorruptingSink(corrupt_model))
+    bad_worker = WeightSyncWorker("inline", _CorruptingSink(corrupt_model))
     client = InProcessClient([worker, bad_worker])
-    engine2 = WeightTransferTrainerFactory.trainer_init(LocalTrainerInitInfo(rank=0), client=client)
+    engine2 = WeightTransferTrainerFactory.trainer_init(
+        InlineTrainerInitInfo(rank=0), client=client
+    )
     with pytest.raises(VerificationError) as exc:
         engine2.send_weights(TensorSource(state), weight_version="v2", verify=True)
     assert "receiver 1: 1 of 30 tensors differ" in str(exc.value)
@@ -130,7 +132,7 @@ def test_verify_passes_and_catches_corruption_before_finish() -> None:
     assert [w.weight_info()["weight_version"] for w in (worker, bad_worker)] == ["v1", None]
     # Re-init recovers: the open round is abandoned and the next one can start.
     engine3 = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0), client=InProcessClient(worker)
+        InlineTrainerInitInfo(rank=0), client=InProcessClient(worker)
     )
     engine3.send_weights(TensorSource(state), weight_version="v3", verify=True)
     assert worker.weight_info()["weight_version"] == "v3"
@@ -155,9 +157,9 @@ def test_verify_needs_a_client_with_checksums() -> None:
         def finish_weight_update(self, v: str | None = None) -> None:
             self.inner.finish_weight_update(v)
 
-    worker = WeightSyncWorker("local", ModuleSink(build_module(zeros_like_state(state))))
+    worker = WeightSyncWorker("inline", ModuleSink(build_module(zeros_like_state(state))))
     engine = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0), client=Bare(worker)
+        InlineTrainerInitInfo(rank=0), client=Bare(worker)
     )
     with pytest.raises(WrongTypeError, match=r"verify=True needs an InspectableClient") as err:
         engine.send_weights(TensorSource(state), verify=True)
@@ -166,7 +168,7 @@ def test_verify_needs_a_client_with_checksums() -> None:
     # A bare worker is a WeightSyncClient but not an InspectableClient: wrapping it is the fix.
     assert not isinstance(worker, InspectableClient)
     engine = WeightTransferTrainerFactory.trainer_init(
-        LocalTrainerInitInfo(rank=0), client=InProcessClient(worker)
+        InlineTrainerInitInfo(rank=0), client=InProcessClient(worker)
     )
     engine.send_weights(TensorSource(state), weight_version="v1", verify=True)
     assert engine.client.__class__ is InProcessClient  # the wrapper never leaks

@@ -1,6 +1,6 @@
 """Round ownership and honest state (issue 13 items 4-8, and init preemption).
 
-Real workers with the ``local`` engine, real trainer engines and in-process clients; the
+Real workers with the ``inline`` engine, real trainer engines and in-process clients; the
 interleavings a second trainer could produce are driven from hooks in the first trainer's
 client, so every step lands exactly where the issue says it does.
 """
@@ -24,8 +24,8 @@ from wtcore import (
     WeightSyncWorker,
     WeightTransferTrainerFactory,
 )
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.inproc import InProcessClient
-from wtcore.local import LocalTrainerInitInfo
 from wtcore.rounds import new_round_id
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
@@ -59,12 +59,12 @@ class HookedClient(InProcessClient):
 
 
 def _trainer(client: Any) -> Any:
-    info = LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=BUCKET)
+    info = InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=BUCKET)
     return WeightTransferTrainerFactory.trainer_init(info, client=client)
 
 
 def _payloads(state: dict[str, torch.Tensor]) -> list[Any]:
-    """The real ``update_weights`` payloads a local trainer sends for ``state``."""
+    """The real ``update_weights`` payloads an inline trainer sends for ``state``."""
     rec = RecordingClient()
     _trainer(rec).send_weights(TensorSource(state), weight_version="recorded")
     return [p for c, p in rec.calls if c == "update_weights"]
@@ -72,7 +72,7 @@ def _payloads(state: dict[str, torch.Tensor]) -> list[Any]:
 
 def _worker(**kw: Any) -> tuple[WeightSyncWorker, torch.nn.Module]:
     model = build_module(zeros_like_state(_state(0)))
-    return WeightSyncWorker("local", ModuleSink(model), **kw), model
+    return WeightSyncWorker("inline", ModuleSink(model), **kw), model
 
 
 def _info(worker: WeightSyncWorker) -> tuple[Any, ...]:
@@ -248,8 +248,8 @@ class _CorruptingSink(ModuleSink):
 def test_verification_error_aborts_the_round_on_every_receiver() -> None:
     good_model = build_module(zeros_like_state(_state(0)))
     bad_model = build_module(zeros_like_state(_state(0)))
-    good = WeightSyncWorker("local", ModuleSink(good_model))
-    bad = WeightSyncWorker("local", _CorruptingSink(bad_model))
+    good = WeightSyncWorker("inline", ModuleSink(good_model))
+    bad = WeightSyncWorker("inline", _CorruptingSink(bad_model))
     client = InProcessClient([good, bad])
     trainer = _trainer(client)
     with pytest.raises(VerificationError):
@@ -304,7 +304,7 @@ def test_init_preempts_a_blocked_update(fail: bool) -> None:
     over; the preempted call, whether it then fails or completes, publishes nothing."""
     model = build_module(zeros_like_state(_state(0)))
     sink = _BlockingSink(model, fail=fail)
-    worker = WeightSyncWorker("local", sink, preempt_timeout_s=30)
+    worker = WeightSyncWorker("inline", sink, preempt_timeout_s=30)
     worker.engine.abort = sink.release.set  # type: ignore[method-assign]
     a_client = InProcessClient(worker)
     a = _trainer(a_client)
@@ -335,7 +335,7 @@ def test_init_preempts_a_blocked_update(fail: bool) -> None:
 def test_preemption_that_does_not_end_in_time_is_a_timeout() -> None:
     model = build_module(zeros_like_state(_state(0)))
     sink = _BlockingSink(model, fail=True)
-    worker = WeightSyncWorker("local", sink, preempt_timeout_s=0.3)  # abort() does nothing
+    worker = WeightSyncWorker("inline", sink, preempt_timeout_s=0.3)  # abort() does nothing
     client = InProcessClient(worker)
     _trainer(client)
     client.start_weight_update()

@@ -24,7 +24,7 @@ from wtcore.worker import WorkerState
 
 
 def _payload(state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """A ``local`` update carrying ``state`` in one bucket."""
+    """A ``inline`` update carrying ``state`` in one bucket."""
     import base64
 
     from wtcore.buckets import pack_bucket, plan_buckets
@@ -43,7 +43,7 @@ def model() -> torch.nn.Module:
 
 @pytest.fixture
 def worker(model: torch.nn.Module) -> WeightSyncWorker:
-    w = WeightSyncWorker("local", ModuleSink(model))
+    w = WeightSyncWorker("inline", ModuleSink(model))
     yield w
     w.shutdown()
 
@@ -173,7 +173,7 @@ def test_reinit_abandons_an_open_round(worker: WeightSyncWorker) -> None:
 
 
 def test_list_update_picks_this_ranks_entry(model: torch.nn.Module) -> None:
-    w = WeightSyncWorker("local", ModuleSink(model), rank=1, world_size=2)
+    w = WeightSyncWorker("inline", ModuleSink(model), rank=1, world_size=2)
     try:
         _init(w)
         w.start_weight_update()
@@ -197,7 +197,7 @@ class _SlowSink(ModuleSink):
 @pytest.mark.timeout(30)
 def test_concurrent_call_rejected_and_info_never_blocks(model: torch.nn.Module) -> None:
     gate = threading.Event()
-    w = WeightSyncWorker("local", _SlowSink(model, gate))
+    w = WeightSyncWorker("inline", _SlowSink(model, gate))
     try:
         _init(w)
         w.start_weight_update()
@@ -238,7 +238,7 @@ def test_bad_version_type(worker: WeightSyncWorker) -> None:
 @pytest.mark.timeout(30)
 def test_shutdown_during_a_blocked_update_stays_closed(model: torch.nn.Module) -> None:
     gate = threading.Event()
-    w = WeightSyncWorker("local", _SlowSink(model, gate))
+    w = WeightSyncWorker("inline", _SlowSink(model, gate))
     _init(w)
     w.start_weight_update()
     errors: list[BaseException] = []
@@ -326,7 +326,7 @@ def test_old_init_field_name_is_accepted_with_a_warning(worker: WeightSyncWorker
         worker.init_weight_transfer_engine({"buffer_size_bytes": 1, "packed_buffer_size_bytes": 1})
 
 
-@pytest.mark.parametrize("backend", ["local", "ipc", "nccl"])
+@pytest.mark.parametrize("backend", ["inline", "ipc", "nccl"])
 def test_engine_without_init_is_the_same_protocol_error(backend: str) -> None:
     from wtcore import WeightTransferConfig, WeightTransferEngineFactory
 
@@ -335,7 +335,7 @@ def test_engine_without_init_is_the_same_protocol_error(backend: str) -> None:
     )
     meta = {"names": ["a.w"], "dtype_names": ["float32"], "shapes": [[1]]}
     extra = {
-        "local": {"data": "AAAAAA=="},
+        "inline": {"data": "AAAAAA=="},
         "ipc": {"seq": 1, "segment": "wtcore_x", "num_slots": 4, "slot_bytes": 4096},
         "nccl": {},
     }[backend]
@@ -365,7 +365,7 @@ def test_an_init_preempting_a_transactional_commit_leaves_the_weights_inconsiste
                 assert gate.wait(30)
             super().load_weights(weights)
 
-    w = WeightSyncWorker("local", CommitGate(model), transactional=True)
+    w = WeightSyncWorker("inline", CommitGate(model), transactional=True)
     try:
         _init(w)
         for version, value in (("v1", 1.0), ("v2", 2.0)):

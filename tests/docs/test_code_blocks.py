@@ -128,10 +128,10 @@ def _http_page(tmp_path: Path) -> Generator[dict[str, Any], None, None]:
     import torch
 
     from wtcore import ModuleSink, ModuleSource, WeightSyncWorker, WeightTransferTrainerFactory
-    from wtcore.local import LocalTrainerInitInfo
+    from wtcore.inline import InlineTrainerInitInfo
     from wtcore_http_client import ReceiverHTTPServer, ReceiverRoutes
 
-    workers = [WeightSyncWorker("local", ModuleSink(torch.nn.Linear(4, 4))) for _ in range(2)]
+    workers = [WeightSyncWorker("inline", ModuleSink(torch.nn.Linear(4, 4))) for _ in range(2)]
     servers = [
         ReceiverHTTPServer(ReceiverRoutes(w, api_key="..."), host="127.0.0.1", port=0)
         for w in workers
@@ -141,7 +141,7 @@ def _http_page(tmp_path: Path) -> Generator[dict[str, Any], None, None]:
     try:
         yield {
             "model": torch.nn.Linear(4, 4),
-            "info": LocalTrainerInitInfo(rank=0),
+            "info": InlineTrainerInitInfo(rank=0),
             "source": ModuleSource(torch.nn.Linear(4, 4)),
             "WeightTransferTrainerFactory": WeightTransferTrainerFactory,
             REPLACE: {
@@ -356,7 +356,7 @@ def _check_json(b: Block) -> None:
 
         from wtcore import ModuleSink, WeightSyncWorker
 
-        worker = WeightSyncWorker("local", ModuleSink(torch.nn.Linear(2, 2)))
+        worker = WeightSyncWorker("inline", ModuleSink(torch.nn.Linear(2, 2)))
         try:
             assert set(data) == set(worker.weight_info()), (
                 f"{b.where}: keys differ from WeightSyncWorker.weight_info(): "
@@ -463,5 +463,5 @@ def test_the_shell_rules_catch_a_broken_command(command: str, complaint: str) ->
 def test_the_data_rules_catch_drift() -> None:
     with pytest.raises(AssertionError, match="keys differ"):
         _check_json(Block("x.md", 1, "json", '{"weight_version": null, "consistent": true}'))
-    with pytest.raises(AssertionError, match="not fields of LocalTrainerInitInfo"):
-        _check_toml(Block("x.md", 1, "toml", 'backend = "local"\nno_such_option = 1\n'))
+    with pytest.raises(AssertionError, match="not fields of InlineTrainerInitInfo"):
+        _check_toml(Block("x.md", 1, "toml", 'backend = "inline"\nno_such_option = 1\n'))

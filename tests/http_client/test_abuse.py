@@ -21,7 +21,7 @@ import pytest
 
 from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.synthetic import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 
@@ -221,7 +221,7 @@ def test_stalled_bodies_hold_no_memory_and_a_trainer_still_syncs(server: Any) ->
         state = synthetic_state(MIB, 30, "float32", seed=1)
         with HTTPWeightSyncClient(server.url, api_key=KEY, timeout_s=60) as client:
             engine = WeightTransferTrainerFactory.trainer_init(
-                LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=256 << 10), client=client
+                InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=256 << 10), client=client
             )
             engine.send_weights(TensorSource(state), weight_version="during-abuse", verify=True)
             assert client.checksums() == [digest_named(state.items())]

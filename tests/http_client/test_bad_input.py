@@ -13,7 +13,7 @@ import torch
 from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
 from wtcore.errors import ErrorRecord
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 
@@ -39,7 +39,7 @@ def baseline(server: Any) -> Iterator[dict[str, str]]:
     state = synthetic_state(SIZE, TENSORS, "float32", seed=5)
     with HTTPWeightSyncClient(server.url, api_key=KEY, timeout_s=60) as client:
         trainer = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=16 << 10),
+            InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=16 << 10),
             client=client,
             source=TensorSource(state),
         )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from wtcore import TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.delta import assert_bits_equal, delta_chain
@@ -23,7 +23,7 @@ def fleet() -> Iterator[list[tuple[WeightSyncWorker, ModuleSink, ReceiverHTTPSer
     out = []
     for rank in range(2):
         sink = ModuleSink(build_module(zeros_like_state(chain[0])))
-        worker = WeightSyncWorker("local", sink, rank=rank, world_size=2)
+        worker = WeightSyncWorker("inline", sink, rank=rank, world_size=2)
         out.append((worker, sink, ReceiverHTTPServer(ReceiverRoutes(worker)).start()))
     try:
         yield out
@@ -36,7 +36,7 @@ def fleet() -> Iterator[list[tuple[WeightSyncWorker, ModuleSink, ReceiverHTTPSer
 def test_delta_chain_and_refusal_over_http(fleet: list[Any], monkeypatch: Any) -> None:
     chain = delta_chain()[:4]
     state = {n: t.clone() for n, t in chain[0].items()}
-    info = LocalTrainerInitInfo(rank=0, delta=True, packed_buffer_size_bytes=1 << 20)
+    info = InlineTrainerInitInfo(rank=0, delta=True, packed_buffer_size_bytes=1 << 20)
     with HTTPWeightSyncClient([s.url for _, _, s in fleet], timeout_s=30) as client:
         trainer = WeightTransferTrainerFactory.trainer_init(
             info, client=client, source=TensorSource(state)

@@ -19,7 +19,7 @@ import torch
 from wtcore import ReceiverError, WeightTransferTrainerFactory
 from wtcore.buckets import plan_buckets
 from wtcore.fanout import ABORT_TIMEOUT_S, FAIL_FAST_S
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.source import TensorSource
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
@@ -60,7 +60,7 @@ def test_the_abort_after_a_failed_round_does_not_wait_for_a_stopped_receiver(
             client.victim = frozen
             client.last_update = len(plan_buckets(TensorSource(state).metadata(), BUCKET))
             trainer = WeightTransferTrainerFactory.trainer_init(
-                LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=BUCKET), client=client
+                InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=BUCKET), client=client
             )
             t0 = time.monotonic()
             with pytest.raises(ReceiverError) as err:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from wtcore import ReceiverError, TensorSource, TransferTimeoutError, WeightTransferTrainerFactory
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing import KillingSource, free_port
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverTimeoutError
@@ -32,7 +32,7 @@ def test_server_killed_mid_round(start_server: Any) -> None:
     state = synthetic_state(SIZE, TENSORS, "float32", seed=3)
     with HTTPWeightSyncClient([alive.url, doomed.url], timeout_s=TIMEOUT_S) as client:
         trainer = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=8 << 10), client=client
+            InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=8 << 10), client=client
         )
         t0 = time.monotonic()
         with pytest.raises(ReceiverError) as err:

@@ -13,7 +13,7 @@ from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.buckets import max_bucket_nbytes, pack_source, plan_buckets
 from wtcore.config import trainer_from_config
 from wtcore.digest import digest_named
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.meta import metas_to_wire
 from wtcore.testing.sources import mixed_dtype_state
 from wtcore_http_client import HTTPWeightSyncClient
@@ -27,7 +27,7 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 
 
 def local_payload(state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """One ``local`` update holding all of ``state`` (built with the core's bucket rule)."""
+    """One ``inline`` update holding all of ``state`` (built with the core's bucket rule)."""
     source = TensorSource(state)
     metas = source.metadata()
     buckets = plan_buckets(metas, 1 << 20)
@@ -43,7 +43,7 @@ def servers(start_server: Any, tmp_path_factory: pytest.TempPathFactory) -> list
     """Two workers (ranks 0 and 1 of 2) hosting the same safetensors checkpoint."""
     path = Path(tmp_path_factory.mktemp("ckpt")) / "model.safetensors"
     save_safetensors(_state(0), path)
-    common = ("--backend", "local", "--world-size", "2", "--safetensors", str(path))
+    common = ("--backend", "inline", "--world-size", "2", "--safetensors", str(path))
     return [start_server("--rank", str(r), *common) for r in range(2)]
 
 
@@ -64,7 +64,7 @@ def test_rounds_through_the_local_engine(client: HTTPWeightSyncClient) -> None:
     source_state = _state(1)
     trainer = WeightTransferTrainerFactory.trainer_init(
         # a small buffer: several buckets, so several update_weights per round
-        LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096),
+        InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=4096),
         client=client,
         source=TensorSource(source_state),
     )
@@ -98,7 +98,7 @@ def test_trainer_from_config_builds_the_http_client(servers: list[Any]) -> None:
     state = _state(21)
     trainer = trainer_from_config(
         {
-            "backend": "local",
+            "backend": "inline",
             "packed_buffer_size_bytes": 8192,
             "client": {"name": "http", "base_urls": [s.url for s in servers], "timeout_s": 60},
         },

@@ -54,7 +54,7 @@ def test_serves_a_safetensors_model_and_stops_on_signal(
     assert server.url.startswith("http://127.0.0.1:")
     with HTTPWeightSyncClient(server.url, api_key="k", timeout_s=30) as client:
         assert client.checksums() == [digest_named(state.items())]
-        assert client.weight_info()[0]["backend"] == "local"
+        assert client.weight_info()[0]["backend"] == "inline"
     with HTTPWeightSyncClient(server.url, timeout_s=30) as anonymous, pytest.raises(ReceiverError):
         anonymous.checksums()
     assert server.stop(sig) == 0
@@ -71,3 +71,13 @@ def test_synthetic_model_of_a_given_size_and_seed(start_server: Any) -> None:
     with HTTPWeightSyncClient(server.url, timeout_s=30) as client:
         assert client.checksums() == [want]
     assert server.stop(signal.SIGTERM) == 0
+
+
+def test_the_old_engine_name_serves_the_inline_engine_and_says_so(start_server: Any) -> None:
+    """``--backend local`` (renamed ``inline`` in 0.2.0) works until 0.3, with one warning."""
+    server = start_server("--size", "16KiB", "--tensors", "4", "--backend", "local", via_cli=True)
+    with HTTPWeightSyncClient(server.url, timeout_s=30) as client:
+        assert client.weight_info()[0]["backend"] == "inline"
+    assert server.stop(signal.SIGTERM) == 0
+    assert "backend=inline" in server.stdout.read_text()
+    assert server.stderr.read_text().count("engine 'local' was renamed 'inline'") == 1

@@ -17,7 +17,7 @@ import requests
 from wtcore import ENGINES, ReceiverError, WeightSyncWorker
 from wtcore.concurrency import BackgroundCall
 from wtcore.digest import digest_named
-from wtcore.local import LocalUpdateInfo, LocalWorkerEngine
+from wtcore.inline import InlineUpdateInfo, InlineWorkerEngine
 from wtcore.sink import ModuleSink
 from wtcore.testing.sources import build_module, mixed_dtype_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverHTTPServer, ReceiverRoutes
@@ -28,14 +28,14 @@ pytestmark = pytest.mark.timeout(60)
 NAME = "http-client-test-gate"
 
 
-class GateEngine(LocalWorkerEngine):
-    """The ``local`` engine, except that it can be made to block or to fail in receive."""
+class GateEngine(InlineWorkerEngine):
+    """The ``inline`` engine, except that it can be made to block or to fail in receive."""
 
     release = threading.Event()
     block = False
     fail: str | None = None
 
-    def receive_weights(self, update_info: LocalUpdateInfo) -> None:
+    def receive_weights(self, update_info: InlineUpdateInfo) -> None:
         if GateEngine.block and not GateEngine.release.wait(30):
             raise TimeoutError("the test never released the gate")
         if GateEngine.fail is not None:
@@ -113,7 +113,7 @@ def test_refuses_a_public_bind_without_a_key() -> None:
         check_bind("0.0.0.0", False)
     check_bind("0.0.0.0", True)
     check_bind("127.0.0.1", False)
-    worker = WeightSyncWorker("local", ModuleSink(build_module(mixed_dtype_state(0))))
+    worker = WeightSyncWorker("inline", ModuleSink(build_module(mixed_dtype_state(0))))
     with pytest.raises(ValueError, match="refusing to bind"):
         ReceiverHTTPServer(ReceiverRoutes(worker), host="0.0.0.0")
     worker.shutdown()

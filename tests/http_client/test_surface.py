@@ -24,7 +24,7 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.digest import digest_named
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverHTTPServer, ReceiverRoutes
@@ -57,7 +57,7 @@ def servers(gate: threading.Event) -> Iterator[list[tuple[WeightSyncWorker, Rece
     out = []
     for rank in range(2):
         sink = GatedSink(build_module(zeros_like_state(STATE)), gate)
-        worker = WeightSyncWorker("local", sink, rank=rank, world_size=2)
+        worker = WeightSyncWorker("inline", sink, rank=rank, world_size=2)
         out.append((worker, ReceiverHTTPServer(ReceiverRoutes(worker)).start()))
     try:
         yield out
@@ -73,7 +73,7 @@ def test_both_protocols_and_the_shared_shapes(servers: list[Any]) -> None:
     with HTTPWeightSyncClient(urls, timeout_s=30) as client:
         assert isinstance(client, WeightSyncClient) and isinstance(client, InspectableClient)
         engine = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0), client=client
+            InlineTrainerInitInfo(rank=0), client=client
         )
         engine.send_weights(TensorSource(STATE), weight_version="h1", verify=True)
         infos = client.weight_info()
@@ -94,7 +94,7 @@ def test_a_stuck_receiver_is_a_timeout_error(servers: list[Any], gate: threading
     urls = [s.url for _, s in servers]
     with HTTPWeightSyncClient(urls, timeout_s=1.0) as client:
         engine = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0), client=client
+            InlineTrainerInitInfo(rank=0), client=client
         )
         with pytest.raises(TimeoutError) as err:
             engine.send_weights(TensorSource(STATE), weight_version="h2")

@@ -150,7 +150,7 @@ def test_vllm_extras_and_bearer_token(recorder: Recorder) -> None:
 def test_the_routes_accept_exactly_those_bodies() -> None:
     """The framework-agnostic handler, called directly as a FastAPI/Starlette app would."""
     state = mixed_dtype_state(0)
-    worker = WeightSyncWorker("local", ModuleSink(build_module(state)))
+    worker = WeightSyncWorker("inline", ModuleSink(build_module(state)))
     routes = ReceiverRoutes(worker)
 
     def post(path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
@@ -268,7 +268,7 @@ def test_abort_on_a_receiver_without_the_route_is_skipped(recorder: Recorder) ->
 
 def test_the_round_id_travels_in_a_header_and_guards_the_round() -> None:
     """``X-Wtcore-Round`` makes the starter the round's owner; the bodies stay vLLM's."""
-    worker = WeightSyncWorker("local", ModuleSink(build_module(mixed_dtype_state(0))))
+    worker = WeightSyncWorker("inline", ModuleSink(build_module(mixed_dtype_state(0))))
     routes = ReceiverRoutes(worker)
     owner = {"Content-Type": "application/json", ROUND_HEADER: new_round_id()}
     stranger = {"Content-Type": "application/json", ROUND_HEADER: new_round_id()}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
-BACKENDS = ["local", "nccl", "ipc"]
+BACKENDS = ["inline", "nccl", "ipc"]
 CLIENTS = ["inproc", "http", "ray"]
 
 

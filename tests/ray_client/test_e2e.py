@@ -35,7 +35,7 @@ def _installed(backend: str) -> bool:
 #: Engines that fit a trainer in the driver and receivers in actors on the same node, with a
 #: small buffer so that each round takes several ``update_weights`` calls (buckets).
 BACKENDS = {
-    "local": {"packed_buffer_size_bytes": 8 << 10},
+    "inline": {"packed_buffer_size_bytes": 8 << 10},
     "ipc": {"packed_buffer_size_bytes": 8 << 10, "device": "cpu", "timeout_s": 60},
     # gloo on CPU; the driver is rank 0 and hosts the rendezvous, the actors are ranks 1, 2.
     "nccl": {"packed_buffer_size_bytes": 8 << 10, "world_size": 3, "timeout_s": 60},
@@ -102,21 +102,21 @@ def test_launcher_ranks_identities_and_config_client(ray_cluster: None, kit: Any
     state = kit.make_state(SEED)
     sink = functools.partial(kit.module_sink, SEED)
     with launch_receivers(
-        2, "local", sink, num_cpus=0, rank_offset=1, name_prefix="wtcore-e2e", namespace="wtcore-t"
+        2, "inline", sink, num_cpus=0, rank_offset=1, name_prefix="wtcore-e2e", namespace="wtcore-t"
     ) as group:
         assert group.ranks == [1, 2] and group.worker_ranks == [0, 1]
         assert group.names == ["wtcore-e2e-0", "wtcore-e2e-1"]
         idents = group.client().identities()
         assert [i["rank"] for i in idents] == [0, 1]
         assert [i["name"] for i in idents] == group.names
-        assert all(i["world_size"] == 2 and i["backend"] == "local" for i in idents)
+        assert all(i["world_size"] == 2 and i["backend"] == "inline" for i in idents)
         assert len({i["pid"] for i in idents}) == 2  # two actor processes
         assert all(i["node_ip"] for i in idents)
 
         # The ``ray`` client by name, from a config dict (as a JSON/TOML file would give it).
         assert CLIENTS.load("ray") is RayWeightSyncClient
         config = {
-            "backend": "local",
+            "backend": "inline",
             "packed_buffer_size_bytes": 1 << 20,
             "client": {
                 "name": "ray",

@@ -20,7 +20,7 @@ from wtcore.buckets import max_bucket_nbytes, pack_source, plan_buckets
 from wtcore.config import trainer_from_config
 from wtcore.digest import digest_named
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.meta import metas_to_wire
 from wtcore.stats import TransferStats
 from wtcore.testing import KillingSource, free_port
@@ -45,10 +45,10 @@ def _killer(actor: Any) -> Callable[[], None]:
 def test_actor_killed_mid_round(ray_cluster: None, kit: Any) -> None:
     state = kit.make_state(SEED)
     sink = functools.partial(kit.module_sink, SEED)
-    with launch_receivers(2, "local", sink, num_cpus=0, name_prefix="wtcore-kill") as group:
+    with launch_receivers(2, "inline", sink, num_cpus=0, name_prefix="wtcore-kill") as group:
         timeout_s = 20.0
         client = group.client(timeout_s=timeout_s)
-        info = LocalTrainerInitInfo(packed_buffer_size_bytes=4 << 10, rank=0)
+        info = InlineTrainerInitInfo(packed_buffer_size_bytes=4 << 10, rank=0)
         with WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
             trainer.send_weights(TensorSource(state), weight_version="good")
             victim = group.handles[1]
@@ -86,7 +86,7 @@ def test_stuck_actor_times_out_and_still_answers(ray_cluster: None, kit: Any) ->
     """A load that hangs costs one timeout; the threaded actor still reports it is busy."""
     state = kit.make_state(SEED)
     sink = functools.partial(kit.BlockingSink, SEED, 60.0)
-    with launch_receivers(1, "local", sink, num_cpus=0, max_concurrency=4) as group:
+    with launch_receivers(1, "inline", sink, num_cpus=0, max_concurrency=4) as group:
         client = group.client(timeout_s=3.0)
         client.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 20})
         client.start_weight_update()
@@ -110,7 +110,7 @@ def test_stuck_actor_times_out_and_still_answers(ray_cluster: None, kit: Any) ->
 
 
 def _local_payload(state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """One ``local``-engine bucket holding all of ``state`` (what its trainer would send)."""
+    """One ``inline``-engine bucket holding all of ``state`` (what its trainer would send)."""
     src = TensorSource(state)
     metas = src.metadata()
     [bucket] = plan_buckets(metas, 1 << 20)
@@ -127,14 +127,14 @@ def test_misconfigured_sink_error_reaches_trainer(ray_cluster: None, kit: Any) -
     good = functools.partial(kit.module_sink, SEED)
     bad = functools.partial(kit.module_sink, SEED, missing)
     with (
-        launch_receivers(2, "local", good, num_cpus=0) as ok_group,
-        launch_receivers(1, "local", bad, num_cpus=0, rank_offset=3) as bad_group,
+        launch_receivers(2, "inline", good, num_cpus=0) as ok_group,
+        launch_receivers(1, "inline", bad, num_cpus=0, rank_offset=3) as bad_group,
     ):
         handles = ok_group.handles + bad_group.handles
         labels = ok_group.labels + bad_group.labels
-        # World size 1 per launch is fine for the local engine: it sends one dict to all.
+        # World size 1 per launch is fine for the inline engine: it sends one dict to all.
         client = RayWeightSyncClient(handles, timeout_s=30, labels=labels)
-        info = LocalTrainerInitInfo(packed_buffer_size_bytes=1 << 20, rank=0)
+        info = InlineTrainerInitInfo(packed_buffer_size_bytes=1 << 20, rank=0)
         trainer = WeightTransferTrainerFactory.trainer_init(info, client=client)
         with trainer, pytest.raises(ReceiverError) as ei:
             trainer.send_weights(TensorSource(state), weight_version="v1")
@@ -154,7 +154,7 @@ def test_misconfigured_sink_error_reaches_trainer(ray_cluster: None, kit: Any) -
 
 def test_bad_calls_are_named_errors(ray_cluster: None, kit: Any) -> None:
     sink = functools.partial(kit.module_sink, SEED)
-    with launch_receivers(2, "local", sink, num_cpus=0) as group:
+    with launch_receivers(2, "inline", sink, num_cpus=0) as group:
         client = group.client(timeout_s=30)
         # Out of order: both actors refuse, each named, with the core worker's message.
         with pytest.raises(ReceiverError) as ei:
@@ -183,7 +183,7 @@ def test_broken_sink_factory_fails_at_launch(ray_cluster: None) -> None:
         raise RuntimeError("model weights not found at /models/x")
 
     with pytest.raises(ReceiverError) as ei:
-        launch_receivers(2, "local", no_model, num_cpus=0, ready_timeout_s=60)
+        launch_receivers(2, "inline", no_model, num_cpus=0, ready_timeout_s=60)
     assert len(ei.value.failures) == 2
     assert all(f.error_type == "ActorDiedError" for f in ei.value.failures)
     assert all(
@@ -251,8 +251,8 @@ def test_one_failure_cuts_the_wait_for_the_others(ray_cluster: None, kit: Any) -
     stuck = functools.partial(kit.BlockingSink, SEED, 60.0)
     bad = functools.partial(kit.module_sink, SEED, "layers.0.weight")
     with (
-        launch_receivers(1, "local", stuck, num_cpus=0) as g1,
-        launch_receivers(1, "local", bad, num_cpus=0, rank_offset=2) as g2,
+        launch_receivers(1, "inline", stuck, num_cpus=0) as g1,
+        launch_receivers(1, "inline", bad, num_cpus=0, rank_offset=2) as g2,
     ):
         client = RayWeightSyncClient(
             g1.handles + g2.handles, timeout_s=60, labels=g1.labels + g2.labels, fail_fast_s=1.0

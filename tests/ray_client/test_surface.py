@@ -17,7 +17,7 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.digest import digest_named
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore_ray_client import launch_receivers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
@@ -28,11 +28,11 @@ SEED = 11
 def test_both_protocols_and_the_shared_shapes(ray_cluster: None, kit: Any) -> None:
     state = kit.make_state(SEED)
     sink = functools.partial(kit.module_sink, SEED)
-    with launch_receivers(2, "local", sink, num_cpus=0, max_concurrency=4) as group:
+    with launch_receivers(2, "inline", sink, num_cpus=0, max_concurrency=4) as group:
         client = group.client(timeout_s=30.0)
         assert isinstance(client, WeightSyncClient) and isinstance(client, InspectableClient)
         engine = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0), client=client
+            InlineTrainerInitInfo(rank=0), client=client
         )
         engine.send_weights(TensorSource(state), weight_version="r1", verify=True)
         infos = client.weight_info()
@@ -49,9 +49,9 @@ def test_both_protocols_and_the_shared_shapes(ray_cluster: None, kit: Any) -> No
 def test_a_stuck_actor_is_a_timeout_error(ray_cluster: None, kit: Any) -> None:
     state = kit.make_state(SEED)
     sink = functools.partial(kit.BlockingSink, SEED, 30.0)
-    with launch_receivers(1, "local", sink, num_cpus=0, max_concurrency=4) as group:
+    with launch_receivers(1, "inline", sink, num_cpus=0, max_concurrency=4) as group:
         engine = WeightTransferTrainerFactory.trainer_init(
-            LocalTrainerInitInfo(rank=0), client=group.client(timeout_s=2.0)
+            InlineTrainerInitInfo(rank=0), client=group.client(timeout_s=2.0)
         )
         with pytest.raises(TimeoutError) as err:
             engine.send_weights(TensorSource(state), weight_version="r2")

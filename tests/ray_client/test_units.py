@@ -12,7 +12,7 @@ import torch
 from wtcore import PayloadError, ProtocolStateError, TensorSource
 from wtcore.digest import digest_named
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
 from wtcore_ray_client import RayWeightSyncClient, WeightSyncActor
@@ -28,10 +28,10 @@ def test_actor_class_serves_the_core_worker_without_ray() -> None:
     """The same class a Ray actor runs, driven directly: a full round, state rules intact."""
     state = mixed_dtype_state(seed=9)
     module = build_module(zeros_like_state(state))
-    actor = WeightSyncActor("local", lambda: ModuleSink(module))
+    actor = WeightSyncActor("inline", lambda: ModuleSink(module))
     with pytest.raises(ProtocolStateError, match="call init_weight_transfer_engine first"):
         actor.start_weight_update()
-    info = LocalTrainerInitInfo(packed_buffer_size_bytes=1 << 20, rank=0)
+    info = InlineTrainerInitInfo(packed_buffer_size_bytes=1 << 20, rank=0)
     with WeightTransferTrainerFactory.trainer_init(info, client=actor) as trainer:
         trainer.send_weights(TensorSource(state), weight_version="v1")
     assert actor.weight_info()["weight_version"] == "v1"
@@ -39,7 +39,7 @@ def test_actor_class_serves_the_core_worker_without_ray() -> None:
     for name, t in state.items():
         assert torch.equal(dict(module.named_parameters())[name], t)
     ident = actor.identity()
-    assert ident["rank"] == 0 and ident["backend"] == "local"
+    assert ident["rank"] == 0 and ident["backend"] == "inline"
     actor.shutdown_weight_sync()
     assert actor.weight_info()["state"] == "closed"
 
@@ -52,17 +52,17 @@ def test_mixin_must_be_set_up_and_only_once() -> None:
     actor = Inference()
     with pytest.raises(ProtocolStateError, match=r"call setup_weight_sync\(config, sink"):
         actor.weight_info()
-    actor.setup_weight_sync("local", lambda: ModuleSink(actor.model), rank=1, world_size=2)
+    actor.setup_weight_sync("inline", lambda: ModuleSink(actor.model), rank=1, world_size=2)
     assert actor.weight_info()["rank"] == 1
     with pytest.raises(ProtocolStateError, match="already set up"):
-        actor.setup_weight_sync("local", lambda: ModuleSink(actor.model))
+        actor.setup_weight_sync("inline", lambda: ModuleSink(actor.model))
 
 
 def test_sink_factory_must_return_a_sink() -> None:
     with pytest.raises(TypeError, match="returned dict, which has no load_weights"):
-        WeightSyncActor("local", lambda: {})
+        WeightSyncActor("inline", lambda: {})
     with pytest.raises(TypeError, match="expected a WeightSink or a zero-argument callable"):
-        WeightSyncActor("local", 42)  # type: ignore[arg-type]
+        WeightSyncActor("inline", 42)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -78,8 +78,8 @@ configs = {
     "nccl": {"backend": "nccl"},
     "tcp": {"backend": "tcp"},
     "ipc": {"backend": "ipc"},
-    "http": {"backend": "local", "client": {"name": "http", "urls": ["http://127.0.0.1:9"]}},
-    "ray": {"backend": "local", "client": {"name": "ray"}},
+    "http": {"backend": "inline", "client": {"name": "http", "urls": ["http://127.0.0.1:9"]}},
+    "ray": {"backend": "inline", "client": {"name": "ray"}},
 }
 for name, config in configs.items():
     try:

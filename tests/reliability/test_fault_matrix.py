@@ -37,7 +37,7 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.digest import digest_named
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.meta import ParamMeta
 from wtcore.procs import stop_processes
 from wtcore.source import WeightSource
@@ -362,7 +362,7 @@ def local_pair(launch: Callable[..., list[ServeProcess]]) -> list[ServeProcess]:
 
 
 def local_trainer(client: HTTPWeightSyncClient) -> Any:
-    info = LocalTrainerInitInfo(rank=0, packed_buffer_size_bytes=8 << 10)
+    info = InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=8 << 10)
     return WeightTransferTrainerFactory.trainer_init(info, client=client)
 
 

@@ -131,7 +131,7 @@ def _model() -> torch.nn.Module:
 
 def _worker_in(state: str) -> tuple[WeightSyncWorker, torch.nn.Module]:
     model = _model()
-    worker = WeightSyncWorker("local", ModuleSink(model))
+    worker = WeightSyncWorker("inline", ModuleSink(model))
     if state != "uninitialized":
         worker.init_weight_transfer_engine({"packed_buffer_size_bytes": 1 << 12})
         worker.start_weight_update()

@@ -46,7 +46,8 @@ def test_plugin_registers_every_wtcore_engine_once() -> None:
         "from wtcore_vllm.plugin import register\n"
         "from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory as F\n"
         "first, second = register(), register()\n"
-        "print(json.dumps([ENGINES.names(), first, second, sorted(F._registry)]))\n"
+        "names = [*ENGINES.names(), *ENGINES.renamed]\n"
+        "print(json.dumps([names, first, second, sorted(F._registry)]))\n"
     )
     out = subprocess.run(
         [str(VLLM_PYTHON), "-c", code], capture_output=True, text=True, timeout=180, check=True
@@ -54,7 +55,7 @@ def test_plugin_registers_every_wtcore_engine_once() -> None:
     import json
 
     engines, first, second, registry = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "nccl" in engines
+    assert "nccl" in engines and "local" in engines  # local: inline's old name, until 0.3
     assert sorted(first) == sorted(f"wtcore_{e}" for e in engines)
     assert second == []
     assert {"nccl", "wtcore_nccl"} <= set(registry)  # vLLM's own nccl is untouched

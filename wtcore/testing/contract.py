@@ -3,14 +3,14 @@
 Subclass :class:`EngineContractSuite` in a test module, name the subclass ``Test...``, set
 ``backend`` and implement :meth:`~EngineContractSuite.make_trainer_init_info`::
 
-    from wtcore.local import LocalTrainerInitInfo
+    from wtcore.inline import InlineTrainerInitInfo
     from wtcore.testing.contract import EngineContractSuite
 
     class TestLocalContract(EngineContractSuite):
-        backend = "local"
+        backend = "inline"
 
         def make_trainer_init_info(self, *, num_workers, buffer_size_bytes):
-            return LocalTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)
+            return InlineTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)
 
 The receivers are in-process :class:`~wtcore.worker.WeightSyncWorker` objects driven through
 :class:`~wtcore.inproc.InProcessClient` (each call on its own thread), so engines whose

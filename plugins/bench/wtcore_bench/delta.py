@@ -10,6 +10,7 @@ help. Every round is checked (checksums of every receiver against the trainer's 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ __all__ = ["DeltaBenchOptions", "print_delta_table", "run_delta_bench"]
 
 @dataclass
 class DeltaBenchOptions:
-    backend: str = "local"
+    backend: str = "inline"
     receivers: int = 2
     steps: int = 8  # real training steps
     dense_rounds: int = 12  # rounds where every element changes
@@ -90,9 +91,11 @@ def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
     import torch
 
     from wtcore.digest import digest_named
+    from wtcore.registry import TRAINER_ENGINES
     from wtcore.source import TensorSource
     from wtcore.testing.realistic import changed_fraction, realistic_steps
 
+    opts = dataclasses.replace(opts, backend=TRAINER_ENGINES.resolve(opts.backend))
     t0 = time.perf_counter()
     steps = realistic_steps(
         opts.steps, lr=opts.lr, d_model=opts.width, layers=4, vocab=8192, seq=64, batch=4

@@ -27,7 +27,7 @@ __all__ = ["BenchOptions", "run_bench"]
 
 @dataclass
 class BenchOptions:
-    backend: str = "local"
+    backend: str = "inline"
     client: str = "inproc"
     receivers: int = 2
     size_bytes: int = 64 << 20
@@ -214,6 +214,8 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     where = placement()  # inside the trainer's node of `wtcore bench --nodes`
     if where is not None:
         opts = dataclasses.replace(opts, host=where.trainer_address)
+    # a renamed engine's old name warns once, here; the run and its record use the new one
+    opts = dataclasses.replace(opts, backend=TRAINER_ENGINES.resolve(opts.backend))
     engine_cls = TRAINER_ENGINES.load(opts.backend)
     support = engine_bench(opts.backend, engine_cls)  # before anything starts: a clear error
     support.check_device(engine_cls, opts.device)

@@ -57,7 +57,7 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``wtcore serve`` (shared with ``python -m wtcore_http_client.server``)."""
-    p.add_argument("--backend", default="local", help="worker engine name (default: local)")
+    p.add_argument("--backend", default="inline", help="worker engine name (default: local)")
     p.add_argument(
         "--backend-options",
         default="{}",
@@ -132,6 +132,7 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT; 0 on a clean stop, 2 on bad options."""
+    from wtcore.registry import ENGINES
     from wtcore.sink import ModuleSink
     from wtcore.worker import WeightSyncWorker
     from wtcore_http_client.routes import DEFAULT_MAX_BODY_BYTES, ReceiverRoutes
@@ -156,6 +157,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"wtcore serve: error: {e}", file=sys.stderr)
         return 2
+    args.backend = ENGINES.resolve(args.backend)  # a renamed engine's old name: said once
     model = build_model(args)
     worker = WeightSyncWorker(
         {"backend": args.backend, **options},

@@ -60,11 +60,11 @@ __all__ = [
 
 log = logging.getLogger("wtcore_http_client.routes")
 
-#: Large enough for a 32 MiB ``local`` bucket in base64; control messages are tiny.
+#: Large enough for a 32 MiB ``inline`` bucket in base64; control messages are tiny.
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 #: The body limit of every POST route but the two that carry engine payloads.
 CONTROL_MAX_BODY_BYTES = 64 << 10
-#: Routes whose bodies may be as large as ``max_body_bytes`` (a ``local`` bucket, an init).
+#: Routes whose bodies may be as large as ``max_body_bytes`` (a ``inline`` bucket, an init).
 _BULK_ROUTES = frozenset({"/update_weights", "/init_weight_transfer_engine"})
 #: Deepest JSON nesting accepted: real payloads are 3 levels deep.
 MAX_JSON_DEPTH = 32

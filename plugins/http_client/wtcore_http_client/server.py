@@ -7,7 +7,7 @@ Why the standard library's :class:`~http.server.ThreadingHTTPServer` and not uvi
   ``update_weights`` that blocks in a broadcast keeps its thread, while ``/health`` and
   ``/weight_info`` are answered on others. An ASGI server would have to push every blocking
   worker call into a thread pool anyway;
-* control messages are tiny; bulk bodies (the ``local`` engine's base64 buckets) are read in
+* control messages are tiny; bulk bodies (the ``inline`` engine's base64 buckets) are read in
   chunks as they arrive, never allocated from what a header declares.
 
 What keeps it bounded against a hostile peer (issue 14; the numbers are :class:`ServerLimits`):

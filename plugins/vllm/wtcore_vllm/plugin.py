@@ -19,7 +19,11 @@ log = logging.getLogger(__name__)
 
 
 def register() -> list[str]:
-    """Register each installed wtcore worker engine as ``wtcore_<name>``; return the new names."""
+    """Register each installed wtcore worker engine as ``wtcore_<name>``; return the new names.
+
+    A renamed built-in is registered under its old name as well (``wtcore_local``, now
+    ``wtcore_inline``), which loads the same engine with a ``DeprecationWarning`` until 0.3.
+    """
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     from wtcore.registry import ENGINES
@@ -27,7 +31,7 @@ def register() -> list[str]:
 
     registry = getattr(WeightTransferEngineFactory, "_registry", None)
     added: list[str] = []
-    for engine in ENGINES.names():
+    for engine in [*ENGINES.names(), *ENGINES.renamed]:  # old names too, until they go
         name = vllm_backend_name(engine)
         if registry is not None and name in registry:
             continue

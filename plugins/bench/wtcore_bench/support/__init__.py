@@ -18,7 +18,7 @@ import pkgutil
 import warnings
 from typing import Any, TypeVar
 
-from wtcore.registry import autoload_disabled
+from wtcore.registry import TRAINER_ENGINES, autoload_disabled
 from wtcore_bench.api import BenchNotSupportedError, ClientBench, EngineBench
 
 __all__ = [
@@ -99,6 +99,8 @@ def _checked(found: Any, kind: type[T], where: str) -> T | None:
 def find_engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench | None:
     """How engine ``name`` (class ``cls``, if loaded) runs in the bench; ``None``: undeclared."""
     found = _declared(ENGINE_GROUP, name)
+    if found is None and name in TRAINER_ENGINES.renamed:  # an old name, with a warning
+        found = _declared(ENGINE_GROUP, TRAINER_ENGINES.resolve(name))
     if found is None and cls is not None:
         found = _legacy(cls, "bench", ENGINE_GROUP)
     return _checked(found, EngineBench, f"engine {name!r}: {ENGINE_GROUP}")

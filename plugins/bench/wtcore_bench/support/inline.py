@@ -1,6 +1,6 @@
-"""``wtcore bench --backend local``: the built-in engine's bench API.
+"""``wtcore bench --backend inline``: the built-in engine's bench API.
 
-``local`` has no rendezvous, so the default :class:`~wtcore_bench.api.EngineBench` init info
+``inline`` has no rendezvous, so the default :class:`~wtcore_bench.api.EngineBench` init info
 (rank 0 plus the buffer size) is all it takes, and only the generic limits apply.
 """
 
@@ -10,5 +10,5 @@ from wtcore_bench.api import EngineBench
 
 __all__ = ["BENCH"]
 
-#: ``local`` in ``wtcore.bench_engines``.
+#: ``inline`` in ``wtcore.bench_engines``.
 BENCH = EngineBench(buffer_option="packed_buffer_size_bytes")

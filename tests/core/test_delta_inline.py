@@ -1,20 +1,20 @@
-"""The delta-round suite on the built-in ``local`` engine pair."""
+"""The delta-round suite on the built-in ``inline`` engine pair."""
 
 from __future__ import annotations
 
 import pytest
 
-from wtcore.local import LocalTrainerInitInfo
+from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing.delta import DeltaContractSuite
 
 
 class TestLocalDelta(DeltaContractSuite):
-    backend = "local"
+    backend = "inline"
 
     def make_trainer_init_info(
         self, *, num_workers: int, buffer_size_bytes: int
-    ) -> LocalTrainerInitInfo:
-        return LocalTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)
+    ) -> InlineTrainerInitInfo:
+        return InlineTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)
 
 
 def test_dense_tensor_refreshes_its_base_ever_less_often() -> None:
@@ -63,8 +63,8 @@ def test_a_refused_delta_round_leaves_the_receiver_as_it_was(
 
     state = {"w": torch.randn(64, 64).to(torch.bfloat16)}
     sink = ModuleSink(build_module(zeros_like_state(state)))
-    worker = WeightSyncWorker("local", sink)
-    info = LocalTrainerInitInfo(rank=0, delta=True)
+    worker = WeightSyncWorker("inline", sink)
+    info = InlineTrainerInitInfo(rank=0, delta=True)
     client = InProcessClient([worker], timeout_s=30)
     with WeightTransferTrainerFactory.trainer_init(
         info, client=client, source=TensorSource(state)
@@ -108,9 +108,9 @@ def test_rounds_without_a_version_are_full_and_keep_no_base() -> None:
     from wtcore.worker import WeightSyncWorker
 
     state = {"w": torch.randn(300, 300).to(torch.bfloat16)}
-    worker = WeightSyncWorker("local", ModuleSink(build_module(zeros_like_state(state))))
+    worker = WeightSyncWorker("inline", ModuleSink(build_module(zeros_like_state(state))))
     client = InProcessClient([worker], timeout_s=30)
-    info = LocalTrainerInitInfo(rank=0, delta=True)
+    info = InlineTrainerInitInfo(rank=0, delta=True)
     with WeightTransferTrainerFactory.trainer_init(
         info, client=client, source=TensorSource(state)
     ) as trainer:
