@@ -13,6 +13,10 @@ MOVED = [
     ("wtcore.delta.realistic", "wtcore.testing.realistic", "realistic_steps"),
     ("wtcore.testing.cluster", "wtcore_bench.netns", "Cluster"),
     ("wtcore._parse", "wtcore.parse", "parse_dataclass"),
+    ("wtcore.delta.codec", "wtcore_delta.codec", "bits"),
+    ("wtcore.delta.header", "wtcore_delta.header", "DeltaHeader"),
+    ("wtcore.delta.receiver", "wtcore_delta.receiver", "DeltaSink"),
+    ("wtcore.delta.trainer", "wtcore_delta.trainer", "DeltaRounds"),
 ]
 
 

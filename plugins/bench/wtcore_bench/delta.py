@@ -76,7 +76,7 @@ def _trainer(
 
 
 def _dense(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    from wtcore.delta.codec import bits
+    from wtcore_delta.codec import bits
 
     out = {n: t.clone() for n, t in state.items()}
     for t in out.values():
