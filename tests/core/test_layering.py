@@ -47,7 +47,7 @@ KIT = {
     "wtcore.kit": "what every bucket engine shares",
     "wtcore.concurrency": "a blocking call with a timeout",
     "wtcore.fanout": "the one fan-out",
-    "wtcore.procs": "stopping child processes by PID",
+    "wtcore._moved": "keeping a moved module's old path for one release",
     "wtcore.synthetic": "synthetic models",
 }
 CORE_ENGINES_AND_CLIENTS = {
@@ -60,7 +60,7 @@ CORE_TOOLING = {
     "wtcore.inventory": "wtcore plugins",
     "wtcore.testing": "the contract suites and test helpers (and every wtcore.testing.*)",
     # the deprecated aliases, forwarding lazily by string (no edge to where they point)
-    "wtcore._moved": "the forwarding helper",
+    "wtcore.procs": "alias of wtcore.testing.procs",
     "wtcore._parse": "alias of wtcore.parse",
     "wtcore.bench": "alias of wtcore_bench",
     "wtcore.netns": "alias of wtcore_bench.netns",

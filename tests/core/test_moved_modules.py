@@ -17,6 +17,8 @@ MOVED = [
     ("wtcore.delta.header", "wtcore_delta.header", "DeltaHeader"),
     ("wtcore.delta.receiver", "wtcore_delta.receiver", "DeltaSink"),
     ("wtcore.delta.trainer", "wtcore_delta.trainer", "DeltaRounds"),
+    ("wtcore.procs", "wtcore.testing.procs", "stop_processes"),
+    ("wtcore_http_client.process", "wtcore_bench.serve", "launch_serve"),
 ]
 
 
@@ -43,3 +45,16 @@ def test_a_missing_distribution_names_its_install_line(monkeypatch: pytest.Monke
     module = importlib.import_module("wtcore.bench")
     with pytest.raises(PluginLoadError, match=r"moved to wtcore_bench.*pip install wtcore-bench"):
         module.EngineBench  # noqa: B018
+
+
+def test_a_missing_wtcore_delta_names_its_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from wtcore.errors import PluginLoadError
+
+    monkeypatch.setitem(sys.modules, "wtcore_delta.codec", None)  # as if not installed
+    module = importlib.import_module("wtcore.delta.codec")
+    with pytest.raises(
+        PluginLoadError, match=r"moved to wtcore_delta.codec.*pip install wtcore-delta"
+    ):
+        module.bits  # noqa: B018
