@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +145,21 @@ def test_a_worker_without_wtcore_delta_gets_full_rounds(
     assert reports[-1]["why"] == "receiver 0 does not take patches"
     assert_bits_equal(dict(sink.named_tensors()), state)
     assert worker.weight_info()["weight_version"] == "v2"
+
+
+def test_the_bench_without_wtcore_delta_names_the_install_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    from wtcore_bench.api import OptionalDependencyError
+    from wtcore_bench.delta import DeltaBenchOptions, run_delta_bench
+
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> Any:
+        return None if name == "wtcore_delta" else real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(OptionalDependencyError, match="pip install wtcore-delta"):
+        run_delta_bench(DeltaBenchOptions(steps=1, dense_rounds=1, width=8))

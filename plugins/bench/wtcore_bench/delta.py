@@ -87,7 +87,16 @@ def _dense(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
     """Run it; returns the JSON-ready record (``ok``: every round verified)."""
+    import importlib.util
+
     import torch
+
+    if importlib.util.find_spec("wtcore_delta") is None:
+        from wtcore_bench.api import OptionalDependencyError
+
+        raise OptionalDependencyError(
+            "wtcore bench --delta needs delta rounds: pip install wtcore-delta"
+        )
 
     from wtcore.digest import digest_named
     from wtcore.source import TensorSource
