@@ -33,9 +33,9 @@ import enum
 import hmac
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
 from wtcore.digest import digest_named
@@ -52,9 +52,6 @@ from wtcore.registry import RECEIVER_LAYERS
 from wtcore.rounds import check_round_id, check_weight_version
 from wtcore.sink import ReadableSink, WeightSink
 from wtcore.staging import StagingSink
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [
     "DEFAULT_PREEMPT_TIMEOUT_S",
@@ -77,53 +74,28 @@ def _check_seconds(name: str, value: object) -> float:
         raise PayloadError(str(e)) from None
 
 
-class ReceiverLayer:
+class ReceiverLayer(WeightSink, Protocol):
     """The receiver half of a round policy: a sink the worker puts first in its chain.
 
     A trainer's :class:`~wtcore.trainer.RoundPolicy` may send rounds a plain sink cannot load
     (wtcore-delta's patches). Its receiver half is registered under the policy's name in the
     ``wtcore.receiver_layers`` entry-point group (:data:`wtcore.registry.RECEIVER_LAYERS`), so
-    the worker imports no policy: it builds every installed layer with :meth:`for_chain`, calls
-    :meth:`begin` when a round starts and :meth:`finish` before the engine finishes it, and
-    reports :attr:`accepts` in ``weight_info`` under the layer's name. A layer may refuse a
-    round with :class:`~wtcore.errors.StaleBaseError` while :attr:`applied` is still False:
-    nothing reached the chain, so the worker keeps the weights' consistency as published.
-
-    This base passes every batch on unchanged.
+    the worker imports no policy: it builds every installed layer with
+    ``for_chain(chain, sink, staging)`` (the rest of the chain, the user's sink, the
+    transactional staging or None), calls :meth:`begin` when a round starts and :meth:`finish`
+    before the engine finishes it, and reports ``accepts`` in ``weight_info`` under the layer's
+    name. A layer may refuse a round with :class:`~wtcore.errors.StaleBaseError` while
+    ``applied`` is still False: nothing reached the chain, so the worker keeps the weights'
+    consistency as published.
     """
 
-    def __init__(self, chain: WeightSink) -> None:
-        self.chain = chain
-        #: Whether this receiver takes the layer's rounds (reported in ``weight_info``).
-        self.accepts = False
-        #: Whether anything of the open round reached the chain.
-        self.applied = False
-
-    @classmethod
-    def for_chain(
-        cls, chain: WeightSink, sink: WeightSink, staging: ReadableSink | None
-    ) -> ReceiverLayer:
-        """The layer in front of ``chain``, which ends in the user's ``sink`` (``staging``: the
-        transactional staging's view, or None)."""
-        return cls(chain)
+    #: Whether this receiver takes the layer's rounds (reported in ``weight_info``).
+    accepts: bool
+    #: Whether anything of the open round reached the chain.
+    applied: bool
 
     def begin(self, version: str | None, consistent: bool) -> None:
         """A round starts over weights of ``version`` (``consistent`` as published)."""
-        self.applied = False
-
-    def destination(
-        self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
-    ) -> torch.Tensor | None:
-        """The chain's in-place destination (``wtcore.sink.DirectSink``), if it offers one."""
-        offer = getattr(self.chain, "destination", None)
-        t = offer(name, dtype, shape) if callable(offer) else None
-        if t is not None:
-            self.applied = True  # the engine writes into the chain's tensor
-        return t  # type: ignore[no-any-return]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.applied = True
-        self.chain.load_weights(weights)
 
     def finish(self) -> None:
         """The round is about to be published: raise if the layer's round is incomplete."""

@@ -229,11 +229,8 @@ def test_the_circles_of_the_issue_fail_when_put_back() -> None:
         "wtcore.trainer (protocol) imports wtcore_delta.trainer (engines and clients)"
         in layer_breaks(delta, api)
     )
-    # the worker importing the delta receiver again (whose DeltaSink subclasses its layer)
+    # the worker wiring the delta receiver into its chain by import again
     receiver = _with(g, ("wtcore.worker", "wtcore_delta.receiver"))
-    assert ["wtcore.worker", "wtcore_delta.receiver"] in [
-        [m for m in c if m in ("wtcore.worker", "wtcore_delta.receiver")] for c in cycles(receiver)
-    ]
     assert (
         "wtcore.worker (protocol) imports wtcore_delta.receiver (engines and clients)"
         in layer_breaks(receiver, api)

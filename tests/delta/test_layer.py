@@ -1,10 +1,10 @@
 """Delta rounds are a layer on the core: the core never reaches into them.
 
-``wtcore_delta`` (the wtcore-delta distribution) imports the trainer and the worker (its round
-policy subclasses ``RoundPolicy``, its receiver sink ``ReceiverLayer``), never the reverse: the
-base trainer, the worker and the kit must not import ``wtcore_delta`` (nor its old path
-``wtcore.delta``) anywhere (at module level, under ``TYPE_CHECKING`` or inside a function) nor
-keep delta state. Read with ``ast``, so a lazy import cannot hide from it. Without wtcore-delta
+``wtcore_delta`` (the wtcore-delta distribution) imports the trainer (its round policy
+subclasses ``RoundPolicy``; its receiver sink is a ``wtcore.worker.ReceiverLayer``, a protocol,
+found by name), never the reverse: the base trainer, the worker and the kit must not import
+``wtcore_delta`` (nor its old path ``wtcore.delta``) anywhere (at module level, under
+``TYPE_CHECKING`` or inside a function) nor keep delta state. Read with ``ast``, so a lazy import cannot hide from it. Without wtcore-delta
 (simulated by turning plugin discovery off) ``delta=True`` names its install line and a worker
 reports ``delta: false``, so a trainer that has it sends that worker full rounds.
 """

@@ -1,6 +1,6 @@
 """The receiver half of delta rounds: a sink in front of the worker's sink chain.
 
-:class:`DeltaSink` is the ``delta`` receiver layer (:class:`~wtcore.worker.ReceiverLayer`,
+:class:`DeltaSink` is the ``delta`` receiver layer (a :class:`~wtcore.worker.ReceiverLayer`,
 entry-point group ``wtcore.receiver_layers``): with wtcore-delta installed every
 :class:`~wtcore.worker.WeightSyncWorker` puts one first in its chain, so every engine carries
 delta rounds without knowing about them. A round whose first tensor is the header
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 from wtcore.errors import PayloadError, StaleBaseError
 from wtcore.meta import dtype_name
 from wtcore.sink import ReadableSink, WeightSink
-from wtcore.worker import ReceiverLayer
 from wtcore_delta.codec import apply_patch, decode
 from wtcore_delta.header import HEADER_NAME, DeltaHeader
 
@@ -46,7 +45,7 @@ def sink_accepts_patches(sink: object) -> bool:
     return isinstance(sink, ReadableSink)
 
 
-class DeltaSink(ReceiverLayer):
+class DeltaSink:
     """Decodes delta rounds into ``chain`` (the rest of the worker's sink chain).
 
     ``readable`` shows the tensors a patch applies to (the staging view when transactional);
@@ -61,7 +60,7 @@ class DeltaSink(ReceiverLayer):
         in_place: Mapping[str, torch.Tensor] | None,
         accepts: bool,
     ) -> None:
-        super().__init__(chain)
+        self.chain = chain
         self.readable = readable
         self.in_place = in_place
         #: Whether this receiver takes delta rounds (reported in ``weight_info``).
@@ -71,12 +70,15 @@ class DeltaSink(ReceiverLayer):
         self._specs: dict[str, tuple[str, list[int]]] = {}
         self._seen: set[str] = set()
         self._first = True
+        #: Whether anything of the open round reached the chain.
+        self.applied = False
 
     @classmethod
     def for_chain(
         cls, chain: WeightSink, sink: WeightSink, staging: ReadableSink | None
     ) -> DeltaSink:
-        """The layer the worker builds: see :func:`delta_sink_for`."""
+        """The layer the worker builds (:class:`wtcore.worker.ReceiverLayer`): see
+        :func:`delta_sink_for`."""
         return delta_sink_for(chain, sink, staging)
 
     def begin(self, version: str | None, consistent: bool) -> None:
@@ -98,7 +100,11 @@ class DeltaSink(ReceiverLayer):
         """
         if self._first or self._items is not None or name == HEADER_NAME:
             return None
-        return super().destination(name, dtype, shape)
+        offer = getattr(self.chain, "destination", None)
+        t = offer(name, dtype, shape) if callable(offer) else None
+        if t is not None:
+            self.applied = True  # the engine writes into the chain's tensor
+        return t  # type: ignore[no-any-return]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         batch = list(weights)
