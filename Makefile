@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e . $(addprefix -e ,$(dir $(PLUGINS)))
 	touch $(STAMP)
 
-$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/ipc/pyproject.toml plugins/vllm/pyproject.toml
+$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/ipc/pyproject.toml plugins/vllm/pyproject.toml plugins/delta/pyproject.toml
 	rm -f $(VLLM_STAMP)
 	PYTHON=$(PYTHON) scripts/vllm-venv.sh $(VLLM_VENV)
 
@@ -75,7 +75,7 @@ QUICK_MARKERS := not processes and not vllm and not ray and not multinode and no
 quick: $(STAMP)
 	BIN=$(BIN) STAMP=$(STAMP) MARKERS="$(QUICK_MARKERS)" scripts/quick.sh $(PYTEST_ARGS)
 
-# The seven sdists and wheels, each built in an isolated environment, then checked as an index
+# The eight sdists and wheels, each built in an isolated environment, then checked as an index
 # would check them (CONTRIBUTING.md, "Releasing").
 dist: $(STAMP)
 	rm -rf dist

@@ -33,8 +33,8 @@ LR = 1e-5
 
 
 def _states(width: int, steps: int, dense: int, lr: float = LR) -> list[dict[str, Any]]:
-    from wtcore.delta.codec import bits
     from wtcore.testing.realistic import realistic_steps
+    from wtcore_delta.codec import bits
 
     states = realistic_steps(steps, d_model=width, layers=4, vocab=8192, seq=64, batch=4, lr=lr)
     for _ in range(dense):

@@ -48,6 +48,7 @@ __all__ = [
     "CLIENTS",
     "ENGINES",
     "FIRST_PARTY",
+    "RECEIVER_LAYERS",
     "ROUND_POLICIES",
     "TRAINER_ENGINES",
     "PluginConflict",
@@ -65,6 +66,8 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
     "wtcore.engines": {"nccl": "wtcore-nccl", "tcp": "wtcore-tcp", "ipc": "wtcore-ipc"},
     "wtcore.trainer_engines": {"nccl": "wtcore-nccl", "tcp": "wtcore-tcp", "ipc": "wtcore-ipc"},
     "wtcore.clients": {"http": "wtcore-http-client", "ray": "wtcore-ray-client"},
+    "wtcore.round_policies": {"delta": "wtcore-delta"},
+    "wtcore.receiver_layers": {"delta": "wtcore-delta"},
     # ``wtcore`` subcommands, added through the ``wtcore_add_commands`` hook.
     "commands": {"bench": "wtcore-bench", "serve": "wtcore-http-client"},
 }
@@ -434,9 +437,17 @@ CLIENTS: Registry[Any] = Registry(
 )
 #: What a sender's rounds send (``TrainerInitInfo.rounds``), entry-point group
 #: ``wtcore.round_policies``: named here so that the trainer never imports a policy's module.
+#: ``delta`` comes from wtcore-delta.
 ROUND_POLICIES: Registry[Any] = Registry(
     "wtcore.round_policies",
     "wtcore.trainer:RoundPolicy",
     "round policy",
-    builtins={"full": "wtcore.trainer:RoundPolicy", "delta": "wtcore.delta.trainer:DeltaRounds"},
+    builtins={"full": "wtcore.trainer:RoundPolicy"},
+)
+#: The receiver halves of round policies, by policy name, entry-point group
+#: ``wtcore.receiver_layers``: every worker puts each installed one first in its sink chain.
+RECEIVER_LAYERS: Registry[Any] = Registry(
+    "wtcore.receiver_layers",
+    "wtcore.worker:ReceiverLayer",
+    "receiver layer",
 )

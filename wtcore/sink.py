@@ -134,7 +134,7 @@ class ModuleSink:
         return t.detach() if t.is_contiguous() else None
 
     def patch_targets(self) -> Mapping[str, torch.Tensor]:
-        """The live tensors by name: delta rounds patch these in place (wtcore.delta)."""
+        """The live tensors by name: delta rounds patch these in place (wtcore_delta)."""
         return self._targets
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

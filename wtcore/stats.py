@@ -31,7 +31,7 @@ class TransferStats:
     num_buckets: int = 0
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    #: With delta rounds on (``wtcore.delta``): the round's mode, why, density; else None.
+    #: With delta rounds on (wtcore-delta): the round's mode, why, density; else None.
     delta: dict[str, Any] | None = None
 
     @contextmanager

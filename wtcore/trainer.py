@@ -34,7 +34,8 @@ class TrainerInitInfo:
 
     backend: ClassVar[str]
     rank: int = field(kw_only=True)
-    #: Delta rounds (:mod:`wtcore.delta`): send only what changed since the receivers' version.
+    #: Delta rounds (``pip install wtcore-delta``): send only what changed since the receivers'
+    #: version.
     delta: bool = field(default=False, kw_only=True)
     #: Where delta keeps its copy of the base (``"cpu"`` for a model on GPU); None: with it.
     delta_base_device: str | None = field(default=None, kw_only=True)
@@ -75,7 +76,8 @@ class RoundPolicy:
 
     :meth:`TrainerWeightTransferEngine.send_weights` runs the round (hooks, handshake, abort,
     recovery) and asks its policy, found by name (:attr:`TrainerInitInfo.rounds`), only what
-    to send, so neither it nor any engine knows delta rounds (:mod:`wtcore.delta.trainer`).
+    to send, so neither it nor any engine knows delta rounds (:mod:`wtcore_delta.trainer`, in
+    the wtcore-delta distribution).
     """
 
     def __init__(self, init_info: TrainerInitInfo) -> None:

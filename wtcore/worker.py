@@ -35,10 +35,9 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
-from wtcore.delta.receiver import delta_sink_for
 from wtcore.digest import digest_named
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import (
@@ -49,6 +48,7 @@ from wtcore.errors import (
     WrongTypeError,
 )
 from wtcore.finite import FiniteCheckSink
+from wtcore.registry import RECEIVER_LAYERS
 from wtcore.rounds import check_round_id, check_weight_version
 from wtcore.sink import ReadableSink, WeightSink
 from wtcore.staging import StagingSink
@@ -56,6 +56,7 @@ from wtcore.staging import StagingSink
 __all__ = [
     "DEFAULT_PREEMPT_TIMEOUT_S",
     "DEFAULT_ROUND_TIMEOUT_S",
+    "ReceiverLayer",
     "WeightSyncWorker",
     "WorkerState",
 ]
@@ -71,6 +72,33 @@ def _check_seconds(name: str, value: object) -> float:
         return check_timeout(name, value)
     except ValueError as e:
         raise PayloadError(str(e)) from None
+
+
+class ReceiverLayer(WeightSink, Protocol):
+    """The receiver half of a round policy: a sink the worker puts first in its chain.
+
+    A trainer's :class:`~wtcore.trainer.RoundPolicy` may send rounds a plain sink cannot load
+    (wtcore-delta's patches). Its receiver half is registered under the policy's name in the
+    ``wtcore.receiver_layers`` entry-point group (:data:`wtcore.registry.RECEIVER_LAYERS`), so
+    the worker imports no policy: it builds every installed layer with
+    ``for_chain(chain, sink, staging)`` (the rest of the chain, the user's sink, the
+    transactional staging or None), calls :meth:`begin` when a round starts and :meth:`finish`
+    before the engine finishes it, and reports ``accepts`` in ``weight_info`` under the layer's
+    name. A layer may refuse a round with :class:`~wtcore.errors.StaleBaseError` while
+    ``applied`` is still False: nothing reached the chain, so the worker keeps the weights'
+    consistency as published.
+    """
+
+    #: Whether this receiver takes the layer's rounds (reported in ``weight_info``).
+    accepts: bool
+    #: Whether anything of the open round reached the chain.
+    applied: bool
+
+    def begin(self, version: str | None, consistent: bool) -> None:
+        """A round starts over weights of ``version`` (``consistent`` as published)."""
+
+    def finish(self) -> None:
+        """The round is about to be published: raise if the layer's round is incomplete."""
 
 
 class WorkerState(str, enum.Enum):
@@ -113,15 +141,19 @@ class WeightSyncWorker:
             None if round_timeout_s is None else _check_seconds("round_timeout_s", round_timeout_s)
         )
         self.preempt_timeout_s = _check_seconds("preempt_timeout_s", preempt_timeout_s)
-        # The engine loads into a chain: delta -> [finite check] -> [staging] -> the user's sink.
+        # The engine loads into a chain: [receiver layers] -> [finite check] -> [staging] ->
+        # the user's sink. The layers are the installed round policies' receiver halves.
         self._staging: StagingSink | None = None
         engine_sink: WeightSink = sink
         if transactional:
             engine_sink = self._staging = StagingSink(sink)  # type: ignore[arg-type]
         if reject_nonfinite:
             engine_sink = FiniteCheckSink(engine_sink)
-        self._delta = delta_sink_for(engine_sink, sink, self._staging)
-        engine_sink = self._delta
+        self._layers: list[tuple[str, ReceiverLayer]] = []
+        for layer_name in RECEIVER_LAYERS.names():
+            layer = RECEIVER_LAYERS.load(layer_name).for_chain(engine_sink, sink, self._staging)
+            self._layers.append((layer_name, layer))
+            engine_sink = layer
         self.engine: WeightTransferEngine[Any, Any] = WeightTransferEngineFactory.create_engine(
             self.config, sink=engine_sink, device=device, rank=rank, world_size=world_size
         )
@@ -396,7 +428,8 @@ class WeightSyncWorker:
             self.engine.start_weight_update()
             if self._staging is not None:
                 self._staging.begin()
-            self._delta.begin(self._version, self._consistent)
+            for _, layer in self._layers:
+                layer.begin(self._version, self._consistent)
             self._state = WorkerState.UPDATING
             self._updates_in_round = 0
             self._touched = False
@@ -422,8 +455,10 @@ class WeightSyncWorker:
             try:
                 self.engine.receive_weights(typed)
             except BaseException as e:
-                if isinstance(e, StaleBaseError) and not self._delta.applied:
-                    # A delta round refused at its header: nothing reached the sink.
+                first = self._layers[-1][1] if self._layers else None
+                if isinstance(e, StaleBaseError) and first is not None and not first.applied:
+                    # A receiver layer refused the round (a delta round's stale base) before
+                    # anything passed the first layer: nothing reached the sink.
                     self._touched, self._consistent = False, was_consistent
                 # Even when the sink refused this batch before writing it, earlier updates
                 # of the round may be applied: the round is over and the weights may be mixed.
@@ -447,7 +482,8 @@ class WeightSyncWorker:
                     "round with abort_weight_update); the round stays open"
                 )
             try:
-                self._delta.finish()
+                for _, layer in self._layers:
+                    layer.finish()
                 self.engine.finish_weight_update()
             except BaseException as e:
                 self._call_failed(name, generation, e)
@@ -532,7 +568,9 @@ class WeightSyncWorker:
             "rank": self.rank,
             "world_size": self.world_size,
             "transactional": self.transactional,
-            "delta": self._delta.accepts,
+            # Trainers read "delta" (wtcore-delta's rounds): False unless its layer takes them.
+            "delta": False,
+            **{name: layer.accepts for name, layer in self._layers},
         }
 
     def checksums(self) -> dict[str, str]:

@@ -15,6 +15,12 @@ MOVED = [
     ("wtcore._parse", "wtcore.parse", "parse_dataclass"),
     ("wtcore.guards", "wtcore.finite", "FiniteCheckSink"),
     ("wtcore.guards", "wtcore.finite", "is_all_finite"),
+    ("wtcore.delta.codec", "wtcore_delta.codec", "bits"),
+    ("wtcore.delta.header", "wtcore_delta.header", "DeltaHeader"),
+    ("wtcore.delta.receiver", "wtcore_delta.receiver", "DeltaSink"),
+    ("wtcore.delta.trainer", "wtcore_delta.trainer", "DeltaRounds"),
+    ("wtcore.procs", "wtcore.testing.procs", "stop_processes"),
+    ("wtcore_http_client.process", "wtcore_bench.serve", "launch_serve"),
 ]
 #: Modules renamed with their names: (old module, new module, old name, new name).
 RENAMED = [
@@ -47,3 +53,16 @@ def test_a_missing_distribution_names_its_install_line(monkeypatch: pytest.Monke
     module = importlib.import_module("wtcore.bench")
     with pytest.raises(PluginLoadError, match=r"moved to wtcore_bench.*pip install wtcore-bench"):
         module.EngineBench  # noqa: B018
+
+
+def test_a_missing_wtcore_delta_names_its_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from wtcore.errors import PluginLoadError
+
+    monkeypatch.setitem(sys.modules, "wtcore_delta.codec", None)  # as if not installed
+    module = importlib.import_module("wtcore.delta.codec")
+    with pytest.raises(
+        PluginLoadError, match=r"moved to wtcore_delta.codec.*pip install wtcore-delta"
+    ):
+        module.bits  # noqa: B018

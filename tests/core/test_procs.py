@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from wtcore.procs import stop_processes
+from wtcore.testing.procs import stop_processes
 
 IGNORES_SIGTERM = (
     "import signal, time\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from wtcore_http_client.process import ServeProcess, launch_serve
+from wtcore_bench.serve import ServeProcess, launch_serve
 
 ServerProc = ServeProcess  # the tests' name for it
 

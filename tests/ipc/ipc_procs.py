@@ -27,7 +27,6 @@ from multiprocessing.connection import Connection
 from typing import IO, Any
 
 from wtcore.errors import ErrorRecord
-from wtcore.procs import stop_processes
 from wtcore.testing.pipes import (
     PipeChannel,
     decode_state,
@@ -36,6 +35,7 @@ from wtcore.testing.pipes import (
     worker_handlers,
 )
 from wtcore.testing.pipes import PipeClient as _FanOutClient
+from wtcore.testing.procs import stop_processes
 
 HERE = os.path.abspath(__file__)
 #: PIDs of every process started here (for the /dev/shm leak check).

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wtcore.procs import stop_processes
+from wtcore.testing.procs import stop_processes
 from wtcore_bench.netns import Node
 
 HERE = Path(__file__).resolve().parent

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from tests.multinode.mn_kit import node_env
-from wtcore.procs import stop_processes
+from wtcore.testing.procs import stop_processes
 from wtcore_bench.netns import Cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]

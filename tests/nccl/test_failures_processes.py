@@ -25,8 +25,8 @@ from wtcore import (
     TransferTimeoutError,
     WeightTransferTrainerFactory,
 )
-from wtcore.procs import stop_processes
 from wtcore.testing import KillingSource, MismatchedSource, spec_of, wait_until
+from wtcore.testing.procs import stop_processes
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]

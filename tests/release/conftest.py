@@ -1,4 +1,4 @@
-"""One session-scoped release: the seven distributions built from a clean copy of the tree, and a
+"""One session-scoped release: the eight distributions built from a clean copy of the tree, and a
 fresh virtual environment outside the source tree with torch and the core wheel installed (not
 editable, no system site-packages). The wheel tests share it, since torch is most of the cost.
 

@@ -1,4 +1,4 @@
-"""What the release tests know about the seven distributions: where each lives, and how to read
+"""What the release tests know about the eight distributions: where each lives, and how to read
 its pyproject and readme."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ DISTRIBUTIONS: dict[str, str] = {
     "wtcore-ray-client": "plugins/ray_client",
     "wtcore-vllm": "plugins/vllm",
     "wtcore-bench": "plugins/bench",
+    "wtcore-delta": "plugins/delta",
 }
 PLUGINS = [name for name in DISTRIBUTIONS if name != "wtcore"]
 

@@ -1,4 +1,4 @@
-"""The seven pyproject files say what a package index and a careful user expect, and agree with
+"""The eight pyproject files say what a package index and a careful user expect, and agree with
 each other: one version, compatible-release pins on the core, the license file, absolute links."""
 
 from __future__ import annotations

@@ -39,12 +39,12 @@ from wtcore import (
 from wtcore.digest import digest_named
 from wtcore.inline import InlineTrainerInitInfo
 from wtcore.meta import ParamMeta
-from wtcore.procs import stop_processes
 from wtcore.source import WeightSource
 from wtcore.testing import MismatchedSource, free_port, wait_until
+from wtcore.testing.procs import stop_processes
 from wtcore.testing.sources import synthetic_state
+from wtcore_bench.serve import ServeProcess, launch_serve
 from wtcore_http_client import HTTPWeightSyncClient
-from wtcore_http_client.process import ServeProcess, launch_serve
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from wtcore import ModuleSink, WeightSyncWorker
 from wtcore.digest import digest_named
-from wtcore_http_client.process import ServeProcess, launch_serve
+from wtcore_bench.serve import ServeProcess, launch_serve
 from wtcore_http_client.routes import ROUTES, ReceiverRoutes
 
 pytestmark = pytest.mark.timeout(180)

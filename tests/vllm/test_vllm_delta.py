@@ -16,7 +16,7 @@ from tests.vllm.vllm_kit import VLLM_PYTHON
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
 CHECK = """
-from wtcore.delta.receiver import delta_sink_for, sink_accepts_patches
+from wtcore_delta.receiver import delta_sink_for, sink_accepts_patches
 from wtcore_vllm.engine import ModelSink
 sink = ModelSink(None)
 assert sink_accepts_patches(sink) is False

@@ -20,8 +20,8 @@ from typing import Any
 
 import requests
 
-from wtcore.procs import stop_processes
 from wtcore.testing.net import free_port
+from wtcore.testing.procs import stop_processes
 
 __all__ = [
     "HERE",

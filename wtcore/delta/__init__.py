@@ -1,1 +1,6 @@
-"""Delta rounds: send only what changed since the receivers' version (see docs/architecture.md)."""
+"""Deprecated: delta rounds moved to the ``wtcore-delta`` distribution, package ``wtcore_delta``
+(CHANGELOG, 0.2.0); this alias goes in 0.3."""
+
+from wtcore._moved import moved
+
+__getattr__ = moved(__name__, "wtcore_delta", "pip install wtcore-delta")

@@ -6,6 +6,8 @@
   iteration disagrees with their metadata, :class:`KillingSource` (a receiver dies mid-round)
   and :func:`spec_of` / :func:`state_of_spec` (a model's shape as JSON, and back as zeros).
 * :func:`wait_until` polls for a condition, bounded, naming what it waited for.
+* :func:`wtcore.testing.procs.stop_processes` stops the child processes a test or the bench
+  started, always, by PID (moved here from ``wtcore.procs``: it is tooling, not protocol).
 * :mod:`wtcore.testing.pipes` drives ``WeightSyncWorker`` s in child processes over a pipe
   (JSON only, every wait bounded): :class:`PipeClient`, :func:`pipe_fleet`, :func:`serve_worker`.
 * :class:`EngineContractSuite` (in :mod:`wtcore.testing.contract`, which needs pytest) is the

@@ -4,6 +4,12 @@ Subclass :class:`DeltaContractSuite`, set ``backend`` and implement
 ``make_trainer_init_info`` (the suite turns ``delta`` on). The rounds are real training steps
 (:func:`wtcore.testing.realistic.realistic_steps`), plus a step where every element changes and
 one where none does; every round is checked bit-exact on every receiver.
+
+It needs wtcore-delta (``pip install wtcore-delta``), whose rounds it runs, yet it stays here,
+next to :class:`~wtcore.testing.contract.EngineContractSuite`, rather than moving into
+``wtcore_delta``: an engine author imports every suite from ``wtcore.testing``, and the suite
+is built from ``wtcore.testing``'s tools, which no engine or layer distribution may import
+(``tests/core/test_import_graph.py``: production code never imports ``wtcore.testing``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
-from wtcore.delta.codec import bits
 from wtcore.errors import ReceiverError
 from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.inproc import InProcessClient
@@ -26,6 +31,7 @@ from wtcore.testing.contract import SwitchableSink
 from wtcore.testing.realistic import realistic_steps
 from wtcore.testing.sources import build_module, zeros_like_state
 from wtcore.worker import WeightSyncWorker
+from wtcore_delta.codec import bits
 
 if TYPE_CHECKING:
     import torch
@@ -283,7 +289,7 @@ class DeltaContractSuite:
                 assert_bits_equal({n: held[n] for n in grown}, grown)
 
     def test_bad_patch_publishes_nothing(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from wtcore.delta import codec
+        from wtcore_delta import codec
 
         chain = delta_chain()
         state = {n: t.clone() for n, t in chain[0].items()}
@@ -297,7 +303,7 @@ class DeltaContractSuite:
 
         with self.pair(state, transactional=True) as p:
             self.run_chain(p, chain[:2])
-            monkeypatch.setattr("wtcore.delta.trainer.plan", corrupt)
+            monkeypatch.setattr("wtcore_delta.trainer.plan", corrupt)
             self.step_to(p, chain[2])
             with pytest.raises(ReceiverError, match="delta patch for") as err:
                 p.trainer.send_weights(weight_version="bad")
@@ -306,7 +312,7 @@ class DeltaContractSuite:
                 assert_bits_equal(_held(s), chain[1])  # staged: the old weights keep serving
                 info = w.weight_info()
                 assert (info["weight_version"], info["consistent"]) == ("s1", True)
-            monkeypatch.setattr("wtcore.delta.trainer.plan", real)
+            monkeypatch.setattr("wtcore_delta.trainer.plan", real)
             stats = p.trainer.send_weights(weight_version="good")
             assert stats.delta is not None and stats.delta["mode"] == "full"  # base dropped
             for s in p.sinks:

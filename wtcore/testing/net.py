@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from wtcore.procs import stop_processes
+from wtcore.testing.procs import stop_processes
 
 __all__ = ["free_port", "spawned"]
 

@@ -37,7 +37,7 @@ from wtcore.errors import (
     UnknownNameError,
 )
 from wtcore.fanout import FanOutClient
-from wtcore.procs import stop_processes
+from wtcore.testing.procs import stop_processes
 
 if TYPE_CHECKING:
     import torch

@@ -66,7 +66,7 @@ def realistic_steps(
 
 def changed_fraction(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
     """The fraction of elements whose bits differ between two states of the same tensors."""
-    from wtcore.delta.codec import bits
+    from wtcore_delta.codec import bits
 
     changed = total = 0
     for name, a in after.items():

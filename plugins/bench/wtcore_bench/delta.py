@@ -77,7 +77,7 @@ def _trainer(
 
 
 def _dense(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    from wtcore.delta.codec import bits
+    from wtcore_delta.codec import bits
 
     out = {n: t.clone() for n, t in state.items()}
     for t in out.values():
@@ -88,7 +88,16 @@ def _dense(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
     """Run it; returns the JSON-ready record (``ok``: every round verified)."""
+    import importlib.util
+
     import torch
+
+    if importlib.util.find_spec("wtcore_delta") is None:
+        from wtcore_bench.api import OptionalDependencyError
+
+        raise OptionalDependencyError(
+            "wtcore bench --delta needs delta rounds: pip install wtcore-delta"
+        )
 
     from wtcore.digest import digest_named
     from wtcore.registry import TRAINER_ENGINES

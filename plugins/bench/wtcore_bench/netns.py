@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from wtcore.errors import PayloadError, WtcoreError
-from wtcore.procs import stop_processes
+from wtcore.testing.procs import stop_processes
 
 __all__ = [
     "Cluster",

@@ -1,4 +1,4 @@
-"""Deprecated: moved to the kit as ``wtcore.pipeline`` (CHANGELOG, 0.2.0); this alias goes in 0.3."""
+"""Deprecated: now the kit's ``wtcore.pipeline`` (CHANGELOG, 0.2.0); this alias goes in 0.3."""
 
 import warnings
 

@@ -58,7 +58,7 @@ class ModelSink:
     It reads the model through the adapter on each call, so vLLM's
     ``set_weight_update_target`` (draft model updates) is honoured.
 
-    It takes no delta patches (``accepts_patches``, :mod:`wtcore.delta`): the layerwise reload
+    It takes no delta patches (``accepts_patches``, :mod:`wtcore_delta`): the layerwise reload
     rebuilds each layer from whole checkpoint tensors, so a trainer with ``delta=True`` sends
     vLLM full rounds (it learns so because vLLM's server answers no ``weight_info``).
     """

@@ -40,7 +40,7 @@ class HTTPFleet:
         options: Mapping[str, Any],
     ) -> None:
         from wtcore_bench.nodes import placement
-        from wtcore_http_client.process import ServeProcess, launch_serve
+        from wtcore_bench.serve import ServeProcess, launch_serve
 
         where = placement()
 

@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import TransferError
-from wtcore.procs import stop_processes
+from wtcore.testing.procs import stop_processes
 from wtcore_bench.api import Baseline, BaselineContext, EngineBench
 from wtcore_bench.received import Spec
 

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wtcore.delta.codec import (
+from wtcore.errors import PayloadError, StaleBaseError, http_status
+from wtcore_delta.codec import (
     HEADER_BYTES,
     MASK,
     RUNS,
@@ -19,7 +20,6 @@ from wtcore.delta.codec import (
     encode,
     plan,
 )
-from wtcore.errors import PayloadError, StaleBaseError, http_status
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.uint8, torch.bool]
 
@@ -144,8 +144,8 @@ def test_stale_base_is_a_409() -> None:
 
 def test_a_patch_for_another_dtype_or_shape_is_refused() -> None:
     # Same element width, other dtype (bf16 patch, fp16 tensor): the header's spec says so.
-    from wtcore.delta.header import HEADER_NAME, DeltaHeader
-    from wtcore.delta.receiver import DeltaSink
+    from wtcore_delta.header import HEADER_NAME, DeltaHeader
+    from wtcore_delta.receiver import DeltaSink
 
     held = torch.zeros(64, dtype=torch.float16)
     new = torch.zeros(64, dtype=torch.bfloat16)
@@ -184,7 +184,7 @@ class ModuleSinkStub:
 def test_malformed_headers_are_refused(items: object) -> None:
     import json
 
-    from wtcore.delta.header import DeltaHeader
+    from wtcore_delta.header import DeltaHeader
 
     raw = json.dumps({"format": 1, "base": "v1", "items": items}).encode()
     with pytest.raises(PayloadError, match="delta header"):

@@ -8,7 +8,7 @@ from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing.delta import DeltaContractSuite
 
 
-class TestLocalDelta(DeltaContractSuite):
+class TestInlineDelta(DeltaContractSuite):
     backend = "inline"
 
     def make_trainer_init_info(
@@ -23,10 +23,10 @@ def test_dense_tensor_refreshes_its_base_ever_less_often() -> None:
     # source) is always the new weights, bit for bit.
     import torch
 
-    from wtcore.delta.codec import bits
-    from wtcore.delta.trainer import DeltaReport, DeltaTracker
     from wtcore.source import TensorSource
     from wtcore.testing.delta import assert_bits_equal
+    from wtcore_delta.codec import bits
+    from wtcore_delta.trainer import DeltaReport, DeltaTracker
 
     t = torch.randn(100_000).to(torch.bfloat16)
     tracker = DeltaTracker()
@@ -75,7 +75,7 @@ def test_a_refused_delta_round_leaves_the_receiver_as_it_was(
         tracker = trainer.rounds.tracker
         tracker.version = "not-v1"  # as if the trainer's view were stale
         monkeypatch.setattr(tracker, "why_full", lambda client: None)
-        monkeypatch.setattr("wtcore.delta.trainer._refused", lambda e: False)
+        monkeypatch.setattr("wtcore_delta.trainer._refused", lambda e: False)
         with pytest.raises(ReceiverError, match="StaleBaseError") as err:
             trainer.send_weights(weight_version="v2")
         assert "[409]" in str(err.value) and "'not-v1'" in str(err.value)

@@ -1,0 +1,235 @@
+"""The receiver half of delta rounds: a sink in front of the worker's sink chain.
+
+:class:`DeltaSink` is the ``delta`` receiver layer (a :class:`~wtcore.worker.ReceiverLayer`,
+entry-point group ``wtcore.receiver_layers``): with wtcore-delta installed every
+:class:`~wtcore.worker.WeightSyncWorker` puts one first in its chain, so every engine carries
+delta rounds without knowing about them. A round whose first tensor is the header
+(:mod:`wtcore_delta.header`) is a delta round: the header's base must be the version this
+receiver published, with consistent weights (else :class:`~wtcore.errors.StaleBaseError`,
+before anything is applied); every other tensor must be listed in the header, once; patches are
+checked (:func:`wtcore_delta.codec.decode`) before any of their batch is written; at finish
+every listed tensor must have arrived. Any other round passes through unchanged.
+
+Patches are applied in place on the sink's own tensors when the sink offers them
+(``patch_targets()``, e.g. :class:`~wtcore.sink.ModuleSink`) and nothing else sits in the chain;
+otherwise (transactional staging, the finite check, any readable sink) the current tensor is
+copied, patched and loaded through the chain like a whole tensor. A sink that can do neither,
+or declares ``accepts_patches = False`` (vLLM's layerwise reload wants whole layers), makes the
+receiver report ``delta: false`` so the trainer sends it full rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from wtcore.errors import PayloadError, StaleBaseError
+from wtcore.meta import dtype_name
+from wtcore.sink import ReadableSink, WeightSink
+from wtcore_delta.codec import apply_patch, decode
+from wtcore_delta.header import HEADER_NAME, DeltaHeader
+
+if TYPE_CHECKING:
+    import torch
+
+    from wtcore_delta.codec import Decoded
+
+__all__ = ["DeltaSink", "delta_sink_for", "sink_accepts_patches"]
+
+
+def sink_accepts_patches(sink: object) -> bool:
+    """Whether patches can be applied to ``sink``: it says so, or it can show its tensors."""
+    declared = getattr(sink, "accepts_patches", None)
+    if isinstance(declared, bool):
+        return declared
+    return isinstance(sink, ReadableSink)
+
+
+class DeltaSink:
+    """Decodes delta rounds into ``chain`` (the rest of the worker's sink chain).
+
+    ``readable`` shows the tensors a patch applies to (the staging view when transactional);
+    ``in_place`` maps names to the live tensors that may be patched directly, or is ``None``.
+    """
+
+    def __init__(
+        self,
+        chain: WeightSink,
+        *,
+        readable: ReadableSink | None,
+        in_place: Mapping[str, torch.Tensor] | None,
+        accepts: bool,
+    ) -> None:
+        self.chain = chain
+        self.readable = readable
+        self.in_place = in_place
+        #: Whether this receiver takes delta rounds (reported in ``weight_info``).
+        self.accepts = accepts and (readable is not None or in_place is not None)
+        self._base: str | None = None
+        self._items: dict[str, str] | None = None
+        self._specs: dict[str, tuple[str, list[int]]] = {}
+        self._seen: set[str] = set()
+        self._first = True
+        #: Whether anything of the open round reached the chain.
+        self.applied = False
+
+    @classmethod
+    def for_chain(
+        cls, chain: WeightSink, sink: WeightSink, staging: ReadableSink | None
+    ) -> DeltaSink:
+        """The layer the worker builds (:class:`wtcore.worker.ReceiverLayer`): see
+        :func:`delta_sink_for`."""
+        return delta_sink_for(chain, sink, staging)
+
+    def begin(self, version: str | None, consistent: bool) -> None:
+        """A round starts over weights of ``version`` (``consistent`` as published)."""
+        self._base = version if consistent else None
+        self._items, self._seen, self._first, self.applied = None, set(), True, False
+
+    @property
+    def delta_round(self) -> bool:
+        return self._items is not None
+
+    def destination(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor | None:
+        """The chain's in-place destination (``wtcore.sink.DirectSink``), in a full round only.
+
+        Nothing is offered before the round's first batch said it is not a delta round (a
+        patch must be decoded, never received in place), nor for the delta header.
+        """
+        if self._first or self._items is not None or name == HEADER_NAME:
+            return None
+        offer = getattr(self.chain, "destination", None)
+        t = offer(name, dtype, shape) if callable(offer) else None
+        if t is not None:
+            self.applied = True  # the engine writes into the chain's tensor
+        return t  # type: ignore[no-any-return]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        batch = list(weights)
+        if not batch:
+            return
+        if self._first:
+            self._first = False
+            if batch[0][0] == HEADER_NAME:
+                self._items = self._open(DeltaHeader.from_tensor(batch[0][1]))
+                batch = batch[1:]
+        for name, _ in batch:
+            if name == HEADER_NAME:
+                raise PayloadError(
+                    f"{HEADER_NAME!r} may only be the first tensor of a round; nothing of this "
+                    "batch was applied"
+                )
+        if self._items is None:
+            self.applied = True
+            self.chain.load_weights(batch)
+            return
+        self._load_delta(batch, self._items)
+
+    def _open(self, header: DeltaHeader) -> dict[str, str]:
+        if not self.accepts:
+            raise StaleBaseError(
+                "delta round refused: this receiver's sink cannot apply patches (it reports "
+                "delta: false); send a full round"
+            )
+        if self._base is None or header.base != self._base:
+            holds = "no consistent version" if self._base is None else f"{self._base!r}"
+            raise StaleBaseError(
+                f"delta round refused: its patches apply to version {header.base!r}, this "
+                f"receiver holds {holds}; nothing was applied, send a full round"
+            )
+        self._specs = header.specs
+        return header.items
+
+    def _load_delta(self, batch: list[tuple[str, torch.Tensor]], items: dict[str, str]) -> None:
+        whole: list[tuple[str, torch.Tensor]] = []
+        blobs: list[tuple[str, torch.Tensor]] = []
+        names: set[str] = set()
+        for name, t in batch:
+            kind = items.get(name)
+            if kind is None:
+                raise PayloadError(
+                    f"delta round: {name!r} is not listed in the round's header; nothing of "
+                    "this batch was applied"
+                )
+            if name in self._seen or name in names:
+                raise PayloadError(f"delta round: {name!r} arrived twice; nothing applied")
+            names.add(name)
+            (blobs if kind == "patch" else whole).append((name, t))
+        # Check every patch against its current tensor before writing anything of the batch.
+        targets = self._targets() if blobs else {}
+        decoded: list[tuple[str, Decoded]] = []
+        for name, blob in blobs:
+            target = targets.get(name)
+            if target is None:
+                raise PayloadError(
+                    f"delta patch for {name!r}: the sink holds no tensor of that name; nothing "
+                    "of this batch was applied"
+                )
+            want = self._specs[name]
+            held = (dtype_name(target.dtype), list(target.shape))
+            if held != want:
+                raise PayloadError(
+                    f"delta patch for {name!r}: computed for {want[0]} {want[1]}, the sink holds "
+                    f"{held[0]} {held[1]}; nothing of this batch was applied"
+                )
+            decoded.append((name, decode(blob, target, name=name)))
+        self._seen |= names
+        self.applied = True
+        if whole:
+            self.chain.load_weights(whole)
+        if not decoded:
+            return
+        import torch
+
+        with torch.no_grad():
+            if self.in_place is not None:
+                for name, patch in decoded:
+                    live = targets[name].detach()
+                    if live.is_contiguous():
+                        apply_patch(live, patch)
+                    else:
+                        new = live.contiguous()
+                        apply_patch(new, patch)
+                        live.copy_(new)
+                return
+            patched: list[tuple[str, torch.Tensor]] = []
+            for name, patch in decoded:
+                new = targets[name].detach().clone(memory_format=torch.contiguous_format)
+                apply_patch(new, patch)
+                patched.append((name, new))
+            self.chain.load_weights(patched)
+
+    def _targets(self) -> Mapping[str, torch.Tensor]:
+        if self.in_place is not None:
+            return self.in_place
+        assert self.readable is not None, "accepts is False without a readable sink"
+        return dict(self.readable.named_tensors())
+
+    def finish(self) -> None:
+        """End of the round: every tensor the header listed must have arrived."""
+        if self._items is None:
+            return
+        missing = [n for n in self._items if n not in self._seen]
+        if missing:
+            shown = ", ".join(map(repr, missing[:5])) + (", ..." if len(missing) > 5 else "")
+            raise PayloadError(
+                f"delta round incomplete: {len(missing)} tensor(s) listed in its header never "
+                f"arrived ({shown}); the round is not published"
+            )
+
+
+def delta_sink_for(chain: WeightSink, sink: WeightSink, staging: ReadableSink | None) -> DeltaSink:
+    """The :class:`DeltaSink` a worker puts in front of ``chain`` (which ends in ``sink``).
+
+    In place only when ``chain`` is the user's sink itself and it offers ``patch_targets()``;
+    through the chain when a readable view exists (the staging, or the sink itself).
+    """
+    accepts = sink_accepts_patches(sink)
+    targets = getattr(sink, "patch_targets", None)
+    in_place = targets() if chain is sink and callable(targets) else None
+    readable: ReadableSink | None = staging
+    if readable is None and isinstance(sink, ReadableSink):
+        readable = sink
+    return DeltaSink(chain, readable=readable, in_place=in_place, accepts=accepts)

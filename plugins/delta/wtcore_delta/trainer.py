@@ -1,0 +1,356 @@
+"""The trainer half of delta rounds: the base, the per-tensor choice, and the round itself.
+
+:class:`DeltaTracker` keeps one copy of the last weights every receiver got (the *base*, with
+its version). Each round it asks the receivers their state (``weight_info``): when every one
+holds the base version, consistent, and takes patches, the round is a delta round whose source
+is the header plus, per tensor, nothing (unchanged), a patch, or the whole tensor (when a patch
+would not be smaller, or the tensor is new or changed shape); otherwise the round is full and
+the base is refreshed as it goes. Engines see only a source, so every engine carries both:
+:class:`DeltaRounds` is the round policy (:class:`~wtcore.trainer.RoundPolicy`) that
+``delta=True`` selects by name, so the trainer's template never imports this module.
+
+The base follows what receivers hold: it is brought up to date while the round is encoded
+and is kept only if the round completes on every receiver (any failure drops it, and the next
+round is full). A receiver that refuses a delta round (:class:`~wtcore.errors.StaleBaseError`,
+the safety net for a receiver that changed between the check and the round) gets a full round
+at once, sent from the base (which then equals the new weights), so the source is iterated
+once per call however the round ends.
+
+Cost control: a large tensor is first compared on a small strided sample; when even the
+densest encoding could not beat the whole tensor, it is sent whole without the exact
+comparison and its base is dropped (not copied), so a round in which everything changed costs
+about what a full round costs. A later round refreshes that tensor's base (a copy): the next
+one after the first dense round, then after 1, 3, 7, at most 15 rounds sent whole without a
+copy while the tensor stays dense, so a model that changes entirely every round rarely pays it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from wtcore.errors import ReceiverError, WtcoreError
+from wtcore.meta import ParamMeta, dtype_name
+from wtcore.source import TensorSource, WeightSource, iter_checked
+from wtcore.trainer import RoundPolicy, TrainerInitInfo
+from wtcore_delta.codec import bits, plan
+from wtcore_delta.header import HEADER_NAME, DeltaHeader
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from wtcore.client import WeightSyncClient
+    from wtcore.stats import TransferStats
+
+__all__ = ["DeltaReport", "DeltaRounds", "DeltaTracker"]
+
+log = logging.getLogger("wtcore.delta")
+
+#: Tensors with more elements than this are sampled before the exact comparison.
+SAMPLE_ABOVE = 1 << 14
+SAMPLE_SIZE = 2048
+#: The most rounds a dense tensor is sent whole without refreshing its base.
+MAX_DENSE_WAIT = 15
+
+
+@dataclass
+class DeltaReport:
+    """What one round did (``TransferStats.delta``): mode, why, and per-tensor counts."""
+
+    mode: str = "full"
+    why: str = ""
+    model_bytes: int = 0
+    elements: int = 0
+    changed: int = 0
+    tensors: dict[str, int] = field(default_factory=lambda: {"same": 0, "patch": 0, "full": 0})
+    #: Tensors whose base was copied whole this round (new, reshaped, refreshed).
+    base_copies: int = 0
+    #: What delta added to the round: asking the receivers' versions, encoding (seconds).
+    check_seconds: float = 0.0
+    encode_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        elements, changed = out.pop("elements"), out.pop("changed")
+        return {**out, "changed_fraction": changed / elements if elements else 0.0}
+
+
+def _dense_by_sample(new: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether a sample says that no patch could be smaller than the whole tensor."""
+    nb, bb = bits(new), bits(base)
+    n = nb.numel()
+    if n <= SAMPLE_ABOVE:
+        return False
+    step = n // SAMPLE_SIZE
+    s_new = nb[::step][:SAMPLE_SIZE].cpu().numpy()
+    s_base = bb[::step][:SAMPLE_SIZE].cpu().numpy()
+    changed = float((s_new != s_base).mean())
+    # A mask patch costs n/8 bytes plus the changed values: it loses from this density up.
+    return changed >= 1.0 - 1.0 / (8 * nb.element_size())
+
+
+#: From this share of changed elements up, the base is updated by one copy instead of a scatter:
+#: a streaming copy of every element beats writing scattered ones well before they are all.
+COPY_BASE_ABOVE = 1 / 64
+
+
+def _update_base(base: torch.Tensor, new: torch.Tensor, idx: torch.Tensor) -> None:
+    """``base[idx] = new[idx]`` (flat integer views); numpy when both are on the CPU."""
+    if idx.numel() > base.numel() * COPY_BASE_ABOVE:
+        base.copy_(new)
+    elif base.device.type == "cpu" and new.device.type == "cpu":
+        i = idx.numpy()
+        base.numpy()[i] = new.numpy()[i]
+    else:
+        base[idx.to(base.device)] = new[idx].to(base.device)
+
+
+class DeltaTracker:
+    """The base and its version; ``base_device`` keeps it elsewhere (``"cpu"``)."""
+
+    def __init__(self, base_device: str | None = None) -> None:
+        self.base_device = base_device
+        self.version: str | None = None
+        #: name -> base tensor, or None when it was dropped (sent whole, not copied).
+        self._base: dict[str, torch.Tensor | None] = {}
+        self._order: list[str] = []
+        self._kept: dict[str, torch.Tensor] = {}
+        #: name -> (rounds found dense in a row, rounds left before its base is refreshed).
+        self._dense: dict[str, tuple[int, int]] = {}
+        #: name -> (finish, base, new) of each patch whose values are gathered as it is sent.
+        self._pending: dict[str, tuple[Callable[[], torch.Tensor], torch.Tensor, torch.Tensor]]
+        self._pending = {}
+        #: The comparison's bool array, reused: sized to the largest tensor compared.
+        self._scratch: np.ndarray[Any, Any] | None = None
+
+    def _scratch_for(self, numel: int) -> np.ndarray[Any, Any]:
+        import numpy as np
+
+        if self._scratch is None or self._scratch.size < numel:
+            self._scratch = np.empty(numel, dtype=np.bool_)
+        return self._scratch
+
+    def invalidate(self) -> None:
+        """Forget the base: the next round is full."""
+        self.version, self._base, self._order, self._kept, self._dense = None, {}, [], {}, {}
+        self._scratch, self._pending = None, {}
+
+    def commit(self, version: str | None) -> None:
+        """The round completed on every receiver: its weights are the base of the next."""
+        for name in list(self._pending):  # an engine that skipped a tensor: keep the base true
+            self._finish(name)
+        self.version = version
+        self._kept = {}
+        if version is None:
+            self.invalidate()
+
+    # ------------------------------------------------------------------ deciding
+    def why_full(self, client: object) -> str | None:
+        """Why this round must be full, or ``None`` when every receiver holds the base."""
+        from wtcore.client import InspectableClient
+
+        if self.version is None:
+            return "no base yet (first round, a failed round, or no weight_version)"
+        if not isinstance(client, InspectableClient):
+            return "the client cannot report the receivers' versions (weight_info)"
+        try:
+            infos = client.weight_info()
+        except WtcoreError as e:
+            return f"weight_info failed ({type(e).__name__})"
+        for i, info in enumerate(infos):
+            if info.get("delta") is not True:
+                return f"receiver {i} does not take patches"
+            if info.get("weight_version") != self.version or info.get("consistent") is not True:
+                return (
+                    f"receiver {i} holds {info.get('weight_version')!r} "
+                    f"(consistent: {info.get('consistent')}), the base is {self.version!r}"
+                )
+        return None
+
+    # ------------------------------------------------------------------ the sources
+    def _store(self, name: str, t: torch.Tensor) -> None:
+        old = self._base.get(name)
+        if old is not None and old.dtype == t.dtype and old.shape == t.shape:
+            old.copy_(t)
+        else:
+            device = self.base_device or t.device
+            self._base[name] = t.detach().to(device=device, copy=True)
+
+    def refreshing(self, source: WeightSource) -> WeightSource:
+        """A full round's source that copies every tensor into the base as it is sent."""
+        return _Refreshing(self, source)
+
+    def encode(self, source: WeightSource, report: DeltaReport) -> WeightSource:
+        """Iterate ``source`` once: the delta round's source; the base becomes the new weights."""
+        assert self.version is not None, "encode needs a base (why_full said so)"
+        items: dict[str, str] = {}
+        specs: dict[str, tuple[str, list[int]]] = {}
+        out: list[tuple[str, torch.Tensor]] = []
+        kept: dict[str, torch.Tensor] = {}  # tensors sent whole without a base copy
+        names = []
+        for meta, t in iter_checked(source):
+            names.append(meta.name)
+            report.elements += t.numel()
+            report.model_bytes += meta.nbytes
+            base = self._base.get(meta.name)
+            streak, wait = self._dense.get(meta.name, (0, 0))
+            if base is None and meta.name in self._base and wait > 0:
+                kind = "full"  # dense lately: whole again, base still not copied
+                self._dense[meta.name] = (streak, wait - 1)
+                kept[meta.name] = t
+                report.changed += t.numel()
+            elif base is None or base.dtype != t.dtype or base.shape != t.shape:
+                kind = "full"  # new, dropped, or reshaped: whole, and the base is refreshed
+                self._store(meta.name, t)
+                report.changed += t.numel()
+                report.base_copies += 1
+            elif _dense_by_sample(t, base):
+                kind = "full"
+                self._base[meta.name] = None
+                self._dense[meta.name] = (streak + 1, min(2**streak - 1, MAX_DENSE_WAIT))
+                kept[meta.name] = t
+                report.changed += t.numel()
+            else:
+                self._dense.pop(meta.name, None)
+                cmp_base = base if base.device == t.device else base.to(t.device)
+                scratch = self._scratch_for(t.numel()) if t.device.type == "cpu" else None
+                enc, finish = plan(t, cmp_base, scratch=scratch)
+                report.changed += enc.count
+                kind = enc.kind
+                if enc.kind == "patch":
+                    assert enc.blob is not None and finish is not None
+                    self._pending[meta.name] = (finish, base, t)
+                    out.append((meta.name, enc.blob))
+                    specs[meta.name] = (dtype_name(meta.dtype), list(meta.shape))
+                elif enc.kind == "full":
+                    base.copy_(t)
+            report.tensors[kind] += 1
+            if kind == "full":
+                out.append((meta.name, t))
+            if kind != "same":
+                items[meta.name] = kind
+        for gone in set(self._base) - set(names):
+            del self._base[gone]
+            self._dense.pop(gone, None)
+        self._order, self._kept = names, kept
+        header = DeltaHeader(self.version, items, specs).to_tensor()
+        return _Finishing(self, [(HEADER_NAME, header), *out])
+
+    def _finish(self, name: str) -> None:
+        """Complete ``name``'s patch (gather its values) and bring its base up to date."""
+        pending = self._pending.pop(name, None)
+        if pending is not None:
+            finish, base, new = pending
+            _update_base(bits(base), bits(new), finish())
+
+    def base_source(self) -> WeightSource:
+        """The weights just encoded, whole (the base, plus tensors kept without a copy)."""
+        for name in list(self._pending):  # patches the refused round did not reach
+            self._finish(name)
+        items: list[tuple[str, torch.Tensor]] = []
+        for name in self._order:
+            t = self._base.get(name)
+            items.append((name, t if t is not None else self._kept[name]))
+        return TensorSource(items)
+
+
+class _Finishing(TensorSource):
+    """The delta round's source: each patch is completed as the engine reaches it, so its
+    values are gathered while earlier buckets are on the wire (sizes are known up front)."""
+
+    def __init__(self, tracker: DeltaTracker, items: list[tuple[str, torch.Tensor]]) -> None:
+        super().__init__(items)
+        self.tracker = tracker
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in super().__iter__():
+            self.tracker._finish(name)
+            yield name, t
+
+
+class _Refreshing(WeightSource):
+    def __init__(self, tracker: DeltaTracker, inner: WeightSource) -> None:
+        self.tracker, self.inner = tracker, inner
+
+    def metadata(self) -> list[ParamMeta]:
+        return self.inner.metadata()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        tracker, names = self.tracker, []
+        tracker._kept = {}
+        for name, t in self.inner:
+            tracker._store(name, t)
+            names.append(name)
+            yield name, t
+        for gone in set(tracker._base) - set(names):
+            del tracker._base[gone]
+        tracker._order = names
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether a receiver refused the round's base.
+
+    Any one is enough: with a broadcast engine the other receivers then fail too (the
+    collective broke), and the full round that follows is the remedy for all of them; a
+    failure with another cause fails that full round again and reaches the caller.
+    """
+    # Ray names a remote error's type "RayTaskError(StaleBaseError)": match the name inside.
+    return isinstance(error, ReceiverError) and any(
+        "StaleBaseError" in (f.error_type or "") for f in error.failures
+    )
+
+
+class DeltaRounds(RoundPolicy):
+    """The ``"delta"`` round policy (``delta=True``): a delta round when it can, else full."""
+
+    def __init__(self, init_info: TrainerInitInfo) -> None:
+        super().__init__(init_info)
+        self.tracker = DeltaTracker(init_info.delta_base_device)
+        self._report = DeltaReport()
+
+    def source(
+        self, source: WeightSource, client: WeightSyncClient | None, stats: TransferStats
+    ) -> WeightSource:
+        tracker, report = self.tracker, DeltaReport()
+        self._report = report
+        if stats.weight_version is None:
+            # Without a version no receiver can name its base: a plain full round, no base copy.
+            tracker.invalidate()
+            report.why = "no weight_version: a base is recognized by its version"
+            report.model_bytes = sum(m.nbytes for m in source.metadata())
+            return source
+        t0 = time.perf_counter()
+        with stats.phase("control"):
+            why = tracker.why_full(client)
+        report.check_seconds = time.perf_counter() - t0
+        if why is not None:
+            report.why = why
+            metas = source.metadata()
+            report.model_bytes = sum(m.nbytes for m in metas)
+            report.base_copies = len(metas)
+            return tracker.refreshing(source)
+        t0 = time.perf_counter()
+        with stats.phase("pack"):
+            sent = tracker.encode(source, report)
+        report.encode_seconds = time.perf_counter() - t0
+        report.mode = "delta"  # unless refused (resend)
+        return sent
+
+    def resend(self, error: BaseException) -> WeightSource | None:
+        """The safety net: a receiver changed since ``weight_info``. Full round, from the base."""
+        if self._report.mode != "delta" or not _refused(error):
+            return None
+        log.warning("delta round refused by receivers; sending a full round instead: %s", error)
+        self._report.mode, self._report.why = "full", "refused by receivers (StaleBaseError)"
+        return self.tracker.base_source()
+
+    def committed(self, stats: TransferStats) -> None:
+        stats.delta = self._report.to_dict()
+        self.tracker.commit(stats.weight_version)
+
+    def aborted(self) -> None:
+        self.tracker.invalidate()  # the receivers may hold anything: the next round is full

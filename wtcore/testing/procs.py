@@ -1,0 +1,82 @@
+"""Stop child processes we started, always, by PID: one helper for the bench, tests and tools.
+
+A ``multiprocessing`` process and a ``subprocess.Popen`` are stopped the same way: optionally
+signal it (``SIGCONT`` first, so a stopped process can act on the signal), wait for it with one
+deadline shared by all of them, then ``SIGKILL`` whatever still runs and reap it. Only the
+processes passed in are touched, never anything found by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["stop_processes"]
+
+#: Seconds to wait for a process to be reaped after ``SIGKILL``.
+KILL_WAIT_S = 5.0
+
+
+def stop_processes(
+    procs: Iterable[Any], timeout_s: float, *, sig: int | None = None, group: bool = False
+) -> list[int]:
+    """Stop every process in ``procs``; return the PIDs that had to be killed.
+
+    ``procs`` holds ``multiprocessing`` processes and/or ``subprocess.Popen`` objects.
+    ``sig`` (for example ``signal.SIGTERM``) is sent first; without it the processes are
+    expected to be exiting on their own (told through a pipe, or done with their work).
+    After ``timeout_s`` in all, survivors get ``SIGKILL``.
+
+    ``group``: each process leads its own process group (started with
+    ``start_new_session=True``, as a server that forks helpers is); ``sig`` goes to the whole
+    group, and at the end the group gets ``SIGKILL`` even when its leader exited, since its
+    children can outlive it (the group id is still ours: the leader was started here).
+    """
+    procs = [p for p in procs if p.pid is not None]  # never started: nothing to stop
+    if sig is not None:
+        for p in procs:
+            if _alive(p):
+                with contextlib.suppress(ProcessLookupError):
+                    _signal(p.pid, signal.SIGCONT, group)
+                    _signal(p.pid, sig, group)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        _wait(p, max(0.0, deadline - time.monotonic()))
+    killed = []
+    for p in procs:
+        if _alive(p):
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            killed.append(int(p.pid))
+            _wait(p, KILL_WAIT_S)
+    if group:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+    return killed
+
+
+def _signal(pid: int, sig: int, group: bool) -> None:
+    if group:
+        os.killpg(pid, sig)
+    else:
+        os.kill(pid, sig)
+
+
+def _alive(p: Any) -> bool:
+    if isinstance(p, subprocess.Popen):
+        return p.poll() is None
+    return bool(p.is_alive())
+
+
+def _wait(p: Any, timeout_s: float) -> None:
+    if isinstance(p, subprocess.Popen):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout_s)
+    else:
+        p.join(timeout_s)
