@@ -31,7 +31,7 @@ PIP=("$VENV/bin/python" -m pip install --quiet)
 # and transformers (imported by vLLM) then dies importing torchvision. Text models need none of
 # them, so they go.
 "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-"${PIP[@]}" --no-deps -e . -e plugins/nccl -e plugins/ipc -e plugins/http_client -e plugins/vllm \
+"${PIP[@]}" --no-deps -e . -e plugins/channel -e plugins/nccl -e plugins/ipc -e plugins/http_client -e plugins/vllm \
     -e plugins/delta
 # pluggy and numpy are the core's only non-torch runtime dependencies; requests is the http
 # client's, pybase64 the ipc engine's. (vLLM already brings most of them; this is a no-op then.)

@@ -18,7 +18,7 @@ moving is the same for every engine, and lives here:
   error, and parsing of renamed init fields for one release.
 
 ``docs/writing-an-engine.md`` builds an engine on it; ``inline`` and ``ipc`` are built on it.
-Engines that announce a round once and stream its bytes (nccl, tcp) use :mod:`wtcore.channel`.
+Engines that announce a round once and stream its bytes (nccl, tcp) use :mod:`wtcore_channel`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ plugins see the core only through the plugin API, the list in docs/writing-an-en
 plugin API"), which this test reads so the two cannot drift. Every core module is placed in
 exactly one layer below: a new module fails the test until it is. Plugins are placed by
 package: every ``plugins/*/wtcore_*`` is an engine or client, except the bench, which is
-tooling. The graph is the one ``test_import_graph.py`` checks (:mod:`graph`).
+tooling, and ``wtcore_channel``, the streamed engines' kit (a kit of its own distribution). The graph is the one ``test_import_graph.py`` checks (:mod:`graph`).
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ PROTOCOL = {
 }
 KIT = {
     "wtcore.kit": "what every bucket engine shares",
-    "wtcore.channel": "what every streamed engine shares: the round on a channel",
-    "wtcore.pipeline": "channels, their work in flight, reused buffers, bounded waits",
-    "wtcore.frames": "frame headers: sizes (and CRCs) before bytes",
-    "wtcore.listen": "a sender's listening socket, on one address",
     "wtcore.concurrency": "a blocking call with a timeout",
     "wtcore.fanout": "the one fan-out",
     "wtcore._moved": "keeping a moved module's old path for one release",
@@ -79,6 +75,8 @@ CORE_TOOLING = {
     "wtcore.delta.trainer": "alias of wtcore_delta.trainer",
 }
 TOOLING_PLUGINS = {"wtcore_bench"}
+#: Kits of their own distribution: engines build on them, they build on the plugin API only.
+KIT_PLUGINS = {"wtcore_channel"}
 
 # Imports across layers still to be taken apart, each listed exactly. None today: the last one
 # (the worker wiring the delta receiver into its sink chain) went when delta rounds became the
@@ -102,6 +100,8 @@ def layer_of(module: str) -> str | None:
     """The layer a module is placed in, or None if it is not placed."""
     top = module.split(".")[0]
     if top != "wtcore":
+        if top in KIT_PLUGINS:
+            return KIT_L
         return TOOLING_L if top in TOOLING_PLUGINS else ENGINES_L
     if module == "wtcore.testing" or module.startswith("wtcore.testing."):
         return TOOLING_L
@@ -131,7 +131,7 @@ def layer_breaks(g: dict[str, set[str]], api: set[str]) -> list[str]:
             elif lm == TOOLING_L and ld == TOOLING_L and d.split(".")[0] in TOOLING_PLUGINS:
                 if top == "wtcore":
                     out.append(f"{m} ({lm}, core) imports {d} (the bench)")
-            elif lm == ENGINES_L and top != "wtcore" and d.split(".")[0] == "wtcore":
+            elif lm in (KIT_L, ENGINES_L) and top != "wtcore" and d.split(".")[0] == "wtcore":
                 if d not in api:
                     out.append(f"{m} (plugin) imports {d}, not in the plugin API")
             elif lm == ENGINES_L and ld == ENGINES_L and d.split(".")[0] != top:
@@ -193,8 +193,22 @@ def test_every_known_break_is_still_there() -> None:
 
 
 def test_a_new_plugin_is_an_engine_and_the_bench_is_tooling() -> None:
-    assert layer_of("wtcore_tcp.stream") == ENGINES_L
+    assert layer_of("wtcore_quic.stream") == ENGINES_L
     assert layer_of("wtcore_bench.api") == TOOLING_L
+    assert layer_of("wtcore_channel.sender") == KIT_L
+
+
+def test_engines_build_on_the_channel_kit_never_the_reverse() -> None:
+    """nccl and tcp import the streamed kit; the kit importing an engine, or a core module
+    outside the plugin API, is a break."""
+    g = graph()
+    assert "wtcore_channel" in {d.split(".")[0] for d in g["wtcore_tcp.trainer"]}
+    assert "wtcore_channel" in {d.split(".")[0] for d in g["wtcore_nccl.trainer"]}
+    assert layer_breaks(g, plugin_api()) == []
+    back = _with(g, ("wtcore_channel.sender", "wtcore_nccl.group"))
+    assert any("wtcore_channel.sender" in b for b in layer_breaks(back, plugin_api()))
+    private = _with(g, ("wtcore_channel.sender", "wtcore.staging"))
+    assert any("not in the plugin API" in b for b in layer_breaks(private, plugin_api()))
 
 
 def _with(g: dict[str, set[str]], *edges: tuple[str, str]) -> dict[str, set[str]]:

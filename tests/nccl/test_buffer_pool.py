@@ -6,7 +6,7 @@ import torch
 
 from wtcore.buckets import Bucket
 from wtcore.meta import ParamMeta
-from wtcore.pipeline import BufferPool
+from wtcore_channel.pipeline import BufferPool
 
 MIB = 1 << 20
 

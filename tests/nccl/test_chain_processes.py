@@ -15,8 +15,8 @@ import torch
 from tests.nccl.nccl_e2e_kit import fleet, groups_on_threads, loopback_info, make_state
 from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.pipeline import wait_work
 from wtcore.testing import spec_of
+from wtcore_channel.pipeline import wait_work
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
 from wtcore_nccl.chain import CHUNK_BYTES
 

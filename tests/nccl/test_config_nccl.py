@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from wtcore import ModuleSink, PayloadError, WeightSyncWorker
-from wtcore.channel import DEFAULT_DIRECT_MIN_BYTES
 from wtcore.registry import ENGINES, TRAINER_ENGINES
 from wtcore.testing import build_module
+from wtcore_channel import DEFAULT_DIRECT_MIN_BYTES
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
 from wtcore_nccl.config import resolve_broadcast, resolve_transport
 

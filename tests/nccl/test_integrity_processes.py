@@ -18,8 +18,8 @@ import torch
 
 from tests.nccl.nccl_e2e_kit import Fleet, fleet, loopback_info, make_state
 from wtcore import ReceiverError, TensorSource, TransferError
-from wtcore.frames import make_header
 from wtcore.testing import spec_of, wait_until
+from wtcore_channel.frames import make_header
 from wtcore_nccl.trainer import NCCLTrainerEngine
 from wtcore_tcp import TCPTrainerInitInfo
 from wtcore_tcp.trainer import TCPTrainerEngine
@@ -27,9 +27,9 @@ from wtcore_tcp.trainer import TCPTrainerEngine
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from wtcore.channel import ChannelTrainerEngine
-    from wtcore.pipeline import Channel, Work
     from wtcore.trainer import TrainerInitInfo
+    from wtcore_channel import ChannelTrainerEngine
+    from wtcore_channel.pipeline import Channel, Work
 
 pytestmark = [pytest.mark.timeout(180)]
 

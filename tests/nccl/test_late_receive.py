@@ -25,10 +25,10 @@ from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTra
 from wtcore.buckets import as_bytes
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError
-from wtcore.frames import make_header
 from wtcore.inproc import InProcessClient
 from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.testing import build_module, wait_until
+from wtcore_channel.frames import make_header
 
 pytestmark = [pytest.mark.timeout(120)]
 

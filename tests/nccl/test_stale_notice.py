@@ -1,7 +1,7 @@
 """An abort notice read during one round must not fail the next.
 
 A receiver asks its channel, while it waits, whether the sender gave up (the abort notice),
-on a helper thread (the kit's receiving loop, :mod:`wtcore.channel`). With two workers, a sender that fails on one
+on a helper thread (the kit's receiving loop, :mod:`wtcore_channel`). With two workers, a sender that fails on one
 worker may already have sent the other everything: that worker finishes its round, and its
 last question comes back afterwards with the failed round's reason. The next round, on a
 new group, must not report that reason as its own (seen in the multi-node fault tests as a

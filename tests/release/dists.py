@@ -17,6 +17,7 @@ DISTRIBUTIONS: dict[str, str] = {
     "wtcore": ".",
     "wtcore-nccl": "plugins/nccl",
     "wtcore-tcp": "plugins/tcp",
+    "wtcore-channel": "plugins/channel",
     "wtcore-ipc": "plugins/ipc",
     "wtcore-http-client": "plugins/http_client",
     "wtcore-ray-client": "plugins/ray_client",

@@ -122,14 +122,16 @@ print(json.dumps(out))
 
 @pytest.fixture
 def with_nccl(release: Release) -> Iterator[Release]:
-    """wtcore-nccl and wtcore-bench installed from their wheels for one test, then removed
-    again, so the shared venv is "core only" for every other test whatever the order."""
-    wheels = [str(release.wheel(d)) for d in ("wtcore-nccl", "wtcore-bench")]
+    """wtcore-nccl (with wtcore-channel, its kit) and wtcore-bench installed from their wheels
+    for one test, then removed again, so the shared venv is "core only" for every other test
+    whatever the order."""
+    dists = ("wtcore-channel", "wtcore-nccl", "wtcore-bench")
+    wheels = [str(release.wheel(d)) for d in dists]
     release.pip("install", "--quiet", "--no-compile", *wheels)
     try:
         yield release
     finally:
-        release.pip("uninstall", "--quiet", "--yes", "wtcore-nccl", "wtcore-bench")
+        release.pip("uninstall", "--quiet", "--yes", *dists)
 
 
 def test_installed_wheels_run_a_verified_nccl_sync(

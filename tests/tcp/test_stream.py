@@ -25,9 +25,9 @@ from wtcore import ModuleSink, PayloadError, TensorSource, WeightTransferTrainer
 from wtcore.concurrency import BackgroundCall
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.listen import listen_on
-from wtcore.pipeline import wait_work
 from wtcore.testing import build_module
+from wtcore_channel.listen import listen_on
+from wtcore_channel.pipeline import wait_work
 from wtcore_tcp import TCPInitInfo, TCPTrainerInitInfo
 from wtcore_tcp.stream import HELLO_S, Stream, accept, connect
 from wtcore_tcp.worker import TCPWorkerEngine

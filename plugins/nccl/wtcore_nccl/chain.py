@@ -13,7 +13,7 @@ Each :meth:`Chain.broadcast` is a point-to-point send or receive per chunk on th
 process group, tagged with a running counter that every rank advances in the same order
 (every rank broadcasts the same sequence of headers and buckets), and returns a
 :class:`ChainWork` that behaves like the ``dist.Work`` of a collective broadcast for the
-callers (:func:`wtcore.pipeline.wait_work`, the group's reaper). Receivers post the
+callers (:func:`wtcore_channel.pipeline.wait_work`, the group's reaper). Receivers post the
 receives of a whole message at once; a forwarder thread per rank waits for them in order
 and posts each chunk's send to the next rank as soon as it arrived, so forwarding never
 waits for the engine's own thread. Framing is the caller's: headers and their size checks
@@ -31,7 +31,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import TransferError
-from wtcore.pipeline import ThreadWork
+from wtcore_channel.pipeline import ThreadWork
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +57,7 @@ def _chunks(tensor: torch.Tensor, chunk_bytes: int) -> list[torch.Tensor]:
 
 
 class ChainWork(ThreadWork):
-    """One message's chunks on this rank (a :class:`~wtcore.pipeline.ThreadWork`).
+    """One message's chunks on this rank (a :class:`~wtcore_channel.pipeline.ThreadWork`).
 
     The chain's threads drive it: a point-to-point ``Work`` of gloo may only be waited for
     in full (a wait that expires closes every connection of the group), so nobody polls

@@ -12,15 +12,15 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.channel import (
+from wtcore.defaults import DEFAULT_TIMEOUT_S
+from wtcore.errors import PayloadError
+from wtcore.kit import check_bucket_options
+from wtcore_channel import (
     DEFAULT_BUFFER_SIZE,
     ChannelTrainerInitInfo,
     ChannelUpdateInfo,
     check_direct,
 )
-from wtcore.defaults import DEFAULT_TIMEOUT_S
-from wtcore.errors import PayloadError
-from wtcore.kit import check_bucket_options
 from wtcore_nccl.chain import BROADCASTS
 
 __all__ = [
@@ -113,7 +113,7 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
     also trains.
 
     ``direct_min_bytes`` and ``checksum`` are the kit's
-    (:class:`wtcore.channel.ChannelTrainerInitInfo`).
+    (:class:`wtcore_channel.ChannelTrainerInitInfo`).
 
     ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
     broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
-from wtcore.listen import listen_on
+from wtcore_channel.listen import listen_on
 from wtcore_nccl.chain import BROADCASTS, Chain
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class Group:
     @property
     def checks_sizes(self) -> bool:
         """Never: gloo aborts the receiving process on a message longer than its receive, so
-        every receive waits for its frame header (:class:`wtcore.pipeline.Channel`)."""
+        every receive waits for its frame header (:class:`wtcore_channel.pipeline.Channel`)."""
         return False
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:

@@ -2,7 +2,7 @@
 
 The round itself (one ``update_weights`` for the whole round, packed buckets from reused
 buffers, large tensors in place, frames, bounded drains) is the kit's
-(:class:`wtcore.channel.ChannelTrainerEngine`); this engine supplies its channel: a process
+(:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies its channel: a process
 group of its own (:mod:`wtcore_nccl.group`), broadcasting collectively or down a forwarding
 chain (:mod:`wtcore_nccl.chain`).
 """
@@ -13,16 +13,16 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from wtcore.channel import ChannelTrainerEngine
+from wtcore_channel import ChannelTrainerEngine
 from wtcore_nccl.config import NCCLTrainerInitInfo
 from wtcore_nccl.group import GENERATION_KEY, host_store, join_group
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
     from wtcore.client import WeightSyncClient
-    from wtcore.pipeline import Channel
     from wtcore.source import WeightSource
     from wtcore.trainer import TrainerInitInfo
+    from wtcore_channel.pipeline import Channel
 
 __all__ = ["NCCLTrainerEngine"]
 

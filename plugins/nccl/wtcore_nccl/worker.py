@@ -3,7 +3,7 @@
 The receiving itself (receives posted ahead into reused buffers or in place into the sink's
 tensors, frames checked before a receive is posted, bounded waits that notice the sender's
 abort notice, a receive of an abandoned round settled before the next round writes) is the
-kit's (:class:`wtcore.channel.ChannelWorkerEngine`); this engine joins its channel: the
+kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins its channel: the
 sender's rendezvous store, then the process group (:mod:`wtcore_nccl.group`).
 """
 
@@ -13,9 +13,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from wtcore.channel import ChannelWorkerEngine
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore_channel import ChannelWorkerEngine
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group
 from wtcore_nccl.status import host_status

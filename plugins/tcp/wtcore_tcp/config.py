@@ -12,10 +12,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.channel import ChannelTrainerInitInfo, ChannelUpdateInfo, check_direct
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore.kit import check_bucket_options
+from wtcore_channel import ChannelTrainerInitInfo, ChannelUpdateInfo, check_direct
 
 __all__ = ["TCPInitInfo", "TCPTrainerInitInfo", "TCPUpdateInfo"]
 
@@ -44,7 +44,7 @@ class TCPTrainerInitInfo(ChannelTrainerInitInfo):
     handshake, shipped to the workers in the init call). ``world_size`` counts the sender
     plus every inference worker, which connect as ranks ``1 .. world_size - 1``. The bucket
     options, ``direct_min_bytes`` and ``checksum`` are the kit's
-    (:class:`wtcore.channel.ChannelTrainerInitInfo`). CPU tensors only: ``device`` is
+    (:class:`wtcore_channel.ChannelTrainerInitInfo`). CPU tensors only: ``device`` is
     ``"cpu"``.
     """
 

@@ -24,11 +24,11 @@ handshake travels on lane ``k % LANES`` (both ends number the messages in the sa
 each lane from a thread of its own on both ends. The sender writes every message to every
 worker (a fan-out: nccl's chain carries each byte once over the sender's link).
 
-:meth:`Stream.broadcast` returns a :class:`StreamWork` (a :class:`wtcore.pipeline.ThreadWork`).
-Every blocking socket call is bounded by the timeout (``SO_RCVTIMEO``/``SO_SNDTIMEO``), and
-:meth:`Stream.release` shuts the sockets down, which ends any call in progress at once; a
-receive never reports completion while its thread may still write into the buffer. Only CPU
-tensors travel this way.
+:meth:`Stream.broadcast` returns a :class:`StreamWork` (a
+:class:`wtcore_channel.pipeline.ThreadWork`). Every blocking socket call is bounded by the
+timeout (``SO_RCVTIMEO``/``SO_SNDTIMEO``), and :meth:`Stream.release` shuts the sockets down,
+which ends any call in progress at once; a receive never reports completion while its thread
+may still write into the buffer. Only CPU tensors travel this way.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.pipeline import ThreadWork, Work
+from wtcore_channel.pipeline import ThreadWork, Work
 
 if TYPE_CHECKING:
     import torch

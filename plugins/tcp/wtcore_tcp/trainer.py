@@ -1,6 +1,6 @@
 """The sender: listens for its workers at every handshake, then streams the round to them.
 
-The round is the kit's (:class:`wtcore.channel.ChannelTrainerEngine`); this engine supplies
+The round is the kit's (:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies
 its channel, TCP streams to every worker (:mod:`wtcore_tcp.stream`).
 """
 
@@ -10,8 +10,8 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from wtcore.channel import ChannelTrainerEngine
-from wtcore.listen import listen_on
+from wtcore_channel import ChannelTrainerEngine
+from wtcore_channel.listen import listen_on
 from wtcore_tcp.config import TCPTrainerInitInfo
 from wtcore_tcp.stream import Stream, accept
 

@@ -1,6 +1,6 @@
 """The receiver: connects to the sender the trainer's init names, then receives frames.
 
-The receiving is the kit's (:class:`wtcore.channel.ChannelWorkerEngine`); this engine joins
+The receiving is the kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins
 its channel, the sender's TCP streams (:mod:`wtcore_tcp.stream`).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from wtcore.channel import ChannelWorkerEngine
 from wtcore.errors import PayloadError
+from wtcore_channel import ChannelWorkerEngine
 from wtcore_tcp.config import TCPInitInfo, TCPUpdateInfo
 from wtcore_tcp.stream import Stream, connect
 

@@ -1,6 +1,6 @@
 """Frame headers: the sender says how many bytes come next before it sends them.
 
-Every message of a streamed engine (:mod:`wtcore.channel`) is a *frame*: a header, then the
+Every message of a streamed engine (:mod:`wtcore_channel`) is a *frame*: a header, then the
 bytes it describes. A broadcast is only safe when both ends post buffers of the same size:
 gloo aborts the whole receiving process when more bytes arrive than the receive buffer holds,
 and silently leaves the tail of the buffer stale when fewer arrive. The receiver plans its

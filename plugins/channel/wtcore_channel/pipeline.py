@@ -1,6 +1,6 @@
 """What streamed data planes share: a channel, its in-flight work, reused buffers, bounded waits.
 
-An engine of the streamed kind (:mod:`wtcore.channel`: nccl over a process group, tcp over its
+An engine of the streamed kind (:mod:`wtcore_channel`: nccl over a process group, tcp over its
 own streams) moves a round as a sequence of messages on a :class:`Channel`, each started by
 :meth:`Channel.broadcast` and finished asynchronously, so the next bucket is packed (or the
 next receive posted) while earlier ones are on the wire. This module holds the pieces every
@@ -54,7 +54,7 @@ class Channel(Protocol):
     """One handshake's data plane, as one rank sees it: rank 0 sends, the others receive.
 
     Every rank calls :meth:`broadcast` for the same messages in the same order (the frame
-    headers and buckets of :mod:`wtcore.channel`); the sender's call sends, a receiver's
+    headers and buckets of :mod:`wtcore_channel`); the sender's call sends, a receiver's
     posts the receive into the given tensor.
     """
 
@@ -189,7 +189,7 @@ class BufferPool:
     """``num_buffers`` ring buffers plus one oversize buffer, allocated on first use, kept.
 
     Buffers are allocated only when a bucket is staged in them, so a round whose buckets all
-    travel in place (see :mod:`wtcore.channel`) holds none.
+    travel in place (see :mod:`wtcore_channel`) holds none.
     """
 
     num_buffers: int

@@ -1,0 +1,92 @@
+"""The options of a streamed engine, and the round's plan both ends compute from them.
+
+A streamed engine (:mod:`wtcore_channel`) announces a round once and streams its bytes; both
+ends plan the same buckets from the round's metadata and these options, so only raw bytes
+(and frame headers) travel. The trainer's :class:`ChannelTrainerInitInfo` is where they are
+chosen; an engine's worker init info carries the ones a receiver reads
+(:class:`ChannelSettings`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from wtcore.buckets import Bucket, plan_round
+from wtcore.errors import PayloadError
+from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo
+
+if TYPE_CHECKING:
+    from wtcore.meta import ParamMeta
+
+__all__ = [
+    "DEFAULT_BUFFER_SIZE",
+    "DEFAULT_DIRECT_MIN_BYTES",
+    "ChannelSettings",
+    "ChannelTrainerInitInfo",
+    "ChannelUpdateInfo",
+    "check_direct",
+    "plan",
+]
+
+#: Default size of one packed bucket buffer (docs/benchmarks.md: 1 GiB made a 1 GiB model one
+#: bucket, unpipelined, with 1 GiB of staging on each end; 32-256 MiB measured alike).
+DEFAULT_BUFFER_SIZE = 64 << 20
+#: Default ``direct_min_bytes`` of the trainer: tensors this large travel in place.
+DEFAULT_DIRECT_MIN_BYTES = 1 << 20
+
+
+def check_direct(value: object) -> None:
+    """``direct_min_bytes`` is an integer >= 0 (a ``PayloadError`` naming it otherwise)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PayloadError(f"direct_min_bytes: expected an integer >= 0, got {value!r}")
+
+
+@dataclass
+class ChannelTrainerInitInfo(BucketedTrainerInitInfo, abstract=True):
+    """The options of every streamed engine, besides the kit's bucket options.
+
+    ``device`` is where the sender stages its buckets. ``direct_min_bytes``: a tensor at
+    least this large travels as a bucket of its own and, when it lies on ``device``, is sent
+    straight from its storage and received straight into the receiver's parameter (when the
+    sink offers it); 0 packs everything. ``checksum``: add a CRC-32 of every bucket to its
+    frame header; receivers then verify each bucket before applying it, and stage every
+    bucket to do so (:mod:`wtcore_channel.frames`). Sizes are always checked.
+    """
+
+    packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
+    device: str = field(default="cpu", kw_only=True)
+    direct_min_bytes: int = field(default=DEFAULT_DIRECT_MIN_BYTES, kw_only=True)
+    checksum: bool = field(default=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_direct(self.direct_min_bytes)
+        if not isinstance(self.checksum, bool):
+            raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
+
+
+class ChannelSettings(Protocol):
+    """What a receiver of a streamed engine reads from its init info."""
+
+    packed: bool
+    packed_buffer_size_bytes: int
+    packed_num_buffers: int
+    timeout_s: float
+    direct_min_bytes: int
+    checksum: bool
+
+
+@dataclass
+class ChannelUpdateInfo(BucketUpdateInfo):
+    """All tensors of one round, in order; the bytes travel on the channel."""
+
+
+def plan(metas: list[ParamMeta], settings: ChannelSettings) -> list[Bucket]:
+    """The round's buckets: a tensor of at least ``direct_min_bytes`` travels alone."""
+    return plan_round(
+        metas,
+        packed=settings.packed,
+        buffer_size_bytes=settings.packed_buffer_size_bytes,
+        direct_min_bytes=settings.direct_min_bytes,
+    )

@@ -1,0 +1,430 @@
+"""The receiver of a streamed engine: receives posted ahead, frames checked before they land.
+
+Receives are posted ahead, in bucket order, into reused buffers or in place into the tensors
+the sink offers, so the next buckets are on the wire while the sink copies the current one.
+A frame header that disagrees with the plan is refused before its receive is posted (gloo
+would abort the process on a longer message), a CRC before anything of the bucket is
+applied, and a receive of an abandoned round, which cannot be cancelled, is settled before
+the next round writes into the sink. An engine implements
+:meth:`ChannelWorkerEngine.open_channel`.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from wtcore.buckets import Bucket, as_bytes, unpack_bucket
+from wtcore.concurrency import BackgroundCall
+from wtcore.engine import WeightTransferEngine
+from wtcore.errors import ProtocolStateError, TransferError
+from wtcore.sink import direct_destination
+from wtcore_channel.frames import HEADER_WORDS, NO_CRC, check_crc, check_header
+from wtcore_channel.options import ChannelSettings, ChannelUpdateInfo, plan
+from wtcore_channel.pipeline import BufferPool, Channel, Slot, wait_work
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ChannelWorkerEngine"]
+
+#: After a failed receive, how long to wait for the sender's abort notice (a clearer error).
+_NOTICE_WAIT_S = 1.0
+#: How often (in polls of 50 ms) a waiting receiver asks whether the sender gave up.
+_ABORT_CHECK_EVERY = 4
+
+InitT = TypeVar("InitT", bound=ChannelSettings)
+UpdateT = TypeVar("UpdateT", bound=ChannelUpdateInfo)
+
+
+@dataclass
+class _Frame:
+    """One posted receive: its work, its label, the header's CRC word, where it lands.
+
+    ``header`` is the header still to be checked when the receive was posted together with
+    it (a channel that checks sizes itself), ``header_work`` its receive (it may complete
+    after the bytes'); ``crc`` is read from it once it is checked.
+    """
+
+    work: Any
+    label: str
+    crc: int
+    data: torch.Tensor
+    slot: Slot | None  # None: received in place, into the sink's tensor
+    header: torch.Tensor | None = None
+    header_work: Any = None
+
+
+class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, UpdateT]):
+    """Worker half of a streamed engine: the engine implements :meth:`open_channel`.
+
+    Receives are posted ahead, in bucket order (as far as
+    :meth:`~wtcore_channel.pipeline.BufferPool.has_room` allows), so the next buckets are on
+    the wire while the sink copies the current one. Every wait is bounded by the timeout
+    and polls for a shutdown, an abort and the sender's abort notice, so a trainer that
+    abandons a round ends this worker's ``update_weights`` with an error instead of leaving
+    it blocked. After a failed round the channel is dropped; the trainer runs the init
+    handshake again before its next round.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init: InitT | None = None
+        self._channel: Channel | None = None
+        self._pool: BufferPool | None = None
+        self._closing = threading.Event()
+        self._aborting = threading.Event()
+        self._lock = threading.Lock()
+        self._receiving = False
+        self._polls = 0
+        self._notice: BackgroundCall[str | None] | None = None
+        self._header_work: Any = None  # work of a header receive in progress
+        self._held: tuple[int, int] | None = None  # (bucket, CRC word) of a header not posted
+        self._in_place: list[Any] = []  # this round's receives into the sink's tensors
+        self._late: list[Any] = []  # in-place receives of abandoned rounds (_settle_late)
+
+    # ------------------------------------------------------------------ the hooks
+    def check_init(self, init_info: InitT) -> None:
+        """Refuse an init this worker cannot take (``PayloadError`` naming the field), before
+        anything of the current channel is released."""
+
+    @abstractmethod
+    def open_channel(self, init_info: InitT) -> Channel:
+        """Join this handshake's channel (blocking); call :meth:`check_stopped` between
+        short waits, so an abort or a shutdown ends the wait."""
+
+    # ------------------------------------------------------------------ init
+    def init_transfer_engine(self, init_info: InitT) -> None:
+        self.check_init(init_info)
+        self._release()
+        self._closing.clear()
+        self._aborting.clear()
+        channel = self.open_channel(init_info)
+        with self._lock:
+            self._channel, self._init = channel, init_info
+            self._pool = BufferPool(
+                init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, self.device
+            )
+
+    def check_stopped(self) -> None:
+        """Raise ``TransferError`` once this engine was shut down or aborted."""
+        name = self.config.backend
+        if self._closing.is_set():
+            raise TransferError(f"{name} worker engine was shut down")
+        if self._aborting.is_set():
+            raise TransferError(
+                f"{name} worker engine: aborted (a new init_weight_transfer_engine takes over)"
+            )
+
+    def _poll(self) -> None:
+        """Between short waits: stop on shutdown or abort, or when the sender gave up.
+
+        The sender's abort notice is read on a helper thread: a hung sender's store accepts
+        the request and never answers, and that must not hold this thread (nor, through it,
+        an abort or a shutdown).
+        """
+        self.check_stopped()
+        self._polls += 1
+        channel, notice = self._channel, self._notice
+        if channel is None:
+            return
+        if notice is not None and notice.done():
+            self._notice = None
+            reason = notice.result(0) if notice.error is None else None
+            if reason is not None:
+                raise TransferError(f"the trainer abandoned the round: {reason}")
+        elif notice is None and self._polls % _ABORT_CHECK_EVERY == 0:
+            self._notice = BackgroundCall(
+                channel.abort_reason, name=f"{self.config.backend}-abort-notice"
+            )
+
+    def _not_joined(self) -> ProtocolStateError:
+        return ProtocolStateError(
+            f"{self.config.backend} engine: init_transfer_engine was not called, or a failed "
+            "round dropped the transfer group; call init_weight_transfer_engine again"
+        )
+
+    # ------------------------------------------------------------------ rounds
+    def start_weight_update(self) -> None:
+        if self._channel is None:
+            raise self._not_joined()
+
+    def receive_weights(self, update_info: UpdateT) -> None:
+        with self._lock:
+            channel, pool, info = self._channel, self._pool, self._init
+            if channel is None or pool is None or info is None:
+                raise self._not_joined()
+            self._receiving = True
+        try:
+            self._receive(channel, pool, info, update_info)
+        except BaseException as e:
+            replacement = self._drop_after_failure(e)
+            if replacement is not None:
+                raise replacement from e
+            raise
+        finally:
+            with self._lock:
+                self._receiving = False
+            if self._closing.is_set():
+                self._release()
+
+    def _receive(self, channel: Channel, pool: BufferPool, info: InitT, update: UpdateT) -> None:
+        import torch
+
+        # A notice asked for in an earlier round is about that round: one this receiver
+        # finished while the sender failed on another (and then dropped the channel) answers
+        # with its reason later, and must not fail this round.
+        self._notice = None
+        self._settle_late(info)
+        buckets = plan(update.metas, info)
+        pool.prepare(buckets)
+        self._held = None
+        frames: list[_Frame | None] = [None] * len(buckets)
+        empty = torch.empty(0, dtype=torch.uint8, device=self.device)
+        n, posted = len(buckets), 0
+        in_place = 0  # bytes posted straight into the sink's tensors, not yet taken
+        for i, bucket in enumerate(buckets):
+            # Post receives ahead, in bucket order, as far as the pool allows (has_room).
+            while posted < n and pool.has_room(posted - i, in_place):
+                nxt = buckets[posted]
+                if nxt.nbytes and not self._post(channel, info, pool, nxt, frames):
+                    break  # its buffer still holds a bucket not yet loaded
+                posted_frame = frames[posted]
+                if posted_frame is not None and posted_frame.slot is None:
+                    in_place += posted_frame.data.numel()
+                posted += 1
+            frame, frames[i] = frames[i], None
+            if frame is None:  # nothing travels for an empty bucket
+                self.sink.load_weights(list(unpack_bucket(bucket, empty)))
+                continue
+            if frame.slot is None:
+                in_place -= frame.data.numel()
+            wait_work(frame.work, what=frame.label, timeout_s=info.timeout_s, poll=self._poll)
+            if frame.header is not None:  # posted with the bytes: checked once both are here
+                wait_work(
+                    frame.header_work,
+                    what=f"header of {frame.label}",
+                    timeout_s=info.timeout_s,
+                    poll=self._poll,
+                )
+                frame.crc = check_header(
+                    frame.header, index=bucket.index, nbytes=bucket.nbytes, what=frame.label
+                )
+            if frame.slot is None:
+                # Received in place: the bytes already are in the sink's tensor. A CRC the
+                # init info did not announce is still checked (a failed round publishes
+                # nothing as consistent).
+                check_crc(frame.data, frame.crc, what=frame.label)
+                continue
+            frame.slot.work = None
+            check_crc(frame.data, frame.crc, what=frame.label)
+            # The sink copies what it keeps (WeightSink contract), so the buffer is free after.
+            self.sink.load_weights(list(unpack_bucket(bucket, frame.slot.buf)))
+        self._in_place.clear()
+        self._receive_header(channel, info, index=n, nbytes=0, what="the round's end header")
+
+    def _receive_header(
+        self, channel: Channel, info: InitT, *, index: int, nbytes: int, what: str
+    ) -> int:
+        """Receive the sender's next header and check it against the plan; its CRC word."""
+        import torch
+
+        header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+        # Kept where a failure path finds it: a channel is let go only once its work ended.
+        self._header_work = work = channel.broadcast(header)
+        wait_work(work, what=f"header of {what}", timeout_s=info.timeout_s, poll=self._poll)
+        self._header_work = None
+        return check_header(header, index=index, nbytes=nbytes, what=what)
+
+    def _post(
+        self,
+        channel: Channel,
+        info: InitT,
+        pool: BufferPool,
+        bucket: Bucket,
+        frames: list[_Frame | None],
+    ) -> bool:
+        """Take ``bucket``'s header, then post the receive of exactly the planned bytes.
+
+        A header that disagrees with the plan raises before the receive is posted, so the
+        channel never sees a receive of the wrong size (gloo aborts the whole receiving
+        process on a longer message, and leaves a stale tail on a shorter one). A bucket of
+        one tensor whose header carries no CRC is received straight into the tensor the sink
+        offers; others (and checksummed ones, verified before they are applied) into a
+        buffer. Returns False, keeping the header, when that buffer is still busy.
+        """
+        i = bucket.index
+        label = f"receive of bucket {bucket.index} ({bucket.nbytes} bytes)"
+        if channel.checks_sizes:
+            frame = self._post_with_header(channel, info, pool, bucket, label)
+            frames[i] = frame
+            return frame is not None
+        if self._held is None or self._held[0] != i:
+            crc = self._receive_header(
+                channel, info, index=bucket.index, nbytes=bucket.nbytes, what=label
+            )
+            self._held = (i, crc)
+        crc = self._held[1]
+        landing = self._landing(pool, bucket, in_place=crc == NO_CRC)
+        if landing is None:
+            return False
+        self._held = None
+        frames[i] = self._post_receive(channel, *landing, label=label, crc=crc)
+        return True
+
+    def _landing(
+        self, pool: BufferPool, bucket: Bucket, *, in_place: bool
+    ) -> tuple[torch.Tensor, Slot | None] | None:
+        """Where ``bucket``'s bytes land: the tensor the sink offers (a bucket of one tensor,
+        ``in_place`` allowed), else its buffer; ``None`` while that buffer is still busy."""
+        if in_place and len(bucket.metas) == 1:
+            m = bucket.metas[0]
+            dest = direct_destination(self.sink, m.name, m.dtype, m.shape, self.device)
+            if dest is not None:
+                return as_bytes(dest), None
+        busy = pool.peek(bucket)
+        if busy is not None and busy.work is not None:
+            return None
+        slot = pool.slot_for(bucket)
+        return slot.view(bucket.nbytes), slot
+
+    def _post_receive(
+        self,
+        channel: Channel,
+        data: torch.Tensor,
+        slot: Slot | None,
+        *,
+        label: str,
+        crc: int,
+        header: tuple[torch.Tensor, Any] | None = None,
+    ) -> _Frame:
+        """Post the receive into ``data``; remember its work where the failure path finds it.
+
+        ``header``: the header posted just before, and its receive.
+        """
+        work = channel.broadcast(data)
+        if slot is not None:
+            slot.work, slot.label = work, label
+        else:
+            self._in_place.append(work)
+        return _Frame(work, label, crc, data, slot, *(header or (None, None)))
+
+    def _post_with_header(
+        self, channel: Channel, info: InitT, pool: BufferPool, bucket: Bucket, label: str
+    ) -> _Frame | None:
+        """Post ``bucket``'s bytes, and before them its header when it carries a CRC.
+
+        Only on a channel that refuses a message of another size by itself, before writing
+        any of it, so no receive of the wrong size can land and the sender sends no header
+        for sizes alone. A CRC header (the init info's ``checksum``) is posted with the bytes
+        and checked once both came, and the bucket is staged for it. Not waiting between the
+        two keeps the stream flowing: the next bytes are read while this thread is still
+        loading the previous bucket. Returns ``None``, posting nothing, while the bucket's
+        buffer is busy.
+        """
+        import torch
+
+        landing = self._landing(pool, bucket, in_place=not info.checksum)
+        if landing is None:
+            return None
+        header = None
+        if info.checksum:
+            buf = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+            header = (buf, channel.broadcast(buf))  # closing the channel ends it with the bytes
+        return self._post_receive(channel, *landing, label=label, crc=NO_CRC, header=header)
+
+    def _settle_late(self, info: InitT) -> None:
+        """Wait until no receive of an abandoned round can still write into the sink.
+
+        A receive posted in place cannot be cancelled (gloo lets it run until its bytes
+        arrive, its peer closes, or the group's timeout); if a round is abandoned with one
+        pending, its old sender may still deliver into the model. No new round writes into
+        the sink before every such receive ended, so a late delivery never lands on top of a
+        newer round that then reads as consistent. Usually they have long ended (a trainer
+        that failed still sends what it had started, a killed one closes its connections).
+        """
+        self._late = [w for w in self._late if not w.is_completed()]
+        while self._late:
+            work = self._late[0]
+            try:
+                wait_work(
+                    work,
+                    what="an abandoned round's in-place receive (it may still write into "
+                    "the model)",
+                    timeout_s=info.timeout_s,
+                    poll=self.check_stopped,
+                )
+            except TransferError:
+                if not work.is_completed():
+                    raise  # shut down, aborted or timed out: it stays on the list
+            self._late.pop(0)
+
+    def _drop_after_failure(self, error: BaseException) -> BaseException | None:
+        """A half-received sequence cannot be resumed: drop the channel (never blocking).
+
+        Returns a clearer error when the wire failed because the trainer gave up.
+        """
+        with self._lock:
+            channel, self._channel = self._channel, None
+            pending = self._pending()
+            if self._pool is not None:
+                self._pool.forget_work()
+        replacement: BaseException | None = None
+        self._notice = None
+        stopped = self._closing.is_set() or self._aborting.is_set()
+        if channel is not None and isinstance(error, TransferError) and not stopped:
+            notice = BackgroundCall(
+                channel.abort_reason, name=f"{self.config.backend}-abort-notice"
+            )
+            reason = notice.result(_NOTICE_WAIT_S) if notice.wait(_NOTICE_WAIT_S) else None
+            if reason is not None and "abandoned" not in str(error):
+                replacement = TransferError(f"the trainer abandoned the round: {reason}")
+        if channel is not None:
+            channel.release(pending)
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)  # drop frame refs to the channel's work
+        return replacement
+
+    # ------------------------------------------------------------------ teardown
+    def _pending(self) -> list[Any]:
+        """Receives that may still use the channel (and its buffers); takes them over.
+
+        In-place receives among them are remembered (:meth:`_settle_late`).
+        """
+        pending = self._pool.pending() if self._pool is not None else []
+        header, self._header_work = self._header_work, None
+        in_place, self._in_place = self._in_place, []
+        self._late += [w for w in in_place if not w.is_completed()]
+        return [*pending, *in_place, *([header] if header is not None else [])]
+
+    def _release(self) -> None:
+        """Drop the channel and the buffers (a re-init may use other sizes)."""
+        with self._lock:
+            channel, self._channel = self._channel, None
+            pending = self._pending()
+            self._pool = None
+        if channel is not None:
+            channel.release(pending)
+
+    def abort(self) -> None:
+        """End a blocking init or receive within about 50 ms; a new init clears it.
+
+        The call in progress raises ``TransferError`` and drops the channel (the trainer it
+        was talking to is gone or hung); the engine is usable again after the next init.
+        """
+        self._aborting.set()
+        with self._lock:
+            if self._receiving:
+                return  # the receiving thread sees the flag within 50 ms and drops the channel
+        self._release()
+
+    def shutdown(self) -> None:
+        """Drop the channel; a receive in progress ends with an error. Idempotent."""
+        self._closing.set()
+        with self._lock:
+            if self._receiving:
+                return  # the receiving thread sees the flag within 50 ms and releases
+        self._release()

@@ -1,0 +1,333 @@
+"""The sender of a streamed engine: one announcement per round, frames on a channel, pipelined.
+
+A bucket engine of :mod:`wtcore.kit` announces every bucket with an ``update_weights`` call of
+its own. An engine whose data plane moves messages by itself (a process group, TCP streams)
+does better announcing the whole round once and then streaming: the sender starts the round's
+single ``update_weights`` (its metadata is the whole round), and while the receivers plan the
+same buckets from it (:func:`wtcore_channel.options.plan`), it sends frame after frame on its
+:class:`~wtcore_channel.pipeline.Channel`: packed buckets from reused buffers, and every tensor
+of at least ``direct_min_bytes`` in place, straight from the source's storage, as many in
+flight as the buffers' bytes allow. An engine implements :meth:`ChannelTrainerEngine.open_channel`.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from wtcore.buckets import Bucket, pack_source
+from wtcore.concurrency import BackgroundCall
+from wtcore.errors import MetadataMismatchError, TransferError
+from wtcore.meta import metas_to_wire
+from wtcore.sink import on_device
+from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+from wtcore_channel.frames import make_header
+from wtcore_channel.options import ChannelTrainerInitInfo, plan
+from wtcore_channel.pipeline import BufferPool, Channel, Work, wait_work
+
+if TYPE_CHECKING:
+    import torch
+
+    from wtcore.client import WeightSyncClient
+    from wtcore.meta import ParamMeta
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
+
+__all__ = ["ChannelTrainerEngine"]
+
+#: After a failure, how long the sender waits for the worker RPC to report its side.
+_ERROR_GRACE_S = 5.0
+
+
+def _fail_fast(rpc: BackgroundCall[Any]) -> Callable[[], None]:
+    def poll() -> None:
+        err = rpc.error
+        if err is not None:
+            raise err
+
+    return poll
+
+
+class _RoundCalls:
+    """A round's control calls, off the critical path: start, then at once ``update_weights``.
+
+    A helper thread sends ``start_weight_update`` and, as soon as it returned, launches the
+    round's single ``update_weights`` (on a thread of its own: it returns only once the whole
+    round was received), while this thread reads and packs the first bucket; :meth:`open`,
+    called before the first message, waits for that. The start's round trip no longer adds
+    to the round.
+    """
+
+    def __init__(self, client: WeightSyncClient, metas: list[ParamMeta], timeout_s: float):
+        self.timeout_s = timeout_s
+        self.rpc: BackgroundCall[None] | None = None
+        wire = metas_to_wire(metas)
+
+        def start_then_update() -> None:
+            client.start_weight_update()
+            self.rpc = BackgroundCall(client.update_weights, wire, name="update_weights")
+
+        self.start: BackgroundCall[None] = BackgroundCall(
+            start_then_update, name="start_weight_update"
+        )
+
+    def open(self, stats: TransferStats) -> BackgroundCall[None]:
+        """Wait for the start (bounded); the ``update_weights`` call it launched."""
+        if self.rpc is None:
+            with stats.phase("control"):
+                self.start.result(self.timeout_s)
+        assert self.rpc is not None
+        return self.rpc
+
+    def settle(self) -> BackgroundCall[None] | None:
+        """After a failure: let the start end (bounded); the update call, if it was sent."""
+        self.start.wait(min(_ERROR_GRACE_S, self.timeout_s))
+        return self.rpc
+
+    def poll(self) -> None:
+        """Between short waits: raise a call's error at once (fail fast)."""
+        call = self.rpc if self.rpc is not None else self.start
+        err = call.error
+        if err is not None:
+            raise err
+
+    def update_result(self, stats: TransferStats) -> None:
+        self.open(stats).result(self.timeout_s)
+
+
+class ChannelTrainerEngine(TrainerWeightTransferEngine):
+    """Trainer half of a streamed engine: the engine implements :meth:`open_channel` only.
+
+    Every worker RPC (the init handshake and the round's single ``update_weights``) runs on a
+    helper thread while this thread joins the channel or sends, because both block until the
+    other side takes part. Every wait polls the RPC, so a rejected call fails the round at
+    once; the helper thread is never joined on the error path. Any failure inside a round
+    releases the channel (a half-finished sequence of messages cannot be resumed) and the
+    next ``send_weights`` runs the handshake again.
+    """
+
+    init_info_cls: ClassVar[type[TrainerInitInfo]] = ChannelTrainerInitInfo
+
+    def __init__(
+        self,
+        init_info: TrainerInitInfo,
+        *,
+        client: WeightSyncClient | None,
+        source: WeightSource | None,
+    ) -> None:
+        super().__init__(init_info, client=client, source=source)
+        assert isinstance(init_info, ChannelTrainerInitInfo)
+        self.info: ChannelTrainerInitInfo = init_info
+        self._channel: Channel | None = None
+        self._headers: list[Work] = []  # this round's header messages
+        self._pool = BufferPool(
+            init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, init_info.device
+        )
+
+    # ------------------------------------------------------------------ the hook
+    @abstractmethod
+    def open_channel(self) -> tuple[dict[str, Any], Callable[[Callable[[], None]], Channel]]:
+        """Start a handshake: the JSON init info every receiver gets, and how to join.
+
+        The kit sends the init info with ``init_weight_transfer_engine`` on a helper thread
+        and meanwhile calls the returned function with a ``poll`` to call between short
+        waits (it raises the init call's error, so a rejected init fails at once); it
+        returns this handshake's channel once every receiver joined.
+        """
+
+    # ------------------------------------------------------------------ handshake
+    def handshake(self) -> None:
+        assert self.client is not None
+        self._close_channel(None)
+        init_info, join = self.open_channel()
+        rpc = BackgroundCall(
+            self.client.init_weight_transfer_engine, init_info, name="init_weight_transfer_engine"
+        )
+        channel = join(_fail_fast(rpc))
+        try:
+            rpc.result(self.info.timeout_s)
+        except BaseException:
+            channel.release()
+            raise
+        self._channel = channel
+
+    # ------------------------------------------------------------------ one round
+    def _send(self, source: WeightSource, stats: TransferStats) -> None:
+        assert self.client is not None
+        channel = self._channel
+        assert channel is not None, "a failed round sets needs_handshake; send_weights re-joins"
+        metas = source.metadata()
+        stats.num_tensors = len(metas)
+        stats.num_bytes = sum(m.nbytes for m in metas)
+        calls = _RoundCalls(self.client, metas, self.info.timeout_s)
+        inflight: deque[tuple[Work, str, int, Any]] = deque()
+        self._headers = []
+        try:
+            self._send_frames(channel, source, metas, stats, calls, inflight)
+            with stats.phase("control"):
+                calls.update_result(stats)
+        except BaseException as e:
+            rpc = calls.settle()
+            if rpc is None:  # the round never got its update: nothing was sent
+                self._close_channel(None)
+                raise
+            cause = self._abort(e, rpc, [w for w, *_ in inflight])
+            inflight.clear()
+            if cause is not None:
+                raise cause from e
+            raise
+        self._headers = []
+        with stats.phase("control"):
+            self.client.finish_weight_update(stats.weight_version)
+
+    def _send_frames(
+        self,
+        channel: Channel,
+        source: WeightSource,
+        metas: list[ParamMeta],
+        stats: TransferStats,
+        calls: _RoundCalls,
+        inflight: deque[tuple[Work, str, int, Any]],
+    ) -> None:
+        """Send every bucket: packed ones from reused buffers, single tensors in place.
+
+        Messages in flight are bounded by :meth:`BufferPool.has_room`; each keeps what it
+        reads (its buffer, or the source tensor) alive until it completed, and a buffer is
+        packed again only once its previous message completed.
+        """
+        import torch
+
+        info, pool = self.info, self._pool
+        timeout = info.timeout_s
+        buckets = plan(metas, info)
+        pool.prepare(buckets)
+        poll = calls.poll
+        empty = torch.empty(0, dtype=torch.uint8, device=info.device)
+        staged: set[int] = set()  # buckets packed into a buffer this round
+        in_place = 0  # bytes of the source's tensors in flight in place
+
+        def buffer_for(bucket: Bucket) -> torch.Tensor:
+            if bucket.nbytes == 0:
+                return empty
+            slot = pool.slot_for(bucket)
+            if slot.work is not None:
+                with stats.phase("wire"):
+                    wait_work(slot.work, what=slot.label, timeout_s=timeout, poll=poll)
+                slot.work = None
+            staged.add(bucket.index)
+            return slot.buf
+
+        def settle_oldest() -> None:
+            nonlocal in_place
+            with stats.phase("wire"):
+                wait_work(inflight[0][0], what=inflight[0][1], timeout_s=timeout, poll=poll)
+            in_place -= inflight.popleft()[2]
+
+        def sendable(t: torch.Tensor) -> bool:
+            return on_device(t, info.device)
+
+        frames = pack_source(source, metas, buckets, buffer_for, stats, in_place=sendable)
+        for bucket, data in frames:
+            stats.num_buckets += 1
+            if bucket.nbytes == 0:
+                continue  # both ends skip empty buckets
+            calls.open(stats)  # the first message needs the update announced
+            while not pool.has_room(len(inflight), in_place):
+                settle_oldest()
+            label = f"message of bucket {bucket.index} ({bucket.nbytes} bytes)"
+            with stats.phase("wire"):
+                work = self._send_frame(channel, bucket.index, data)
+            held = 0  # bytes of the source held in place until this message completed
+            if bucket.index in staged:
+                slot = pool.slot_for_last()
+                slot.work, slot.label = work, label
+            else:
+                held = data.numel()
+            in_place += held
+            inflight.append((work, label, held, data))
+            del data
+        calls.open(stats)
+        end = channel.broadcast(make_header(len(buckets), None, info.device))
+        self._headers.append(end)  # the end header: a receiver can tell buckets left over
+        inflight.append((end, "the round's end header", 0, None))
+        while inflight:
+            settle_oldest()
+        pool.forget_work()
+
+    def _send_frame(self, channel: Channel, index: int, data: torch.Tensor) -> Work:
+        """Send bucket ``index``: its header (size, and CRC with ``checksum``), then ``data``.
+
+        The header's work needs no wait of its own (the receiver posts the data's receive
+        only after the header arrived, and a failure shows on the data's work); it is kept
+        for the round only so that a failure path lets the channel go after it ended. A
+        channel that checks every message's size itself needs no header unless it carries
+        a CRC: the receiver refuses a message of another size there.
+        """
+        if channel.checks_sizes and not self.info.checksum:
+            return channel.broadcast(data)
+        header = make_header(index, data, self.info.device, checksum=self.info.checksum)
+        self._headers.append(channel.broadcast(header))
+        return channel.broadcast(data)
+
+    # ------------------------------------------------------------------ failure path
+    def _abort(
+        self, error: BaseException, rpc: BackgroundCall[Any], inflight: list[Work]
+    ) -> BaseException | None:
+        """Drain what is in flight (bounded), release the channel, find the root cause.
+
+        Returns the worker RPC's error when the local error is only its echo on the wire
+        (a worker rejected the update, so our message failed), else ``None``.
+        """
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.set_abort(f"{type(error).__name__}: {error}")
+        pending = [*inflight, *self._pool.pending(), *self._headers]
+        self._headers = []
+        t0 = time.monotonic()
+
+        def give_up_when_rpc_ended() -> None:
+            if rpc.done() and time.monotonic() - t0 > 1.0:
+                raise TransferError("worker RPC ended; not draining further")
+
+        for work in pending:
+            try:
+                wait_work(
+                    work,
+                    what="draining",
+                    timeout_s=max(0.0, self.info.timeout_s - (time.monotonic() - t0)),
+                    poll=give_up_when_rpc_ended,
+                )
+            except Exception:
+                break
+        self._pool.forget_work()
+        if channel is not None:
+            channel.release(pending)
+        del pending, channel
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)  # drop frame refs to the channel's work
+        # Let the workers end their side (they see the channel close), so that when
+        # send_weights raises, every receiver has ended the round too.
+        rpc.wait(min(_ERROR_GRACE_S, self.info.timeout_s))
+        if (
+            not isinstance(error, MetadataMismatchError)
+            and rpc.error is not None
+            and rpc.error is not error
+        ):
+            return rpc.error
+        return None
+
+    def _close_channel(self, pending: list[Work] | None) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.release(pending or [*self._pool.pending(), *self._headers])
+        self._headers = []
+        self._pool.forget_work()
+
+    def shutdown(self) -> None:
+        """Release the channel and the buffers. Idempotent."""
+        self._close_channel(None)
+        super().shutdown()
