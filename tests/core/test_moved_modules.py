@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 
 import pytest
 
@@ -66,3 +67,22 @@ def test_a_missing_wtcore_delta_names_its_install_line(monkeypatch: pytest.Monke
         PluginLoadError, match=r"moved to wtcore_delta.codec.*pip install wtcore-delta"
     ):
         module.bits  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "name"),
+    [
+        ("wtcore_nccl.forward", "wtcore_nccl.chain", "Chain"),
+        ("wtcore_nccl.pipeline", "wtcore_channel.pipeline", "BufferPool"),
+        ("wtcore_nccl.frames", "wtcore_channel.frames", "make_header"),
+    ],
+)
+def test_nccl_internals_that_moved_forward_with_one_warning(old: str, new: str, name: str) -> None:
+    """nccl's pipeline and frames are the streamed kit's (wtcore-channel), its forward is its
+    chain: the old module warns once, on import, and gives the same objects."""
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=rf"{old} is {new} since wtcore 0\.2") as caught:
+        module = importlib.import_module(old)
+    assert len(caught) == 1
+    assert getattr(module, name) is getattr(importlib.import_module(new), name)
+    assert name in module.__all__
