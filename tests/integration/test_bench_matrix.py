@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
-BACKENDS = ["inline", "nccl", "ipc"]
+BACKENDS = ["inline", "nccl", "tcp", "ipc"]
 CLIENTS = ["inproc", "http", "ray"]
 
 
