@@ -24,7 +24,7 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         "bench",
         help="sync a synthetic model to receivers it starts, verify, and measure against limits",
     )
-    b.add_argument("--backend", default="inline", help="engine name (default: local)")
+    b.add_argument("--backend", default="inline", help="engine name (default: inline)")
     b.add_argument(
         "--client", default="inproc", help="client name, see `wtcore plugins` (default: inproc)"
     )
