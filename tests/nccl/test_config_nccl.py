@@ -137,7 +137,7 @@ def test_worker_rejects_bad_init_info_naming_the_field(
 
 def test_worker_rejects_a_rank_outside_the_world() -> None:
     worker = _worker(rank=1, world_size=2)
-    with pytest.raises(PayloadError, match=r"world_size: 2 is too small.*group rank 2"):
+    with pytest.raises(PayloadError, match=r"world_size: 2 is too small.*would be rank 2"):
         worker.init_weight_transfer_engine({**BASE, "world_size": 2, "rank_offset": 1})
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "ChannelSettings",
     "ChannelTrainerInitInfo",
     "ChannelUpdateInfo",
+    "PlanOptions",
     "check_direct",
     "plan",
 ]
@@ -66,8 +67,21 @@ class ChannelTrainerInitInfo(BucketedTrainerInitInfo, abstract=True):
             raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
 
 
+class PlanOptions(Protocol):
+    """What the plan reads: the trainer's options, and a receiver's init info alike."""
+
+    packed: bool
+    packed_buffer_size_bytes: int
+    direct_min_bytes: int
+
+
 class ChannelSettings(Protocol):
-    """What a receiver of a streamed engine reads from its init info."""
+    """What a receiver of a streamed engine reads from its init info: the bucket options, and
+    its place among the channel's ranks (rank ``rank_offset + worker rank`` of
+    ``world_size``; rank 0 is the sender)."""
+
+    rank_offset: int
+    world_size: int
 
     packed: bool
     packed_buffer_size_bytes: int
@@ -82,7 +96,7 @@ class ChannelUpdateInfo(BucketUpdateInfo):
     """All tensors of one round, in order; the bytes travel on the channel."""
 
 
-def plan(metas: list[ParamMeta], settings: ChannelSettings) -> list[Bucket]:
+def plan(metas: list[ParamMeta], settings: PlanOptions) -> list[Bucket]:
     """The round's buckets: a tensor of at least ``direct_min_bytes`` travels alone."""
     return plan_round(
         metas,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.concurrency import BackgroundCall
 from wtcore.engine import WeightTransferEngine
-from wtcore.errors import ProtocolStateError, TransferError
+from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.sink import direct_destination
 from wtcore_channel.frames import HEADER_WORDS, NO_CRC, check_crc, check_header
 from wtcore_channel.options import ChannelSettings, ChannelUpdateInfo, plan
@@ -89,7 +89,14 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
     # ------------------------------------------------------------------ the hooks
     def check_init(self, init_info: InitT) -> None:
         """Refuse an init this worker cannot take (``PayloadError`` naming the field), before
-        anything of the current channel is released."""
+        anything of the current channel is released; engines extend it (call ``super()``).
+        This one refuses a worker whose rank would not fit in the channel."""
+        rank = init_info.rank_offset + self.rank
+        if rank >= init_info.world_size:
+            raise PayloadError(
+                f"init_info.world_size: {init_info.world_size} is too small: worker rank "
+                f"{self.rank} at rank_offset {init_info.rank_offset} would be rank {rank}"
+            )
 
     @abstractmethod
     def open_channel(self, init_info: InitT) -> Channel:

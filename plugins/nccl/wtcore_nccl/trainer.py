@@ -19,10 +19,7 @@ from wtcore_nccl.group import GENERATION_KEY, host_store, join_group
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
-    from wtcore.client import WeightSyncClient
-    from wtcore.source import WeightSource
-    from wtcore.trainer import TrainerInitInfo
-    from wtcore_channel.pipeline import Channel
+    from wtcore_channel import Channel
 
 __all__ = ["NCCLTrainerEngine"]
 
@@ -32,17 +29,8 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
 
     init_info_cls = NCCLTrainerInitInfo
 
-    def __init__(
-        self,
-        init_info: TrainerInitInfo,
-        *,
-        client: WeightSyncClient | None,
-        source: WeightSource | None,
-    ) -> None:
-        super().__init__(init_info, client=client, source=source)
-        assert isinstance(init_info, NCCLTrainerInitInfo)
-        self.info: NCCLTrainerInitInfo = init_info
-        self._store: Any = None
+    #: The rendezvous store this process hosts, from the first handshake on.
+    _store: Any = None
 
     @classmethod
     def host_status(cls) -> str:
@@ -53,6 +41,7 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
         the receivers learn, inside the init call; the group forms while they are initialized.
         """
         info = self.info
+        assert isinstance(info, NCCLTrainerInitInfo)  # init_info_cls, checked by the base class
         if self._store is None:  # the first handshake: this process hosts the rendezvous
             if info.torch_num_threads is not None:
                 import torch

@@ -68,13 +68,7 @@ class NCCLWorkerEngine(ChannelWorkerEngine[NCCLInitInfo, NCCLUpdateInfo]):
         return host_status()
 
     def check_init(self, init_info: NCCLInitInfo) -> None:
-        group_rank = init_info.rank_offset + self.rank
-        if group_rank >= init_info.world_size:
-            raise PayloadError(
-                f"init_info.world_size: {init_info.world_size} is too small: worker rank "
-                f"{self.rank} at rank_offset {init_info.rank_offset} would be group rank "
-                f"{group_rank}"
-            )
+        super().check_init(init_info)
         transport = resolve_transport(init_info.transport, self.device)
         if transport == "nccl" and not str(self.device).startswith("cuda"):
             raise PayloadError(

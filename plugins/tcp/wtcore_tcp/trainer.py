@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wtcore_channel import ChannelTrainerEngine
 from wtcore_channel.listen import listen_on
 from wtcore_tcp.config import TCPTrainerInitInfo
 from wtcore_tcp.stream import Stream, accept
-
-if TYPE_CHECKING:
-    from wtcore.client import WeightSyncClient
-    from wtcore.source import WeightSource
-    from wtcore.trainer import TrainerInitInfo
 
 __all__ = ["TCPTrainerEngine"]
 
@@ -28,21 +23,11 @@ class TCPTrainerEngine(ChannelTrainerEngine):
 
     init_info_cls = TCPTrainerInitInfo
 
-    def __init__(
-        self,
-        init_info: TrainerInitInfo,
-        *,
-        client: WeightSyncClient | None,
-        source: WeightSource | None,
-    ) -> None:
-        super().__init__(init_info, client=client, source=source)
-        assert isinstance(init_info, TCPTrainerInitInfo)
-        self.info: TCPTrainerInitInfo = init_info
-
     def open_channel(self) -> tuple[dict[str, Any], Callable[[Callable[[], None]], Stream]]:
         """Listen on ``address`` (the port is the kernel's pick unless set), and draw this
         handshake's token; the workers learn both in the init call and connect back."""
         info = self.info
+        assert isinstance(info, TCPTrainerInitInfo)  # init_info_cls, checked by the base class
         listener = listen_on(info.address, info.port, "the tcp stream port", field="")
         token = secrets.token_hex(16)
         port = int(listener.getsockname()[1])

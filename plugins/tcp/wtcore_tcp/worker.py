@@ -29,12 +29,7 @@ class TCPWorkerEngine(ChannelWorkerEngine[TCPInitInfo, TCPUpdateInfo]):
             raise PayloadError(f"tcp worker options: unknown {unknown}; the tcp worker has none")
 
     def check_init(self, init_info: TCPInitInfo) -> None:
-        rank = init_info.rank_offset + self.rank
-        if rank >= init_info.world_size:
-            raise PayloadError(
-                f"init_info.world_size: {init_info.world_size} is too small: worker rank "
-                f"{self.rank} at rank_offset {init_info.rank_offset} would be rank {rank}"
-            )
+        super().check_init(init_info)
         if str(self.device) != "cpu":
             raise PayloadError(
                 f"device: the tcp engine moves CPU tensors only, this worker's device is "
