@@ -10,7 +10,7 @@ chosen; an engine's worker init info carries the ones a receiver reads
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from wtcore.buckets import Bucket, plan_round
 from wtcore.errors import PayloadError
@@ -65,6 +65,18 @@ class ChannelTrainerInitInfo(BucketedTrainerInitInfo, abstract=True):
         check_direct(self.direct_min_bytes)
         if not isinstance(self.checksum, bool):
             raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
+
+    def receiver_settings(self) -> dict[str, Any]:
+        """What every receiver's init info carries of these options (the plan's and the
+        window's), so that an engine's worker init info cannot leave one out."""
+        return {
+            "packed": self.packed,
+            "packed_buffer_size_bytes": self.packed_buffer_size_bytes,
+            "packed_num_buffers": self.packed_num_buffers,
+            "timeout_s": self.timeout_s,
+            "direct_min_bytes": self.direct_min_bytes,
+            "checksum": self.checksum,
+        }
 
 
 class PlanOptions(Protocol):

@@ -168,15 +168,10 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
             master_port=self.master_port,
             rank_offset=1,
             world_size=self.world_size,
-            packed=self.packed,
-            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
-            packed_num_buffers=self.packed_num_buffers,
-            timeout_s=self.timeout_s,
             transport=self.resolved_transport,
             secret=secret,
-            direct_min_bytes=self.direct_min_bytes,
             broadcast=self.resolved_broadcast,
-            checksum=self.checksum,
+            **self.receiver_settings(),
         )
 
 

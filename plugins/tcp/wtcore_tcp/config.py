@@ -70,12 +70,7 @@ class TCPTrainerInitInfo(ChannelTrainerInitInfo):
             token=token,
             rank_offset=1,
             world_size=self.world_size,
-            packed=self.packed,
-            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
-            packed_num_buffers=self.packed_num_buffers,
-            timeout_s=self.timeout_s,
-            direct_min_bytes=self.direct_min_bytes,
-            checksum=self.checksum,
+            **self.receiver_settings(),
         )
 
 
