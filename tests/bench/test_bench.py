@@ -66,8 +66,9 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
         "shm_copy",
         "vllm_packing",
         "ray_object_store",
+        "zmq",
     }
-    assert set(record["peers"]) == {"vllm_packing", "ray_object_store"}
+    assert set(record["peers"]) == {"vllm_packing", "ray_object_store", "zmq"}
     assert record["skipped_baselines"] == {}
     assert all(v > 0 for v in record["limits_gbps"].values())
     assert [r["buffer_size"] for r in record["runs"]] == [64 << 10, 256 << 10]
