@@ -6,7 +6,7 @@ any client (in-process, HTTP, Ray) with no data plane to set up. It is meant for
 and tiny models: every byte is copied through JSON, so it is slow by design. Named ``local``
 before 0.2.0 (that name and ``wtcore.local`` still work, with a warning, until 0.3).
 
-Built on :mod:`wtcore.kit`, so this module is only the transport: encode a packed bucket,
+Built on :mod:`wtcore.bucketed`, so this module is only the transport: encode a packed bucket,
 decode it. The worker re-plans each update's metadata with the shared rule and refuses
 anything but exactly one bucket of the advertised size, so a payload cannot make it allocate
 more than the trainer announced at init.
@@ -20,15 +20,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from wtcore.buckets import plan_round, unpack_bucket
-from wtcore.errors import PayloadError
-from wtcore.kit import (
+from wtcore.bucketed import (
     BucketedTrainerEngine,
     BucketedTrainerInitInfo,
     BucketedWorkerEngine,
     BucketUpdateInfo,
     check_bucket_options,
 )
+from wtcore.buckets import plan_round, unpack_bucket
+from wtcore.errors import PayloadError
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,8 @@ DEFAULT_BUFFER_SIZE = 16 << 20
 
 @dataclass
 class InlineTrainerInitInfo(BucketedTrainerInitInfo):
-    """Trainer settings of the ``inline`` engine (see :class:`~wtcore.kit.BucketedTrainerInitInfo`).
+    """Trainer settings of the ``inline`` engine (see
+    :class:`~wtcore.bucketed.BucketedTrainerInitInfo`).
 
     ``buffer_size_bytes`` is the deprecated name of ``packed_buffer_size_bytes`` (accepted,
     with a ``DeprecationWarning``, until the next release).

@@ -44,7 +44,7 @@ PROTOCOL = {
     "wtcore.units": "byte sizes",
 }
 KIT = {
-    "wtcore.kit": "what every bucket engine shares",
+    "wtcore.bucketed": "what every bucket engine shares",
     "wtcore.concurrency": "a blocking call with a timeout",
     "wtcore.fanout": "the one fan-out",
     "wtcore._moved": "keeping a moved module's old path for one release",
@@ -68,6 +68,7 @@ CORE_TOOLING = {
     "wtcore.delta.realistic": "alias of wtcore.testing.realistic",
     "wtcore.local": "alias of wtcore.inline",
     "wtcore.guards": "alias of wtcore.finite",
+    "wtcore.kit": "alias of wtcore.bucketed",
     "wtcore.delta": "alias of wtcore_delta",
     "wtcore.delta.codec": "alias of wtcore_delta.codec",
     "wtcore.delta.header": "alias of wtcore_delta.header",
@@ -151,7 +152,7 @@ def test_every_core_module_is_in_exactly_one_layer() -> None:
 
 def test_the_plugin_api_is_a_list_of_real_core_modules() -> None:
     api = plugin_api()
-    assert {"wtcore.errors", "wtcore.kit", "wtcore.parse", "wtcore.synthetic"} <= api
+    assert {"wtcore.errors", "wtcore.bucketed", "wtcore.parse", "wtcore.synthetic"} <= api
     g = graph()
     assert sorted(m for m in api if m not in g) == []
     # the plugin API is protocol and kit only: nothing a plugin sees is a tool or another engine
@@ -260,11 +261,11 @@ def test_the_circles_of_the_issue_fail_when_put_back() -> None:
 def test_each_rule_names_the_offending_import() -> None:
     g, api = graph(), plugin_api()
     cases = {
-        ("wtcore.meta", "wtcore.kit"): "wtcore.meta (protocol) imports wtcore.kit (kit)",
+        ("wtcore.meta", "wtcore.bucketed"): "wtcore.meta (protocol) imports wtcore.bucketed (kit)",
         (
-            "wtcore.kit",
+            "wtcore.bucketed",
             "wtcore.inline",
-        ): "wtcore.kit (kit) imports wtcore.inline (engines and clients)",
+        ): "wtcore.bucketed (kit) imports wtcore.inline (engines and clients)",
         ("wtcore_nccl", "wtcore.testing.net"): (
             "wtcore_nccl (engines and clients) imports wtcore.testing.net (tooling)"
         ),

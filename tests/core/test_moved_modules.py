@@ -14,6 +14,8 @@ MOVED = [
     ("wtcore.delta.realistic", "wtcore.testing.realistic", "realistic_steps"),
     ("wtcore.testing.cluster", "wtcore_bench.netns", "Cluster"),
     ("wtcore._parse", "wtcore.parse", "parse_dataclass"),
+    ("wtcore.kit", "wtcore.bucketed", "BucketedTrainerEngine"),
+    ("wtcore.kit", "wtcore.bucketed", "check_bucket_options"),
     ("wtcore.guards", "wtcore.finite", "FiniteCheckSink"),
     ("wtcore.guards", "wtcore.finite", "is_all_finite"),
     ("wtcore.delta.codec", "wtcore_delta.codec", "bits"),

@@ -7,9 +7,10 @@ import threading
 import pytest
 import torch
 
-from wtcore import TensorSource
+from wtcore import PayloadError, TensorSource
 from wtcore.testing import (
     KillingSource,
+    make_state,
     mixed_dtype_state,
     spec_of,
     state_of_spec,
@@ -44,3 +45,38 @@ def test_wait_until_returns_once_true_and_names_what_never_happened() -> None:
     wait_until(flag.is_set, 30.0, "the flag")
     with pytest.raises(AssertionError, match=r"timed out after 0\.2 s waiting for the peer"):
         wait_until(lambda: False, 0.2, "the peer")
+
+
+@pytest.mark.parametrize(
+    ("kind", "args", "count", "big"),
+    [
+        ("edges", {}, 8 + 150, ("big.weight", 12_000)),
+        ("edges", {"big": 64, "count": 20}, 8 + 20, ("big.weight", 64)),
+        ("layers", {}, 8 + 2 * 24, None),
+        ("layers", {"big": 1000}, 8 + 2 * 24 + 1, ("huge.w", 1000)),
+        ("wide", {}, 8 + 6, None),
+    ],
+)
+def test_make_state_is_one_builder_of_the_shared_test_models(
+    kind: str, args: dict[str, int], count: int, big: tuple[str, int] | None
+) -> None:
+    """The nccl and tcp ("edges"), ipc ("layers") and Ray ("wide") tests' model: the same
+    names, dtypes, shapes and bytes for the same arguments, another model for another seed."""
+    state = make_state(7, kind, **args)
+    again = make_state(7, kind, **args)
+    assert len(state) == count and list(again) == list(state)
+    for name, t in state.items():
+        assert again[name].dtype == t.dtype and torch.equal(again[name], t), name
+    if big is not None:
+        assert state[big[0]].numel() == big[1] and state[big[0]].dtype == torch.float32
+    if kind != "edges":
+        assert all(name in state for name in mixed_dtype_state(7))
+    else:
+        assert {t.dtype for t in state.values()} >= {torch.bfloat16, torch.float16, torch.bool}
+    other = make_state(8, kind, **args)
+    assert any(not torch.equal(other[n], t) for n, t in state.items() if t.numel())
+
+
+def test_make_state_names_its_kinds() -> None:
+    with pytest.raises(PayloadError, match=r"kind must be one of \('edges', 'layers', 'wide'\)"):
+        make_state(0, "tiny")

@@ -15,6 +15,7 @@ PIDs for the ``/dev/shm`` leak check.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import IO, Any
 
 from wtcore.errors import ErrorRecord
+from wtcore.testing import sources
 from wtcore.testing.pipes import (
     PipeChannel,
     decode_state,
@@ -54,22 +56,9 @@ def our_segments(pids: list[int] | None = None) -> list[str]:
 
 
 # ---------------------------------------------------------------------- shared state
-def make_state(seed: int, *, big: int = 0) -> dict[str, Any]:
-    """Mixed dtypes, many small tensors, and (if ``big``) one tensor of ``big`` float32s."""
-    import torch
-
-    from wtcore.testing import mixed_dtype_state
-
-    g = torch.Generator().manual_seed(seed)
-    state: dict[str, Any] = dict(mixed_dtype_state(seed))
-    for i in range(24):
-        state[f"layers.{i}.w"] = torch.randn(33 + 7 * i, 17, generator=g).to(
-            (torch.float32, torch.bfloat16, torch.float16)[i % 3]
-        )
-        state[f"layers.{i}.idx"] = torch.randint(0, 1000, (i + 1,), generator=g, dtype=torch.int32)
-    if big:
-        state["huge.w"] = torch.randn(big, generator=g)
-    return state
+#: Mixed dtypes, many small layers and (with ``big``) one tensor of ``big`` float32s:
+#: :func:`wtcore.testing.make_state`'s ``"layers"``.
+make_state = functools.partial(sources.make_state, kind="layers")
 
 
 def spec_of(state: Mapping[str, Any]) -> dict[str, Any]:

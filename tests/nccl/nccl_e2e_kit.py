@@ -6,8 +6,9 @@ the trainer side talks to the fleet through the shared :class:`~wtcore.testing.p
 which fans every call out and maps a dead process or a missing answer to an error within its
 timeout. This kit only adds what is nccl-specific: how a worker is built, a ``state`` dump
 (tensors as raw bytes, so comparisons are bit-exact) and the test data. The helpers every
-suite shares (``spec_of``, ``wait_until``, ``KillingSource``) are :mod:`wtcore.testing`'s;
-``spec_of`` is re-exported here for the modules that import it from this kit.
+suite shares (``spec_of``, ``wait_until``, ``KillingSource``, ``make_state``) are
+:mod:`wtcore.testing`'s; ``spec_of`` is re-exported here for the modules that import it from
+this kit, and ``make_state`` is the shared builder's ``"edges"`` model.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from wtcore.concurrency import BackgroundCall
+from wtcore.testing import sources
 from wtcore.testing.net import free_port
 from wtcore.testing.pipes import Handlers, PipeClient, decode_state, encode_state, pipe_fleet
 from wtcore.testing.sources import spec_of, state_of_spec
@@ -122,24 +124,9 @@ def fleet(
 
 
 # ---------------------------------------------------------------------- data
-def make_state(seed: int, *, big_numel: int = 12_000, tiny: int = 150) -> dict[str, torch.Tensor]:
-    """Mixed dtypes (bf16 included), 0-d and empty tensors, one big tensor, many tiny ones."""
-    g = torch.Generator().manual_seed(seed)
-    state = {
-        "emb.weight": torch.randn(64, 16, generator=g).to(torch.bfloat16),
-        "big.weight": torch.randn(big_numel, generator=g),  # 48 KB: larger than small buffers
-        "fp16.weight": torch.randn(33, generator=g).to(torch.float16),
-        "fp64.weight": torch.randn(5, 3, generator=g).double(),
-        "idx.buffer": torch.randint(-(2**40), 2**40, (7,), generator=g, dtype=torch.int64),
-        "mask.buffer": torch.rand(9, generator=g) > 0.5,
-        "scalar.weight": torch.randn((), generator=g),
-        "empty.weight": torch.empty(0, 4, dtype=torch.bfloat16),
-    }
-    for i in range(tiny):
-        state[f"tiny.{i}.weight"] = torch.randn(3, generator=g).to(
-            torch.bfloat16 if i % 2 else torch.float32
-        )
-    return state
+#: The streamed engines' test model (mixed dtypes with bf16, 0-d and empty tensors, one big
+#: tensor, many tiny ones): :func:`wtcore.testing.make_state`'s ``"edges"``, shared with tcp.
+make_state = functools.partial(sources.make_state, kind="edges")
 
 
 def loopback_info(

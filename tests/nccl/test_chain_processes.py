@@ -38,7 +38,7 @@ def _info(workers: int, **kw: object) -> NCCLTrainerInitInfo:
 
 def test_chain_rounds_bit_exact_over_three_workers() -> None:
     workers = 3
-    state0 = make_state(0, big_numel=BIG_NUMEL)
+    state0 = make_state(0, big=BIG_NUMEL)
     with fleet(workers, spec_of(state0)) as f:
         seed = 1
         for packed, buffer_size in ((True, 16 << 10), (False, 1 << 30)):
@@ -46,13 +46,13 @@ def test_chain_rounds_bit_exact_over_three_workers() -> None:
             assert info.worker_init_info().broadcast == "chain"
             with WeightTransferTrainerFactory.trainer_init(info, client=f.client) as trainer:
                 for _ in range(2):
-                    state = make_state(seed, big_numel=BIG_NUMEL)
+                    state = make_state(seed, big=BIG_NUMEL)
                     seed += 1
                     version = f"chain-{packed}-{buffer_size}-{seed}"
                     trainer.send_weights(TensorSource(state), weight_version=version)
                     f.assert_synced(state, version)
                 trainer.handshake()  # a new group (new chain) carries on from the same workers
-                state = make_state(seed, big_numel=BIG_NUMEL)
+                state = make_state(seed, big=BIG_NUMEL)
                 trainer.send_weights(TensorSource(state), weight_version="after-rehandshake")
                 f.assert_synced(state, "after-rehandshake")
 

@@ -132,7 +132,7 @@ def test_rendezvous_port_in_use_is_a_clear_error(two: Fleet) -> None:
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_worker_killed_mid_transfer(packed: bool) -> None:
-    state = make_state(5, tiny=400)
+    state = make_state(5, count=400)
     info = _info(3, packed=packed, packed_buffer_size_bytes=1 << 10)
     with (
         fleet(2, spec_of(state), timeout_s=TIMEOUT_S) as f,
@@ -143,7 +143,9 @@ def test_worker_killed_mid_transfer(packed: bool) -> None:
         t0 = time.monotonic()
         with pytest.raises((TransferError, ReceiverError)) as exc:
             trainer.send_weights(
-                KillingSource(TensorSource(make_state(6, tiny=400)), lambda: _kill(victim), at=200),
+                KillingSource(
+                    TensorSource(make_state(6, count=400)), lambda: _kill(victim), at=200
+                ),
                 weight_version="v2",
             )
         assert time.monotonic() - t0 < TIMEOUT_S

@@ -85,7 +85,7 @@ def _info(backend: str, packed: bool, checksum: bool = False) -> TrainerInitInfo
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
-    return make_state(seed, big_numel=BIG_NUMEL, tiny=20)
+    return make_state(seed, big=BIG_NUMEL, count=20)
 
 
 @pytest.fixture(scope="module", params=["nccl", "tcp"])

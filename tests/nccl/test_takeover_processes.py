@@ -69,15 +69,15 @@ def _trainer_main(conn: Connection, info: NCCLTrainerInitInfo, stalled: Event) -
     torch.set_num_threads(1)
     client = PipeClient([conn], timeout_s=2 * TIMEOUT_S)
     trainer = WeightTransferTrainerFactory.trainer_init(info, client=client)
-    trainer.send_weights(TensorSource(make_state(1, tiny=40)), weight_version="v1")
+    trainer.send_weights(TensorSource(make_state(1, count=40)), weight_version="v1")
     trainer.send_weights(
-        _StallingSource(TensorSource(make_state(2, tiny=40)), 20, stalled), weight_version="v2"
+        _StallingSource(TensorSource(make_state(2, count=40)), 20, stalled), weight_version="v2"
     )
 
 
 @pytest.mark.parametrize("how", ["killed", "hung"])
 def test_new_trainer_takes_over_a_receive_stuck_on_a_dead_or_hung_trainer(how: str) -> None:
-    state = make_state(0, tiny=40)
+    state = make_state(0, count=40)
     module = build_module(zeros_like_state(state))
     worker = WeightSyncWorker({"backend": "nccl"}, ModuleSink(module))
     ctx = mp.get_context("spawn")
@@ -109,7 +109,7 @@ def test_new_trainer_takes_over_a_receive_stuck_on_a_dead_or_hung_trainer(how: s
         info = worker.weight_info()
         assert (info["weight_version"], info["consistent"]) == ("v1", False)
         # A restarted trainer syncs the receiver, bit-exact.
-        fresh = make_state(3, tiny=40)
+        fresh = make_state(3, count=40)
         with WeightTransferTrainerFactory.trainer_init(
             _info(), client=InProcessClient([worker])
         ) as trainer:

@@ -10,6 +10,7 @@ value: the workers get the code itself, not an import path.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ import pytest
 import ray
 
 from wtcore.sink import ModuleSink
+from wtcore.testing import sources
 from wtcore_ray_client import WeightSyncActor
 
 
@@ -57,17 +59,9 @@ def module_sink(seed: int, drop: str | None = None) -> Any:
     return ModuleSink(build_module(zeros_like_state(state)))
 
 
-def make_state(seed: int) -> dict[str, Any]:
-    """Small but varied: every common dtype, 0-d and empty tensors, plus a few larger ones."""
-    import torch
-
-    from wtcore.testing import mixed_dtype_state
-
-    state = mixed_dtype_state(seed=seed)
-    g = torch.Generator().manual_seed(seed + 100)
-    for i in range(6):
-        state[f"layers.{i}.weight"] = torch.randn(64, 48 + i, generator=g)
-    return state
+#: Small but varied: every common dtype, 0-d and empty tensors, plus a few larger float32
+#: layers: :func:`wtcore.testing.make_state`'s ``"wide"``.
+make_state = functools.partial(sources.make_state, kind="wide")
 
 
 class BlockingSink:

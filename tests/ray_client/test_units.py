@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from typing import Any
@@ -15,13 +16,27 @@ from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.inline import InlineTrainerInitInfo
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
-from wtcore_ray_client import RayWeightSyncClient, WeightSyncActor
+from wtcore_ray_client import RayWeightSyncClient, ReceiverFleet, WeightSyncActor
 from wtcore_ray_client._json import check_json_safe
 
 
 def test_import_does_not_import_ray() -> None:
     code = "import sys, wtcore_ray_client; assert 'ray' not in sys.modules, 'ray imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("module", ["wtcore_ray_client", "wtcore_ray_client.launch"])
+def test_receiver_group_is_the_old_name_of_receiver_fleet(module: str) -> None:
+    """A set of receivers is a fleet (as in the bench); ``ReceiverGroup`` forwards until 0.3."""
+    mod = importlib.import_module(module)
+    with pytest.warns(
+        DeprecationWarning, match=rf"{module}\.ReceiverGroup is renamed ReceiverFleet"
+    ):
+        old = mod.ReceiverGroup
+    assert old is ReceiverFleet
+    assert "ReceiverGroup" not in mod.__all__ and "ReceiverFleet" in mod.__all__
+    with pytest.raises(AttributeError, match="has no attribute 'ReceiverGang'"):
+        mod.ReceiverGang  # noqa: B018
 
 
 def test_actor_class_serves_the_core_worker_without_ray() -> None:

@@ -4,7 +4,8 @@
   each payload survives a JSON round trip.
 * :mod:`wtcore.testing.sources` builds synthetic models and sources, including sources whose
   iteration disagrees with their metadata, :class:`KillingSource` (a receiver dies mid-round)
-  and :func:`spec_of` / :func:`state_of_spec` (a model's shape as JSON, and back as zeros).
+  :func:`spec_of` / :func:`state_of_spec` (a model's shape as JSON, and back as zeros) and
+  :func:`make_state`, the test models that the engines' process tests share.
 * :func:`wait_until` polls for a condition, bounded, naming what it waited for.
 * :func:`wtcore.testing.procs.stop_processes` stops the child processes a test or the bench
   started, always, by PID (moved here from ``wtcore.procs``: it is tooling, not protocol).
@@ -32,6 +33,7 @@ from wtcore.testing.sources import (
     KillingSource,
     MismatchedSource,
     build_module,
+    make_state,
     mixed_dtype_state,
     spec_of,
     state_of_spec,
@@ -52,6 +54,7 @@ __all__ = [
     "decode_state",
     "encode_state",
     "free_port",
+    "make_state",
     "mixed_dtype_state",
     "pipe_fleet",
     "serve_worker",

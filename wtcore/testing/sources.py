@@ -1,4 +1,9 @@
-"""Synthetic models and sources for tests (the builders live in :mod:`wtcore.synthetic`)."""
+"""Synthetic models and sources for tests (the builders live in :mod:`wtcore.synthetic`).
+
+:func:`make_state` is the one builder of the test models that the process tests of several
+engines share (nccl and tcp, ipc, the Ray client), so that each model is defined once, by what
+it exercises, rather than once per test directory under the same name.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MISMATCH_KINDS",
+    "STATE_KINDS",
     "KillingSource",
     "MismatchedSource",
     "build_module",
+    "make_state",
     "mixed_dtype_state",
     "spec_of",
     "state_of_spec",
@@ -27,6 +34,8 @@ __all__ = [
 
 #: The ways :class:`MismatchedSource` can disagree with its metadata.
 MISMATCH_KINDS: tuple[str, ...] = ("reordered", "redtyped", "reshaped", "missing", "extra")
+#: The test models :func:`make_state` builds.
+STATE_KINDS: tuple[str, ...] = ("edges", "layers", "wide")
 
 
 def mixed_dtype_state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -44,6 +53,68 @@ def mixed_dtype_state(seed: int = 0) -> dict[str, torch.Tensor]:
         "empty.weight": torch.empty(0, 3),
         "big.weight": torch.randn(64, 64, generator=g),
     }
+
+
+def make_state(
+    seed: int, kind: str = "wide", *, big: int | None = None, count: int | None = None
+) -> dict[str, torch.Tensor]:
+    """A test model: for a given ``seed`` and arguments, always the same names, dtypes, shapes
+    and values (tests compare what a receiver holds against a second call).
+
+    ``kind`` (one of :data:`STATE_KINDS`) says what the model exercises:
+
+    * ``"edges"`` (the nccl and tcp process tests: frames, buffers, bf16 on the wire): bf16,
+      fp16, fp64, int64 and bool tensors, a 0-d and an empty bf16 one, ``big.weight`` with
+      ``big`` float32 elements (default 12,000: 48 KB, larger than small buffers), then
+      ``count`` (default 150) tiny tensors, bf16 and float32 in turn.
+    * ``"layers"`` (the ipc process tests: many frames in the ring's slots):
+      :func:`mixed_dtype_state`, then ``count`` (default 24) layers of growing size in float32,
+      bf16 and fp16 in turn, each with an int32 index, and, if ``big`` (default 0), ``huge.w``
+      with ``big`` float32 elements last.
+    * ``"wide"`` (the Ray client's tests): :func:`mixed_dtype_state`, then ``count`` (default 6)
+      float32 layers of 64 rows, and ``huge.w`` as for ``"layers"``.
+
+    Each kind draws from its own :class:`torch.Generator` (``"wide"``'s layers from
+    ``seed + 100``), so a model never changes when another kind does.
+    """
+    import torch
+
+    if kind not in STATE_KINDS:
+        raise PayloadError(f"kind must be one of {STATE_KINDS}, got {kind!r}")
+    if kind == "edges":
+        g = torch.Generator().manual_seed(seed)
+        state = {
+            "emb.weight": torch.randn(64, 16, generator=g).to(torch.bfloat16),
+            "big.weight": torch.randn(12_000 if big is None else big, generator=g),
+            "fp16.weight": torch.randn(33, generator=g).to(torch.float16),
+            "fp64.weight": torch.randn(5, 3, generator=g).double(),
+            "idx.buffer": torch.randint(-(2**40), 2**40, (7,), generator=g, dtype=torch.int64),
+            "mask.buffer": torch.rand(9, generator=g) > 0.5,
+            "scalar.weight": torch.randn((), generator=g),
+            "empty.weight": torch.empty(0, 4, dtype=torch.bfloat16),
+        }
+        for i in range(150 if count is None else count):
+            state[f"tiny.{i}.weight"] = torch.randn(3, generator=g).to(
+                torch.bfloat16 if i % 2 else torch.float32
+            )
+        return state
+    state = mixed_dtype_state(seed)
+    if kind == "layers":
+        g = torch.Generator().manual_seed(seed)
+        for i in range(24 if count is None else count):
+            state[f"layers.{i}.w"] = torch.randn(33 + 7 * i, 17, generator=g).to(
+                (torch.float32, torch.bfloat16, torch.float16)[i % 3]
+            )
+            state[f"layers.{i}.idx"] = torch.randint(
+                0, 1000, (i + 1,), generator=g, dtype=torch.int32
+            )
+    else:
+        g = torch.Generator().manual_seed(seed + 100)
+        for i in range(6 if count is None else count):
+            state[f"layers.{i}.weight"] = torch.randn(64, 48 + i, generator=g)
+    if big:
+        state["huge.w"] = torch.randn(big, generator=g)
+    return state
 
 
 class MismatchedSource(WeightSource):

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from wtcore.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo
 from wtcore.buckets import Bucket, plan_round
 from wtcore.errors import PayloadError
-from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo
 
 if TYPE_CHECKING:
     from wtcore.meta import ParamMeta

@@ -1,7 +1,7 @@
 """The sender of a streamed engine: one announcement per round, frames on a channel, pipelined.
 
-A bucket engine of :mod:`wtcore.kit` announces every bucket with an ``update_weights`` call of
-its own. An engine whose data plane moves messages by itself (a process group, TCP streams)
+A bucket engine of :mod:`wtcore.bucketed` announces every bucket with an ``update_weights``
+call of its own. An engine whose data plane moves messages by itself (a process group, TCP streams)
 does better announcing the whole round once and then streaming: the sender starts the round's
 single ``update_weights`` (its metadata is the whole round), and while the receivers plan the
 same buckets from it (:func:`wtcore_channel.options.plan`), it sends frame after frame on its

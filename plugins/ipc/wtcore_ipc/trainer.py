@@ -1,7 +1,7 @@
 """The trainer half of ``ipc``: pack buckets into reused staging buffers, announce them as JSON.
 
-Built on :class:`wtcore.kit.BucketedTrainerEngine` (planning, staging reuse, recovery). CPU
-(``shm``): ONE ``update_weights`` per round announces the ring (segment, slots, first sequence
+Built on :class:`wtcore.bucketed.BucketedTrainerEngine` (planning, staging reuse, recovery).
+CPU (``shm``): ONE ``update_weights`` per round announces the ring (segment, slots, first sequence
 number) and the whole plan; the trainer then packs bucket after bucket into the ring while the
 workers copy the previous ones out, with no control call per bucket, so buckets can be small
 and packing and copying overlap. GPU (``cuda``): the kit's per-bucket pipeline, one call per
@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from wtcore.bucketed import BucketedTrainerEngine, BucketUpdateInfo
 from wtcore.buckets import pack_source
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.kit import BucketedTrainerEngine, BucketUpdateInfo
 from wtcore.source import WeightSource, iter_checked
 from wtcore_ipc.ring import frames, wait_until
 from wtcore_ipc.shared import SharedWeights, locate

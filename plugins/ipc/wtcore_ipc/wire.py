@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from wtcore.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 from wtcore.buckets import ALIGNMENT, Bucket, align, plan_round
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
-from wtcore.kit import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 from wtcore_ipc.shm import check_segment_name
 
 __all__ = [
@@ -40,7 +40,8 @@ TRANSPORTS = ("shm", "cuda")
 
 @dataclass
 class IPCTrainerInitInfo(BucketedTrainerInitInfo):
-    """Trainer settings of the ``ipc`` engine (see :class:`~wtcore.kit.BucketedTrainerInitInfo`).
+    """Trainer settings of the ``ipc`` engine (see
+    :class:`~wtcore.bucketed.BucketedTrainerInitInfo`).
 
     ``packed_num_buffers`` slots of ``packed_buffer_size_bytes`` form the ring (CPU): the
     trainer packs the next frames while workers copy out the previous ones.

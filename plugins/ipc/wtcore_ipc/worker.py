@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, ClassVar
 
+from wtcore.bucketed import BucketedWorkerEngine
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.errors import PayloadError, TransferError
-from wtcore.kit import BucketedWorkerEngine
 from wtcore.sink import direct_destination
 from wtcore_ipc.ring import frames, wait_until
 from wtcore_ipc.shm import (

@@ -12,9 +12,9 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from wtcore.bucketed import check_bucket_options
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
-from wtcore.kit import check_bucket_options
 from wtcore_channel import (
     DEFAULT_BUFFER_SIZE,
     ChannelTrainerInitInfo,

@@ -4,23 +4,41 @@
   out to receiver actors and raises one :class:`wtcore.ReceiverError` naming each failing one.
 * :class:`WeightSyncActor` is the receiver: a plain class to turn into a Ray actor or mix into
   an inference actor; it serves a core :class:`wtcore.WeightSyncWorker`.
-* :func:`launch_receivers` starts N receiver actors with resource options and stops them.
+* :func:`launch_receivers` starts N receiver actors with resource options; the
+  :class:`ReceiverFleet` it returns stops them (``ReceiverGroup`` before 0.2.0: the old name
+  still works, with a warning, until 0.3).
 
 Importing this package does not import Ray; the client and the launcher import it when used.
 """
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from wtcore_ray_client.actor import SinkFactory, WeightSyncActor
 from wtcore_ray_client.client import DEFAULT_TIMEOUT_S, RayWeightSyncClient, actor_label
-from wtcore_ray_client.launch import ReceiverGroup, launch_receivers
+from wtcore_ray_client.launch import ReceiverFleet, launch_receivers
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "RayWeightSyncClient",
-    "ReceiverGroup",
+    "ReceiverFleet",
     "SinkFactory",
     "WeightSyncActor",
     "actor_label",
     "launch_receivers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``ReceiverGroup``, the old name of :class:`ReceiverFleet`, with a warning (until 0.3)."""
+    if name == "ReceiverGroup":
+        warnings.warn(
+            f"{__name__}.ReceiverGroup is renamed ReceiverFleet; the old name will be removed "
+            "in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ReceiverFleet
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -53,7 +53,7 @@ class RayWeightSyncClient(FanOutClient):
     each actor (:func:`launch_receivers` passes rank and name). ``timeout_s`` bounds each
     call; once an actor has failed, the others get ``fail_fast_s`` more (``None``: the full
     timeout) before they are reported as still running. ``close()`` leaves the actors
-    running (:class:`~wtcore_ray_client.ReceiverGroup` owns their lifetime).
+    running (:class:`~wtcore_ray_client.ReceiverFleet` owns their lifetime).
     """
 
     def __init__(

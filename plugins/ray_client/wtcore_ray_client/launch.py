@@ -2,15 +2,19 @@
 
 A trainer usually needs three things about its receivers: their handles (for the client),
 their ranks in the transfer group (``rank_offset + i``; the trainer sender is rank 0), and a
-guarantee that they are gone afterwards. :class:`ReceiverGroup` gives all three and is a
+guarantee that they are gone afterwards. :class:`ReceiverFleet` gives all three and is a
 context manager. :func:`launch_receivers` waits until every actor has built its sink, so a
 broken sink factory fails here, naming the actor, instead of at the first update.
+
+A set of receivers is a *fleet* everywhere in wtcore (the bench's fleets too); this class was
+``ReceiverGroup`` before 0.2.0, a name that still works, with a warning, until 0.3.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,11 +27,11 @@ from wtcore_ray_client.client import DEFAULT_TIMEOUT_S, RayWeightSyncClient, act
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-__all__ = ["ReceiverGroup", "launch_receivers"]
+__all__ = ["ReceiverFleet", "launch_receivers"]
 
 
 @dataclass
-class ReceiverGroup:
+class ReceiverFleet:
     """Handles of launched receiver actors, their ranks, and how to stop them."""
 
     handles: list[ActorHandle[Any]]
@@ -70,7 +74,7 @@ class ReceiverGroup:
                 ray.kill(h, no_restart=True)
         _wait_dead(self.handles, timeout_s=max(grace_s, 10.0))
 
-    def __enter__(self) -> ReceiverGroup:
+    def __enter__(self) -> ReceiverFleet:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -124,7 +128,7 @@ def launch_receivers(
     per_actor_options: Sequence[Mapping[str, Any]] | None = None,
     ready_timeout_s: float = 120.0,
     worker_options: Mapping[str, Any] | None = None,
-) -> ReceiverGroup:
+) -> ReceiverFleet:
     """Start ``num_actors`` receiver actors (worker ranks 0..n-1) and wait until they are up.
 
     ``sink`` is a zero-argument callable that builds the sink inside each actor (or a
@@ -156,7 +160,7 @@ def launch_receivers(
     if namespace is not None:
         base["namespace"] = namespace
     remote_cls = ray.remote(actor_cls)
-    group = ReceiverGroup([], [], [], [], [])
+    group = ReceiverFleet([], [], [], [], [])
     try:
         for i in range(num_actors):
             opts = {**base, **(per_actor_options[i] if per_actor_options else {})}
@@ -183,3 +187,16 @@ def launch_receivers(
         group.shutdown(grace_s=0)
         raise
     return group
+
+
+def __getattr__(name: str) -> Any:
+    """``ReceiverGroup``, the old name of :class:`ReceiverFleet`, with a warning (until 0.3)."""
+    if name == "ReceiverGroup":
+        warnings.warn(
+            f"{__name__}.ReceiverGroup is renamed ReceiverFleet; the old name will be removed "
+            "in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ReceiverFleet
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,9 +12,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from wtcore.bucketed import check_bucket_options
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
-from wtcore.kit import check_bucket_options
 from wtcore_channel import ChannelTrainerInitInfo, ChannelUpdateInfo, check_direct
 
 __all__ = ["TCPInitInfo", "TCPTrainerInitInfo", "TCPUpdateInfo"]

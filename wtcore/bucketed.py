@@ -1,0 +1,281 @@
+"""The bucket engines' kit: what every bucket engine shares, so a new engine is its transport.
+
+A bucket engine packs the source into buckets (the one rule of :mod:`wtcore.buckets`), moves
+each bucket over its data plane, and announces it on the control plane. Everything except the
+moving is the same for every engine, and lives here:
+
+* :class:`BucketedTrainerInitInfo`: the options (vLLM's names ``packed``,
+  ``packed_buffer_size_bytes``, ``packed_num_buffers``, plus ``timeout_s``), validated with
+  errors that name the field;
+* :class:`BucketUpdateInfo`: the metadata every update info carries (``names``,
+  ``dtype_names``, ``shapes``, checked and turned into ``metas``);
+* :class:`BucketedTrainerEngine`: plans, reuses staging buffers across rounds, packs, calls the
+  engine's per-bucket hook :meth:`~BucketedTrainerEngine.send_bucket`, keeps at most one
+  ``update_weights`` call in flight (bounded waits) and cleans up on failure; recovery (the
+  re-handshake after a failed round) comes from
+  :class:`~wtcore.trainer.TrainerWeightTransferEngine`;
+* :class:`BucketedWorkerEngine`: the worker half's init info, one "init was not called"
+  error, and parsing of renamed init fields for one release.
+
+``docs/writing-an-engine.md`` builds an engine on it; ``inline`` and ``ipc`` are built on it.
+Engines that announce a round once and stream its bytes (nccl, tcp) use :mod:`wtcore_channel`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from wtcore.buckets import max_bucket_nbytes, pack_source, plan_round
+from wtcore.concurrency import BackgroundCall
+from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
+from wtcore.engine import WeightTransferEngine
+from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
+from wtcore.meta import ParamMeta, metas_from_wire, metas_to_wire
+from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+
+if TYPE_CHECKING:
+    import torch
+
+    from wtcore.buckets import Bucket
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
+
+__all__ = [
+    "BucketUpdateInfo",
+    "BucketedTrainerEngine",
+    "BucketedTrainerInitInfo",
+    "BucketedWorkerEngine",
+    "check_bucket_options",
+    "renamed_fields",
+]
+
+InitT = TypeVar("InitT")
+UpdateT = TypeVar("UpdateT")
+
+
+def check_bucket_options(
+    *, packed_buffer_size_bytes: object, packed_num_buffers: object, timeout_s: object = 1.0
+) -> None:
+    """Validate the shared options; a ``ValueError`` names the field (both ends use this)."""
+    for name, value in (
+        ("packed_buffer_size_bytes", packed_buffer_size_bytes),
+        ("packed_num_buffers", packed_num_buffers),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise PayloadError(f"{name}: expected a positive integer, got {value!r}")
+    check_timeout("timeout_s", timeout_s)
+
+
+def renamed_fields(
+    data: Mapping[str, Any], renames: Mapping[str, str], *, what: str
+) -> dict[str, Any]:
+    """``data`` with old field names mapped to new ones, warning once per old name used.
+
+    Renamed options keep working for one release; both names at once is an error.
+    """
+    out = dict(data)
+    for old, new in renames.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise PayloadError(f"{what}: both {old!r} and its new name {new!r} were given")
+        warnings.warn(
+            f"{what}.{old} is deprecated and will be removed in the next release; use {new}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        out[new] = out.pop(old)
+    return out
+
+
+@dataclass
+class BucketedTrainerInitInfo(TrainerInitInfo, abstract=True):
+    """The options every bucket engine has, with vLLM's names (keyword-only).
+
+    ``packed`` groups tensors into buckets of ``packed_buffer_size_bytes`` (a tensor larger
+    than that travels alone); unpacked sends one tensor per bucket. ``packed_num_buffers``
+    staging buffers let the trainer pack the next bucket while the previous one is on the
+    wire. ``timeout_s`` bounds every blocking wait. Subclasses change a default by
+    redeclaring the field.
+    """
+
+    packed: bool = field(default=True, kw_only=True)
+    packed_buffer_size_bytes: int = field(default=1 << 30, kw_only=True)
+    packed_num_buffers: int = field(default=2, kw_only=True)
+    timeout_s: float = field(default=DEFAULT_TIMEOUT_S, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.packed, bool):
+            raise PayloadError(f"packed: expected a bool, got {self.packed!r}")
+        try:
+            check_bucket_options(
+                packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+                packed_num_buffers=self.packed_num_buffers,
+                timeout_s=self.timeout_s,
+            )
+        except ValueError as e:
+            raise PayloadError(str(e)) from None
+
+    def plan(self, metas: Sequence[ParamMeta]) -> list[Bucket]:
+        """This round's buckets (the receivers compute the same from the metadata)."""
+        return plan_round(
+            metas, packed=self.packed, buffer_size_bytes=self.packed_buffer_size_bytes
+        )
+
+
+@dataclass
+class BucketUpdateInfo:
+    """The metadata of one update (vLLM's names); engines subclass it to add where the bytes are.
+
+    ``metas`` is derived and checked (names, the dtype allow-list, shapes) on arrival.
+    """
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    metas: list[ParamMeta] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.metas = metas_from_wire(self.names, self.dtype_names, self.shapes)
+
+    @staticmethod
+    def wire(metas: Sequence[ParamMeta]) -> dict[str, Any]:
+        """The JSON fields for ``metas`` (the trainer's side of :meth:`__post_init__`)."""
+        return metas_to_wire(metas)
+
+
+class BucketedTrainerEngine(TrainerWeightTransferEngine):
+    """Trainer half of a bucket engine: the engine implements the transport hooks only.
+
+    Hooks: :meth:`worker_init_info` (what receivers learn at init), :meth:`send_bucket` (move
+    one packed bucket; return the ``update_weights`` payload that announces it, or ``None``),
+    optionally :meth:`allocate_staging` / :meth:`release_staging` (shared memory, CUDA...),
+    :meth:`begin_round` / :meth:`end_round`. Engines with a pipeline of their own may override
+    ``_send`` and still use the rest.
+    """
+
+    init_info_cls: ClassVar[type[TrainerInitInfo]] = BucketedTrainerInitInfo
+
+    def __init__(self, init_info: TrainerInitInfo, **kwargs: Any) -> None:
+        super().__init__(init_info, **kwargs)  # refuses any but an init_info_cls
+        assert isinstance(init_info, BucketedTrainerInitInfo)
+        self.info: BucketedTrainerInitInfo = init_info
+        self._slots: list[torch.Tensor] = []
+        self._capacity = -1
+        self._inflight: BackgroundCall[Any] | None = None
+
+    # ------------------------------------------------------------------ hooks
+    def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any] | None:
+        """Move one bucket (``filled`` lies in staging slot ``slot``); return its announcement.
+
+        The returned dict is sent with ``update_weights`` on a helper thread while the next
+        bucket is packed; ``slot`` is written again only after that call returned.
+        """
+        raise NotImplementedError
+
+    def allocate_staging(self, capacity: int, count: int) -> list[torch.Tensor]:
+        """``count`` flat ``uint8`` buffers of ``capacity`` bytes; override for special memory."""
+        import torch
+
+        return [torch.empty(capacity, dtype=torch.uint8) for _ in range(count)]
+
+    def release_staging(self) -> None:
+        """Free the staging buffers (after a failure, at shutdown, before growing them)."""
+        self._slots, self._capacity = [], -1
+
+    def begin_round(self, metas: list[ParamMeta], buckets: list[Bucket]) -> None:
+        """Called after ``start_weight_update``, before the first bucket."""
+
+    def end_round(self, stats: TransferStats) -> None:
+        """Called after the last bucket's announcement returned, before ``finish``."""
+
+    # ------------------------------------------------------------------ the round
+    def staging(self, capacity: int) -> list[torch.Tensor]:
+        """The reused staging slots, grown (never shrunk) to ``capacity`` bytes."""
+        if capacity > self._capacity:
+            self.release_staging()
+            self._slots = self.allocate_staging(capacity, self.info.packed_num_buffers)
+            self._capacity = capacity
+        return self._slots
+
+    def _settle(self, stats: TransferStats) -> None:
+        call, self._inflight = self._inflight, None
+        if call is not None:
+            with stats.phase("wire"):
+                call.result(self.info.timeout_s)
+
+    def _send(self, source: WeightSource, stats: TransferStats) -> None:
+        assert self.client is not None, "the sender always has a client"
+        metas = source.metadata()
+        buckets = self.info.plan(metas)
+        stats.num_tensors = len(metas)
+        stats.num_bytes = sum(m.nbytes for m in metas)
+        slots = self.staging(max_bucket_nbytes(buckets)) if buckets else []
+        nbuf = len(slots)
+        with stats.phase("control"):
+            self.client.start_weight_update()
+        try:
+            self.begin_round(metas, buckets)
+            it = pack_source(source, metas, buckets, lambda b: slots[b.index % nbuf], stats)
+            for bucket, filled in it:
+                payload = self.send_bucket(bucket, filled, bucket.index % nbuf)
+                stats.num_buckets += 1
+                if payload is None:
+                    continue
+                self._settle(stats)  # one call in flight; its slot is free once it returned
+                self._inflight = BackgroundCall(
+                    self.client.update_weights, payload, name="update_weights"
+                )
+                if nbuf == 1:
+                    self._settle(stats)  # the next bucket reuses this very slot
+            self._settle(stats)
+            self.end_round(stats)
+        except BaseException as e:
+            # Let a call still reading our buffer end (bounded) so no transfer outlives
+            # send_weights, then free the staging: a failure never leaks buffers.
+            call, self._inflight = self._inflight, None
+            if call is not None and not isinstance(e, TransferTimeoutError):
+                call.wait(self.info.timeout_s)
+            self.release_staging()
+            raise
+        with stats.phase("control"):
+            self.client.finish_weight_update(stats.weight_version)
+
+    def shutdown(self) -> None:
+        self.release_staging()
+        super().shutdown()
+
+
+class BucketedWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, UpdateT]):
+    """Worker half of a bucket engine: keeps the init info, one error when it is missing.
+
+    ``renamed_init_fields`` maps deprecated init-info field names to their new names; they are
+    accepted, with a ``DeprecationWarning``, for one release.
+    """
+
+    renamed_init_fields: ClassVar[Mapping[str, str]] = {}
+    _init: InitT | None = None
+
+    def parse_init_info(self, data: Mapping[str, Any]) -> InitT:
+        if isinstance(data, Mapping) and self.renamed_init_fields:
+            data = renamed_fields(data, self.renamed_init_fields, what="init_info")
+        return super().parse_init_info(data)
+
+    def init_transfer_engine(self, init_info: InitT) -> None:
+        self._init = init_info
+
+    @property
+    def settings(self) -> InitT:
+        """The init info; :class:`ProtocolStateError` (HTTP 409) before init."""
+        if self._init is None:
+            raise ProtocolStateError(
+                f"{self.config.backend} engine: init_transfer_engine was not called"
+            )
+        return self._init
+
+    def shutdown(self) -> None:
+        self._init = None
