@@ -119,19 +119,24 @@ def _closed(sock: socket.socket) -> bool:
 
 
 def test_strangers_on_the_port_are_dropped_and_hold_up_no_one() -> None:
-    """Garbage, a hello signed with the wrong token and a connection that says nothing:
-    the first two are closed without an acknowledgement, and the real rank 1, connecting
-    after all three, joins at once, without waiting out the silent one's hello timeout."""
+    """Three connections that say nothing, half a hello, garbage and a hello signed with the
+    wrong token, all before the real rank 1, on a handshake of 6 s: the signed-wrong and the
+    garbage ones are closed without an acknowledgement, and rank 1 joins at once, without
+    waiting out any stranger's hello timeout (hellos used to be read one connection at a time,
+    5 s each, so three silent strangers failed the handshake)."""
     listener = listen_on("127.0.0.1", 0, "the test's stream port", field="")
     port = listener.getsockname()[1]
     strangers: list[socket.socket] = []
     sender: Stream | None = None
     worker: Stream | None = None
     with listener:
-        sender_call = BackgroundCall(accept, listener, world_size=2, token=TOKEN, timeout_s=30)
+        sender_call = BackgroundCall(accept, listener, world_size=2, token=TOKEN, timeout_s=6)
         try:
-            silent = socket.create_connection(("127.0.0.1", port), timeout=10)
-            strangers.append(silent)
+            for _ in range(3):  # say nothing
+                strangers.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            half = socket.create_connection(("127.0.0.1", port), timeout=10)
+            half.sendall(struct.pack("<QQ", int.from_bytes(b"wtchelo1", "big"), 1))
+            strangers.append(half)
             for hello in (
                 b"GET / HTTP/1.0\r\n\r\n" + bytes(40),
                 struct.pack("<QQQ32s", int.from_bytes(b"wtchelo1", "big"), 1, 0, b"\0" * 32),
@@ -139,12 +144,12 @@ def test_strangers_on_the_port_are_dropped_and_hold_up_no_one() -> None:
                 s = socket.create_connection(("127.0.0.1", port), timeout=10)
                 s.sendall(hello)
                 strangers.append(s)
-            for s in strangers[1:]:  # each was closed without an acknowledgement
+            for s in strangers[4:]:  # each was closed without an acknowledgement
                 assert _closed(s)
             t0 = time.monotonic()
             worker = connect("127.0.0.1", port, rank=1, token=TOKEN, timeout_s=30)
             sender = sender_call.result(30)
-            assert time.monotonic() - t0 < HELLO_S, "the silent stranger held up the worker"
+            assert time.monotonic() - t0 < HELLO_S, "a silent stranger held up the worker"
             buf = torch.zeros(1000, dtype=torch.uint8)
             want = torch.arange(1000).to(torch.uint8)
             recv = worker.broadcast(buf)
