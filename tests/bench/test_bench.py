@@ -65,9 +65,10 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
         "per_tensor",
         "shm_copy",
         "vllm_packing",
+        "zmq",
         "ray_object_store",
     }
-    assert set(record["peers"]) == {"vllm_packing", "ray_object_store"}
+    assert set(record["peers"]) == {"vllm_packing", "zmq", "ray_object_store"}
     assert record["skipped_baselines"] == {}
     assert all(v > 0 for v in record["baselines_gbps"].values())
     # the deprecated names (until 0.3) repeat the new ones in the JSON a script reads

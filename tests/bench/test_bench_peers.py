@@ -1,7 +1,8 @@
 """``--baselines peers|all`` and ``--device``: which baselines run, and the one-line refusals.
 
 The selection is checked against the plugins installed here (nccl declares the vLLM-packing
-peer, the Ray client the object-store peer); measuring them is tested with each plugin.
+peer, tcp the pyzmq peer, the Ray client the object-store peer); measuring them is tested with
+each plugin.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from wtcore_bench.support import engine_bench
 
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 GENERIC = {"memcpy", "file"}
-PEERS = {"vllm_packing", "ray_object_store"}
+PEERS = {"vllm_packing", "zmq", "ray_object_store"}
 
 
 def _names(baselines: str, backend: str = "inline", device: str = "cpu") -> set[str]:
@@ -42,7 +43,7 @@ def test_auto_measures_limits_only_and_peers_adds_every_installed_peer() -> None
 def test_baselines_that_cannot_run_on_the_device_are_skipped_with_the_reason() -> None:
     chosen, skipped = select_baselines("peers", "cuda", engine_bench("nccl"))
     assert set(chosen) == {"vllm_packing"}
-    assert set(skipped) == GENERIC | {"raw_gloo", "per_tensor", "ray_object_store"}
+    assert set(skipped) == GENERIC | {"raw_gloo", "per_tensor", "zmq", "ray_object_store"}
     assert skipped["ray_object_store"] == "runs on cpu only, not --device cuda"
 
 
