@@ -35,12 +35,14 @@ def test_the_zmq_peer_moves_the_model_bit_exact_to_every_receiver() -> None:
 
 def test_the_zmq_peer_fails_when_a_receiver_holds_other_bytes() -> None:
     ctx = _ctx(receivers=1)
-    with pytest.raises(TransferError, match="zmq peer"):
-        with tcp_bench.zmq_session(ctx) as one_round:
-            one_round()
-            first = next(iter(ctx.state.values()))
-            with torch.no_grad():
-                first.add_(1)  # the receivers keep the first round's bytes
+    with (
+        pytest.raises(TransferError, match="zmq peer"),
+        tcp_bench.zmq_session(ctx) as one_round,
+    ):
+        one_round()
+        first = next(iter(ctx.state.values()))
+        with torch.no_grad():
+            first.add_(1)  # the receivers keep the first round's bytes
 
 
 def test_the_bench_declares_one_yardstick_with_nccl_and_the_peer_in_turns() -> None:
