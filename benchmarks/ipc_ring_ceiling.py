@@ -47,18 +47,18 @@ def _ring(path: str, nslots: int, slot: int) -> tuple[Any, Any, Any]:
 
 
 def _consumer(path: str, total: int, nslots: int, slot: int, rounds: int, q: Any) -> None:
-    """Copy every frame out of the ring into a private buffer; acknowledge it."""
+    """Copy every chunk out of the ring into a private buffer; acknowledge it."""
     import torch
 
     torch.set_num_threads(1)
     _, ctl, data = _ring(path, nslots, slot)
     dst = torch.ones(total, dtype=torch.uint8)  # faulted in before the first round
     q.put("ready")
-    frames = -(-total // slot)
+    nchunks = -(-total // slot)
     for r in range(rounds):
-        for f in range(frames):
-            s, seq = f % nslots, r * frames + f + 1
-            _spin(lambda s=s, seq=seq: int(ctl[s]) == seq, f"frame {seq}")
+        for f in range(nchunks):
+            s, seq = f % nslots, r * nchunks + f + 1
+            _spin(lambda s=s, seq=seq: int(ctl[s]) == seq, f"chunk {seq}")
             n = int(ctl[nslots + s])
             dst[f * slot : f * slot + n].copy_(data[s * slot : s * slot + n])
             ctl[2 * nslots + s] = seq
@@ -97,20 +97,22 @@ def main() -> None:
         proc = ctx.Process(target=_consumer, args=(path, total, nslots, slot, args.rounds, q))
         proc.start()
         q.get(timeout=WAIT_S)
-        frames = -(-total // slot)
+        nchunks = -(-total // slot)
         times = []
         for r in range(args.rounds):
             t0 = time.perf_counter()
-            for f in range(frames):
-                s, seq = f % nslots, r * frames + f + 1
+            for f in range(nchunks):
+                s, seq = f % nslots, r * nchunks + f + 1
                 if seq > nslots:
                     _spin(lambda s=s, seq=seq: int(ctl[2 * nslots + s]) >= seq - nslots, "an ack")
                 n = min(slot, total - f * slot)
                 data[s * slot : s * slot + n].copy_(src[f * slot : f * slot + n])
                 ctl[nslots + s] = n
                 ctl[s] = seq
-            last = (r + 1) * frames
-            _spin(lambda last=last: int(ctl[2 * nslots + (frames - 1) % nslots]) == last, "the end")
+            last = (r + 1) * nchunks
+            _spin(
+                lambda last=last: int(ctl[2 * nslots + (nchunks - 1) % nslots]) == last, "the end"
+            )
             times.append(time.perf_counter() - t0)
         q.get(timeout=WAIT_S)
     finally:

@@ -184,9 +184,9 @@ def test_third_party_engine_runs_in_the_bench_through_the_api_alone(third_party:
             assert r["num_buckets"] == record["settings"]["model_tensors"]
     assert record["settings"]["buffer_option"] == "chunk_bytes"
     # the engine's own baseline, next to the generic ones, measured once with the run's context
-    assert set(record["limits_gbps"]) == {"memcpy", "file", "one_byte"}
-    assert record["limits_gbps"]["one_byte"] == 0.5
-    assert record["limit_labels"]["one_byte"] == "one byte per call (made up)"
+    assert set(record["baselines_gbps"]) == {"memcpy", "file", "one_byte"}
+    assert record["baselines_gbps"]["one_byte"] == 0.5
+    assert record["baseline_labels"]["one_byte"] == "one byte per call (made up)"
     assert len(BASELINE_CALLS) == 1 and BASELINE_CALLS[0].receivers == 2
     assert BASELINE_CALLS[0].nbytes == record["settings"]["model_bytes"]
     # versions: the providers of the chosen engine and client (here: runtime and the core)

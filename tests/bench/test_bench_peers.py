@@ -1,7 +1,8 @@
 """``--baselines peers|all`` and ``--device``: which baselines run, and the one-line refusals.
 
 The selection is checked against the plugins installed here (nccl declares the vLLM-packing
-peer, the Ray client the object-store peer); measuring them is tested with each plugin.
+peer, tcp the pyzmq peer, the Ray client the object-store peer); measuring them is tested with
+each plugin.
 """
 
 from __future__ import annotations

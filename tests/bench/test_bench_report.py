@@ -33,9 +33,9 @@ def _record() -> dict[str, Any]:
         "runs": [
             {"buffer_size": None, "rounds": [round_], "median_seconds": 0.5, "median_gbps": 2.0}
         ],
-        "limits_gbps": {"memcpy": 12.5, "file": 0.95, "raw_gloo": 1.0},
+        "baselines_gbps": {"memcpy": 12.5, "file": 0.95, "raw_gloo": 1.0},
         "ratios": {"memcpy": 0.16, "file": 2.1, "raw_gloo": None},
-        "limit_labels": {
+        "baseline_labels": {
             "memcpy": "single-thread memcpy",
             "file": "torch.save + load",
             "raw_gloo": "raw gloo broadcast",

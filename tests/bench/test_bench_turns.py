@@ -105,29 +105,30 @@ def _bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str]
 
 
 @pytest.mark.timeout(300)
-def test_interleaved_limits_are_the_median_of_their_turns_before_each_round(
+def test_interleaved_baselines_are_the_median_of_their_turns_before_each_round(
     tmp_path: Path,
 ) -> None:
     proc, record = _bench(tmp_path, "--interleave")
     assert record["ok"] is True and record["settings"]["interleave"] is True
     assert record["interleaved"] == ["memcpy"]  # the generic limit with a session
     rounds = record["runs"][0]["rounds"]
-    assert [set(r["limit_seconds"]) for r in rounds] == [{"memcpy"}] * 3
-    seconds = [r["limit_seconds"]["memcpy"] for r in rounds]
+    assert [set(r["baseline_seconds"]) for r in rounds] == [{"memcpy"}] * 3
+    assert all(r["limit_seconds"] == r["baseline_seconds"] for r in rounds)  # deprecated name
+    seconds = [r["baseline_seconds"]["memcpy"] for r in rounds]
     nbytes = record["settings"]["model_bytes"]
-    assert record["limits_gbps"]["memcpy"] == pytest.approx(
+    assert record["baselines_gbps"]["memcpy"] == pytest.approx(
         nbytes / statistics.median(seconds) / 1e9
     )
-    assert set(record["limits_gbps"]) == {"memcpy", "file"}
+    assert set(record["baselines_gbps"]) == {"memcpy", "file"}
     table = proc.stdout.split("measured in this run", 1)[1]
     assert table.index("single-thread memcpy *") < table.index("torch.save")  # declared order
     assert "* measured in turns with the engine's rounds" in proc.stdout
 
 
 @pytest.mark.timeout(300)
-def test_without_interleave_every_limit_is_measured_before_the_rounds(tmp_path: Path) -> None:
+def test_without_interleave_every_baseline_is_measured_before_the_rounds(tmp_path: Path) -> None:
     proc, record = _bench(tmp_path)
     assert record["interleaved"] == []
-    assert all(r["limit_seconds"] == {} for r in record["runs"][0]["rounds"])
-    assert set(record["limits_gbps"]) == {"memcpy", "file"}
+    assert all(r["baseline_seconds"] == {} for r in record["runs"][0]["rounds"])
+    assert set(record["baselines_gbps"]) == {"memcpy", "file"}
     assert "*" not in proc.stdout.split("measured in this run", 1)[1]

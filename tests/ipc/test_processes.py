@@ -59,7 +59,7 @@ def test_rounds_bit_exact_two_workers(two_workers: list[Any], procs: Any) -> Non
 def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
     two_workers: list[Any], procs: Any
 ) -> None:
-    """A tensor 3x the slot size travels in slot-sized frames: the segment is sized by the
+    """A tensor 3x the slot size travels in slot-sized chunks: the segment is sized by the
     bucket size and slot count only, never by the largest tensor, and is never replaced."""
     full = procs.make_state(2, big=200_000)  # 800 kB, slots of 256 KiB
     small = {k: v for k, v in full.items() if k != "huge.w"}

@@ -1,4 +1,4 @@
-"""``wtcore bench``: the main job end to end, verified bit for bit, measured against limits.
+"""``wtcore bench``: the main job end to end, verified bit for bit, measured against baselines.
 
 Receivers are started by the bench itself, through the chosen client's :class:`ClientBench`;
 the trainer engine's :class:`EngineBench` says how to set it up on this host and which baselines

@@ -1,9 +1,14 @@
-"""Which limits, naive baselines and peers a bench run measures, and measuring them.
+"""Which baselines a bench run measures (limits, naive baselines and peers), and measuring them.
 
-``--baselines`` picks a set (:data:`BASELINE_SETS`); the baselines come from the generic limits
-(:mod:`wtcore_bench.limits`), the engine's :class:`~wtcore_bench.api.EngineBench`, and, for
-``peers`` and ``all``, every installed engine and client (its
-:class:`~wtcore_bench.api.ClientBench`). Nothing is named here: what is installed decides.
+"Baseline" is the umbrella: anything measured next to the engine. A *limit* is one kind (a
+ceiling of this machine: memcpy, a raw collective), a naive baseline another (``file``), a
+*peer* the third (what a user would run instead of wtcore). ``--baselines`` picks a set
+(:data:`BASELINE_SETS`); the baselines come from the generic ones
+(:mod:`wtcore_bench.limits`, which holds only those and the measuring kit), the engine's
+:class:`~wtcore_bench.api.EngineBench`, and, for ``peers`` and ``all``, every installed engine
+and client (its :class:`~wtcore_bench.api.ClientBench`). Nothing is named here: what is
+installed decides. The record lists what was measured under ``baselines_gbps``
+(:mod:`wtcore_bench.record`).
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ def select_baselines(
 ) -> tuple[dict[str, Baseline], dict[str, str]]:
     """The baselines to measure, and those left out with the reason (``{name: why}``).
 
-    ``auto``: the generic limits and the engine's own limits. ``peers``: those plus every peer
-    declared by any installed engine or client. ``all``: every installed engine's limits and
-    every peer. A plugin that cannot load, or a baseline that cannot run on ``--device``, is
-    left out with its reason rather than failing the run.
+    ``auto``: the generic baselines and the engine's own (its limits and naive baselines).
+    ``peers``: those plus every peer declared by any installed engine or client. ``all``:
+    every installed engine's baselines and every peer. A plugin that cannot load, or a
+    baseline that cannot run on ``--device``, is left out with its reason rather than failing
+    the run.
     """
     from wtcore_bench.limits import GENERIC_BASELINES
 
@@ -48,7 +54,7 @@ def select_baselines(
         return {}, {}
     skipped: dict[str, str] = {}
     peers = baselines in ("peers", "all")
-    # (declared baselines, take its limits, take its peers)
+    # (declared baselines, take those that are not peers, take its peers)
     found: list[tuple[Mapping[str, Baseline], bool, bool]] = [
         (GENERIC_BASELINES, True, False),
         (support.baselines, True, peers),
@@ -57,9 +63,9 @@ def select_baselines(
         everything = baselines == "all"
         found += [(b, everything, True) for b in _installed_baselines(skipped)]
     out: dict[str, Baseline] = {}
-    for declared, limits, with_peers in found:
+    for declared, with_others, with_peers in found:
         for name, b in declared.items():
-            if name in out or not (with_peers if b.peer else limits):
+            if name in out or not (with_peers if b.peer else with_others):
                 continue
             if device_kind(device) not in b.devices:
                 skipped[name] = f"runs on {', '.join(b.devices)} only, not --device {device}"

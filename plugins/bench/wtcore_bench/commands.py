@@ -22,7 +22,7 @@ __all__ = ["wtcore_add_commands"]
 def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     b = subparsers.add_parser(
         "bench",
-        help="sync a synthetic model to receivers it starts, verify, and measure against limits",
+        help="sync a synthetic model to receivers it starts, verify, and measure against baselines",
     )
     b.add_argument("--backend", default="inline", help="engine name (default: inline)")
     b.add_argument(
@@ -48,14 +48,14 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--baselines",
         default="auto",
         choices=BASELINE_SETS,
-        help="limits, naive baselines and peers to measure in the same run (auto: the generic "
-        "limits and the backend's; peers: those plus what you would use instead of wtcore, "
-        "from every installed plugin; all: every installed engine's limits and every peer)",
+        help="baselines to measure in the same run: limits, naive baselines, peers (auto: the "
+        "generic ones and the backend's; peers: those plus what you would use instead of "
+        "wtcore, from every installed plugin; all: every installed engine's and every peer)",
     )
     b.add_argument(
         "--interleave",
         action="store_true",
-        help="measure the limits that can run round by round (memcpy, a raw collective) in "
+        help="measure the baselines that can run round by round (memcpy, a raw collective) in "
         "turns with the engine's rounds, one call before each, instead of all before them: on "
         "a shared host a limit moves by a third within a minute",
     )

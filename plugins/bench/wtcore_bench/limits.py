@@ -1,15 +1,19 @@
-"""The limits and naive baselines that the bench measures in the same run.
+"""The generic baselines every engine is measured against, and the kit for measuring one.
 
 Absolute numbers on shared machines are noise; ratios taken in one run are not. So every
-figure the bench prints for an engine is set against, measured just before it, the generic
-limits here:
+figure the bench prints for an engine is set against, measured in the same run, the generic
+baselines here (:data:`GENERIC_BASELINES`):
 
-* ``memcpy``: one single-threaded copy into a preallocated buffer (the practical ceiling);
-* ``file``: ``torch.save`` to a file, ``torch.load``, copy into the model;
+* ``memcpy``, a *limit*: one single-threaded copy into a preallocated buffer (the practical
+  ceiling);
+* ``file``, a naive baseline: ``torch.save`` to a file, ``torch.load``, copy into the model;
 
 plus those the engine declares in its :class:`~wtcore_bench.api.EngineBench` (for example the
-raw collective its data plane is built on). The helpers here (:func:`median_gbps`,
-:func:`copy_out_gbps`) are for engines writing their own.
+raw collective its data plane is built on, another limit). The helpers here
+(:func:`median_gbps`, :func:`copy_out_gbps`, :func:`session_gbps`) are for engines and peers
+writing their own. The name is historical (engines import these helpers from it): this module
+holds the generic baselines and the measuring kit; which baselines a run measures, limits,
+naive ones and peers alike, is :mod:`wtcore_bench.baselines`.
 
 Each returns GB/s (1e9 bytes per second of wall time, median of ``repeats``). A limit that
 can also run round by round has a ``session`` (``memcpy`` here, the raw collective of the nccl

@@ -29,6 +29,7 @@ from typing import Any
 
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore_bench.api import BenchNotSupportedError
+from wtcore_bench.record import with_deprecated_keys
 
 __all__ = ["NODES_ENV", "NodeSlot", "Placement", "placement", "run_on_nodes"]
 
@@ -149,8 +150,9 @@ def run_on_nodes(
     if bits is not None:
         cap_gbps = bits / 8 / 1e9
         link.update(cap_gbps=cap_gbps, achieved_fraction=best / cap_gbps)
-        record["limits_gbps"]["link_cap"] = cap_gbps
-        record["limit_labels"]["link_cap"] = f"link cap ({link_rate} per node, each way)"
+        record["baselines_gbps"]["link_cap"] = cap_gbps
+        record["baseline_labels"]["link_cap"] = f"link cap ({link_rate} per node, each way)"
         record["ratios"]["link_cap"] = best / cap_gbps
+        with_deprecated_keys(record)
     record["link"] = link
     return record

@@ -37,15 +37,15 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
             out.write(f"{i:>5} {r['seconds']:8.3f} {r['gbps']:7.2f}{phases}")
             out.write(f" {_mib(r['trainer_extra_mib']):>11} {_mib(recv):>9}  {verdict}\n")
         out.write(f"{'median':>5} {run['median_seconds']:8.3f} {run['median_gbps']:7.2f}\n\n")
-    limits = record["limits_gbps"]
-    given = record.get("limit_labels", {})
+    measured = record["baselines_gbps"]
+    given = record.get("baseline_labels", {})
     peers = set(record.get("peers", []))
     in_turns = set(record.get("interleaved", []))
-    labels = {n: given.get(n, n) + (" *" if n in in_turns else "") for n in limits}
-    width = max([36, *(len(labels[n]) for n in limits)])
+    labels = {n: given.get(n, n) + (" *" if n in in_turns else "") for n in measured}
+    width = max([36, *(len(labels[n]) for n in measured)])
     for title, names in (
-        ("measured in this run", [n for n in limits if n not in peers]),
-        ("peers: what you would use instead", [n for n in limits if n in peers]),
+        ("measured in this run", [n for n in measured if n not in peers]),
+        ("peers: what you would use instead", [n for n in measured if n in peers]),
     ):
         if not names:
             continue
@@ -53,7 +53,7 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
         for name in names:
             ratio = record["ratios"].get(name)
             rel = "-" if ratio is None else f"{ratio:.2f}x"
-            out.write(f"  {labels[name]:<{width}} {limits[name]:6.2f}   {rel}\n")
+            out.write(f"  {labels[name]:<{width}} {measured[name]:6.2f}   {rel}\n")
     if in_turns:
         out.write("  * measured in turns with the engine's rounds, one call before each\n")
     for name, why in record.get("skipped_baselines", {}).items():
@@ -90,7 +90,7 @@ def check_plot_available() -> None:
 
 
 def write_plot(record: dict[str, Any], path: str | Path) -> None:
-    """GB/s against buffer size (one point per ``--buffer-size``), with the limits as lines."""
+    """GB/s against buffer size (one point per ``--buffer-size``), with the baselines as lines."""
     check_plot_available()
     import matplotlib
 
@@ -106,8 +106,8 @@ def write_plot(record: dict[str, Any], path: str | Path) -> None:
         "o-",
         label=record["settings"]["backend"],
     )
-    for name, gbps in record["limits_gbps"].items():
-        label = record.get("limit_labels", {}).get(name, name)
+    for name, gbps in record["baselines_gbps"].items():
+        label = record.get("baseline_labels", {}).get(name, name)
         ax.axhline(gbps, linestyle="--", linewidth=1, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("buffer size (MiB)")

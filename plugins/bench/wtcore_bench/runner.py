@@ -1,4 +1,4 @@
-"""Run the bench: receivers up, limits measured, rounds sent and verified, receivers down."""
+"""Run the bench: receivers up, baselines measured, rounds sent and verified, receivers down."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from wtcore_bench.api import BaselineContext, BenchNotSupportedError, ModelSpec,
 from wtcore_bench.baselines import measure_baselines, select_baselines
 from wtcore_bench.fleet import launch_fleet
 from wtcore_bench.memory import PeakTracker
+from wtcore_bench.record import with_deprecated_keys
 from wtcore_bench.support import engine_bench
 from wtcore_bench.turns import Turns
 
@@ -35,8 +36,8 @@ class BenchOptions:
     dtype: str = "bfloat16"
     rounds: int = 3
     buffer_sizes: list[int] = field(default_factory=list)  # empty: the engine's default
-    # auto: generic + the engine's limits | peers: auto + every installed peer |
-    # all: every installed engine's limits + every peer | none
+    # auto: the generic baselines + the engine's | peers: auto + every installed peer |
+    # all: every installed engine's baselines + every peer | none
     baselines: str = "auto"
     device: str = "cpu"  # where sources, staging and sinks live: "cpu" or "cuda[:N]"
     transactional: bool = False
@@ -144,7 +145,7 @@ def _run_engine(
         try:
             tracker = PeakTracker([os.getpid(), *(p for p in fleet.pids() if p != os.getpid())])
             for r in range(opts.rounds):
-                limit_seconds = turns.run_each()
+                baseline_seconds = turns.run_each()
                 with torch.no_grad():
                     for p in model.parameters():
                         p.add_(1)
@@ -172,7 +173,7 @@ def _run_engine(
                         and versions == [f"bench-{r}"] * opts.receivers,
                         "mismatched_tensors": bad,
                         "receiver_versions": versions,
-                        "limit_seconds": limit_seconds,
+                        "baseline_seconds": baseline_seconds,
                     }
                 )
                 if bar is not None:
@@ -205,7 +206,11 @@ def _corrupt(fleet: Any) -> None:
 
 
 def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run everything; returns the JSON-ready record (``record["ok"]`` says if all verified)."""
+    """Run everything; returns the JSON-ready record (``record["ok"]`` says if all verified).
+
+    Its keys, and the deprecated ones it also carries, are described in
+    :mod:`wtcore_bench.record`.
+    """
     from wtcore.registry import TRAINER_ENGINES
     from wtcore.synthetic import build_module
     from wtcore_bench.nodes import placement
@@ -229,7 +234,7 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
         state, nbytes, opts.receivers, opts.host, opts.timeout_s, device=opts.device
     )
     in_turns = {n: b for n, b in baselines.items() if opts.interleave and b.session is not None}
-    limits = measure_baselines(
+    measured = measure_baselines(
         {n: b for n, b in baselines.items() if n not in in_turns}, ctx, skipped
     )
     configs: list[int | None] = list(opts.buffer_sizes) or [None]
@@ -247,11 +252,11 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
         finally:
             if bar is not None:
                 bar.close()
-    limits.update(turns.gbps(nbytes))
-    limits = {n: limits[n] for n in baselines if n in limits}  # the declared order
+    measured.update(turns.gbps(nbytes))
+    measured = {n: measured[n] for n in baselines if n in measured}  # the declared order
     best = max(r["median_gbps"] for r in runs)
-    ratios = {name: best / gbps for name, gbps in limits.items() if gbps > 0}
-    return {
+    ratios = {name: best / gbps for name, gbps in measured.items() if gbps > 0}
+    record = {
         "ok": all(r["verified"] for r in runs),
         "host": {"node": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "versions": _versions(opts),
@@ -261,12 +266,13 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
             "model_bytes": nbytes,
             "model_tensors": sum(1 for _ in model.parameters()),
         },
-        "limits_gbps": limits,
-        "limit_labels": {name: b.label for name, b in baselines.items() if name in limits},
-        "peers": [name for name, b in baselines.items() if b.peer and name in limits],
+        "baselines_gbps": measured,
+        "baseline_labels": {name: b.label for name, b in baselines.items() if name in measured},
+        "peers": [name for name, b in baselines.items() if b.peer and name in measured],
         "interleaved": list(turns.seconds),
         "skipped_baselines": skipped,
         "runs": runs,
         "best_median_gbps": best,
         "ratios": ratios,
     }
+    return with_deprecated_keys(record)

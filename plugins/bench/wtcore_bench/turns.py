@@ -4,8 +4,8 @@ On a shared host the raw collective an engine is compared with moves by a third 
 minute to the next, so a limit measured before the engine's rounds can make the same engine
 look 0.7x or 1.05x of it. In turns, every baseline that has a ``session``
 (:class:`~wtcore_bench.api.Baseline`) is set up once, before the engine's receivers start,
-and called once, timed, right before every engine round: each limit is then the median over
-the same seconds the engine's rounds ran in.
+and called once, timed, right before every engine round: each is then the median over the
+same seconds the engine's rounds ran in (each round's ``baseline_seconds`` in the record).
 """
 
 from __future__ import annotations

@@ -8,16 +8,24 @@ microseconds (a slot is often ready by then) and then sleep in growing steps of 
 copy itself needs. Every few milliseconds the waiter runs a ``check`` that raises when waiting
 is pointless (the peer died, the round was aborted), and it gives up with a
 :class:`~wtcore.errors.TransferTimeoutError` naming what it waited for after ``timeout_s``.
+
+A bucket larger than a slot crosses the ring as slot-sized *chunks* (:func:`chunks`), the word
+nccl's chain uses for a message cut in pieces; a *frame* is what a streamed engine sends per
+bucket (``wtcore_channel.frames``). ``frames``, this module's old name for :func:`chunks`, is
+kept until 0.3 with a ``DeprecationWarning`` (CHANGELOG, 0.2.0).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
+from typing import Any
 
 from wtcore.errors import TransferTimeoutError
 
-__all__ = ["CHECK_EVERY_S", "MAX_SLEEP_S", "frames", "wait_until"]
+# ``frames`` stays listed so that ``import *`` forwards it (with the warning) until 0.3.
+__all__ = ["CHECK_EVERY_S", "MAX_SLEEP_S", "chunks", "frames", "wait_until"]  # noqa: F822
 
 #: Longest single sleep of a waiter: bounds the latency a slow wake-up adds per bucket.
 MAX_SLEEP_S = 0.001
@@ -52,13 +60,25 @@ def wait_until(
         sleep_s = min(sleep_s * 2, MAX_SLEEP_S)
 
 
-def frames(nbytes: int, slot_bytes: int) -> list[tuple[int, int]]:
-    """``(start, length)`` of each frame of a bucket of ``nbytes`` in slots of ``slot_bytes``.
+def chunks(nbytes: int, slot_bytes: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of each chunk of a bucket of ``nbytes`` in slots of ``slot_bytes``.
 
-    A bucket that fits a slot is one frame; a bigger one (a single tensor larger than the
+    A bucket that fits a slot is one chunk; a bigger one (a single tensor larger than the
     bucket size, by the shared planning rule) is streamed through consecutive slots, so the
-    ring never grows with the model's largest tensor. An empty bucket is one empty frame.
+    ring never grows with the model's largest tensor. An empty bucket is one empty chunk.
     """
     if nbytes <= slot_bytes:
         return [(0, nbytes)]
     return [(s, min(slot_bytes, nbytes - s)) for s in range(0, nbytes, slot_bytes)]
+
+
+def __getattr__(name: str) -> Any:
+    """``frames``, the old name of :func:`chunks`, with a ``DeprecationWarning`` (until 0.3)."""
+    if name == "frames":
+        warnings.warn(
+            f"{__name__}.frames was renamed {__name__}.chunks; the old name will be removed in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return chunks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from wtcore.buckets import pack_source
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.source import WeightSource, iter_checked
-from wtcore_ipc.ring import frames, wait_until
+from wtcore_ipc.ring import chunks, wait_until
 from wtcore_ipc.shared import SharedWeights, locate
 from wtcore_ipc.shm import CANCELLED, MAX_RECEIVERS, StagingSegment, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo
@@ -95,14 +95,14 @@ class _Ring:
             if ack.world_size != world or ack.consumed > published:
                 raise TransferError(
                     f"ipc ring {self.memory.name}: rank {rank} acknowledged {ack.consumed} of "
-                    f"{published} published frames with world_size={ack.world_size} (rank 0 "
+                    f"{published} published chunks with world_size={ack.world_size} (rank 0 "
                     f"says {world}): refusing to trust the ring"
                 )
             low = min(low, ack.consumed)
         return low
 
     def wait_free(self, index: int) -> None:
-        """Block until frame ``index - num_slots`` (the slot's last tenant) was consumed."""
+        """Block until chunk ``index - num_slots`` (the slot's last tenant) was consumed."""
         need = index - self.memory.num_slots + 1
         if need <= 0:
             return
@@ -114,14 +114,14 @@ class _Ring:
                     raise call.error
                 raise TransferError(
                     f"ipc ring {self.memory.name}: every worker returned from update_weights "
-                    f"before frame {index} was published"
+                    f"before chunk {index} was published"
                 )
 
         wait_until(
             lambda: self.consumed(index) >= need,
             timeout_s=self.timeout_s,
             check=check,
-            what=f"every worker consuming frame {need - 1} (to free a slot for frame {index})",
+            what=f"every worker consuming chunk {need - 1} (to free a slot for chunk {index})",
         )
 
 
@@ -282,9 +282,9 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         self, source: WeightSource, metas: list[ParamMeta], stats: TransferStats
     ) -> None:
         """The call goes out first (on a helper thread) and blocks in every worker, which then
-        consumes slot after slot as they are stamped here. Frame ``f`` of the round (a bucket,
-        or a chunk of a bucket larger than a slot) goes into slot ``f % num_slots`` once every
-        worker has acknowledged frame ``f - num_slots``.
+        consumes slot after slot as they are stamped here. Chunk ``f`` of the round (a bucket,
+        or a slot-sized piece of a bucket larger than a slot) goes into slot ``f % num_slots``
+        once every worker has acknowledged chunk ``f - num_slots``.
         """
         assert self.client is not None, "the sender always has a client"
         assert isinstance(self.info, IPCTrainerInitInfo)
@@ -298,7 +298,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         with stats.phase("control"):
             self.client.start_weight_update()
         first = self._seq + 1
-        total = sum(len(frames(b.nbytes, slot_bytes)) for b in buckets)
+        total = sum(len(chunks(b.nbytes, slot_bytes)) for b in buckets)
         self._seq += total
         ring = _Ring(memory, first, self.info.timeout_s)
         published = 0
@@ -334,7 +334,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
                 if bucket.nbytes <= slot_bytes:
                     stamp(bucket.nbytes)
                 else:
-                    for start, length in frames(bucket.nbytes, slot_bytes):
+                    for start, length in chunks(bucket.nbytes, slot_bytes):
                         slot = free_slot()
                         with stats.phase("pack"):
                             slot[:length].copy_(filled[start : start + length])

@@ -30,7 +30,7 @@ __all__ = [
 #: Default bucket (= slot) size. With one control call per round a bucket costs no round trip,
 #: so small slots let packing (trainer) and copying out (worker) overlap from the first bucket
 #: and keep the ring small; measured in docs/benchmarks.md ("ipc"). A tensor larger than a
-#: slot is streamed through the ring in slot-sized frames.
+#: slot is streamed through the ring in slot-sized chunks.
 DEFAULT_BUFFER_SIZE = 16 << 20
 #: Default slot count: enough that a worker waking up late finds the next slots filled.
 DEFAULT_NUM_BUFFERS = 4
@@ -44,7 +44,7 @@ class IPCTrainerInitInfo(BucketedTrainerInitInfo):
     :class:`~wtcore.bucketed.BucketedTrainerInitInfo`).
 
     ``packed_num_buffers`` slots of ``packed_buffer_size_bytes`` form the ring (CPU): the
-    trainer packs the next frames while workers copy out the previous ones.
+    trainer packs the next chunks while workers copy out the previous ones.
     ``device`` picks the transport: ``"cpu"`` stages in POSIX shared memory, ``"cuda[:N]"`` in
     GPU memory shared by CUDA IPC.
     """
@@ -108,9 +108,9 @@ class IPCUpdateInfo(BucketUpdateInfo):
 
     * ``shm`` (CPU): the whole round in ONE call. The metadata lists every tensor of the round;
       ``segment`` names the trainer's ring of ``num_slots`` slots of ``slot_bytes`` each (the
-      bucket size, aligned). The buckets of the shared plan travel as frames: a bucket that
-      fits a slot is one frame, a bigger one (a single large tensor) is cut into slot-sized
-      frames; frame ``f`` of the round arrives in slot ``f % num_slots`` with sequence number
+      bucket size, aligned). The buckets of the shared plan travel as chunks: a bucket that
+      fits a slot is one chunk, a bigger one (a single large tensor) is cut into slot-sized
+      chunks; chunk ``f`` of the round arrives in slot ``f % num_slots`` with sequence number
       ``seq + f`` in its header. The worker consumes slot after slot as the trainer fills them.
     * ``shm`` with shared weights (:func:`wtcore_ipc.share_weights`): the whole round in ONE
       call, no ring: ``segment`` holds the trainer's tensors themselves, the i-th listed tensor

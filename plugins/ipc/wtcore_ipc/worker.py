@@ -19,7 +19,7 @@ from wtcore.bucketed import BucketedWorkerEngine
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.errors import PayloadError, TransferError
 from wtcore.sink import direct_destination
-from wtcore_ipc.ring import frames, wait_until
+from wtcore_ipc.ring import chunks, wait_until
 from wtcore_ipc.shm import (
     CANCELLED,
     CONTROL_BYTES,
@@ -111,7 +111,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         return r
 
     def _receive_ring(self, u: IPCUpdateInfo, name: str) -> None:
-        """Consume the round's frames slot by slot as the trainer stamps them."""
+        """Consume the round's chunks slot by slot as the trainer stamps them."""
         import torch
 
         assert u.num_slots is not None and u.slot_bytes is not None
@@ -128,13 +128,13 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             )
         self._check_owner(r)
         r.ack(self.rank, u.seq, 0, self.world_size)  # tells the trainer the world size
-        f = 0  # frames consumed
+        f = 0  # chunks consumed
         for bucket in buckets:
-            chunks = frames(bucket.nbytes, u.slot_bytes)
-            # A bucket bigger than a slot (one big tensor) is gathered frame by frame into the
+            pieces = chunks(bucket.nbytes, u.slot_bytes)
+            # A bucket bigger than a slot (one big tensor) is gathered chunk by chunk into the
             # tensor the sink offers, else here and then loaded.
             whole = dest = None
-            if len(chunks) > 1:
+            if len(pieces) > 1:
                 m = bucket.metas[0]
                 dest = direct_destination(self.sink, m.name, m.dtype, m.shape, "cpu")
                 whole = (
@@ -142,7 +142,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                     if dest is not None
                     else torch.empty(bucket.nbytes, dtype=torch.uint8)
                 )
-            for start, length in chunks:
+            for start, length in pieces:
                 offset = CONTROL_BYTES + (f % u.num_slots) * stride + HEADER_BYTES
                 seq = u.seq + f
                 self._wait_slot(r, offset, seq, length, bucket, aborted)
@@ -152,7 +152,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                     r.read_into(offset, whole[start : start + length])
                 if r.header(offset).seq != seq:
                     raise TransferError(
-                        f"segment {name!r}: slot {f % u.num_slots} was overwritten while frame "
+                        f"segment {name!r}: slot {f % u.num_slots} was overwritten while chunk "
                         f"seq={seq} was copied out of it; the loaded weights may be mixed"
                     )
                 f += 1
@@ -272,7 +272,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             ready,
             timeout_s=self.settings.timeout_s,
             check=check,
-            what=f"the trainer stamping bucket {bucket.index} (frame seq={seq}) in {where}",
+            what=f"the trainer stamping bucket {bucket.index} (chunk seq={seq}) in {where}",
         )
 
     # ------------------------------------------------------------------ GPU (untested here)
@@ -313,20 +313,20 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
 
 def slot_ready(head: SlotHeader, seq: int, length: int, *, where: str, bucket: int) -> bool:
-    """Whether a slot header read by :meth:`SegmentReader.header` holds frame ``seq`` of
+    """Whether a slot header read by :meth:`SegmentReader.header` holds chunk ``seq`` of
     ``length`` bytes: ``False`` for "not yet", ``True`` for "yes"; anything else raises.
 
     The sequence number is the commit word: the trainer writes it last and the reader reads
     it first, so while it is below ``seq`` the magic and length beside it may be half-written
     (a fresh slot whose magic is still zero but whose length already landed) and mean nothing.
-    Only a header that claims this frame or a later one is judged: it must be exactly this
-    frame, or the trainer's cancellation of it.
+    Only a header that claims this chunk or a later one is judged: it must be exactly this
+    chunk, or the trainer's cancellation of it.
     """
     if head.seq < seq or head.blank:
         return False
     if not head.valid:
         raise PayloadError(
-            f"{where}: the slot header for frame seq={seq} has no valid magic "
+            f"{where}: the slot header for chunk seq={seq} has no valid magic "
             f"(got {head.magic!r}): forged or corrupt"
         )
     if head.seq > seq:
@@ -338,7 +338,7 @@ def slot_ready(head: SlotHeader, seq: int, length: int, *, where: str, bucket: i
         raise TransferError(f"{where}: the trainer abandoned the round before bucket {bucket}")
     if head.length != length:
         raise PayloadError(
-            f"{where}: the slot header says frame seq={seq} has {head.length} bytes; "
+            f"{where}: the slot header says chunk seq={seq} has {head.length} bytes; "
             f"the plan says {length}"
         )
     return True
