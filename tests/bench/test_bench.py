@@ -67,7 +67,6 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
         "vllm_packing",
         "zmq",
         "ray_object_store",
-        "zmq",
     }
     assert set(record["peers"]) == {"vllm_packing", "ray_object_store", "zmq"}
     assert record["skipped_baselines"] == {}
