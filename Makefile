@@ -75,7 +75,7 @@ QUICK_MARKERS := not processes and not vllm and not ray and not multinode and no
 quick: $(STAMP)
 	BIN=$(BIN) STAMP=$(STAMP) MARKERS="$(QUICK_MARKERS)" scripts/quick.sh $(PYTEST_ARGS)
 
-# The eight sdists and wheels, each built in an isolated environment, then checked as an index
+# Every sdist and wheel (the core and each plugin), each built in an isolated environment, then checked as an index
 # would check them (CONTRIBUTING.md, "Releasing").
 dist: $(STAMP)
 	rm -rf dist
