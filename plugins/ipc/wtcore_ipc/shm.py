@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -385,6 +386,12 @@ class SegmentReader:
 
     Shared and writable, because the worker acknowledges what it consumed in its entry of the
     control area; it writes nothing else.
+
+    One lock covers every use of the descriptor and the mapping and :meth:`close`: a worker's
+    init (or shutdown) may close the reader while an abandoned round's thread still reads
+    from it, and a descriptor closed under a read could be reused by the next ``open`` of
+    this process, so that read would copy another file's bytes. Under the lock a late
+    reader finds the segment closed (a ``TransferError``) instead.
     """
 
     def __init__(self, name: str) -> None:
@@ -408,20 +415,26 @@ class SegmentReader:
         self._fd: int | None = fd
         self._buf: torch.Tensor | None = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._words = _Words(self._mm)
+        self._lock = threading.RLock()
+
+    def _open_fd(self) -> int:
+        """The descriptor, under the lock; ``TransferError`` once closed."""
+        if self._fd is None:
+            raise TransferError(f"segment {self.name} is closed")
+        return self._fd
 
     def owner_alive(self) -> bool:
         """False when no process holds the trainer's lock any more (an orphaned segment)."""
-        assert self._fd is not None
-        return not _unlocked(self._fd)
+        with self._lock:
+            return not _unlocked(self._open_fd())
 
     def check_size(self) -> None:
         """Refuse to touch the mapping if the file shrank under it (that read would SIGBUS).
 
         Called before every read: the mapping outlives the size check made at open.
         """
-        if self._fd is None:
-            raise TransferError(f"segment {self.name} is closed")
-        now = os.fstat(self._fd).st_size
+        with self._lock:
+            now = os.fstat(self._open_fd()).st_size
         if now < self.size:
             raise TransferError(
                 f"segment {self.name!r}: truncated to {now} bytes while mapped ({self.size} "
@@ -430,20 +443,22 @@ class SegmentReader:
 
     def ack(self, rank: int, token: int, consumed: int, world_size: int) -> None:
         """Tell the trainer this rank has consumed ``consumed`` buckets of round ``token``."""
-        assert self._mm is not None and 0 <= rank < MAX_RECEIVERS
-        self.check_size()
-        at = rank * ACK_BYTES
-        self._words[at + 16] = world_size
-        self._words[at + 8] = consumed
-        self._words[at] = token  # last: the entry's commit word
+        assert 0 <= rank < MAX_RECEIVERS
+        with self._lock:
+            self.check_size()
+            at = rank * ACK_BYTES
+            self._words[at + 16] = world_size
+            self._words[at + 8] = consumed
+            self._words[at] = token  # last: the entry's commit word
 
     def header(self, data_offset: int) -> SlotHeader:
         """The slot's header, commit word first (see :meth:`StagingSegment.publish`)."""
-        assert self._mm is not None
-        self.check_size()
-        at = data_offset - HEADER_BYTES
-        seq = self._words[at + _SEQ_AT]
-        return SlotHeader(bytes(self._mm[at : at + 8]), seq, self._words[at + _LENGTH_AT])
+        with self._lock:
+            self.check_size()
+            assert self._mm is not None
+            at = data_offset - HEADER_BYTES
+            seq = self._words[at + _SEQ_AT]
+            return SlotHeader(bytes(self._mm[at : at + 8]), seq, self._words[at + _LENGTH_AT])
 
     def view(self, offset: int, length: int) -> torch.Tensor:
         if self._buf is None:
@@ -459,8 +474,6 @@ class SegmentReader:
         through the mapping would kill this process with SIGBUS. The copy is the kernel's, one
         per byte, as the mapping's would be.
         """
-        if self._fd is None:
-            raise TransferError(f"segment {self.name} is closed")
         want = out.numel()
         if offset < 0 or offset + want > self.size:
             raise PayloadError(
@@ -468,31 +481,36 @@ class SegmentReader:
             )
         done = 0
         view = memoryview(out.numpy()).cast("B") if want else memoryview(b"")  # type: ignore[arg-type]
-        while done < want:
-            got = os.preadv(self._fd, [view[done:]], offset + done)
-            if got <= 0:
-                now = os.fstat(self._fd).st_size
-                raise TransferError(
-                    f"segment {self.name!r}: truncated to {now} bytes while {want} bytes at "
-                    f"{offset} were read out of it ({self.size} bytes at open); the round is "
-                    "refused (the trainer must stage it again)"
-                )
-            done += got
+        with self._lock:
+            fd = self._open_fd()
+            while done < want:
+                got = os.preadv(fd, [view[done:]], offset + done)
+                if got <= 0:
+                    now = os.fstat(fd).st_size
+                    raise TransferError(
+                        f"segment {self.name!r}: truncated to {now} bytes while {want} bytes "
+                        f"at {offset} were read out of it ({self.size} bytes at open); the "
+                        "round is refused (the trainer must stage it again)"
+                    )
+                done += got
 
     def unlink_orphan(self) -> None:
         """Unlink the segment if its owner is gone (the trainer was killed)."""
-        if self._fd is not None and not self.owner_alive():
-            _unlink_quietly(_path(self.name))
+        with self._lock:
+            if self._fd is not None and not self.owner_alive():
+                _unlink_quietly(_path(self.name))
 
     def close(self) -> None:
-        self._buf = None
-        self._words.release()
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:  # a sink kept a view; the GC unmaps it with the last one
-                pass
-            self._mm = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Unmap and close; idempotent, and never under a read of another thread."""
+        with self._lock:
+            self._buf = None
+            self._words.release()
+            if self._mm is not None:
+                try:
+                    self._mm.close()
+                except BufferError:  # a sink kept a view; the GC unmaps it with the last one
+                    pass
+                self._mm = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

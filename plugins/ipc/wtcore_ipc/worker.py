@@ -299,10 +299,12 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             reader.unlink_orphan()
 
     def _release(self) -> None:
-        if self._reader is not None:
-            self._reader.unlink_orphan()
-            self._reader.close()
-            self._reader = None
+        # An init or a shutdown may release while an abandoned round's thread still reads:
+        # the reader's own lock makes that read fail cleanly, and its close idempotent.
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.unlink_orphan()
+            reader.close()
         if self._importer is not None:
             self._importer.close()
             self._importer = None
