@@ -168,46 +168,53 @@ def test_a_reader_closed_under_a_read_never_reads_another_files_bytes() -> None:
     would copy that file's bytes, or fail with EBADF inside the init (seen once in CI, in the
     ipc contract suite's recovery case). Every read must instead either complete with the
     segment's bytes or fail as "closed"; 300 close/reopen races, bounded in time."""
-    import os
     import tempfile
-    import threading
     import time
 
     seg = StagingSegment(1 << 20, 1)
-    other = tempfile.TemporaryFile()  # a file of other bytes, opened while the reads run
     try:
-        seg.slot(0)[: 1 << 20].fill_(7)
-        other.write(bytes([9]) * (2 << 20))
-        other.flush()
-        deadline = time.monotonic() + 60
-        for _ in range(300):
-            if time.monotonic() > deadline:
-                break
-            reader = SegmentReader(seg.name)
-            out = torch.zeros(1 << 20, dtype=torch.uint8)
-            errors: list[BaseException] = []
-
-            def read(reader: SegmentReader = reader, out: torch.Tensor = out) -> None:
-                try:
-                    for _ in range(20):
-                        reader.read_into(seg.data_offset(0), out)
-                        assert int(out.min()) == int(out.max()) == 7, "another file's bytes"
-                except TransferError as e:
-                    if "closed" not in str(e):
-                        errors.append(e)
-                except BaseException as e:  # EBADF, or the wrong bytes
-                    errors.append(e)
-
-            t = threading.Thread(target=read)
-            t.start()
-            reader.close()
-            fds = [os.dup(other.fileno()) for _ in range(4)]  # take the freed numbers
-            t.join(30)
-            for fd in fds:
-                os.close(fd)
-            reader.close()  # idempotent
-            assert not t.is_alive()
-            assert errors == [], errors
+        with tempfile.TemporaryFile() as other:  # other bytes, opened while the reads run
+            seg.slot(0)[: 1 << 20].fill_(7)
+            other.write(bytes([9]) * (2 << 20))
+            other.flush()
+            deadline = time.monotonic() + 60
+            for _ in range(300):
+                if time.monotonic() > deadline:
+                    break
+                reader = SegmentReader(seg.name)
+                errors = _race_close(reader, seg.data_offset(0), other.fileno())
+                reader.close()  # idempotent
+                assert errors == [], errors
     finally:
-        other.close()
         seg.close()
+
+
+def _race_close(reader: SegmentReader, offset: int, other_fd: int) -> list[BaseException]:
+    """Reads of the 7-filled slot on a thread while this one closes the reader and takes the
+    freed descriptor numbers for ``other_fd``'s file; what went wrong in the reads."""
+    import os
+    import threading
+
+    out = torch.zeros(1 << 20, dtype=torch.uint8)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for _ in range(20):
+                reader.read_into(offset, out)
+                assert int(out.min()) == int(out.max()) == 7, "another file's bytes"
+        except TransferError as e:
+            if "closed" not in str(e):
+                errors.append(e)
+        except BaseException as e:  # EBADF, or the wrong bytes
+            errors.append(e)
+
+    t = threading.Thread(target=read)
+    t.start()
+    reader.close()
+    fds = [os.dup(other_fd) for _ in range(4)]
+    t.join(30)
+    for fd in fds:
+        os.close(fd)
+    assert not t.is_alive()
+    return errors
