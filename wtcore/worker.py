@@ -167,6 +167,8 @@ class WeightSyncWorker:
         self._generation = 0
         self._inside = 0
         self._stuck = False
+        #: An abort that arrived while a call of the round ran: (that call's generation, why).
+        self._abort_pending: tuple[int, str] | None = None
         self._version: str | None = None
         self._consistent = True
         self._last_error: str | None = None
@@ -229,6 +231,13 @@ class WeightSyncWorker:
                 self._inside -= 1
                 if self._generation == generation:
                     self._busy = None
+                    pending, self._abort_pending = self._abort_pending, None
+                    if (
+                        pending is not None
+                        and pending[0] == generation
+                        and self._state is WorkerState.UPDATING  # the call itself succeeded
+                    ):
+                        self._end_round("abort_weight_update", RuntimeError(pending[1]))
                     self._arm()
                 elif self._stuck and not self._inside:
                     self._stuck, self._busy = False, None  # a timed-out preemption ended
@@ -517,15 +526,21 @@ class WeightSyncWorker:
         """End an open round without publishing; the weights are reported inconsistent.
 
         Only the round's owner may abort an owned round. With no round open this does
-        nothing; while a call of the round runs it does nothing either (that call's own
-        failure ends the round, and a later init preempts it).
+        nothing. While a call of the round runs, the engine is told to give up (the call
+        then fails and ends the round), and if that call succeeds all the same (its bytes had
+        all arrived) the round ends as it returns: a trainer that abandoned a round never
+        leaves a receiver in it until the round's deadline.
         """
         with self._lock:
             self._expire_if_due()
-            if self._state is not WorkerState.UPDATING or self._busy is not None:
+            if self._state is not WorkerState.UPDATING:
                 check_round_id(round_id)
                 return
             self._check_owner("abort_weight_update", round_id)
+            if self._busy is not None:
+                self._abort_pending = (self._generation, reason)
+                self.engine.abort()  # quick and thread-safe (the engine's contract)
+                return
             self._end_round("abort_weight_update", RuntimeError(reason))
 
     def _entry_for_rank(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:

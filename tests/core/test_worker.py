@@ -221,6 +221,40 @@ def test_concurrent_call_rejected_and_info_never_blocks(model: torch.nn.Module) 
         w.shutdown()
 
 
+@pytest.mark.timeout(30)
+def test_an_abort_during_an_update_that_then_succeeds_still_ends_the_round(
+    model: torch.nn.Module,
+) -> None:
+    """A trainer that abandons a round while a receiver's update is running (its bytes had
+    all arrived, so the update then succeeds) must not leave that receiver in the round until
+    its deadline: it ends the round as the call returns, inconsistent, naming the abort. (Over
+    tcp's fan-out the fast receiver of a round another one failed was left ``updating`` with
+    no error: the multi-node fault tests caught it.)"""
+    gate = threading.Event()
+    w = WeightSyncWorker("inline", _SlowSink(model, gate))
+    try:
+        _init(w)
+        w.start_weight_update()
+        t = threading.Thread(target=w.update_weights, args=(_payload({"a.w": torch.ones(4)}),))
+        t.start()
+        deadline = time.monotonic() + 5
+        while w.weight_info()["busy"] is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        w.abort_weight_update("the trainer's round failed on another receiver")
+        assert w.weight_info()["state"] == "updating"  # the call is still running
+        gate.set()
+        t.join(10)
+        info = w.weight_info()
+        assert (info["state"], info["consistent"], info["busy"]) == ("idle", False, None)
+        assert "the trainer's round failed on another receiver" in info["last_error"]
+        with pytest.raises(ProtocolStateError):
+            w.finish_weight_update("never")  # nothing of the abandoned round is published
+        assert w.weight_info()["weight_version"] is None
+    finally:
+        gate.set()
+        w.shutdown()
+
+
 def test_shutdown_is_final_and_idempotent(worker: WeightSyncWorker) -> None:
     worker.shutdown()
     worker.shutdown()
