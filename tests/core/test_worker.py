@@ -194,18 +194,24 @@ class _SlowSink(ModuleSink):
         super().load_weights(weights)
 
 
+def _update_held_mid_load(w: WeightSyncWorker) -> threading.Thread:
+    """Init, start, and an update on a thread, returned once it runs (its sink waits)."""
+    _init(w)
+    w.start_weight_update()
+    t = threading.Thread(target=w.update_weights, args=(_payload({"a.w": torch.ones(4)}),))
+    t.start()
+    deadline = time.monotonic() + 5
+    while w.weight_info()["busy"] is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return t
+
+
 @pytest.mark.timeout(30)
 def test_concurrent_call_rejected_and_info_never_blocks(model: torch.nn.Module) -> None:
     gate = threading.Event()
     w = WeightSyncWorker("inline", _SlowSink(model, gate))
     try:
-        _init(w)
-        w.start_weight_update()
-        t = threading.Thread(target=w.update_weights, args=(_payload({"a.w": torch.ones(4)}),))
-        t.start()
-        deadline = time.monotonic() + 5
-        while w.weight_info()["busy"] is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        t = _update_held_mid_load(w)
         assert w.weight_info()["busy"] == "update_weights"
         with pytest.raises(
             ProtocolStateError,
@@ -233,13 +239,7 @@ def test_an_abort_during_an_update_that_then_succeeds_still_ends_the_round(
     gate = threading.Event()
     w = WeightSyncWorker("inline", _SlowSink(model, gate))
     try:
-        _init(w)
-        w.start_weight_update()
-        t = threading.Thread(target=w.update_weights, args=(_payload({"a.w": torch.ones(4)}),))
-        t.start()
-        deadline = time.monotonic() + 5
-        while w.weight_info()["busy"] is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        t = _update_held_mid_load(w)
         w.abort_weight_update("the trainer's round failed on another receiver")
         assert w.weight_info()["state"] == "updating"  # the call is still running
         gate.set()

@@ -13,12 +13,9 @@ Importing this package does not import Ray; the client and the launcher import i
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from wtcore_ray_client.actor import SinkFactory, WeightSyncActor
 from wtcore_ray_client.client import DEFAULT_TIMEOUT_S, RayWeightSyncClient, actor_label
-from wtcore_ray_client.launch import ReceiverFleet, launch_receivers
+from wtcore_ray_client.launch import ReceiverFleet, launch_receivers, old_fleet_name
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -31,14 +28,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """``ReceiverGroup``, the old name of :class:`ReceiverFleet`, with a warning (until 0.3)."""
-    if name == "ReceiverGroup":
-        warnings.warn(
-            f"{__name__}.ReceiverGroup is renamed ReceiverFleet; the old name will be removed "
-            "in 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return ReceiverFleet
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_fleet_name(__name__)

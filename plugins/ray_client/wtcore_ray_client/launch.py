@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -189,14 +189,22 @@ def launch_receivers(
     return group
 
 
-def __getattr__(name: str) -> Any:
-    """``ReceiverGroup``, the old name of :class:`ReceiverFleet`, with a warning (until 0.3)."""
-    if name == "ReceiverGroup":
-        warnings.warn(
-            f"{__name__}.ReceiverGroup is renamed ReceiverFleet; the old name will be removed "
-            "in 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return ReceiverFleet
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def old_fleet_name(module: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``module``: ``ReceiverGroup``, the old name of
+    :class:`ReceiverFleet`, with a warning (until 0.3)."""
+
+    def __getattr__(name: str) -> Any:
+        if name == "ReceiverGroup":
+            warnings.warn(
+                f"{module}.ReceiverGroup is renamed ReceiverFleet; the old name will be "
+                "removed in 0.3",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return ReceiverFleet
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = old_fleet_name(__name__)
