@@ -526,10 +526,10 @@ class WeightSyncWorker:
         """End an open round without publishing; the weights are reported inconsistent.
 
         Only the round's owner may abort an owned round. With no round open this does
-        nothing. While a call of the round runs, the engine is told to give up (the call
-        then fails and ends the round), and if that call succeeds all the same (its bytes had
-        all arrived) the round ends as it returns: a trainer that abandoned a round never
-        leaves a receiver in it until the round's deadline.
+        nothing. While a call of the round runs, that call is left to end on its own (a
+        failure ends the round with its own error, which names the cause: a peer, a
+        timeout); if it succeeds (its bytes had all arrived) the round ends as it returns, so
+        a trainer that abandoned a round never leaves a receiver in it until its deadline.
         """
         with self._lock:
             self._expire_if_due()
@@ -539,7 +539,6 @@ class WeightSyncWorker:
             self._check_owner("abort_weight_update", round_id)
             if self._busy is not None:
                 self._abort_pending = (self._generation, reason)
-                self.engine.abort()  # quick and thread-safe (the engine's contract)
                 return
             self._end_round("abort_weight_update", RuntimeError(reason))
 
