@@ -28,6 +28,7 @@ from wtcore_channel.options import (
     ChannelTrainerInitInfo,
     ChannelUpdateInfo,
     check_direct,
+    check_receiver_settings,
 )
 from wtcore_channel.pipeline import BufferPool, Channel, ThreadWork, Work, wait_work
 from wtcore_channel.receiver import ChannelWorkerEngine
@@ -46,5 +47,6 @@ __all__ = [
     "ThreadWork",
     "Work",
     "check_direct",
+    "check_receiver_settings",
     "wait_work",
 ]

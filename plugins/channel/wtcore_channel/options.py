@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from wtcore.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo
+from wtcore.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 from wtcore.buckets import Bucket, plan_round
 from wtcore.errors import PayloadError
 
@@ -27,6 +27,7 @@ __all__ = [
     "ChannelUpdateInfo",
     "PlanOptions",
     "check_direct",
+    "check_receiver_settings",
     "plan",
 ]
 
@@ -115,4 +116,21 @@ def plan(metas: list[ParamMeta], settings: PlanOptions) -> list[Bucket]:
         packed=settings.packed,
         buffer_size_bytes=settings.packed_buffer_size_bytes,
         direct_min_bytes=settings.direct_min_bytes,
+    )
+
+
+def check_receiver_settings(settings: ChannelSettings) -> None:
+    """Check what every receiver's init info carries of the kit's options (the other side of
+    :meth:`ChannelTrainerInitInfo.receiver_settings`); a ``PayloadError`` names the field."""
+    if not isinstance(settings.rank_offset, int) or settings.rank_offset < 1:
+        raise PayloadError(
+            f"rank_offset: expected at least 1 (rank 0 is the sender), got {settings.rank_offset!r}"
+        )
+    check_direct(settings.direct_min_bytes)
+    if not isinstance(settings.checksum, bool):
+        raise PayloadError(f"checksum: expected a bool, got {settings.checksum!r}")
+    check_bucket_options(
+        packed_buffer_size_bytes=settings.packed_buffer_size_bytes,
+        packed_num_buffers=settings.packed_num_buffers,
+        timeout_s=settings.timeout_s,
     )

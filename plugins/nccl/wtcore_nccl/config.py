@@ -12,14 +12,13 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.bucketed import check_bucket_options
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore_channel import (
     DEFAULT_BUFFER_SIZE,
     ChannelTrainerInitInfo,
     ChannelUpdateInfo,
-    check_direct,
+    check_receiver_settings,
 )
 from wtcore_nccl.chain import BROADCASTS
 
@@ -212,9 +211,7 @@ class NCCLInitInfo:
     checksum: bool = False
 
     def __post_init__(self) -> None:
-        check_direct(self.direct_min_bytes)
-        if not isinstance(self.checksum, bool):
-            raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
+        check_receiver_settings(self)
         if self.secret and not _SECRET.fullmatch(self.secret):
             raise PayloadError(
                 "secret: expected 32 to 128 lowercase hex digits (or '' for none), got "
@@ -227,15 +224,6 @@ class NCCLInitInfo:
             transport=self.transport,
             broadcast=self.broadcast,
         )
-        check_bucket_options(
-            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
-            packed_num_buffers=self.packed_num_buffers,
-            timeout_s=self.timeout_s,
-        )
-        if self.rank_offset < 1:
-            raise PayloadError(
-                f"rank_offset: expected at least 1 (rank 0 is the sender), got {self.rank_offset}"
-            )
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-safe dict, as shipped in ``init_weight_transfer_engine``."""

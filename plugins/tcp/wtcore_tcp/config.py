@@ -12,10 +12,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.bucketed import check_bucket_options
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
-from wtcore_channel import ChannelTrainerInitInfo, ChannelUpdateInfo, check_direct
+from wtcore_channel import ChannelTrainerInitInfo, ChannelUpdateInfo, check_receiver_settings
 
 __all__ = ["TCPInitInfo", "TCPTrainerInitInfo", "TCPUpdateInfo"]
 
@@ -101,18 +100,7 @@ class TCPInitInfo:
         _check_peers(self.address, self.port, self.world_size, any_port=False)
         if not isinstance(self.token, str) or not _TOKEN.fullmatch(self.token):
             raise PayloadError("token: expected 32 to 128 lowercase hex digits")
-        if not isinstance(self.rank_offset, int) or self.rank_offset < 1:
-            raise PayloadError(
-                f"rank_offset: expected at least 1 (rank 0 is the sender), got {self.rank_offset!r}"
-            )
-        check_direct(self.direct_min_bytes)
-        if not isinstance(self.checksum, bool):
-            raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
-        check_bucket_options(
-            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
-            packed_num_buffers=self.packed_num_buffers,
-            timeout_s=self.timeout_s,
-        )
+        check_receiver_settings(self)
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-safe dict, as shipped in ``init_weight_transfer_engine``."""
