@@ -144,7 +144,7 @@ def test_stale_base_is_a_409() -> None:
 
 def test_a_patch_for_another_dtype_or_shape_is_refused() -> None:
     # Same element width, other dtype (bf16 patch, fp16 tensor): the header's spec says so.
-    from wtcore_delta.header import HEADER_NAME, DeltaHeader
+    from wtcore_delta.header import HEADER_NAME, DeltaHeader, new_lineage
     from wtcore_delta.receiver import DeltaSink
 
     held = torch.zeros(64, dtype=torch.float16)
@@ -153,9 +153,13 @@ def test_a_patch_for_another_dtype_or_shape_is_refused() -> None:
     enc, _ = encode(new, torch.zeros(64, dtype=torch.bfloat16))
     assert enc.blob is not None
     sink = DeltaSink(ModuleSinkStub(), readable=None, in_place={"w": held}, accepts=True)
+    lineage = new_lineage()
+    sink.begin(None, False)  # a full round of this lineage (its header only: nothing changed)
+    sink.load_weights([(HEADER_NAME, DeltaHeader(None, {}, lineage=lineage).to_tensor())])
+    sink.finish()
     for spec in (("bfloat16", [64]), ("float16", [8, 8])):
         sink.begin("v1", True)
-        header = DeltaHeader("v1", {"w": "patch"}, {"w": spec}).to_tensor()
+        header = DeltaHeader("v1", {"w": "patch"}, {"w": spec}, lineage).to_tensor()
         with pytest.raises(PayloadError, match="'w': computed for") as err:
             sink.load_weights([(HEADER_NAME, header), ("w", enc.blob)])
         assert "float16 [64]" in str(err.value)
@@ -179,6 +183,13 @@ class ModuleSinkStub:
         [["w", "same"]],
         [[1, "full"]],
         "w",
+        {"format": 1, "base": "v1", "items": []},  # no lineage: whose base is it?
+        {"lineage": "a" * 31},
+        {"lineage": "A" * 32},
+        {"lineage": "a" * 32 + "\n"},
+        {"lineage": None},
+        {"base": None},  # a full round's header lists nothing
+        {"base": ""},
     ],
 )
 def test_malformed_headers_are_refused(items: object) -> None:
@@ -186,7 +197,10 @@ def test_malformed_headers_are_refused(items: object) -> None:
 
     from wtcore_delta.header import DeltaHeader
 
-    raw = json.dumps({"format": 1, "base": "v1", "items": items}).encode()
+    data: dict[str, object] = {"format": 2, "lineage": "0" * 32, "base": "v1", "items": items}
+    if isinstance(items, dict):  # the items are fine, another field is not
+        data = items if "format" in items else {**data, "items": [["w", "full"]], **items}
+    raw = json.dumps(data).encode()
     with pytest.raises(PayloadError, match="delta header"):
         DeltaHeader.from_tensor(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 

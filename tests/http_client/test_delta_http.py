@@ -72,3 +72,55 @@ def test_delta_chain_and_refusal_over_http(fleet: list[Any], monkeypatch: Any) -
                 assert worker.weight_info()["rounds_failed"] == 1  # the refused round
         finally:
             trainer.shutdown()
+
+
+@pytest.mark.parametrize("other_delta", [True, False], ids=["delta-trainer", "plain-trainer"])
+def test_another_trainers_round_of_the_same_version_name_is_no_base(
+    fleet: list[Any], other_delta: bool
+) -> None:
+    # Trainer A's base is "v1". Trainer B (another job, or A's predecessor after a restart)
+    # publishes its own "v1". A's next round must not patch B's weights: every receiver refuses
+    # the patches (the lineage differs), and A sends its weights whole at once.
+    chain = delta_chain()
+    a_state = {n: t.clone() for n, t in chain[0].items()}
+    b_state = {n: t.clone() for n, t in chain[-1].items()}  # every element differs from A's
+    urls = [s.url for _, _, s in fleet]
+
+    def trainer(state: dict[str, Any], delta: bool) -> Any:
+        info = InlineTrainerInitInfo(rank=0, delta=delta, packed_buffer_size_bytes=1 << 20)
+        client = HTTPWeightSyncClient(urls, timeout_s=30)
+        return WeightTransferTrainerFactory.trainer_init(
+            info, client=client, source=TensorSource(state)
+        )
+
+    a, b = trainer(a_state, True), trainer(b_state, other_delta)
+    try:
+        assert a.send_weights(weight_version="v0").delta["mode"] == "full"
+        for n, t in a_state.items():
+            t.copy_(chain[1][n])
+        assert a.send_weights(weight_version="v1").delta["mode"] == "delta"
+        b.send_weights(weight_version="v1")
+        for worker, sink, _ in fleet:
+            assert_bits_equal(dict(sink.named_tensors()), chain[-1])
+            assert worker.weight_info()["weight_version"] == "v1"
+        for n, t in a_state.items():
+            t.copy_(chain[2][n])
+        stats = a.send_weights(weight_version="v2")
+        assert stats.delta is not None
+        assert (stats.delta["mode"], stats.delta["why"]) == (
+            "full",
+            "refused by receivers (StaleBaseError)",
+        )
+        for worker, sink, _ in fleet:
+            assert_bits_equal(dict(sink.named_tensors()), chain[2])
+            info = worker.weight_info()
+            assert (info["weight_version"], info["consistent"]) == ("v2", True)
+        # Every receiver now holds A's weights, named as A's: the next round is a delta again.
+        for n, t in a_state.items():
+            t.copy_(chain[3][n])
+        assert a.send_weights(weight_version="v3").delta["mode"] == "delta"
+        for _, sink, _ in fleet:
+            assert_bits_equal(dict(sink.named_tensors()), chain[3])
+    finally:
+        a.shutdown()
+        b.shutdown()

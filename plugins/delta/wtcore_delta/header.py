@@ -1,5 +1,12 @@
 """The first tensor of a delta round: which base it applies to, and what each tensor is.
 
+A base is named by its version *and* by the lineage of the trainer that sent it: a random id
+each trainer's delta policy draws once. Version names are the user's, and two trainers (or one
+after a restart) reuse them, so a version string alone cannot say whose weights a receiver
+holds. A full round from a delta trainer therefore starts with a header too, with no base and no
+items (:attr:`DeltaHeader.marks_full`): it tells the receiver whose weights it is about to
+hold, and the receiver applies a later patch only over that same trainer's weights.
+
 It travels on the data plane like any tensor (a flat ``uint8`` tensor of JSON under the
 reserved name :data:`HEADER_NAME`), so every engine carries delta rounds unchanged and the
 four vLLM calls keep their bodies. Tensors the header does not list are unchanged and do not
@@ -9,6 +16,8 @@ travel; ``patch`` tensors are :mod:`wtcore_delta.codec` blobs; ``full`` tensors 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,24 +27,39 @@ from wtcore.meta import ALLOWED_DTYPE_NAMES
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HEADER_NAME", "KINDS", "MAX_HEADER_BYTES", "DeltaHeader"]
+__all__ = ["HEADER_NAME", "KINDS", "LINEAGE_RE", "MAX_HEADER_BYTES", "DeltaHeader", "new_lineage"]
 
 HEADER_NAME = "__wtcore_delta__"
 KINDS = ("patch", "full")
 #: A header larger than this is refused before it is parsed.
 MAX_HEADER_BYTES = 64 << 20
-_FORMAT = 1
+#: Format 2 added the lineage (a format-1 header is refused: it cannot say whose base it is).
+_FORMAT = 2
+#: A trainer's lineage: 128 random bits, hex-encoded (always ``fullmatch``).
+LINEAGE_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def new_lineage() -> str:
+    """A fresh lineage for one trainer's delta policy."""
+    return secrets.token_hex(16)
 
 
 @dataclass(frozen=True)
 class DeltaHeader:
-    """``base``: the version the patches were computed against; ``items``: name -> kind;
-    ``specs``: name -> (dtype name, shape) of each patched tensor, checked by the receiver
-    against the tensor it patches (a patch carries only the element width)."""
+    """``base``: the version the patches were computed against (``None``: a full round);
+    ``items``: name -> kind; ``specs``: name -> (dtype name, shape) of each patched tensor,
+    checked by the receiver against the tensor it patches (a patch carries only the element
+    width); ``lineage``: the sending trainer's (:func:`new_lineage`)."""
 
-    base: str
+    base: str | None
     items: dict[str, str]
     specs: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    lineage: str = ""
+
+    @property
+    def marks_full(self) -> bool:
+        """A full round's header: no patches, it only names the trainer whose weights follow."""
+        return self.base is None
 
     def to_tensor(self) -> torch.Tensor:
         import torch
@@ -45,7 +69,8 @@ class DeltaHeader:
             for name, kind in self.items.items()
         ]
         raw = json.dumps(
-            {"format": _FORMAT, "base": self.base, "items": wire}, separators=(",", ":")
+            {"format": _FORMAT, "lineage": self.lineage, "base": self.base, "items": wire},
+            separators=(",", ":"),
         ).encode()
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
@@ -65,15 +90,19 @@ class DeltaHeader:
             data = json.loads(bytes(t.cpu().numpy()).decode())
         except (UnicodeDecodeError, ValueError) as e:
             raise bad(f"not JSON ({e})") from None
-        if not isinstance(data, dict) or set(data) != {"format", "base", "items"}:
-            raise bad("expected an object with exactly format, base, items")
+        if not isinstance(data, dict) or set(data) != {"format", "lineage", "base", "items"}:
+            raise bad("expected an object with exactly format, lineage, base, items")
         if data["format"] != _FORMAT:
-            raise bad(f"format {data['format']!r} is not {_FORMAT}")
-        base, raw_items = data["base"], data["items"]
-        if not isinstance(base, str) or not base:
-            raise bad(f"base: expected a non-empty version string, got {base!r}")
+            raise bad(f"format {data['format']!r} is not {_FORMAT} (upgrade wtcore-delta)")
+        lineage, base, raw_items = data["lineage"], data["base"], data["items"]
+        if not isinstance(lineage, str) or not LINEAGE_RE.fullmatch(lineage):
+            raise bad(f"lineage: expected {LINEAGE_RE.pattern}, got {str(lineage)[:40]!r}")
+        if base is not None and (not isinstance(base, str) or not base):
+            raise bad(f"base: expected a non-empty version string or null, got {base!r}")
         if not isinstance(raw_items, list):
             raise bad("items: expected a list of [name, kind] pairs")
+        if base is None and raw_items:
+            raise bad("items: a full round's header (base null) lists no items")
         items: dict[str, str] = {}
         specs: dict[str, tuple[str, list[int]]] = {}
         for i, entry in enumerate(raw_items):
@@ -88,7 +117,7 @@ class DeltaHeader:
             items[name] = entry[1]
             if entry[1] == "patch":
                 specs[name] = (entry[2], list(entry[3]))
-        return cls(base, items, specs)
+        return cls(base, items, specs, lineage)
 
 
 def _well_formed(entry: object) -> bool:

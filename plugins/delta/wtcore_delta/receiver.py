@@ -5,10 +5,13 @@ entry-point group ``wtcore.receiver_layers``): with wtcore-delta installed every
 :class:`~wtcore.worker.WeightSyncWorker` puts one first in its chain, so every engine carries
 delta rounds without knowing about them. A round whose first tensor is the header
 (:mod:`wtcore_delta.header`) is a delta round: the header's base must be the version this
-receiver published, with consistent weights (else :class:`~wtcore.errors.StaleBaseError`,
-before anything is applied); every other tensor must be listed in the header, once; patches are
-checked (:func:`wtcore_delta.codec.decode`) before any of their batch is written; at finish
-every listed tensor must have arrived. Any other round passes through unchanged.
+receiver published, with consistent weights, left by a round of the same trainer lineage (else
+:class:`~wtcore.errors.StaleBaseError`, before anything is applied: another trainer may have
+published weights under the same version name); every other tensor must be listed in the
+header, once; patches are checked (:func:`wtcore_delta.codec.decode`) before any of their batch
+is written; at finish every listed tensor must have arrived. A full round passes through
+unchanged; its header, when a delta trainer sent one, only names the lineage of the weights it
+leaves (the lineage is never published, so no other trainer can copy it).
 
 Patches are applied in place on the sink's own tensors when the sink offers them
 (``patch_targets()``, e.g. :class:`~wtcore.sink.ModuleSink`) and nothing else sits in the chain;
@@ -66,6 +69,10 @@ class DeltaSink:
         #: Whether this receiver takes delta rounds (reported in ``weight_info``).
         self.accepts = accepts and (readable is not None or in_place is not None)
         self._base: str | None = None
+        #: The lineage of the weights the last finished round left (None: unknown), and the
+        #: open round's (:mod:`wtcore_delta.header`).
+        self._held: str | None = None
+        self._lineage: str | None = None
         self._items: dict[str, str] | None = None
         self._specs: dict[str, tuple[str, list[int]]] = {}
         self._seen: set[str] = set()
@@ -84,6 +91,7 @@ class DeltaSink:
     def begin(self, version: str | None, consistent: bool) -> None:
         """A round starts over weights of ``version`` (``consistent`` as published)."""
         self._base = version if consistent else None
+        self._lineage = None
         self._items, self._seen, self._first, self.applied = None, set(), True, False
 
     @property
@@ -115,6 +123,8 @@ class DeltaSink:
             if batch[0][0] == HEADER_NAME:
                 self._items = self._open(DeltaHeader.from_tensor(batch[0][1]))
                 batch = batch[1:]
+                if not batch:
+                    return
         for name, _ in batch:
             if name == HEADER_NAME:
                 raise PayloadError(
@@ -127,7 +137,11 @@ class DeltaSink:
             return
         self._load_delta(batch, self._items)
 
-    def _open(self, header: DeltaHeader) -> dict[str, str]:
+    def _open(self, header: DeltaHeader) -> dict[str, str] | None:
+        """The delta round's items, or ``None`` for a full round's header."""
+        if header.marks_full:
+            self._lineage = header.lineage
+            return None
         if not self.accepts:
             raise StaleBaseError(
                 "delta round refused: this receiver's sink cannot apply patches (it reports "
@@ -139,6 +153,13 @@ class DeltaSink:
                 f"delta round refused: its patches apply to version {header.base!r}, this "
                 f"receiver holds {holds}; nothing was applied, send a full round"
             )
+        if self._held != header.lineage:
+            raise StaleBaseError(
+                f"delta round refused: this receiver's {header.base!r} is not the sending "
+                "trainer's (another trainer, or this one before a restart, published weights "
+                "under that version name); nothing was applied, send a full round"
+            )
+        self._lineage = header.lineage
         self._specs = header.specs
         return header.items
 
@@ -208,8 +229,10 @@ class DeltaSink:
         return dict(self.readable.named_tensors())
 
     def finish(self) -> None:
-        """End of the round: every tensor the header listed must have arrived."""
+        """End of the round: every tensor the header listed must have arrived; the weights
+        are now the round's lineage (unknown after a full round that named none)."""
         if self._items is None:
+            self._held = self._lineage
             return
         missing = [n for n in self._items if n not in self._seen]
         if missing:
@@ -218,6 +241,7 @@ class DeltaSink:
                 f"delta round incomplete: {len(missing)} tensor(s) listed in its header never "
                 f"arrived ({shown}); the round is not published"
             )
+        self._held = self._lineage
 
 
 def delta_sink_for(chain: WeightSink, sink: WeightSink, staging: ReadableSink | None) -> DeltaSink:

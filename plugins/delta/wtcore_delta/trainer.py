@@ -37,7 +37,7 @@ from wtcore.meta import ParamMeta, dtype_name
 from wtcore.source import TensorSource, WeightSource, iter_checked
 from wtcore.trainer import RoundPolicy, TrainerInitInfo
 from wtcore_delta.codec import bits, plan
-from wtcore_delta.header import HEADER_NAME, DeltaHeader
+from wtcore_delta.header import HEADER_NAME, DeltaHeader, new_lineage
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,6 +115,13 @@ class DeltaTracker:
     def __init__(self, base_device: str | None = None) -> None:
         self.base_device = base_device
         self.version: str | None = None
+        #: Names this trainer's rounds to the receivers, beside the version (the user's name,
+        #: which another trainer may reuse): :mod:`wtcore_delta.header`.
+        self.lineage = new_lineage()
+        #: Whether every receiver takes delta rounds (reports ``delta: true``), so that a full
+        #: round can name its lineage (a receiver without the delta layer would load the header
+        #: as a tensor); read with the receivers' state each round.
+        self.marks = False
         #: name -> base tensor, or None when it was dropped (sent whole, not copied).
         self._base: dict[str, torch.Tensor | None] = {}
         self._order: list[str] = []
@@ -153,14 +160,16 @@ class DeltaTracker:
         """Why this round must be full, or ``None`` when every receiver holds the base."""
         from wtcore.client import InspectableClient
 
-        if self.version is None:
-            return "no base yet (first round, a failed round, or no weight_version)"
+        self.marks = False
         if not isinstance(client, InspectableClient):
             return "the client cannot report the receivers' versions (weight_info)"
         try:
             infos = client.weight_info()
         except WtcoreError as e:
             return f"weight_info failed ({type(e).__name__})"
+        self.marks = all(info.get("delta") is True for info in infos)
+        if self.version is None:
+            return "no base yet (first round, a failed round, or no weight_version)"
         for i, info in enumerate(infos):
             if info.get("delta") is not True:
                 return f"receiver {i} does not take patches"
@@ -181,8 +190,13 @@ class DeltaTracker:
             self._base[name] = t.detach().to(device=device, copy=True)
 
     def refreshing(self, source: WeightSource) -> WeightSource:
-        """A full round's source that copies every tensor into the base as it is sent."""
-        return _Refreshing(self, source)
+        """A full round's source that copies every tensor into the base as it is sent, and
+        names this trainer's lineage first when every receiver can take it (:attr:`marks`)."""
+        return _Refreshing(self, source, self.mark() if self.marks else None)
+
+    def mark(self) -> tuple[str, torch.Tensor]:
+        """A full round's header: the weights that follow are this trainer's."""
+        return HEADER_NAME, DeltaHeader(None, {}, lineage=self.lineage).to_tensor()
 
     def encode(self, source: WeightSource, report: DeltaReport) -> WeightSource:
         """Iterate ``source`` once: the delta round's source; the base becomes the new weights."""
@@ -237,7 +251,7 @@ class DeltaTracker:
             del self._base[gone]
             self._dense.pop(gone, None)
         self._order, self._kept = names, kept
-        header = DeltaHeader(self.version, items, specs).to_tensor()
+        header = DeltaHeader(self.version, items, specs, self.lineage).to_tensor()
         return _Finishing(self, [(HEADER_NAME, header), *out])
 
     def _finish(self, name: str) -> None:
@@ -251,7 +265,7 @@ class DeltaTracker:
         """The weights just encoded, whole (the base, plus tensors kept without a copy)."""
         for name in list(self._pending):  # patches the refused round did not reach
             self._finish(name)
-        items: list[tuple[str, torch.Tensor]] = []
+        items = [self.mark()] if self.marks else []
         for name in self._order:
             t = self._base.get(name)
             items.append((name, t if t is not None else self._kept[name]))
@@ -273,15 +287,23 @@ class _Finishing(TensorSource):
 
 
 class _Refreshing(WeightSource):
-    def __init__(self, tracker: DeltaTracker, inner: WeightSource) -> None:
-        self.tracker, self.inner = tracker, inner
+    def __init__(
+        self,
+        tracker: DeltaTracker,
+        inner: WeightSource,
+        mark: tuple[str, torch.Tensor] | None,
+    ) -> None:
+        self.tracker, self.inner, self.mark = tracker, inner, mark
 
     def metadata(self) -> list[ParamMeta]:
-        return self.inner.metadata()
+        metas = self.inner.metadata()
+        return metas if self.mark is None else [ParamMeta.of(*self.mark), *metas]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         tracker, names = self.tracker, []
         tracker._kept = {}
+        if self.mark is not None:
+            yield self.mark
         for name, t in self.inner:
             tracker._store(name, t)
             names.append(name)
