@@ -134,7 +134,8 @@ class FanOutClient(ABC):
 
     Round ownership (:mod:`wtcore.rounds`): :meth:`start_weight_update` draws a new
     :attr:`round_id` and every later call of the round carries it (the ``round_id`` keyword
-    of :meth:`_targets`), so receivers refuse any other trainer's calls inside this round.
+    of :meth:`_targets`), so receivers refuse any other trainer's calls inside this round. An
+    init carries a fresh id of its own, so receivers that require ids take it.
     """
 
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -146,7 +147,7 @@ class FanOutClient(ABC):
     def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
         """``(label, thunk)`` per receiver, each thunk making ``call(*args, **kwargs)`` on it.
 
-        The only keyword is ``round_id`` (on start, update, finish and abort).
+        The only keyword is ``round_id`` (on init, start, update, finish and abort).
         """
 
     def _deadline_s(self) -> float:
@@ -169,7 +170,7 @@ class FanOutClient(ABC):
     # ------------------------------------------------------------------ WeightSyncClient
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self.round_id = None  # an init abandons any round this client had open
-        self._each("init_weight_transfer_engine", init_info)
+        self._each("init_weight_transfer_engine", init_info, round_id=new_round_id())
 
     def start_weight_update(self) -> None:
         # Set before the call: if only some receivers start, the abort must still carry it.

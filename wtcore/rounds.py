@@ -10,7 +10,10 @@ never echoes it (an error message or ``weight_info`` would leak it to whoever re
 
 A start *without* an id opens an unowned round, for third-party clients that speak only
 vLLM's routes: such a round accepts calls without an id, and refuses calls with one. An
-owned round refuses every call whose id is missing or different. The rules are in
+owned round refuses every call whose id is missing or different. A receiver that serves only
+wtcore trainers can refuse unowned rounds altogether (``require_round_id``,
+:func:`check_required`): then an init, start, update or finish without an id is refused (the
+client sends a fresh id with its init too). The rules are in
 ``docs/protocol.md``; the state machine that applies them is :mod:`wtcore.worker`.
 """
 
@@ -19,12 +22,13 @@ from __future__ import annotations
 import re
 import secrets
 
-from wtcore.errors import PayloadError
+from wtcore.errors import PayloadError, ProtocolStateError
 
 __all__ = [
     "MAX_VERSION_CHARS",
     "ROUND_HEADER",
     "ROUND_ID_RE",
+    "check_required",
     "check_round_id",
     "check_weight_version",
     "new_round_id",
@@ -64,3 +68,13 @@ def check_weight_version(value: object) -> str | None:
             f"weight_version: {len(value)} characters, over the limit of {MAX_VERSION_CHARS}"
         )
     return value
+
+
+def check_required(call: str, round_id: str | None, required: bool) -> None:
+    """Refuse an id-less ``call`` on a receiver that requires owned rounds (a 409)."""
+    if required and round_id is None:
+        raise ProtocolStateError(
+            f"{call}: refused, this receiver requires a round id (require_round_id) and the "
+            "call carries none (vLLM-style clients send none; wtcore's clients always do); "
+            "nothing was applied"
+        )

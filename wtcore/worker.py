@@ -49,7 +49,7 @@ from wtcore.errors import (
 )
 from wtcore.finite import FiniteCheckSink
 from wtcore.registry import RECEIVER_LAYERS
-from wtcore.rounds import check_round_id, check_weight_version
+from wtcore.rounds import check_required, check_round_id, check_weight_version
 from wtcore.sink import ReadableSink, WeightSink
 from wtcore.staging import StagingSink
 
@@ -114,6 +114,9 @@ class WeightSyncWorker:
     ``round_timeout_s`` (default :data:`DEFAULT_ROUND_TIMEOUT_S`) is how long an open round
     may go without a call before it is abandoned; ``None`` turns the deadline off.
     ``preempt_timeout_s`` bounds how long an init waits for a call it preempted to end.
+    ``require_round_id`` refuses unowned rounds: an init, start, update or finish without a
+    round id (:mod:`wtcore.rounds`) is a :class:`~wtcore.errors.ProtocolStateError` (HTTP 409),
+    for a receiver that serves only wtcore trainers.
     """
 
     def __init__(
@@ -128,9 +131,13 @@ class WeightSyncWorker:
         reject_nonfinite: bool = False,
         round_timeout_s: float | None = DEFAULT_ROUND_TIMEOUT_S,
         preempt_timeout_s: float = DEFAULT_PREEMPT_TIMEOUT_S,
+        require_round_id: bool = False,
     ) -> None:
         from wtcore.factory import WeightTransferEngineFactory
 
+        if not isinstance(require_round_id, bool):
+            raise PayloadError(f"require_round_id: expected a bool, got {require_round_id!r}")
+        self.require_round_id = require_round_id
         self.config = WeightTransferConfig.coerce(config)
         self.sink = sink
         self.rank = rank
@@ -273,6 +280,8 @@ class WeightSyncWorker:
     def _check_owner(self, name: str, round_id: str | None) -> None:
         """Under the lock: only the round's owner may continue it (see :mod:`wtcore.rounds`)."""
         round_id = check_round_id(round_id)
+        if name != "abort_weight_update":  # an id-less abort ends an unowned round only
+            check_required(name, round_id, self.require_round_id)
         if self._state is not WorkerState.UPDATING:
             if round_id is not None and self._ended is not None and self._ended[0] == round_id:
                 raise ProtocolStateError(
@@ -393,13 +402,18 @@ class WeightSyncWorker:
         self._busy = None
 
     # ------------------------------------------------------------------ the protocol
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+    def init_weight_transfer_engine(
+        self, init_info: dict[str, Any], *, round_id: str | None = None
+    ) -> None:
         """Join the data plane. Allowed again at any time (re-init after a failure).
 
         Mid-round it abandons the open round; while another call runs it preempts that call
-        (see :meth:`_preempt`), so a trainer can always recover a receiver.
+        (see :meth:`_preempt`), so a trainer can always recover a receiver. ``round_id`` is
+        checked only for its form and, with ``require_round_id``, for its presence: an init
+        belongs to no round.
         """
         name = "init_weight_transfer_engine"
+        check_required(name, check_round_id(round_id), self.require_round_id)
         typed = self.engine.parse_init_info(init_info)  # PayloadError: nothing changes
         with self._call(
             name,
@@ -427,6 +441,7 @@ class WeightSyncWorker:
     def start_weight_update(self, *, round_id: str | None = None) -> None:
         """Open a round; ``round_id`` (see :mod:`wtcore.rounds`) makes the caller its owner."""
         round_id = check_round_id(round_id)
+        check_required("start_weight_update", round_id, self.require_round_id)
         with self._call(
             "start_weight_update",
             (WorkerState.IDLE,),

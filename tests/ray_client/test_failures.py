@@ -268,3 +268,27 @@ def test_one_failure_cuts_the_wait_for_the_others(ray_cluster: None, kit: Any) -
         assert "'layers.0.weight': unknown parameter name" in rejected.message
         assert hung.receiver == g1.labels[0] and hung.error_type == "TransferTimeoutError"
         assert f"still running 1 s after {g2.labels[0]} failed" in hung.message
+
+
+def test_actors_that_require_round_ids(ray_cluster: None, kit: Any) -> None:
+    # worker_options reach each actor's WeightSyncWorker: an id-less call (a vLLM-style client
+    # calling the actor directly) is refused naming the option; the Ray client's rounds pass.
+    import ray
+
+    sink = functools.partial(kit.module_sink, SEED)
+    options = {"require_round_id": True}
+    with launch_receivers(2, "inline", sink, num_cpus=0, worker_options=options) as group:
+        with pytest.raises(ray.exceptions.RayTaskError, match="require_round_id"):
+            ray.get(group.handles[0].init_weight_transfer_engine.remote({}), timeout=60)
+        client = group.client(timeout_s=60)
+        state = kit.make_state(SEED + 1)
+        info = InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=1 << 20)
+        with WeightTransferTrainerFactory.trainer_init(
+            info, client=client, source=TensorSource(state)
+        ) as trainer:
+            trainer.send_weights(weight_version="v1")
+        assert client.checksums() == [digest_named(state.items())] * 2
+        with pytest.raises(ray.exceptions.RayTaskError, match="start_weight_update.*require"):
+            ray.get(group.handles[1].start_weight_update.remote(), timeout=60)
+        infos = client.weight_info()
+        assert [(i["weight_version"], i["state"]) for i in infos] == [("v1", "idle")] * 2

@@ -220,7 +220,8 @@ class HTTPWeightSyncClient(FanOutClient):
         ``round_id`` travels in the ``X-Wtcore-Round`` header, so the bodies stay vLLM's.
         """
         if call == "init_weight_transfer_engine":
-            return self._request(url, "POST", f"/{call}", {"init_info": args[0]})
+            info = {"init_info": args[0]}
+            return self._request(url, "POST", f"/{call}", info, round_id=round_id)
         if call == "update_weights":
             return self._request(
                 url, "POST", f"/{call}", {"update_info": args[0]}, round_id=round_id

@@ -100,6 +100,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--reject-nonfinite", action="store_true", help="refuse batches holding NaN or Inf"
     )
     p.add_argument(
+        "--require-round-id",
+        action="store_true",
+        help="refuse (409) an init, start, update or finish without a round id: only wtcore "
+        "clients, never a vLLM-style trainer's unowned round (docs/reliability.md)",
+    )
+    p.add_argument(
         "--round-timeout-s",
         type=float,
         default=None,
@@ -167,6 +173,7 @@ def run_serve(args: argparse.Namespace) -> int:
         world_size=args.world_size,
         transactional=args.transactional,
         reject_nonfinite=args.reject_nonfinite,
+        require_round_id=args.require_round_id,
         **({} if args.round_timeout_s is None else {"round_timeout_s": args.round_timeout_s}),
     )
     routes = ReceiverRoutes(

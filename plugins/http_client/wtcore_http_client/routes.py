@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 from wtcore.errors import ErrorRecord, PayloadError, ProtocolStateError
-from wtcore.rounds import MAX_VERSION_CHARS, ROUND_HEADER
+from wtcore.rounds import MAX_VERSION_CHARS, ROUND_HEADER, check_required
 from wtcore.worker import WeightSyncWorker
 from wtcore_http_client.framing import FramingError, parse_content_length
 from wtcore_http_client.pause import check_pause_mode
@@ -113,6 +113,17 @@ def _error(error: BaseException) -> Response:
     return Response(record.status, record.to_json())
 
 
+#: The routes that ``require_round_id`` refuses without an id.
+_ROUND_ROUTES = frozenset(
+    (
+        "/init_weight_transfer_engine",
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+    )
+)
+
+
 class ReceiverRoutes:
     """vLLM's RL routes plus health, info, pause/resume, checksums and abort, over one worker.
 
@@ -122,6 +133,9 @@ class ReceiverRoutes:
         max_body_bytes: larger bodies are refused with 413 before they are parsed.
         on_pause: called with ``(mode, clear_cache)`` by ``POST /pause``; an inference server
             stops generating there. ``on_resume`` is its inverse.
+        require_round_id: refuse (409) an init, start, update or finish without the
+            ``X-Wtcore-Round`` header, as ``WeightSyncWorker(require_round_id=True)`` does, for
+            a server whose worker is shared with code that takes unowned rounds.
     """
 
     def __init__(
@@ -132,12 +146,16 @@ class ReceiverRoutes:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         on_pause: Callable[[str, bool], None] | None = None,
         on_resume: Callable[[], None] | None = None,
+        require_round_id: bool = False,
     ) -> None:
         if api_key is not None and not api_key:
             raise PayloadError("api_key: expected a non-empty string or None")
         if max_body_bytes <= 0:
             raise PayloadError(f"max_body_bytes: must be positive, got {max_body_bytes}")
+        if not isinstance(require_round_id, bool):
+            raise PayloadError(f"require_round_id: expected a bool, got {require_round_id!r}")
         self.worker = worker
+        self.require_round_id = require_round_id
         self.max_body_bytes = max_body_bytes
         self._token = api_key.encode() if api_key else None
         self._on_pause = on_pause
@@ -250,6 +268,8 @@ class ReceiverRoutes:
         round_id = _header(headers, ROUND_HEADER.lower())  # the worker checks its form
         if path != "/pause" and query:
             raise PayloadError(f"{path}: takes no query parameters, got {sorted(query)}")
+        if path in _ROUND_ROUTES:
+            check_required(path.lstrip("/"), round_id, self.require_round_id)
         if path == "/health":
             return Response(200, {"status": "ok"})
         if path == "/weight_info":
@@ -263,7 +283,7 @@ class ReceiverRoutes:
             init_info = fields["init_info"]
             if not isinstance(init_info, dict):
                 raise PayloadError(f"init_info: expected a JSON object, got {_kind(init_info)}")
-            w.init_weight_transfer_engine(init_info)
+            w.init_weight_transfer_engine(init_info, round_id=round_id)
         elif path == "/start_weight_update":
             _json_object(body)
             w.start_weight_update(round_id=round_id)

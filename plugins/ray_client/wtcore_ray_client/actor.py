@@ -119,8 +119,10 @@ class WeightSyncActor:
         return worker
 
     # ------------------------------------------------------------------ the protocol
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.weight_sync_worker.init_weight_transfer_engine(init_info)
+    def init_weight_transfer_engine(
+        self, init_info: dict[str, Any], *, round_id: str | None = None
+    ) -> None:
+        self.weight_sync_worker.init_weight_transfer_engine(init_info, round_id=round_id)
 
     # ``round_id`` is the round's owner (wtcore.rounds); the Ray client passes it.
     def start_weight_update(self, *, round_id: str | None = None) -> None:
