@@ -33,6 +33,9 @@ class TransferStats:
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     #: With delta rounds on (wtcore-delta): the round's mode, why, density; else None.
     delta: dict[str, Any] | None = None
+    #: With ``verify=True``: the bytes each receiver counted as landed this round (every
+    #: announced tensor's, checked against its plan before it publishes: ``wtcore.ledger``).
+    bytes_landed: list[int] | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -245,6 +245,8 @@ class TrainerWeightTransferEngine(ABC):
                     self.handshake()
                 self._send(again, stats)
             self.rounds.committed(stats)
+            if verify:
+                stats.bytes_landed = getattr(self.client, "landed", None)
         except BaseException as e:
             self.rounds.aborted()
             # Whatever failed, some receivers may be mid-round or hold a torn-down data plane:

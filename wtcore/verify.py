@@ -58,6 +58,8 @@ class VerifyingClient:
             )
         self.inner: InspectableClient = inner
         self.source = source
+        #: Each receiver's landed bytes of the round, read by :meth:`check` (``weight_info``).
+        self.landed: list[int] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -87,6 +89,8 @@ class VerifyingClient:
                 problems.append(
                     f"receiver {i}: {len(bad)} of {len(expected)} tensors differ ({shown})"
                 )
+        counts = [i.get("round_bytes", {}).get("landed") for i in self.inner.weight_info()]
+        self.landed = counts if all(isinstance(c, int) for c in counts) else None
         if problems:
             raise VerificationError(
                 "verification failed; the round was NOT finished, no receiver published the "

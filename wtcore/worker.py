@@ -48,6 +48,7 @@ from wtcore.errors import (
     WrongTypeError,
 )
 from wtcore.finite import FiniteCheckSink
+from wtcore.ledger import ByteLedger
 from wtcore.registry import RECEIVER_LAYERS
 from wtcore.rounds import check_required, check_round_id, check_weight_version
 from wtcore.sink import ReadableSink, WeightSink
@@ -161,6 +162,7 @@ class WeightSyncWorker:
             layer = RECEIVER_LAYERS.load(layer_name).for_chain(engine_sink, sink, self._staging)
             self._layers.append((layer_name, layer))
             engine_sink = layer
+        engine_sink = self._ledger = ByteLedger(engine_sink)  # what the engine delivers
         self.engine: WeightTransferEngine[Any, Any] = WeightTransferEngineFactory.create_engine(
             self.config, sink=engine_sink, device=device, rank=rank, world_size=world_size
         )
@@ -454,6 +456,7 @@ class WeightSyncWorker:
                 self._staging.begin()
             for _, layer in self._layers:
                 layer.begin(self._version, self._consistent)
+            self._ledger.begin()
             self._state = WorkerState.UPDATING
             self._updates_in_round = 0
             self._touched = False
@@ -470,6 +473,7 @@ class WeightSyncWorker:
         with self._round_call(name, round_id) as generation:
             entry = self._entry_for_rank(update_info)
             typed = self.engine.parse_update_info(entry)  # PayloadError: round stays open
+            self._ledger.plan(getattr(typed, "metas", None))
             self._touched = True
             was_consistent = self._consistent
             if self._staging is None:
@@ -506,6 +510,7 @@ class WeightSyncWorker:
                     "round with abort_weight_update); the round stays open"
                 )
             try:
+                self._ledger.check()
                 for _, layer in self._layers:
                     layer.finish()
                 self.engine.finish_weight_update()
@@ -597,6 +602,8 @@ class WeightSyncWorker:
             "rank": self.rank,
             "world_size": self.world_size,
             "transactional": self.transactional,
+            # Bytes announced and landed in the open (or last) round, every tensor counted.
+            "round_bytes": self._ledger.totals(),
             # Trainers read "delta" (wtcore-delta's rounds): False unless its layer takes them.
             "delta": False,
             **{name: layer.accepts for name, layer in self._layers},

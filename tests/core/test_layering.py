@@ -29,6 +29,7 @@ PROTOCOL = {
     "wtcore.worker": "the receiver state machine",
     "wtcore.staging": "transactional staging",
     "wtcore.finite": "the finite check",
+    "wtcore.ledger": "every announced byte landed",
     "wtcore.verify": "verify=True",
     "wtcore.digest": "the digests verify compares",
     "wtcore.client": "the client protocols",

@@ -75,7 +75,7 @@ def test_the_worker_puts_the_delta_layer_first() -> None:
     from wtcore_delta.receiver import DeltaSink
 
     worker = WeightSyncWorker("inline", ModuleSink(build_module(synthetic_state(1 << 12, 2))))
-    assert isinstance(worker.engine.sink, DeltaSink)
+    assert isinstance(worker.engine.sink.inner, DeltaSink)  # behind the byte ledger only
     assert worker.weight_info()["delta"] is True
 
 
@@ -126,7 +126,7 @@ def test_a_worker_without_wtcore_delta_gets_full_rounds(
     state = {"w": torch.randn(64, 64).to(torch.bfloat16)}
     sink = ModuleSink(build_module(zeros_like_state(state)))
     worker = WeightSyncWorker("inline", sink)  # built without the delta layer
-    assert worker.engine.sink is sink  # nothing in front of the chain
+    assert worker.engine.sink.inner is sink  # nothing but the byte ledger in front
     assert worker.weight_info()["delta"] is False
     monkeypatch.delenv("WTCORE_DISABLE_PLUGIN_AUTOLOAD")  # the trainer has wtcore-delta
     _rediscover()
