@@ -184,6 +184,10 @@ class FanOutClient(ABC):
         self._each("finish_weight_update", weight_version, round_id=self.round_id)
         self.round_id = None
 
+    def update_weight_version(self, new_version: str) -> None:
+        """Rename the version every receiver holds, between rounds (vLLM's route)."""
+        self._each("update_weight_version", new_version, round_id=new_round_id())
+
     # ------------------------------------------------------------------ InspectableClient
     def weight_info(self) -> list[dict[str, Any]]:
         """Each receiver's ``weight_info()``, in order."""

@@ -540,6 +540,24 @@ class WeightSyncWorker:
                 self._round_id = None
                 self._ended = None
 
+    def update_weight_version(self, new_version: str, *, round_id: str | None = None) -> None:
+        """Rename the version of the weights held, between rounds (vLLM's route of the name).
+
+        The weights and ``consistent`` are unchanged: a trainer that labels a step after the
+        fact, or by another scheme, does so without sending the weights again. Refused during
+        a round (the open round's finish names its version) and, with ``require_round_id``,
+        without an id.
+        """
+        name = "update_weight_version"
+        check_required(name, check_round_id(round_id), self.require_round_id)
+        if not isinstance(new_version, str):
+            raise PayloadError(f"new_version: expected a string, got {new_version!r:.60}")
+        check_weight_version(new_version)
+        hint = "rename between rounds (an open round's finish names its own version)"
+        allowed = (WorkerState.UNINITIALIZED, WorkerState.IDLE)
+        with self._call(name, allowed, hint), self._lock:
+            self._version = new_version
+
     def abort_weight_update(
         self, reason: str = "aborted by caller", *, round_id: str | None = None
     ) -> None:

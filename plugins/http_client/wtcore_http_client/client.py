@@ -229,12 +229,18 @@ class HTTPWeightSyncClient(FanOutClient):
         if call == "finish_weight_update":
             body = None if args[0] is None else {"weight_version": args[0]}
             return self._request(url, "POST", f"/{call}", body, round_id=round_id)
+        if call == "update_weight_version":
+            body = {"new_version": args[0]}
+            return self._request(url, "POST", f"/{call}", body, round_id=round_id)
         if call == "start_weight_update":
             return self._request(url, "POST", f"/{call}", round_id=round_id)
         if call == "resume":
             return self._request_retrying(url, "POST", f"/{call}")
         if call == "pause":
             return self._request_retrying(url, "POST", "/pause", params=args[0])
+        if call == "get_world_size":
+            flag = None if args[0] else {"include_dp": "false"}  # vLLM's default is true
+            return self._request_retrying(url, "GET", "/get_world_size", params=flag)
         if call == "checksums":
             return self._request_retrying(url, "POST", "/weight_checksums")["checksums"]
         if call == "abort_weight_update":
@@ -276,19 +282,21 @@ class HTTPWeightSyncClient(FanOutClient):
         """
         super().abort_weight_update(reason)
 
-    def world_sizes(self) -> list[int]:
-        """``GET /get_world_size`` of every replica, in ``base_urls`` order."""
+    def world_sizes(self, *, include_dp: bool = True) -> list[int]:
+        """``GET /get_world_size`` of every replica, in ``base_urls`` order (``include_dp``:
+        vLLM's flag, whether data-parallel replicas count; wtcore receivers have none)."""
         out = []
-        for url, answer in zip(self.base_urls, self._each("get_world_size"), strict=True):
+        answers = self._each("get_world_size", include_dp)
+        for url, answer in zip(self.base_urls, answers, strict=True):
             size = answer.get("world_size") if isinstance(answer, dict) else None
             if not isinstance(size, int) or isinstance(size, bool):
                 raise PayloadError(f"{url}/get_world_size: expected a world_size, got {answer!r}")
             out.append(size)
         return out
 
-    def get_world_size(self) -> int:
+    def get_world_size(self, *, include_dp: bool = True) -> int:
         """The inference world size, which every replica must report alike."""
-        sizes = self.world_sizes()
+        sizes = self.world_sizes(include_dp=include_dp)
         if len(set(sizes)) != 1:
             listed = ", ".join(f"{u}: {s}" for u, s in zip(self.base_urls, sizes, strict=True))
             raise PayloadError(f"get_world_size: the replicas disagree ({listed})")

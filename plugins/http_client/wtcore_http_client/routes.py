@@ -85,6 +85,7 @@ ROUTES: dict[str, tuple[str, bool]] = {
     "/start_weight_update": ("POST", True),
     "/update_weights": ("POST", True),
     "/finish_weight_update": ("POST", True),
+    "/update_weight_version": ("POST", True),
     "/pause": ("POST", True),
     "/resume": ("POST", True),
     "/weight_checksums": ("POST", True),
@@ -120,6 +121,7 @@ _ROUND_ROUTES = frozenset(
         "/start_weight_update",
         "/update_weights",
         "/finish_weight_update",
+        "/update_weight_version",
     )
 )
 
@@ -266,7 +268,7 @@ class ReceiverRoutes:
         query = parse_qs(parts.query, keep_blank_values=True)
         w = self.worker
         round_id = _header(headers, ROUND_HEADER.lower())  # the worker checks its form
-        if path != "/pause" and query:
+        if path not in ("/pause", "/get_world_size") and query:
             raise PayloadError(f"{path}: takes no query parameters, got {sorted(query)}")
         if path in _ROUND_ROUTES:
             check_required(path.lstrip("/"), round_id, self.require_round_id)
@@ -275,6 +277,7 @@ class ReceiverRoutes:
         if path == "/weight_info":
             return Response(200, {**w.weight_info(), "paused": self.paused})
         if path == "/get_world_size":
+            _include_dp(query)  # a receiver has no data-parallel replicas: the same size
             return Response(200, {"world_size": w.world_size})
         if path == "/is_paused":
             return Response(200, {"is_paused": self.paused})
@@ -298,6 +301,12 @@ class ReceiverRoutes:
                     f"weight_version: expected a string or null, got {_kind(version)}"
                 )
             w.finish_weight_update(version, round_id=round_id)  # which bounds its length
+        elif path == "/update_weight_version":
+            version = _json_object(body, required=("new_version",))["new_version"]
+            if not isinstance(version, str):
+                raise PayloadError(f"new_version: expected a string, got {_kind(version)}")
+            w.update_weight_version(version, round_id=round_id)
+            return Response(200, {"success": True, "new_version": version})
         elif path == "/pause":
             _json_object(body)
             self._pause(query)
@@ -389,6 +398,19 @@ def _check_tree(data: Any) -> None:
 def _kind(value: Any) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text[:57] + '...' if len(text) > 60 else text}"
+
+
+def _include_dp(query: dict[str, list[str]]) -> bool:
+    """``?include_dp=`` of ``/get_world_size`` (vLLM's flag; default true)."""
+    unknown = sorted(set(query) - {"include_dp"})
+    if unknown:
+        raise PayloadError(
+            f"/get_world_size: unknown query parameter(s) {unknown}; valid: include_dp"
+        )
+    values = query.get("include_dp", ["true"])
+    if len(values) != 1 or values[0].lower() not in ("true", "false", "1", "0"):
+        raise PayloadError(f"include_dp: expected true or false, got {values!r:.60}")
+    return values[0].lower() in ("true", "1")
 
 
 def _json_object(

@@ -124,6 +124,9 @@ class WeightSyncActor:
     ) -> None:
         self.weight_sync_worker.init_weight_transfer_engine(init_info, round_id=round_id)
 
+    def update_weight_version(self, new_version: str, *, round_id: str | None = None) -> None:
+        self.weight_sync_worker.update_weight_version(new_version, round_id=round_id)
+
     # ``round_id`` is the round's owner (wtcore.rounds); the Ray client passes it.
     def start_weight_update(self, *, round_id: str | None = None) -> None:
         self.weight_sync_worker.start_weight_update(round_id=round_id)

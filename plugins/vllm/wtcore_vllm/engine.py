@@ -32,17 +32,20 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.distributed.weight_transfer.base import WeightTransferEngine as VLLMEngine
 
 from wtcore.engine import WeightTransferConfig
 from wtcore.registry import ENGINES
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
+from wtcore_vllm.paths import weight_transfer
 from wtcore_vllm.reload import (
     abort_layerwise_reload,
     check_layerwise_reload,
     finalize_layerwise_reload,
     initialize_layerwise_reload,
 )
+
+#: vLLM's engine base class, from wherever this vLLM keeps it (:mod:`wtcore_vllm.paths`).
+VLLMEngine: Any = weight_transfer("base").WeightTransferEngine
 
 if TYPE_CHECKING:
     from wtcore.engine import WeightTransferEngine as WtcoreEngine
@@ -106,7 +109,7 @@ def _no_mtp_completeness_check() -> Iterator[None]:
         yield
 
 
-class WtcoreVLLMEngine(VLLMEngine):  # type: ignore[type-arg]
+class WtcoreVLLMEngine(VLLMEngine):
     """vLLM weight-transfer engine that delegates to the wtcore engine named by its backend.
 
     Subclasses made by :func:`adapter_class` fix ``wtcore_engine``; the base class reads it from

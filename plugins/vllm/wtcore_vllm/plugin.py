@@ -24,10 +24,11 @@ def register() -> list[str]:
     A renamed built-in is registered under its old name as well (``wtcore_local``, now
     ``wtcore_inline``), which loads the same engine with a ``DeprecationWarning`` until 0.3.
     """
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-
     from wtcore.registry import ENGINES
     from wtcore_vllm.engine import adapter_class
+    from wtcore_vllm.paths import weight_transfer
+
+    WeightTransferEngineFactory = weight_transfer("factory").WeightTransferEngineFactory
 
     registry = getattr(WeightTransferEngineFactory, "_registry", None)
     added: list[str] = []

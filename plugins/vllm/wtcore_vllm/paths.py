@@ -1,0 +1,33 @@
+"""Where vLLM keeps its weight-transfer package: one place that knows both paths.
+
+vLLM 0.32 has it at ``vllm.distributed.weight_transfer``; newer versions move it to
+``vllm.backends.distributed.weight_transfer`` and keep aliases at the old path in some
+releases only. The adapter imports every weight-transfer module through :func:`weight_transfer`
+so that it runs on both, and a vLLM that has neither says so in one clear error.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__ = ["PACKAGES", "weight_transfer"]
+
+#: The package's paths, newest first.
+PACKAGES = ("vllm.backends.distributed.weight_transfer", "vllm.distributed.weight_transfer")
+
+
+def weight_transfer(module: str) -> ModuleType:
+    """``<package>.<module>`` (``"base"``, ``"factory"``) from the first path vLLM has."""
+    for package in PACKAGES:
+        target = f"{package}.{module}"
+        try:
+            return importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (target == e.name or target.startswith(e.name + ".")):
+                raise  # the module exists but failed to import something else: say so
+    raise ImportError(
+        f"this vLLM has no weight-transfer module {module!r} at any known path "
+        f"({', '.join(f'{p}.{module}' for p in PACKAGES)}); wtcore-vllm supports vLLM 0.32 "
+        "and later"
+    )
