@@ -627,6 +627,47 @@ class WeightSyncWorker:
             **{name: layer.accepts for name, layer in self._layers},
         }
 
+    def reset_weights(self, *, round_id: str | None = None) -> None:
+        """Zero every tensor the sink holds, between rounds (vLLM's ``weight_checker`` reset).
+
+        A check that a sync really writes every weight: checksum, reset, sync, compare. The
+        weights are then no version at all, so ``consistent`` is false until a round finishes.
+        """
+        name = "reset_weights"
+        check_required(name, check_round_id(round_id), self.require_round_id)
+        if not isinstance(self.sink, ReadableSink):
+            raise WrongTypeError(
+                f"{name} needs a sink with named_tensors(); {type(self.sink).__name__} has none"
+            )
+        hint = "reset between rounds"
+        with self._call(name, (WorkerState.UNINITIALIZED, WorkerState.IDLE), hint):
+            with self._lock:
+                self._consistent = False
+            for _, t in self.sink.named_tensors():
+                t.detach().zero_()
+
+    def weight_checker(
+        self, action: str, baseline: object = None, *, round_id: str | None = None
+    ) -> dict[str, Any]:
+        """vLLM's ``POST /weight_checker``: ``checksum``, ``reset`` or ``compare`` (with
+        ``baseline``, the ``checksums`` of an earlier ``checksum``), with vLLM's answers."""
+        if action == "checksum":
+            return {"checksums": self.checksums()}
+        if action == "reset":
+            self.reset_weights(round_id=round_id)
+            return {"status": "reset"}
+        if action != "compare":
+            raise PayloadError(f"action: expected checksum, reset or compare, got {action!r:.40}")
+        if not isinstance(baseline, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in baseline.items()
+        ):
+            raise PayloadError("baseline: action 'compare' needs an object of name -> checksum")
+        held = self.checksums()
+        mismatches = sorted(
+            k for k in held.keys() | baseline.keys() if held.get(k) != baseline.get(k)
+        )
+        return {"match": not mismatches, "mismatches": mismatches}
+
     def checksums(self) -> dict[str, str]:
         """``{name: digest}`` of what the sink holds (see :mod:`wtcore.digest`).
 

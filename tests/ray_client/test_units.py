@@ -105,3 +105,23 @@ def test_client_rejects_bad_arguments() -> None:
         RayWeightSyncClient([])
     with pytest.raises(TypeError, match=r"handles\[0\]: expected a Ray actor handle"):
         RayWeightSyncClient([object()])  # type: ignore[list-item]
+
+
+def test_the_actor_answers_vllm_weight_checker_and_version_routes() -> None:
+    state = mixed_dtype_state(seed=4)
+    module = build_module(zeros_like_state(state))
+    actor = WeightSyncActor("inline", lambda: ModuleSink(module))
+    info = InlineTrainerInitInfo(packed_buffer_size_bytes=1 << 20, rank=0)
+    with WeightTransferTrainerFactory.trainer_init(info, client=actor) as trainer:
+        trainer.send_weights(TensorSource(state), weight_version="v1")
+    baseline = actor.weight_checker("checksum")["checksums"]
+    assert baseline == digest_named(state.items())
+    assert actor.weight_checker("reset") == {"status": "reset"}
+    assert actor.weight_info()["consistent"] is False
+    answer = actor.weight_checker("compare", baseline)
+    assert answer["match"] is False and answer["mismatches"] == sorted(
+        n for n, t in state.items() if bool(t.any())
+    )
+    actor.update_weight_version("v1-relabelled")
+    assert actor.weight_info()["weight_version"] == "v1-relabelled"
+    actor.shutdown_weight_sync()

@@ -40,3 +40,25 @@ def test_tied_model_syncs_exactly_from_module_source(tied_servers) -> None:  # t
     sync_module(s.a, s.ckpt_a.dir, "tied-2")
     assert s.a.weight_version() == "tied-2"
     assert generate(s.a) == s.original
+
+
+def test_wtcore_check_round_trip_on_a_vllm_server(tied_servers) -> None:  # type: ignore[no-untyped-def]
+    """``wtcore check``: vLLM's own ``/weight_checker`` (checksum, reset), a real sync from
+    ``ModuleSource`` through the ``wtcore_nccl`` backend, then compare: every weight written."""
+    import shlex
+    import subprocess
+
+    from tests.vllm.vllm_kit import MAIN_PYTHON, trainer_cmd
+
+    s = tied_servers
+    sync = shlex.join(
+        trainer_cmd(
+            s.a.url, None, "checked", "--hf-model", str(s.ckpt_a.dir), python=str(VLLM_PYTHON)
+        )
+    )
+    cmd = [MAIN_PYTHON, "-m", "wtcore.cli", "check", s.a.url, "--sync", sync]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith(f"{s.a.url}: match (")  # after the sync's
+    assert s.a.weight_version() == "checked"
+    assert generate(s.a) == s.original  # A's weights again, the output layer too

@@ -35,7 +35,7 @@ from requests.adapters import HTTPAdapter
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import ErrorRecord, PayloadError, TransferTimeoutError
 from wtcore.fanout import FanOutClient, Target
-from wtcore.rounds import ROUND_HEADER
+from wtcore.rounds import ROUND_HEADER, new_round_id
 from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError
 from wtcore_http_client.pause import PAUSE_MODES, check_pause_mode
 
@@ -241,6 +241,12 @@ class HTTPWeightSyncClient(FanOutClient):
         if call == "get_world_size":
             flag = None if args[0] else {"include_dp": "false"}  # vLLM's default is true
             return self._request_retrying(url, "GET", "/get_world_size", params=flag)
+        if call == "weight_checker":
+            action, baselines = args
+            body = {"action": action}
+            if baselines is not None:
+                body["baseline"] = baselines[self.base_urls.index(url)]
+            return self._request(url, "POST", "/weight_checker", body, round_id=round_id)
         if call == "checksums":
             return self._request_retrying(url, "POST", "/weight_checksums")["checksums"]
         if call == "abort_weight_update":
@@ -267,6 +273,17 @@ class HTTPWeightSyncClient(FanOutClient):
     def weight_info(self) -> list[dict[str, Any]]:
         """``GET /weight_info`` of every replica, in ``base_urls`` order."""
         return self._each("weight_info")
+
+    def weight_checker(
+        self, action: str, baselines: Sequence[dict[str, str]] | None = None
+    ) -> list[dict[str, Any]]:
+        """vLLM's ``POST /weight_checker`` on every replica: ``"checksum"``, ``"reset"``, or
+        ``"compare"`` with one baseline per replica (each one's earlier ``checksums``)."""
+        if baselines is not None and len(baselines) != len(self.base_urls):
+            raise PayloadError(
+                f"baselines: expected one per replica ({len(self.base_urls)}), got {len(baselines)}"
+            )
+        return self._each("weight_checker", action, baselines, round_id=new_round_id())
 
     def checksums(self) -> list[dict[str, str]]:
         """``POST /weight_checksums``: ``{name: digest}`` of what each replica holds."""

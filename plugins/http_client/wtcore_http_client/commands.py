@@ -46,13 +46,23 @@ _STOP_TIMEOUT_S = 10.0
 
 @hookimpl
 def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``wtcore serve``."""
+    """Add ``wtcore serve`` and ``wtcore check``."""
+    from wtcore_http_client.check import add_check_arguments
+
     p = subparsers.add_parser(
         "serve",
         help="run an HTTP weight receiver (the vLLM RL routes) hosting a model",
         description="Run an HTTP weight receiver hosting a synthetic or safetensors model.",
     )
     add_serve_arguments(p)
+    add_check_arguments(
+        subparsers.add_parser(
+            "check",
+            help="checksum, reset, sync, compare: does a sync write every weight?",
+            description="Checksum each receiver, zero its weights, run the sync command, "
+            "compare; exit 1 on any mismatch.",
+        )
+    )
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -89,6 +89,7 @@ ROUTES: dict[str, tuple[str, bool]] = {
     "/pause": ("POST", True),
     "/resume": ("POST", True),
     "/weight_checksums": ("POST", True),
+    "/weight_checker": ("POST", True),
     "/abort_weight_update": ("POST", True),
 }
 
@@ -319,6 +320,10 @@ class ReceiverRoutes:
         elif path == "/weight_checksums":
             _json_object(body)
             return Response(200, {"checksums": w.checksums()})
+        elif path == "/weight_checker":
+            fields = _json_object(body, required=("action",), optional=("baseline",))
+            answer = w.weight_checker(fields["action"], fields.get("baseline"), round_id=round_id)
+            return Response(200, answer)
         elif path == "/abort_weight_update":
             reason = _json_object(body, optional=("reason",)).get(
                 "reason", "aborted by the trainer"

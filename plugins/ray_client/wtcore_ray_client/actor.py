@@ -124,6 +124,11 @@ class WeightSyncActor:
     ) -> None:
         self.weight_sync_worker.init_weight_transfer_engine(init_info, round_id=round_id)
 
+    def weight_checker(
+        self, action: str, baseline: Any = None, *, round_id: str | None = None
+    ) -> dict[str, Any]:
+        return self.weight_sync_worker.weight_checker(action, baseline, round_id=round_id)
+
     def update_weight_version(self, new_version: str, *, round_id: str | None = None) -> None:
         self.weight_sync_worker.update_weight_version(new_version, round_id=round_id)
 
