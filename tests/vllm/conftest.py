@@ -34,13 +34,16 @@ class Checkpoint:
     state: Path  # the same tensors, torch.save'd, for the trainer
 
 
-def make_checkpoints(root: Path, seeds: tuple[str, str], *, tied: bool) -> list[Checkpoint]:
+def make_checkpoints(
+    root: Path, seeds: tuple[str, str], *, tied: bool, qwen2: bool = False
+) -> list[Checkpoint]:
     """Two checkpoints of one architecture (different seeds), written concurrently."""
     made = [Checkpoint(root / name, root / f"{name}.pt") for name in ("A", "B")]
     procs = [
         subprocess.Popen(
             [str(VLLM_PYTHON), str(HERE / "make_checkpoint.py"), str(c.dir), str(c.state), seed]
-            + (["tied"] if tied else []),
+            + (["tied"] if tied else [])
+            + (["qwen2"] if qwen2 else []),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
@@ -67,6 +70,7 @@ class Servers:
     ckpt_b: Checkpoint
     original: Outputs  # what A generated before any sync
     reference: Outputs  # what the reference (B) generates
+    ipc: VLLMServer | None = None  # serves A too, with wtcore_ipc (the tied fixture only)
 
 
 @pytest.fixture(scope="session")
@@ -79,17 +83,24 @@ def vllm_servers(
 
 @pytest.fixture(scope="session")
 def tied_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    """Like :func:`vllm_servers`, for a tiny Llama whose output layer is its input embedding."""
-    a, b = make_checkpoints(tmp_path_factory.mktemp("ckpt-tied"), ("3", "4"), tied=True)
-    with serve(a, b, tmp_path_factory.mktemp("vllm-logs-tied")) as started:
+    """Like :func:`vllm_servers`, for a tiny Qwen2 (q/k/v biases) whose output layer is its
+    input embedding, with a second server of A on ``wtcore_ipc``."""
+    a, b = make_checkpoints(tmp_path_factory.mktemp("ckpt-tied"), ("3", "4"), tied=True, qwen2=True)
+    with serve(a, b, tmp_path_factory.mktemp("vllm-logs-tied"), ipc=True) as started:
         yield started
 
 
 @contextlib.contextmanager
-def serve(a: Checkpoint, b: Checkpoint, logs: Path) -> Iterator[Servers]:
-    """A with ``wtcore_nccl`` and B as the reference, both started at once."""
+def serve(a: Checkpoint, b: Checkpoint, logs: Path, *, ipc: bool = False) -> Iterator[Servers]:
+    """A with ``wtcore_nccl`` (and, with ``ipc``, A with ``wtcore_ipc``) and B as the
+    reference, all started at once."""
     specs = [(a.dir, logs / "a.log", "wtcore_nccl"), (b.dir, logs / "ref.log", None)]
-    with servers(specs) as (server_a, server_ref):
+    if ipc:
+        specs.append((a.dir, logs / "a-ipc.log", "wtcore_ipc"))
+    with servers(specs) as started:
+        server_a, server_ref = started[:2]
         original, reference = generate(server_a), generate(server_ref)
         assert original != reference, "checkpoints A and B must generate differently"
-        yield Servers(server_a, server_ref, a, b, original, reference)
+        if ipc:
+            assert generate(started[2]) == original
+        yield Servers(server_a, server_ref, a, b, original, reference, started[2] if ipc else None)

@@ -1,8 +1,9 @@
-"""Write a tiny Llama checkpoint (safetensors + a local tokenizer) and its state dict.
+"""Write a tiny Llama or Qwen2 checkpoint (safetensors + a local tokenizer) and its state dict.
 
 Run with the vLLM venv's Python (it has transformers):
-``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED [tied]``. With ``tied`` the input
-embedding and the output layer share one tensor (``tie_word_embeddings=True``). Nothing is downloaded: the tokenizer
+``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED [tied] [qwen2]``. With ``tied`` the input
+embedding and the output layer share one tensor (``tie_word_embeddings=True``); ``qwen2`` is the
+Qwen2 family (q/k/v biases), the architecture of Qwen2.5-0.5B and 1.5B, which are tied. Nothing is downloaded: the tokenizer
 is a word-level one built here. Heads are 32 wide (vLLM's CPU attention rejects narrower ones).
 The state dict (``torch.save`` of the checkpoint's tensors, saved outside the model folder so
 vLLM never sees it) is what a test's trainer sends.
@@ -15,19 +16,27 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 VOCAB = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(253)]
 
 
-def main(out_dir: str, state_path: str, seed: int, *, tied: bool = False) -> None:
+def main(
+    out_dir: str, state_path: str, seed: int, *, tied: bool = False, qwen2: bool = False
+) -> None:
     out = Path(out_dir)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
-    config = LlamaConfig(
+    config = (Qwen2Config if qwen2 else LlamaConfig)(
         vocab_size=len(VOCAB),
         hidden_size=64,
         intermediate_size=128,
@@ -42,7 +51,7 @@ def main(out_dir: str, state_path: str, seed: int, *, tied: bool = False) -> Non
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = (Qwen2ForCausalLM if qwen2 else LlamaForCausalLM)(config)
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     with torch.no_grad():  # the default init is tiny; spread the logits so argmax is stable
         for p in model.parameters():
@@ -55,4 +64,5 @@ def main(out_dir: str, state_path: str, seed: int, *, tied: bool = False) -> Non
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), tied=sys.argv[4:] == ["tied"])
+    flags = set(sys.argv[4:])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), tied="tied" in flags, qwen2="qwen2" in flags)

@@ -1,11 +1,13 @@
 """A tied-embedding model inside a real vLLM server, synced from what a trainer naturally sends.
 
-The tiny Llama here has ``tie_word_embeddings=True``: its output layer is its input embedding.
+The tiny Qwen2 here (q/k/v biases, the family of Qwen2.5-0.5B and 1.5B) has
+``tie_word_embeddings=True``: its output layer is its input embedding.
 The trainer sends ``ModuleSource(model)`` of transformers' model, i.e. ``named_parameters()``,
 which yields the shared tensor once, as ``model.embed_tokens.weight``, and no
 ``lm_head.weight`` (exactly like the checkpoint). vLLM's layerwise reload gives each layer
 tensors of its own, so without the adapter's care the output layer would keep its old (on CPU,
-prepacked) weights while every route answers 200. The reference server serves checkpoint B.
+prepacked) weights while every route answers 200. The reference server serves checkpoint B;
+A is served twice, on ``wtcore_nccl`` and on ``wtcore_ipc``, and synced A -> B -> A on each.
 """
 
 from __future__ import annotations
@@ -19,27 +21,36 @@ from tests.vllm.vllm_kit import VLLM_PYTHON, VLLMServer, generate, run_trainer
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def sync_module(server: VLLMServer, model_dir: Path, version: str) -> None:
+def sync_module(server: VLLMServer, model_dir: Path, version: str, backend: str) -> None:
     server.post("/pause")
     try:
         stats = run_trainer(
-            server.url, None, version, "--hf-model", str(model_dir), python=str(VLLM_PYTHON)
+            server.url,
+            None,
+            version,
+            "--hf-model",
+            str(model_dir),
+            "--backend",
+            backend,
+            python=str(VLLM_PYTHON),
         )
     finally:
         server.post("/resume")
-    assert stats["num_tensors"] == 20  # 2 layers x 9 + embed + norm: the tied weight once
+    assert stats["num_tensors"] == 26  # 2 layers x 12 (q/k/v biases) + embed + norm: tied once
 
 
-def test_tied_model_syncs_exactly_from_module_source(tied_servers) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_tied_model_syncs_exactly_from_module_source(tied_servers, backend: str) -> None:  # type: ignore[no-untyped-def]
     s = tied_servers
-    sync_module(s.a, s.ckpt_b.dir, "tied-1")
-    assert s.a.weight_version() == "tied-1"
-    assert generate(s.a) == s.reference  # the output layer too: token ids and logprobs
-    assert s.a.checksums() == s.ref.checksums()
+    server = s.a if backend == "nccl" else s.ipc
+    sync_module(server, s.ckpt_b.dir, f"tied-1-{backend}", backend)
+    assert server.weight_version() == f"tied-1-{backend}"
+    assert generate(server) == s.reference  # the output layer too: token ids and logprobs
+    assert server.checksums() == s.ref.checksums()
 
-    sync_module(s.a, s.ckpt_a.dir, "tied-2")
-    assert s.a.weight_version() == "tied-2"
-    assert generate(s.a) == s.original
+    sync_module(server, s.ckpt_a.dir, f"tied-2-{backend}", backend)
+    assert server.weight_version() == f"tied-2-{backend}"
+    assert generate(server) == s.original
 
 
 def test_wtcore_check_round_trip_on_a_vllm_server(tied_servers) -> None:  # type: ignore[no-untyped-def]

@@ -26,6 +26,7 @@ import torch
 from wtcore import ModuleSource, TensorSource, WeightTransferTrainerFactory
 from wtcore.meta import ParamMeta
 from wtcore.source import WeightSource
+from wtcore.trainer import TrainerInitInfo
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
@@ -81,6 +82,7 @@ def main() -> None:
     p.add_argument("--stall-after", type=int, default=None)
     p.add_argument("--ready-file", default=None)
     p.add_argument("--omit", default=None, help="leave this tensor out of the round")
+    p.add_argument("--backend", choices=("nccl", "ipc"), default="nccl")
     args = p.parse_args()
 
     source: WeightSource
@@ -92,7 +94,7 @@ def main() -> None:
         source = OmittingSource(source, args.omit)
     if args.stall_after is not None:
         source = StallingSource(source, args.stall_after, Path(args.ready_file))
-    info = NCCLTrainerInitInfo(
+    info: TrainerInitInfo = NCCLTrainerInitInfo(
         master_address="127.0.0.1",
         master_port=args.port,
         world_size=2,  # this sender plus the server's one worker
@@ -102,6 +104,10 @@ def main() -> None:
         torch_num_threads=1,
         rank=0,
     )
+    if args.backend == "ipc":  # same host: the server maps what this trainer writes
+        from wtcore_ipc import IPCTrainerInitInfo
+
+        info = IPCTrainerInitInfo(timeout_s=args.timeout_s, rank=0)
     with HTTPWeightSyncClient(args.url, timeout_s=args.timeout_s) as client:
         trainer = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
         try:

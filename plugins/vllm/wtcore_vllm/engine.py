@@ -171,7 +171,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         try:
             self.inner.finish_weight_update()
             if self._reloading:
-                tied = check_layerwise_reload(self.model)  # a layer got nothing: raises
+                tied = check_layerwise_reload(self.model, self.model_config)  # nothing: raises
                 self._reloading = False
                 finalize_layerwise_reload(self.model, self.model_config, tied)
         except BaseException:

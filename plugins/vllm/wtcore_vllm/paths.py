@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from wtcore.errors import PluginLoadError
+
 __all__ = ["PACKAGES", "weight_transfer"]
 
 #: The package's paths, newest first.
@@ -26,7 +28,7 @@ def weight_transfer(module: str) -> ModuleType:
         except ModuleNotFoundError as e:
             if e.name is None or not (target == e.name or target.startswith(e.name + ".")):
                 raise  # the module exists but failed to import something else: say so
-    raise ImportError(
+    raise PluginLoadError(
         f"this vLLM has no weight-transfer module {module!r} at any known path "
         f"({', '.join(f'{p}.{module}' for p in PACKAGES)}); wtcore-vllm supports vLLM 0.32 "
         "and later"

@@ -23,11 +23,13 @@ Two things vLLM's finalize does not do, :func:`check_layerwise_reload` does befo
 - **Tied layers stay tied.** The reload gives each layer tensors of its own, so in a model
   whose output layer is its input embedding (``tie_word_embeddings``), a round that sends the
   shared tensor once (``named_parameters()`` does, like the checkpoint) completes one layer
-  and leaves the other empty. Its kernel tensor is the shared one, already holding the new
-  values, but on CPU the output layer also keeps a prepacked copy of the old ones. Such a
-  layer is not a failure: it gets the shared tensor back and is processed again (unquantized
-  embeddings only, whose kernel format is the checkpoint format; any other tied layer fails
-  the round, naming it).
+  and leaves the other empty. Its kernel tensor may be the shared one, already holding the new
+  values, but on CPU the output layer also keeps a prepacked copy of the old ones, and on some
+  CPUs processing gives it a tensor of its own. Such a layer is not a failure: it gets its
+  kernel tensors back, then the input embedding's new weights (found by the model config's
+  ``tie_word_embeddings``, whatever the platform did to the storage), and is processed again
+  (unquantized embeddings only, whose kernel format is the checkpoint format; any other tied
+  layer fails the round, naming it).
 """
 
 from __future__ import annotations
@@ -59,12 +61,40 @@ def initialize_layerwise_reload(model: torch.nn.Module) -> None:
 
 @dataclass(frozen=True)
 class TiedLayers:
-    """Layers that got nothing this round because their tensors are tied to a loaded layer."""
+    """Layers that got nothing this round because their tensors are tied to a loaded layer;
+    ``partners[i]`` is the layer whose weight ``layers[i]`` takes (``None``: the storage is
+    shared, nothing to copy)."""
 
     layers: tuple[torch.nn.Module, ...] = ()
+    partners: tuple[torch.nn.Module | None, ...] = ()
 
 
-def check_layerwise_reload(model: torch.nn.Module) -> TiedLayers:
+def _declared_partner(
+    layer: torch.nn.Module, model: torch.nn.Module, model_config: Any, info_map: Any
+) -> torch.nn.Module | None:
+    """The input embedding that ``layer`` (an output head) is tied to by the model's config,
+    if that embedding was loaded and processed this round."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    hf = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    if not isinstance(layer, ParallelLMHead) or not getattr(hf, "tie_word_embeddings", False):
+        return None
+    embeddings = [
+        m
+        for m in model.modules()
+        if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)
+    ]
+    if len(embeddings) != 1:
+        return None
+    partner = embeddings[0]
+    info = info_map.get(partner)
+    return partner if info is not None and not info.can_load() else None
+
+
+def check_layerwise_reload(model: torch.nn.Module, model_config: Any = None) -> TiedLayers:
     """Raise if a layer got none of its tensors this round; return the layers fed by a tie.
 
     Changes nothing, so a round that fails here can still be aborted.
@@ -85,6 +115,7 @@ def check_layerwise_reload(model: torch.nn.Module) -> TiedLayers:
                 holders.setdefault(id(t), []).append(name)
     failed: list[str] = []
     tied: list[torch.nn.Module] = []
+    partners: list[torch.nn.Module | None] = []
     for name, layer in model.named_modules():
         info = info_map.get(layer)
         if info is None or not info.can_load() or info.kernel_tensors is None:
@@ -94,9 +125,12 @@ def check_layerwise_reload(model: torch.nn.Module) -> TiedLayers:
         wanted = _checkpoint_tensors(info)
         if not wanted:
             continue  # nothing a checkpoint carries (a rotary cache, ...)
-        if all(any(h != name for h in holders.get(id(t), ())) for t in wanted):
+        partner = _declared_partner(layer, model, model_config, info_map)
+        shared = all(any(h != name for h in holders.get(id(t), ())) for t in wanted)
+        if partner is not None or shared:
             if _reprocessable(layer):
                 tied.append(layer)
+                partners.append(partner)
                 continue
             failed.append(f"{name!r} ({type(layer).__name__}, tied to a loaded layer)")
         else:
@@ -108,7 +142,7 @@ def check_layerwise_reload(model: torch.nn.Module) -> TiedLayers:
             "failed and no version is published (send every tensor of the model; a tied "
             "tensor that is quantized must be sent under each of its names)"
         )
-    return TiedLayers(tuple(tied))
+    return TiedLayers(tuple(tied), tuple(partners))
 
 
 def _checkpoint_tensors(info: Any) -> list[torch.Tensor]:
@@ -141,7 +175,20 @@ def finalize_layerwise_reload(
         lw._place_kernel_tensors(layer, info)
         info.reset()
     fin(model, model_config)  # type: ignore[no-untyped-call]
-    for layer in tied.layers:
+    for layer, partner in zip(
+        tied.layers, tied.partners or (None,) * len(tied.layers), strict=True
+    ):
+        if partner is not None:
+            mine: torch.Tensor = getattr(layer, "weight")  # noqa: B009 (a Module attribute)
+            theirs: torch.Tensor = getattr(partner, "weight")  # noqa: B009
+            if mine is not theirs and mine.shape != theirs.shape:
+                raise TransferError(
+                    f"tied output layer {type(layer).__name__}: its weight is "
+                    f"{list(mine.shape)}, the input embedding's {list(theirs.shape)}; send "
+                    "the tensor under both names"
+                )
+            if mine is not theirs:  # the platform gave the head storage of its own
+                mine.data.copy_(theirs.data)
         method = getattr(layer, "quant_method", None)
         if method is not None:
             method.process_weights_after_loading(layer)  # on CPU: prepack the new weights
