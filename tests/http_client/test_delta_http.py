@@ -33,6 +33,18 @@ def fleet() -> Iterator[list[tuple[WeightSyncWorker, ModuleSink, ReceiverHTTPSer
             worker.shutdown()
 
 
+def _refused_then_full(trainer: Any, state: dict[str, Any], new: Any, version: str) -> None:
+    """Step ``state`` to ``new``; the delta round is refused and sent full in the same call."""
+    for n, t in state.items():
+        t.copy_(new[n])
+    stats = trainer.send_weights(weight_version=version)
+    assert stats.delta is not None
+    assert (stats.delta["mode"], stats.delta["why"]) == (
+        "full",
+        "refused by receivers (StaleBaseError)",
+    )
+
+
 def test_delta_chain_and_refusal_over_http(fleet: list[Any], monkeypatch: Any) -> None:
     chain = delta_chain()[:4]
     state = {n: t.clone() for n, t in chain[0].items()}
@@ -58,14 +70,7 @@ def test_delta_chain_and_refusal_over_http(fleet: list[Any], monkeypatch: Any) -
             tracker = trainer.rounds.tracker
             tracker.version = "s1"
             monkeypatch.setattr(tracker, "why_full", lambda client: None)
-            for n, t in state.items():
-                t.copy_(chain[3][n])
-            stats = trainer.send_weights(weight_version="s3")
-            assert stats.delta is not None
-            assert (stats.delta["mode"], stats.delta["why"]) == (
-                "full",
-                "refused by receivers (StaleBaseError)",
-            )
+            _refused_then_full(trainer, state, chain[3], "s3")
             for (worker, sink, _), info_ in zip(fleet, client.weight_info(), strict=True):
                 assert_bits_equal(dict(sink.named_tensors()), chain[3])
                 assert (info_["weight_version"], info_["consistent"]) == ("s3", True)
@@ -103,14 +108,7 @@ def test_another_trainers_round_of_the_same_version_name_is_no_base(
         for worker, sink, _ in fleet:
             assert_bits_equal(dict(sink.named_tensors()), chain[-1])
             assert worker.weight_info()["weight_version"] == "v1"
-        for n, t in a_state.items():
-            t.copy_(chain[2][n])
-        stats = a.send_weights(weight_version="v2")
-        assert stats.delta is not None
-        assert (stats.delta["mode"], stats.delta["why"]) == (
-            "full",
-            "refused by receivers (StaleBaseError)",
-        )
+        _refused_then_full(a, a_state, chain[2], "v2")
         for worker, sink, _ in fleet:
             assert_bits_equal(dict(sink.named_tensors()), chain[2])
             info = worker.weight_info()
