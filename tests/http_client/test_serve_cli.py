@@ -57,7 +57,7 @@ def test_serves_a_safetensors_model_and_stops_on_signal(
         assert client.weight_info()[0]["backend"] == "inline"
     with HTTPWeightSyncClient(server.url, timeout_s=30) as anonymous, pytest.raises(ReceiverError):
         anonymous.checksums()
-    assert server.stop(sig) == 0
+    assert server.stop(sig) == 0, server.output()
     out = server.stdout.read_text().splitlines()
     assert out[0] == f"wtcore serve: listening on {server.url}"
     assert "auth=on" in out[1]
@@ -70,7 +70,7 @@ def test_synthetic_model_of_a_given_size_and_seed(start_server: Any) -> None:
     want = digest_named(synthetic_state(48 << 10, 12, "float16", seed=4).items())
     with HTTPWeightSyncClient(server.url, timeout_s=30) as client:
         assert client.checksums() == [want]
-    assert server.stop(signal.SIGTERM) == 0
+    assert server.stop(signal.SIGTERM) == 0, server.output()
 
 
 def test_the_old_engine_name_serves_the_inline_engine_and_says_so(start_server: Any) -> None:
@@ -78,6 +78,6 @@ def test_the_old_engine_name_serves_the_inline_engine_and_says_so(start_server: 
     server = start_server("--size", "16KiB", "--tensors", "4", "--backend", "local", via_cli=True)
     with HTTPWeightSyncClient(server.url, timeout_s=30) as client:
         assert client.weight_info()[0]["backend"] == "inline"
-    assert server.stop(signal.SIGTERM) == 0
+    assert server.stop(signal.SIGTERM) == 0, server.output()
     assert "backend=inline" in server.stdout.read_text()
     assert server.stderr.read_text().count("engine 'local' was renamed 'inline'") == 1

@@ -65,7 +65,8 @@ def launch_serve(
     base = Path(tempfile.mkdtemp(dir=workdir, prefix="wtcore-serve-"))
     out_path, err_path = base / "stdout", base / "stderr"
     module = ["-m", "wtcore.cli", "serve"] if via_cli else ["-m", "wtcore_http_client.server"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # faulthandler: a server that dies of a signal leaves every thread's stack in its stderr
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     env.pop("WTCORE_API_KEY", None)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from wtcore.errors import PayloadError
 from wtcore.hookspecs import hookimpl
@@ -36,6 +36,7 @@ __all__ = [
     "build_model",
     "main",
     "run_serve",
+    "serve_and_exit",
     "wtcore_add_commands",
 ]
 
@@ -130,7 +131,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--tensors", type=int, default=30, help="synthetic tensor count")
     model.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     model.add_argument("--seed", type=int, default=0, help="synthetic weights' seed")
-    p.set_defaults(func=run_serve)
+    p.set_defaults(func=serve_and_exit)
 
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
@@ -227,13 +228,29 @@ def _shutdown_worker(worker: Any) -> None:
         print(f"wtcore serve: engine shutdown failed: {call.error}", file=sys.stderr)
 
 
+def serve_and_exit(args: argparse.Namespace) -> NoReturn:
+    """Run :func:`run_serve`, then end the process at once with its status.
+
+    By the time ``run_serve`` returns, the socket is closed and the engine released; what may
+    remain are daemon threads (a handler blocked on a dead peer, by design). Interpreter
+    finalization would kill those inside whatever native frame they are in, and when that
+    frame is torch's C++ the process aborts ("terminate called without an active exception",
+    status -6) instead of exiting 0: seen in CI after a clean SIGINT stop. So the process
+    ends here, without finalization, once its output is flushed.
+    """
+    status = run_serve(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m wtcore_http_client.server [serve options]``, same as ``wtcore serve``."""
     parser = argparse.ArgumentParser(
         prog="python -m wtcore_http_client.server", description="Run a wtcore receiver server."
     )
     add_serve_arguments(parser)
-    return run_serve(parser.parse_args(argv))
+    return serve_and_exit(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

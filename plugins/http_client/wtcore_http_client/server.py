@@ -326,6 +326,7 @@ class _Server(ThreadingHTTPServer):
     def server_close(self) -> None:
         self._closed.set()
         super().server_close()
+        self._reaper.join(5.0)
 
 
 class ReceiverHTTPServer:
