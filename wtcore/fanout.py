@@ -12,11 +12,12 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from wtcore.concurrency import BackgroundCall
 from wtcore.defaults import DEFAULT_TIMEOUT_S
-from wtcore.errors import ErrorRecord, ReceiverError, ReceiverFailure, WtcoreError
+from wtcore.errors import ErrorRecord, PayloadError, ReceiverError, ReceiverFailure, WtcoreError
 from wtcore.rounds import new_round_id
 
 __all__ = [
@@ -24,8 +25,11 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "FAIL_FAST_S",
     "FanOutClient",
+    "PerReceiver",
     "failure_of",
     "fan_out",
+    "receiver_args",
+    "split_by_receiver",
 ]
 
 T = TypeVar("T")
@@ -121,6 +125,47 @@ def fan_out(
     return results
 
 
+@dataclass(frozen=True)
+class PerReceiver:
+    """An argument that differs per receiver: receiver ``i`` gets ``items[i]``.
+
+    A transport's ``_targets`` passes its arguments through :func:`receiver_args`, so a
+    payload meant for one receiver is never sent to the others.
+    """
+
+    items: tuple[Any, ...]
+
+
+def receiver_args(args: tuple[Any, ...], i: int) -> tuple[Any, ...]:
+    """``args`` as receiver ``i`` gets them: each :class:`PerReceiver` replaced by its item."""
+    return tuple(a.items[i] if isinstance(a, PerReceiver) else a for a in args)
+
+
+def split_by_receiver(entries: list[Any], receivers: int) -> PerReceiver:
+    """A rank-indexed ``update_info`` list cut into each receiver's own entries.
+
+    The list holds one entry per worker rank, receiver by receiver, each receiver hosting
+    the same number of ranks (a wtcore receiver one, a vLLM server its world size). Receiver
+    ``i`` gets its block alone: the entry itself when it hosts one rank, else the sub-list
+    that vLLM indexes by its local rank. No receiver ever sees another rank's entry: per-rank
+    payloads name memory and peers that are that rank's business only.
+    """
+    if not entries or len(entries) % receivers:
+        raise PayloadError(
+            f"update_info: a list of {len(entries)} entries does not split evenly over "
+            f"{receivers} receivers (one entry per worker rank, every receiver hosting as many)"
+        )
+    for j, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise PayloadError(
+                f"update_info[{j}]: expected a JSON object, got {type(entry).__name__}"
+            )
+    k = len(entries) // receivers
+    return PerReceiver(
+        tuple(entries[i] if k == 1 else entries[i * k : (i + 1) * k] for i in range(receivers))
+    )
+
+
 _C = TypeVar("_C", bound="FanOutClient")
 
 
@@ -147,8 +192,13 @@ class FanOutClient(ABC):
     def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
         """``(label, thunk)`` per receiver, each thunk making ``call(*args, **kwargs)`` on it.
 
-        The only keyword is ``round_id`` (on init, start, update, finish and abort).
+        The only keyword is ``round_id`` (on init, start, update, finish and abort). Receiver
+        ``i`` takes ``receiver_args(args, i)``: an argument may be a :class:`PerReceiver`.
         """
+
+    def _receiver_count(self) -> int:
+        """How many receivers :meth:`_targets` reaches (by default, one per worker rank)."""
+        return self.get_world_size()
 
     def _deadline_s(self) -> float:
         """The fan-out's own deadline (a backstop when each call bounds itself)."""
@@ -178,7 +228,12 @@ class FanOutClient(ABC):
         self._each("start_weight_update", round_id=self.round_id)
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._each("update_weights", update_info, round_id=self.round_id)
+        """Send ``update_info`` to every receiver: a dict to all, a rank-indexed list cut so
+        that each receiver gets only its own ranks' entries (:func:`split_by_receiver`)."""
+        payload: Any = update_info
+        if isinstance(update_info, list):
+            payload = split_by_receiver(update_info, self._receiver_count())
+        self._each("update_weights", payload, round_id=self.round_id)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._each("finish_weight_update", weight_version, round_id=self.round_id)

@@ -15,7 +15,7 @@ from typing import Any
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
-from wtcore.fanout import FanOutClient, Target
+from wtcore.fanout import FanOutClient, Target, receiver_args
 from wtcore.worker import WeightSyncWorker
 
 __all__ = ["InProcessClient"]
@@ -40,8 +40,11 @@ class InProcessClient(FanOutClient):
 
     def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
         return [
-            (f"worker[rank={w.rank}]", functools.partial(getattr(w, call), *args, **kwargs))
-            for w in self.workers
+            (
+                f"worker[rank={w.rank}]",
+                functools.partial(getattr(w, call), *receiver_args(args, i), **kwargs),
+            )
+            for i, w in enumerate(self.workers)
         ]
 
     def get_world_size(self) -> int:

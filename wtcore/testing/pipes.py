@@ -36,7 +36,7 @@ from wtcore.errors import (
     TransferTimeoutError,
     UnknownNameError,
 )
-from wtcore.fanout import FanOutClient
+from wtcore.fanout import FanOutClient, receiver_args
 from wtcore.testing.procs import stop_processes
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ class PipeClient(FanOutClient):
 
     def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[tuple[str, Callable[[], Any]]]:
         return [
-            (ch.label, functools.partial(self.call, i, call, *args, **kwargs))
+            (ch.label, functools.partial(self.call, i, call, *receiver_args(args, i), **kwargs))
             for i, ch in enumerate(self.channels)
         ]
 

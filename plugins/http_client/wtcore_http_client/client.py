@@ -34,7 +34,7 @@ from requests.adapters import HTTPAdapter
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import ErrorRecord, PayloadError, TransferTimeoutError
-from wtcore.fanout import FanOutClient, Target
+from wtcore.fanout import FanOutClient, PerReceiver, Target, receiver_args
 from wtcore.rounds import ROUND_HEADER, new_round_id
 from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError
 from wtcore_http_client.pause import PAUSE_MODES, check_pause_mode
@@ -207,9 +207,12 @@ class HTTPWeightSyncClient(FanOutClient):
 
     def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
         return [
-            (url, functools.partial(self._call, url, call, *args, **kwargs))
-            for url in self.base_urls
+            (url, functools.partial(self._call, url, call, *receiver_args(args, i), **kwargs))
+            for i, url in enumerate(self.base_urls)
         ]
+
+    def _receiver_count(self) -> int:
+        return len(self.base_urls)
 
     def _deadline_s(self) -> float:
         return self.timeout_s + _GRACE_S
@@ -242,10 +245,10 @@ class HTTPWeightSyncClient(FanOutClient):
             flag = None if args[0] else {"include_dp": "false"}  # vLLM's default is true
             return self._request_retrying(url, "GET", "/get_world_size", params=flag)
         if call == "weight_checker":
-            action, baselines = args
+            action, baseline = args
             body = {"action": action}
-            if baselines is not None:
-                body["baseline"] = baselines[self.base_urls.index(url)]
+            if baseline is not None:
+                body["baseline"] = baseline
             return self._request(url, "POST", "/weight_checker", body, round_id=round_id)
         if call == "checksums":
             return self._request_retrying(url, "POST", "/weight_checksums")["checksums"]
@@ -283,7 +286,8 @@ class HTTPWeightSyncClient(FanOutClient):
             raise PayloadError(
                 f"baselines: expected one per replica ({len(self.base_urls)}), got {len(baselines)}"
             )
-        return self._each("weight_checker", action, baselines, round_id=new_round_id())
+        each = None if baselines is None else PerReceiver(tuple(baselines))
+        return self._each("weight_checker", action, each, round_id=new_round_id())
 
     def checksums(self) -> list[dict[str, str]]:
         """``POST /weight_checksums``: ``{name: digest}`` of what each replica holds."""

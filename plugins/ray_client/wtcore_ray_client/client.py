@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError, ReceiverFailure, WrongTypeError
-from wtcore.fanout import FAIL_FAST_S, FanOutClient, Target
+from wtcore.fanout import FAIL_FAST_S, FanOutClient, Target, receiver_args
 from wtcore_ray_client._errors import failure_from_ray
 from wtcore_ray_client._json import check_json_safe
 
@@ -117,9 +117,9 @@ class RayWeightSyncClient(FanOutClient):
         cancels (:meth:`_RayCall.cancel`) the calls it gave up on.
         """
         out: list[Target[Any]] = []
-        for label, h in zip(self.labels, self.handles, strict=True):
+        for i, (label, h) in enumerate(zip(self.labels, self.handles, strict=True)):
             try:
-                ref, error = getattr(h, call).remote(*args, **kwargs), None
+                ref, error = getattr(h, call).remote(*receiver_args(args, i), **kwargs), None
             except Exception as e:  # submission itself failed (no such method, Ray shut down)
                 ref, error = None, e
             out.append((label, _RayCall(ref, error, self.timeout_s + _GRACE_S)))
@@ -137,11 +137,9 @@ class RayWeightSyncClient(FanOutClient):
         import ray
 
         check_json_safe(update_info, "update_info")
-        if isinstance(update_info, list) and len(update_info) != len(self.handles):
-            raise PayloadError(
-                f"update_info: a list must hold one entry per actor, expected "
-                f"{len(self.handles)}, got {len(update_info)}"
-            )
+        if isinstance(update_info, list):  # each actor gets only its own entry
+            super().update_weights(update_info)
+            return
         # One copy in the object store, shared by every actor (Ray resolves top-level refs).
         payload = ray.put(update_info) if len(self.handles) > 1 else update_info
         self._each("update_weights", payload, round_id=self.round_id)
