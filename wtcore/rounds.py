@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from typing import Any
 
 from wtcore.errors import PayloadError, ProtocolStateError
 
@@ -28,14 +29,24 @@ __all__ = [
     "MAX_VERSION_CHARS",
     "ROUND_HEADER",
     "ROUND_ID_RE",
+    "ROUND_KEY",
+    "RoundStampingClient",
     "check_required",
     "check_round_id",
     "check_weight_version",
+    "drop_round",
     "new_round_id",
+    "round_stamp",
+    "stamp_round",
 ]
 
 #: The HTTP header that carries a round's id (vLLM ignores headers it does not know).
 ROUND_HEADER = "X-Wtcore-Round"
+#: The ``update_info`` key under which a wtcore trainer stamps its round's id into every update
+#: (:class:`RoundStampingClient`): inside vLLM the header is dropped and the engine sees only
+#: ``update_info``, so this is how the vLLM adapter knows which trainer an update comes from.
+#: Receivers take it out before the engine parses the rest.
+ROUND_KEY = "wtcore_round"
 #: What a round id may look like: long enough to be unguessable, safe in a header.
 ROUND_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")  # always fullmatch: `$` lets "\n" through
 #: The longest ``weight_version`` a receiver publishes, on every transport (it is echoed in
@@ -78,3 +89,53 @@ def check_required(call: str, round_id: str | None, required: bool) -> None:
             "call carries none (vLLM-style clients send none; wtcore's clients always do); "
             "nothing was applied"
         )
+
+
+def stamp_round(update_info: Any, round_id: str) -> Any:
+    """``update_info`` (a dict, or a list of them) with ``round_id`` under :data:`ROUND_KEY`."""
+    if isinstance(update_info, list):
+        return [{**e, ROUND_KEY: round_id} if isinstance(e, dict) else e for e in update_info]
+    if isinstance(update_info, dict):
+        return {**update_info, ROUND_KEY: round_id}
+    return update_info
+
+
+def round_stamp(update_info: Any) -> str | None:
+    """The round id stamped into ``update_info`` (every entry of a list must agree), if any."""
+    entries = update_info if isinstance(update_info, list) else [update_info]
+    found = {
+        check_round_id(e.get(ROUND_KEY), field=f"update_info.{ROUND_KEY}")
+        for e in entries
+        if isinstance(e, dict)
+    }
+    if len(found) > 1:
+        raise PayloadError(f"update_info.{ROUND_KEY}: the entries name different rounds")
+    return found.pop() if found else None
+
+
+def drop_round(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` without :data:`ROUND_KEY`: what the engine parses."""
+    if ROUND_KEY not in entry:
+        return entry
+    return {k: v for k, v in entry.items() if k != ROUND_KEY}
+
+
+class RoundStampingClient:
+    """Forwards every call; stamps the client's open round id into each ``update_info``.
+
+    The trainer template sends a round through it, so every update of an owned round names
+    its owner in the one place every receiver sees, vLLM's engines included. A client with no
+    ``round_id`` (one that does not own its rounds) sends ``update_info`` unchanged.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        round_id = getattr(self.inner, "round_id", None)
+        if isinstance(round_id, str):
+            update_info = stamp_round(update_info, round_id)
+        self.inner.update_weights(update_info)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from wtcore.errors import PayloadError, ProtocolStateError, WrongTypeError
 from wtcore.registry import ROUND_POLICIES
+from wtcore.rounds import RoundStampingClient
 from wtcore.source import WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
@@ -229,6 +230,7 @@ class TrainerWeightTransferEngine(ABC):
                 assert client is not None, "the sender always has a client"
                 src = DigestingSource(src)
                 self.client = VerifyingClient(client, src)
+            self.client = RoundStampingClient(self.client)  # the owner's id in every update
             if self.needs_handshake:
                 with stats.phase("control"):
                     self.handshake()

@@ -50,7 +50,14 @@ from wtcore.errors import (
 from wtcore.finite import FiniteCheckSink
 from wtcore.ledger import ByteLedger
 from wtcore.registry import RECEIVER_LAYERS
-from wtcore.rounds import check_required, check_round_id, check_weight_version
+from wtcore.rounds import (
+    ROUND_KEY,
+    check_required,
+    check_round_id,
+    check_weight_version,
+    drop_round,
+    round_stamp,
+)
 from wtcore.sink import ReadableSink, WeightSink
 from wtcore.staging import StagingSink
 
@@ -468,10 +475,23 @@ class WeightSyncWorker:
         *,
         round_id: str | None = None,
     ) -> None:
-        """Receive and load one update; a list holds one entry per worker rank."""
+        """Receive and load one update; a list holds one entry per worker rank.
+
+        A round id stamped into ``update_info`` (:data:`~wtcore.rounds.ROUND_KEY`) stands for
+        ``round_id`` when none is given (a transport that drops the header), and must equal it
+        when one is.
+        """
         name = "update_weights"
+        stamped, given = round_stamp(update_info), check_round_id(round_id)
+        if stamped is not None and given is None:
+            round_id = stamped
+        elif stamped is not None and given is not None and not hmac.compare_digest(stamped, given):
+            raise ProtocolStateError(
+                f"{name}: refused, the round id in update_info.{ROUND_KEY} is not the call's; "
+                "nothing was applied"
+            )
         with self._round_call(name, round_id) as generation:
-            entry = self._entry_for_rank(update_info)
+            entry = drop_round(self._entry_for_rank(update_info))
             typed = self.engine.parse_update_info(entry)  # PayloadError: round stays open
             self._ledger.plan(getattr(typed, "metas", None))
             self._touched = True

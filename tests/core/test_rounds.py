@@ -24,9 +24,10 @@ from wtcore import (
     WeightSyncWorker,
     WeightTransferTrainerFactory,
 )
+from wtcore.errors import PayloadError
 from wtcore.inline import InlineTrainerInitInfo
 from wtcore.inproc import InProcessClient
-from wtcore.rounds import new_round_id
+from wtcore.rounds import ROUND_KEY, new_round_id, stamp_round
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
 from wtcore.testing.recording import RecordingClient
@@ -407,3 +408,43 @@ def test_every_transport_bounds_the_published_version_in_the_core() -> None:
     assert_state_equal(model, _state(2))
     trainer.shutdown()
     worker.shutdown()
+
+
+# ---------------------------------------------------------------------- the stamp in update_info
+def test_a_round_id_stamped_into_update_info_stands_for_the_header() -> None:
+    """Inside vLLM the header is dropped; the id a trainer stamps into every update is
+    checked instead, and must agree with the header where there is one."""
+    worker, model = _worker()
+    a_id = new_round_id()
+    worker.init_weight_transfer_engine({"packed_buffer_size_bytes": BUCKET})
+    worker.start_weight_update(round_id=a_id)
+    stranger = _payloads(_state(5))[0]
+    with pytest.raises(ProtocolStateError, match="belongs to another trainer"):
+        worker.update_weights(stamp_round(stranger, new_round_id()))
+    with pytest.raises(ProtocolStateError, match=f"update_info.{ROUND_KEY} is not the call's"):
+        worker.update_weights(stamp_round(stranger, new_round_id()), round_id=a_id)
+    with pytest.raises(PayloadError, match=f"update_info.{ROUND_KEY}: expected"):
+        worker.update_weights({**stranger, ROUND_KEY: "short"}, round_id=a_id)
+    assert_state_equal(model, zeros_like_state(_state(0)))  # nothing was applied
+    for payload in _payloads(_state(6)):  # no header: the stamp is the owner's id
+        worker.update_weights(stamp_round(payload, a_id))
+    worker.finish_weight_update("a", round_id=a_id)
+    assert _info(worker) == ("a", True, "idle")
+    assert_state_equal(model, _state(6))
+
+
+def test_the_trainer_stamps_its_round_id_into_every_update() -> None:
+    seen: list[tuple[Any, str | None]] = []
+
+    class Watching(InProcessClient):
+        def update_weights(self, update_info: Any) -> None:
+            seen.append((update_info, self.round_id))
+            super().update_weights(update_info)
+
+    worker, model = _worker()
+    _trainer(Watching(worker)).send_weights(TensorSource(_state(7)), weight_version="s")
+    assert len(seen) > 1 and all(p[ROUND_KEY] == rid is not None for p, rid in seen)
+    assert len({rid for _, rid in seen}) == 1
+    assert_state_equal(model, _state(7))
+    # A client without round ids (a plain recording one) gets update_info unchanged.
+    assert all(ROUND_KEY not in p for p in _payloads(_state(7)))

@@ -15,6 +15,12 @@ Three things differ from a plain wtcore worker:
   references to a layer's tensors until the layer is complete.
 - vLLM's base ``update_weights`` ends with ``torch.accelerator.synchronize()``, which raises
   on CPU; the adapter synchronizes only on an accelerator.
+- Rounds are owned here too. vLLM's routes drop wtcore's round header, so the round id a
+  wtcore trainer stamps into each ``update_info`` (:data:`wtcore.rounds.ROUND_KEY`) is what
+  the adapter checks: the round's first update binds it (or binds "unowned"), and an update
+  naming another round, or none in an owned round, is refused before anything of it is
+  parsed or loaded. vLLM then ends the round, as after any failed update: the owner's next
+  call fails and nothing is published.
 - Finish fails the round when a layer got none of its tensors, and keeps tied layers (an output
   layer that is the input embedding) exact when the shared tensor arrives once
   (:func:`wtcore_vllm.reload.check_layerwise_reload`). A failed finish publishes nothing and
@@ -24,6 +30,7 @@ Three things differ from a plain wtcore worker:
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import sys
 from collections.abc import Iterable, Iterator
@@ -34,7 +41,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from wtcore.engine import WeightTransferConfig
+from wtcore.errors import ProtocolStateError
 from wtcore.registry import ENGINES
+from wtcore.rounds import ROUND_KEY, drop_round, round_stamp
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
 from wtcore_vllm.paths import weight_transfer
 from wtcore_vllm.reload import (
@@ -53,6 +62,9 @@ if TYPE_CHECKING:
 __all__ = ["ModelSink", "WtcoreVLLMEngine", "adapter_class", "worker_place"]
 
 log = logging.getLogger(__name__)
+
+#: The owner of a round before its first update has said who it is.
+_UNBOUND = object()
 
 
 class ModelSink:
@@ -135,6 +147,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         self.init_info_cls = engine_cls.init_info_cls
         self.update_info_cls = engine_cls.update_info_cls
         self._reloading = False
+        self._owner: object = _UNBOUND
 
     # ------------------------------------------------------------------ parsing (wtcore's)
     def parse_init_info(self, init_dict: dict[str, Any]) -> Any:
@@ -150,18 +163,37 @@ class WtcoreVLLMEngine(VLLMEngine):
     def start_weight_update(self) -> None:
         self._abort_reload()  # a round vLLM gave up on without telling the engine
         self.inner.start_weight_update()
+        self._owner = _UNBOUND
         initialize_layerwise_reload(self.model)
         self._reloading = True
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         try:
-            self.receive_weights(self.parse_update_info(update_info))
+            self._check_owner(round_stamp(update_info))
+            self.receive_weights(self.parse_update_info(drop_round(update_info)))
             if self.device.type != "cpu":
                 # Like vLLM's base class: the next step must see the new weights.
                 torch.accelerator.synchronize()
         except BaseException:
             self._abort_reload()
             raise
+
+    def _check_owner(self, stamped: str | None) -> None:
+        """Bind the round to its first update's id; refuse any later update of another."""
+        if self._owner is _UNBOUND:
+            self._owner = stamped
+            return
+        owner = self._owner
+        if owner is None and stamped is None:
+            return
+        if isinstance(owner, str) and stamped is not None and hmac.compare_digest(owner, stamped):
+            return
+        whose = "an owned round" if owner is not None else "an unowned round"
+        has = f"another round's id in {ROUND_KEY}" if stamped is not None else "no round id"
+        raise ProtocolStateError(
+            f"update_weights: refused, this is {whose} and the update carries {has} (a second "
+            "trainer, or a stale call); nothing of it was applied, and vLLM ends the round"
+        )
 
     def receive_weights(self, update_info: Any) -> None:
         with _no_mtp_completeness_check():
