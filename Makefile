@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo rl-demo test quick lint typecheck pytest pytest-rest dist clean
+.PHONY: install demo rl-demo trl-demo test quick lint typecheck pytest pytest-rest dist clean
 
 install: $(STAMP)
 
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e . $(addprefix -e ,$(dir $(PLUGINS)))
 	touch $(STAMP)
 
-$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/channel/pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/ipc/pyproject.toml plugins/vllm/pyproject.toml plugins/delta/pyproject.toml
+$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/channel/pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/ipc/pyproject.toml plugins/vllm/pyproject.toml plugins/delta/pyproject.toml plugins/trl/pyproject.toml
 	rm -f $(VLLM_STAMP)
 	PYTHON=$(PYTHON) scripts/vllm-venv.sh $(VLLM_VENV)
 
@@ -39,6 +39,13 @@ RL_OUT ?= rl_loop
 rl-demo: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VLLM_VENV)/bin/python -m pip install --quiet 'matplotlib>=3.6'
 	$(VLLM_VENV)/bin/python examples/rl_loop/run.py --json $(RL_OUT).json --plot $(RL_OUT).png
+
+# TRL's GRPOTrainer against a vLLM server, syncing through wtcore-trl (examples/trl_grpo): a
+# control run that syncs only step 0, the lines of docs/trl.md, and the same with delta=True.
+TRL_OUT ?= trl_grpo
+trl-demo: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VLLM_VENV)/bin/python -m pip install --quiet 'matplotlib>=3.6'
+	$(VLLM_VENV)/bin/python -W ignore examples/trl_grpo/train.py --steps 10 --json $(TRL_OUT).json --plot $(TRL_OUT).png
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -74,6 +74,8 @@ PROCESSES: dict[str, bool] = {
     # ---- release: builds every distribution and a fresh venv; the metadata checks read files
     "release": True,
     "release/test_metadata.py": False,
+    # ---- trl: the source over TRL's iterator, in process; one round over a real gloo group
+    "trl/test_adapter.py::test_a_round_from_an_iterator_that_reshards_behind_it_is_exact": True,
     # ---- whole folders of real processes
     "integration": True,  # `wtcore bench` per engine x client, GPU processes
     "multinode": True,  # network-namespace nodes

@@ -22,6 +22,7 @@ def plot(log: dict[str, Any], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_r, ax_m, ax_s) = plt.subplots(1, 3, figsize=(13, 3.6))
+    bars = ""
     for i, (name, run) in enumerate(log["runs"].items()):
         steps, color = run["steps"], f"C{i}"
         x = [s["step"] for s in steps]
@@ -30,9 +31,11 @@ def plot(log: dict[str, Any], out: Path) -> None:
         for field, style in (("mean", "-"), ("max", "--")):
             y = [max(s[f"mismatch_{field}"], FLOOR) for s in steps]
             ax_m.plot(x, y, color=color, ls=style, marker="o", ms=2, label=f"{name}, {field}")
-        if run["sync"]:
+        if run["sync"] and not bars:  # the first synced run's
+            bars = name
             ax_s.bar(x, [s["step_s"] for s in steps], color="0.85", label="whole step")
-            ax_s.bar(x, [s["sync_s"] for s in steps], color="C1", label="pause + sync + resume")
+            what = log["config"].get("sync_label", "pause + sync + resume")
+            ax_s.bar(x, [s["sync_s"] for s in steps], color="C1", label=what)
     ax_r.set(title="mean reward", xlabel="step")
     ax_m.axhline(TOLERANCE, color="0.5", lw=1, ls=":", label="CI tolerance")
     ax_m.set(
@@ -41,14 +44,15 @@ def plot(log: dict[str, Any], out: Path) -> None:
         yscale="log",
         ylim=(FLOOR / 2, None),
     )
-    ax_s.set(title="sync time (synced run)", xlabel="step", ylabel="s")
+    ax_s.set(title=f"sync time ({bars} run)", xlabel="step", ylabel="s")
     for ax in (ax_r, ax_m, ax_s):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     cfg = log["config"]
     fig.suptitle(
-        f"wtcore RL loop: tiny Llama on vLLM (CPU), backend {cfg['backend']}, "
+        f"{cfg.get('title', 'wtcore RL loop')}: tiny Llama on vLLM (CPU), "
+        f"backend {cfg['backend']}, "
         f"{cfg['group_size']} samples per prompt, lr {cfg['lr']:g}, seed {cfg['seed']}",
         fontsize=9,
     )

@@ -84,6 +84,8 @@ RUN_ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/writing-an-engine.md", ""): "tests/core/test_tutorial.py",  # every block, in order
     ("docs/http.md", "import os"): "tests/http_client/test_fastapi_mount.py",
     ("docs/ray.md", "import ray, torch"): "tests/multinode/test_ray_nodes.py",
+    # examples/trl_grpo/train.py executes the block as it stands, with a real GRPOTrainer
+    ("docs/trl.md", "import wtcore_trl"): "tests/vllm/test_trl_grpo.py",
 }
 
 #: Python blocks that need hardware or services no test machine is assumed to have: compiled,

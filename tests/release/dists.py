@@ -1,4 +1,4 @@
-"""What the release tests know about the eight distributions: where each lives, and how to read
+"""What the release tests know about the distributions: where each lives, and how to read
 its pyproject and readme."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ DISTRIBUTIONS: dict[str, str] = {
     "wtcore-vllm": "plugins/vllm",
     "wtcore-bench": "plugins/bench",
     "wtcore-delta": "plugins/delta",
+    "wtcore-trl": "plugins/trl",
 }
 PLUGINS = [name for name in DISTRIBUTIONS if name != "wtcore"]
 

@@ -82,13 +82,16 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, model_dir: Path, log_path: Path, *, backend: str | None) -> VLLMServer:
+    def start(
+        cls, model_dir: Path, log_path: Path, *, backend: str | None, extra: Sequence[str] = ()
+    ) -> VLLMServer:
         port = free_port()
         cmd = [str(VLLM_PYTHON), "-m", "wtcore_vllm.serve", str(model_dir)]
         cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
         cmd += ["--dtype", "float32", "--max-model-len", "128", "--max-num-seqs", "32"]
         if backend is not None:
             cmd += ["--weight-transfer-config", json.dumps({"backend": backend})]
+        cmd += extra
         log = log_path.open("wb")
         try:
             proc = subprocess.Popen(

@@ -1,0 +1,165 @@
+"""The TRL client whose weight sync is a wtcore trainer engine (imports TRL).
+
+TRL's ``VLLMClient`` syncs through vLLM's own NCCL helpers, which need a CUDA device (on a CPU
+trainer ``init_communicator`` raises ``NotImplementedError``) and which, without libnccl,
+disable themselves and "sync" nothing. This subclass keeps everything else of TRL's client and
+replaces the three sync calls:
+
+- ``init_communicator`` builds the wtcore trainer engine named at :func:`wtcore_trl.install`,
+  with wtcore's HTTP client on the server's RL routes, and runs its handshake;
+- ``update_named_params`` sends one round (start, updates, finish) from TRL's metadata and
+  iterator (:class:`~wtcore_trl.source.StreamSource`), with the global step as its version,
+  and raises wtcore's error, naming the server, when it fails: training never goes on over
+  stale weights;
+- ``close_communicator`` shuts the engine down.
+
+Only TRL's main process holds a client (TRL's own rule); the other ranks iterate the
+parameters for the gathers, as they do with TRL's client.
+"""
+
+from __future__ import annotations
+
+import atexit
+import socket
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from wtcore.errors import PayloadError, PluginLoadError, ProtocolStateError
+from wtcore.parse import field_names, parse_dataclass
+from wtcore.registry import CLIENTS, TRAINER_ENGINES
+from wtcore.stats import TransferStats
+from wtcore_trl import SUPPORTED_TRL
+from wtcore_trl.source import StreamSource
+
+__all__ = ["client_class", "follow_steps", "local_address", "trl_generation_module"]
+
+#: What TRL's client must have for this subclass to stand in for it.
+_SURFACE = ("init_communicator", "update_named_params", "close_communicator", "reset_prefix_cache")
+
+
+def trl_generation_module() -> ModuleType:
+    """TRL's ``vllm_generation`` module, once TRL's version and client surface are checked."""
+    try:
+        import trl
+        from trl.generation import vllm_generation
+    except ImportError as e:
+        raise PluginLoadError(
+            f"wtcore-trl needs TRL {' or '.join(SUPPORTED_TRL)} (pip install 'wtcore-trl[trl]'), "
+            f"and TRL's vLLM client needs vLLM: {e}"
+        ) from e
+    version = str(getattr(trl, "__version__", "unknown"))
+    client = getattr(vllm_generation, "VLLMClient", None)
+    missing = [m for m in _SURFACE if not callable(getattr(client, m, None))]
+    if not version.startswith(tuple(v + "." for v in SUPPORTED_TRL)) or missing:
+        raise PluginLoadError(
+            f"wtcore-trl supports TRL {', '.join(SUPPORTED_TRL)}, found TRL {version}"
+            + (f" whose VLLMClient lacks {', '.join(missing)}" if missing else "")
+            + "; install a supported TRL (pip install 'wtcore-trl[trl]')"
+        )
+    module: ModuleType = vllm_generation
+    return module
+
+
+def local_address(host: str, port: int) -> str:
+    """This host's address on the route to ``host`` (where the server reaches the trainer).
+
+    A connected UDP socket sends nothing; it only makes the kernel pick the route.
+    """
+    if host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return str(s.getsockname()[0])
+
+
+def trainer_info(backend: str, options: dict[str, Any], derived: dict[str, Any]) -> Any:
+    """The engine's trainer init info: TRL-derived fields it has, then ``options``, rank 0."""
+    cls = TRAINER_ENGINES.load(backend).init_info_cls
+    names = set(field_names(cls))
+    if "rank" in options:
+        raise PayloadError("rank: set by wtcore-trl (TRL's main process is the sender, rank 0)")
+    data = {k: v for k, v in derived.items() if k in names} | options | {"rank": 0}
+    return parse_dataclass(cls, data, what=f"wtcore_trl.install(backend={backend!r}) options")
+
+
+def client_class(backend: str, options: dict[str, Any], timeout_s: float) -> type:
+    """A ``VLLMClient`` subclass bound to one wtcore engine; checks the options now."""
+    TRAINER_ENGINES.load(backend)  # an unknown or broken engine fails at install, not mid-run
+    placeholder = {"master_address": "127.0.0.1", "address": "127.0.0.1", "master_port": 1}
+    trainer_info(backend, options, {**placeholder, "world_size": 2})
+    base = trl_generation_module().VLLMClient
+
+    class WtcoreVLLMClient(base):  # type: ignore[misc, valid-type]
+        """TRL's vLLM client, syncing through wtcore's ``{backend}`` engine."""
+
+        wtcore_backend = backend
+        wtcore_options = dict(options)
+        wtcore_timeout_s = timeout_s
+        #: The version each sync publishes (:func:`follow_steps` sets it); default: a count.
+        step_of: Callable[[], int] | None = None
+        #: What every sync of this client did, in order (``TransferStats``).
+        syncs: list[TransferStats]
+
+        def init_communicator(self, device: Any = 0) -> None:
+            self.close_communicator()
+            self.syncs = []
+            sync = CLIENTS.load("http")(self.base_url, timeout_s=self.wtcore_timeout_s)
+            try:
+                address = local_address(str(self.host), int(self.group_port))
+                derived = {
+                    "master_address": address,
+                    "address": address,
+                    "master_port": int(self.group_port),
+                    "world_size": 1 + sync.get_world_size(),
+                }
+                info = trainer_info(self.wtcore_backend, self.wtcore_options, derived)
+                engine_cls = TRAINER_ENGINES.load(self.wtcore_backend)
+                self.communicator = engine_cls.trainer_init(info, client=sync)
+            except BaseException:
+                sync.close()
+                raise
+            self._wtcore_client = sync
+            atexit.register(self.close_communicator)
+
+        def update_named_params(
+            self, metadata: list[Any], named_params: Iterator[tuple[str, Any]]
+        ) -> None:
+            if self.communicator is None:
+                raise ProtocolStateError(
+                    f"{self.base_url}: update_named_params before init_communicator"
+                )
+            step = self.step_of() if self.step_of is not None else len(self.syncs)
+            stats = self.communicator.send_weights(
+                StreamSource(metadata, named_params), weight_version=str(step)
+            )
+            self.syncs.append(stats)
+
+        def close_communicator(self) -> None:
+            engine, self.communicator = getattr(self, "communicator", None), None
+            sync = getattr(self, "_wtcore_client", None)
+            self._wtcore_client = None
+            try:
+                if engine is not None:
+                    engine.shutdown()
+            finally:
+                if sync is not None:
+                    sync.close()
+
+    WtcoreVLLMClient.__doc__ = f"TRL's vLLM client, syncing through wtcore's {backend!r} engine."
+    return WtcoreVLLMClient
+
+
+def follow_steps(trainer: Any) -> None:
+    """Point the trainer's vLLM client at its global step (only TRL's main process has one)."""
+    generation = getattr(trainer, "vllm_generation", None)
+    client = getattr(generation, "vllm_client", None)
+    if client is None:
+        return  # not the main process, or not vLLM server mode: nothing syncs here
+    if not hasattr(client, "step_of"):
+        raise PluginLoadError(
+            f"{type(client).__name__} is not wtcore's client: call wtcore_trl.install() before "
+            "building the trainer"
+        )
+    client.step_of = lambda: int(trainer.state.global_step)
