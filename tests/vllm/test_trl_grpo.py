@@ -67,3 +67,39 @@ def test_grpo_trainer_syncs_every_step_through_wtcore(vllm_servers, tmp_path: Pa
     drift = [r["mismatch_mean"] for r in control[1:]]
     assert all(d > MISMATCH_TOL for d in drift), drift
     assert drift[-1] > drift[0], drift  # the gap grows as the trainer moves away
+
+
+FAILING_SYNC = """
+import json, sys, torch, wtcore_trl
+from wtcore.errors import WtcoreError
+from wtcore.testing.net import free_port
+cls = wtcore_trl.install(backend="nccl", timeout_s=120.0)
+client = cls(base_url=sys.argv[1], group_port=free_port())
+client.init_communicator(device="cpu")
+bogus = torch.ones(4, 4)
+try:
+    client.update_named_params([("no.such.weight", "float32", [4, 4])], iter([("no.such.weight", bogus)]))
+    print(json.dumps({"raised": None}))
+except WtcoreError as e:
+    print(json.dumps({"raised": type(e).__name__, "message": str(e)}))
+finally:
+    client.close_communicator()
+"""
+
+
+def test_a_sync_that_fails_raises_naming_the_server_and_publishes_nothing(vllm_servers) -> None:  # type: ignore[no-untyped-def]
+    """TRL's training loop gets wtcore's error, never a silent step over stale weights."""
+    s = vllm_servers
+    before = s.a.weight_version()
+    out = subprocess.run(
+        [str(VLLM_PYTHON), "-W", "ignore", "-c", FAILING_SYNC, s.a.url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["raised"] == "ReceiverError", result
+    assert result["message"].startswith("update_weights failed on 1 of 1 receiver(s)"), result
+    assert f"- {s.a.url} [500]" in result["message"], result  # the server, named
+    assert s.a.weight_version() == before  # nothing published
