@@ -18,7 +18,8 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS)
+$(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS) scripts/system-deps.sh
+	scripts/system-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0

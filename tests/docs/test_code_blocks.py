@@ -172,6 +172,7 @@ EXECUTED: dict[str, Callable[[Path], Generator[dict[str, Any], None, None]]] = {
     "docs/http.md": _http_page,
     "docs/ipc.md": _self_contained,
     "docs/tcp.md": _self_contained,
+    "docs/mooncake.md": _self_contained,
 }
 
 

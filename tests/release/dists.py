@@ -25,6 +25,7 @@ DISTRIBUTIONS: dict[str, str] = {
     "wtcore-bench": "plugins/bench",
     "wtcore-delta": "plugins/delta",
     "wtcore-trl": "plugins/trl",
+    "wtcore-mooncake": "plugins/mooncake",
 }
 PLUGINS = [name for name in DISTRIBUTIONS if name != "wtcore"]
 

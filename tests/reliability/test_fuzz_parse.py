@@ -22,7 +22,7 @@ from wtcore import ModuleSink, PayloadError, WeightTransferEngineFactory
 
 pytestmark = pytest.mark.timeout(120)
 
-ENGINES = ["inline", "nccl", "tcp", "ipc"]
+ENGINES = ["inline", "nccl", "tcp", "ipc", "mooncake"]
 
 FUZZ = settings(
     max_examples=100,

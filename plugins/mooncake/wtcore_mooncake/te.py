@@ -1,0 +1,77 @@
+"""The Mooncake Transfer Engine, loaded lazily: one place that imports it and says what is missing.
+
+``mooncake.engine`` loads RDMA libraries (``libibverbs.so.1``) at import, even for its ``tcp``
+protocol, so nothing imports it until an engine is built; ``wtcore plugins`` asks
+:func:`host_status`, which says what to install instead of failing.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from wtcore.errors import PluginLoadError, TransferError
+
+__all__ = ["INSTALL_HINT", "host_status", "load", "local_address", "start"]
+
+INSTALL_HINT = (
+    "pip install mooncake-transfer-engine-non-cuda (or the -cuda13, -efa, -rocm build, or "
+    "mooncake-transfer-engine for CUDA 12), and the system library libibverbs.so.1 (Debian "
+    "and Ubuntu: apt-get install libibverbs1)"
+)
+
+
+def load() -> Any:
+    """Mooncake's ``TransferEngine`` class; :class:`PluginLoadError` saying what to install."""
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as e:
+        raise PluginLoadError(f"the mooncake engine needs Mooncake: {INSTALL_HINT} ({e})") from e
+    return TransferEngine
+
+
+def host_status() -> str:
+    """One line for ``wtcore plugins``: whether Mooncake imports here, and if not, why."""
+    try:
+        load()
+    except PluginLoadError as e:
+        return f"unavailable: {e}"
+    return "tcp ok; rdma where the host has HCAs"
+
+
+_ENGINES: dict[tuple[str, str], tuple[Any, str]] = {}
+_LOCK = threading.Lock()
+
+
+def start(address: str, protocol: str) -> tuple[Any, str]:
+    """This process's transfer engine on ``address``; returns it and its ``host:port``.
+
+    One per process, address and protocol, kept for the process's life: a transfer engine is
+    a listener and a pool of connections, which is the host's, not one wtcore engine's (each
+    registers and unregisters its own memory); and stopping one takes a second, which a trainer
+    that re-initializes, or a process hosting several receivers, would pay every time.
+    ``P2PHANDSHAKE``: peers exchange their segment descriptors directly, no metadata server.
+    """
+    key = (address, protocol)
+    with _LOCK:
+        if key not in _ENGINES:
+            engine = load()()
+            rc = engine.initialize(address, "P2PHANDSHAKE", protocol, "")
+            if rc != 0:
+                raise TransferError(
+                    f"Mooncake could not start a {protocol} transfer engine on {address} "
+                    f"(status {rc})"
+                )
+            _ENGINES[key] = (engine, f"{address}:{engine.get_rpc_port()}")
+        return _ENGINES[key]
+
+
+def local_address(peer_host: str) -> str:
+    """This host's address on the route to ``peer_host`` (a connected UDP socket sends nothing)."""
+    if peer_host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    family = socket.AF_INET6 if ":" in peer_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((peer_host, 9))
+        return str(s.getsockname()[0])

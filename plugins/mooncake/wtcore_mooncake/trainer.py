@@ -1,0 +1,109 @@
+"""The trainer half of ``mooncake``: staging buffers registered once, read by the workers.
+
+Pull, because it fits the protocol's direction: the trainer's transfer engine registers its
+``packed_num_buffers`` staging buffers when it announces them (each handshake), and every
+``update_weights`` names the slot a packed bucket lies in; each worker reads the bucket with
+one ``transfer_sync_read`` and returns from ``update_weights`` once it has it. The kit
+(:class:`~wtcore.bucketed.BucketedTrainerEngine`) packs the next bucket into the other slot
+meanwhile, and writes a slot again only after the call that announced it returned from every
+worker, so no worker ever reads a slot being rewritten. Push would need each worker's
+registered memory announced back to the trainer, which the four calls have no way to carry.
+
+A round whose largest bucket (a tensor larger than ``packed_buffer_size_bytes``) does not fit
+the announced slots grows them and announces them again (a fresh handshake) before it starts.
+A failed round unregisters and frees the staging; the next handshake registers it again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from wtcore.bucketed import BucketedTrainerEngine, BucketUpdateInfo
+from wtcore.buckets import max_bucket_nbytes
+from wtcore.errors import TransferError
+from wtcore_mooncake import te
+from wtcore_mooncake.wire import MooncakeTrainerInitInfo
+
+if TYPE_CHECKING:
+    import torch
+
+    from wtcore.buckets import Bucket
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
+
+__all__ = ["MooncakeTrainerEngine"]
+
+
+class MooncakeTrainerEngine(BucketedTrainerEngine):
+    """Announces registered staging at init and each bucket's slot in its update."""
+
+    init_info_cls = MooncakeTrainerInitInfo
+
+    def __init__(self, init_info: Any, **kwargs: Any) -> None:
+        super().__init__(init_info, **kwargs)
+        assert isinstance(init_info, MooncakeTrainerInitInfo)
+        self.mc_info = init_info
+        self._engine: Any = None
+        self.endpoint = ""
+        self._registered: list[int] = []
+
+    @classmethod
+    def host_status(cls) -> str:
+        return te.host_status()
+
+    def _transfer_engine(self) -> Any:
+        if self._engine is None:
+            self._engine, self.endpoint = te.start(self.mc_info.address, self.mc_info.protocol)
+        return self._engine
+
+    # ------------------------------------------------------------------ staging
+    def allocate_staging(self, capacity: int, count: int) -> list[torch.Tensor]:
+        engine = self._transfer_engine()
+        slots = super().allocate_staging(capacity, count)
+        for t in slots:
+            rc = engine.register_memory(t.data_ptr(), capacity)
+            if rc != 0:
+                self.release_staging_of(slots)
+                raise TransferError(
+                    f"Mooncake could not register {capacity} bytes of staging (status {rc})"
+                )
+            self._registered.append(t.data_ptr())
+        return slots
+
+    def release_staging_of(self, slots: list[torch.Tensor]) -> None:
+        """Unregister whatever of ``slots`` was registered (the tensors are then freed)."""
+        for t in slots:
+            if t.data_ptr() in self._registered:
+                self._registered.remove(t.data_ptr())
+                self._engine.unregister_memory(t.data_ptr())
+
+    def release_staging(self) -> None:
+        if self._slots:
+            self.release_staging_of(self._slots)
+        super().release_staging()
+
+    # ------------------------------------------------------------------ the protocol
+    def worker_init_info(self) -> dict[str, Any]:
+        info = self.mc_info
+        slots = self.staging(max(self._capacity, info.packed_buffer_size_bytes))
+        return {
+            "endpoint": self.endpoint,
+            "slots": [[t.data_ptr(), t.numel()] for t in slots],
+            "packed_buffer_size_bytes": info.packed_buffer_size_bytes,
+            "packed": info.packed,
+            "protocol": info.protocol,
+            "timeout_s": info.timeout_s,
+        }
+
+    def _send(self, source: WeightSource, stats: TransferStats) -> None:
+        largest = max_bucket_nbytes(self.info.plan(source.metadata()))
+        if largest > self._capacity:  # a bucket the announced slots cannot hold
+            self.staging(largest)
+            self.handshake()
+        super()._send(source, stats)
+
+    def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
+        return {**BucketUpdateInfo.wire(bucket.metas), "slot": slot, "nbytes": filled.numel()}
+
+    def shutdown(self) -> None:
+        super().shutdown()  # releases (unregisters) the staging; the transfer engine stays

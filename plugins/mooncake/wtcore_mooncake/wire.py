@@ -1,0 +1,111 @@
+"""What travels on the control plane: the trainer's options, the init and the update payloads.
+
+Everything a worker gets is checked before a byte moves: the endpoint's form, the announced
+regions (count, addresses, sizes), and in each update the slot and its length against those
+regions and against the bucket its metadata plans. A worker never reads more than a slot
+holds, nor writes past its own staging.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from wtcore.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
+from wtcore.errors import PayloadError
+
+__all__ = [
+    "MAX_SLOTS",
+    "PROTOCOLS",
+    "MooncakeInitInfo",
+    "MooncakeTrainerInitInfo",
+    "MooncakeUpdateInfo",
+]
+
+#: Mooncake's transports this engine accepts (``rdma`` needs HCAs on both ends).
+PROTOCOLS = ("tcp", "rdma")
+#: The most staging regions a trainer may announce (``packed_num_buffers`` is at most this).
+MAX_SLOTS = 64
+_ENDPOINT = re.compile(r"(?P<host>[A-Za-z0-9_.:-]{1,253}):(?P<port>[0-9]{1,5})")
+_ADDRESS_LIMIT = 1 << 64
+
+
+def _check_int(value: Any, what: str, *, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+        raise PayloadError(f"{what}: expected an int in [{low}, {high}), got {value!r:.60}")
+    return value
+
+
+@dataclass
+class MooncakeTrainerInitInfo(BucketedTrainerInitInfo):
+    """Trainer settings of the ``mooncake`` engine.
+
+    ``address`` is where this trainer's transfer engine listens, an address of this host every
+    worker reaches (loopback by default); ``protocol`` is Mooncake's transport, ``tcp``
+    anywhere or ``rdma`` where both ends have HCAs. The bucket options are the kit's
+    (:class:`~wtcore.bucketed.BucketedTrainerInitInfo`); each of the ``packed_num_buffers``
+    staging buffers is registered with Mooncake once per handshake.
+    """
+
+    backend: ClassVar[str] = "mooncake"
+    address: str = field(default="127.0.0.1", kw_only=True)
+    protocol: str = field(default="tcp", kw_only=True)
+    packed_buffer_size_bytes: int = field(default=64 << 20, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.address, str) or not self.address:
+            raise PayloadError(f"address: expected a host address, got {self.address!r}")
+        if self.protocol not in PROTOCOLS:
+            raise PayloadError(f"protocol: expected one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.packed_num_buffers > MAX_SLOTS:
+            raise PayloadError(f"packed_num_buffers: at most {MAX_SLOTS}")
+
+
+@dataclass
+class MooncakeInitInfo:
+    """What a worker learns at init: where to read from, and the regions it may read."""
+
+    endpoint: str  # the trainer's transfer engine, "host:port"
+    slots: list[list[int]]  # [address, bytes] of each registered staging buffer
+    packed_buffer_size_bytes: int
+    packed: bool = True
+    protocol: str = "tcp"
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        m = _ENDPOINT.fullmatch(self.endpoint) if isinstance(self.endpoint, str) else None
+        if m is None or not 0 < int(m.group("port")) < 65536:
+            raise PayloadError(f"init_info.endpoint: expected host:port, got {self.endpoint!r:.80}")
+        if not isinstance(self.slots, list) or not 0 < len(self.slots) <= MAX_SLOTS:
+            raise PayloadError(f"init_info.slots: expected 1 to {MAX_SLOTS} regions")
+        for i, slot in enumerate(self.slots):
+            if not isinstance(slot, list) or len(slot) != 2:
+                raise PayloadError(f"init_info.slots[{i}]: expected [address, bytes]")
+            _check_int(slot[0], f"init_info.slots[{i}] address", low=1, high=_ADDRESS_LIMIT)
+            _check_int(slot[1], f"init_info.slots[{i}] bytes", low=1, high=1 << 40)
+        if self.protocol not in PROTOCOLS:
+            raise PayloadError(f"init_info.protocol: expected one of {PROTOCOLS}")
+        check_bucket_options(
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+            packed_num_buffers=len(self.slots),
+            timeout_s=self.timeout_s,
+        )
+
+    @property
+    def host(self) -> str:
+        return self.endpoint.rsplit(":", 1)[0]
+
+
+@dataclass
+class MooncakeUpdateInfo(BucketUpdateInfo):
+    """One bucket: its metadata, the announced slot it lies in, and its length."""
+
+    slot: int
+    nbytes: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_int(self.slot, "update_info.slot", low=0, high=MAX_SLOTS)
+        _check_int(self.nbytes, "update_info.nbytes", low=0, high=1 << 40)

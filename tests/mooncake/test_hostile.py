@@ -1,0 +1,146 @@
+"""Hostile and broken peers of the mooncake engine, against real transfer engines.
+
+Every slot, length and region an update or an init names is checked against what the
+handshake announced and what the metadata plans, before a byte moves; a trainer that is gone
+or stalls fails the round within the timeout, naming its endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
+from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore.inproc import InProcessClient
+from wtcore.meta import ParamMeta, metas_to_wire
+from wtcore.testing import build_module, zeros_like_state
+from wtcore.testing.contract import assert_state_equal
+from wtcore.testing.procs import stop_processes
+from wtcore_mooncake import MooncakeTrainerInitInfo
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return {"a": torch.randn(64, 8, generator=g), "b": torch.randn(100, generator=g)}
+
+
+def _synced_worker() -> tuple[WeightSyncWorker, Any, torch.nn.Module, dict[str, Any]]:
+    """A worker after one real round; returns it, the trainer, its model and the init it got."""
+    state = _state()
+    model = build_module(zeros_like_state(state))
+    worker = WeightSyncWorker("mooncake", ModuleSink(model))
+    info = MooncakeTrainerInitInfo(packed_buffer_size_bytes=4096, timeout_s=30, rank=0)
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        info, client=InProcessClient(worker, timeout_s=30), source=TensorSource(state)
+    )
+    trainer.send_weights(weight_version="v1")
+    assert_state_equal(model, state)
+    return worker, trainer, model, trainer.worker_init_info()
+
+
+@pytest.mark.parametrize(
+    ("forge", "fragment"),
+    [
+        ({"slot": 2}, "update_info.slot: 2, the init announced 2"),
+        ({"slot": 64}, r"update_info.slot: expected an int in \[0, 64\)"),
+        ({"nbytes": 1 << 20}, "update_info.nbytes: 1048576 bytes announced"),
+        ({"nbytes": -1}, r"update_info.nbytes: expected an int"),
+        ({"shapes": [[64, 8], [1000]]}, "update_info.nbytes: 2448 bytes announced"),
+    ],
+)
+def test_a_forged_update_is_refused_before_anything_moves(
+    forge: dict[str, Any], fragment: str
+) -> None:
+    worker, trainer, model, _ = _synced_worker()
+    try:
+        metas = [ParamMeta("a", torch.float32, (64, 8)), ParamMeta("b", torch.float32, (100,))]
+        good = {**metas_to_wire(metas), "slot": 0, "nbytes": 2448}
+        worker.start_weight_update()
+        with pytest.raises(PayloadError, match=fragment):
+            worker.update_weights({**good, **forge})
+        assert_state_equal(model, _state())  # nothing written
+    finally:
+        trainer.shutdown()
+        worker.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("endpoint", "no-port", "init_info.endpoint: expected host:port"),
+        ("endpoint", "127.0.0.1:70000", "init_info.endpoint: expected host:port"),
+        ("slots", [], "init_info.slots: expected 1 to 64 regions"),
+        ("slots", [[0, 4096]], r"init_info.slots\[0\] address"),
+        ("slots", [[4096, 0]], r"init_info.slots\[0\] bytes"),
+        ("slots", [[4096]], r"init_info.slots\[0\]: expected \[address, bytes\]"),
+        ("protocol", "udp", "init_info.protocol"),
+    ],
+)
+def test_a_bad_init_is_refused_naming_the_field(field: str, value: Any, fragment: str) -> None:
+    worker, trainer, _model, init = _synced_worker()
+    try:
+        with pytest.raises(PayloadError, match=fragment):
+            worker.init_weight_transfer_engine({**init, field: value})
+    finally:
+        trainer.shutdown()
+        worker.shutdown()
+
+
+STALLING_TRAINER = """
+import json, sys, time, torch
+from wtcore_mooncake import te
+engine, endpoint = te.start("127.0.0.1", "tcp")
+buf = torch.zeros(1 << 20, dtype=torch.uint8)
+assert engine.register_memory(buf.data_ptr(), buf.numel()) == 0
+print(json.dumps({"endpoint": endpoint, "address": buf.data_ptr()}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("fault", ["killed", "stopped"])
+def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(fault: str) -> None:
+    """A trainer process SIGKILLed, or SIGSTOPped, before the worker reads: the read fails, or
+    is bounded by ``timeout_s``; the error names the trainer's endpoint either way."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALLING_TRAINER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    worker = WeightSyncWorker("mooncake", ModuleSink(build_module({"w": torch.zeros(256)})))
+    try:
+        assert proc.stdout is not None
+        peer = json.loads(proc.stdout.readline())
+        os.kill(proc.pid, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        if fault == "killed":
+            proc.wait(30)
+        worker.init_weight_transfer_engine(
+            {
+                "endpoint": peer["endpoint"],
+                "slots": [[peer["address"], 1 << 20]],
+                "packed_buffer_size_bytes": 1 << 20,
+                "timeout_s": 3.0,
+            }
+        )
+        worker.start_weight_update()
+        update = {**metas_to_wire([ParamMeta("w", torch.float32, (256,))]), "slot": 0}
+        t0 = time.monotonic()
+        with pytest.raises((TransferTimeoutError, TransferError), match=peer["endpoint"]):
+            worker.update_weights({**update, "nbytes": 1024})
+        assert time.monotonic() - t0 < 30  # the timeout (3 s), with a wide margin
+        assert worker.weight_info()["consistent"] is False  # failed, nothing published
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+        stop_processes([proc], 10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        worker.shutdown()
