@@ -32,10 +32,12 @@ PIP=("$VENV/bin/python" -m pip install --quiet)
 # them, so they go.
 "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 "${PIP[@]}" --no-deps -e . -e plugins/channel -e plugins/nccl -e plugins/ipc -e plugins/http_client -e plugins/vllm \
-    -e plugins/delta -e plugins/trl
+    -e plugins/delta -e plugins/trl -e plugins/mooncake
 # TRL (the wtcore-trl tests run a real GRPOTrainer against a vLLM server): the version
 # wtcore-trl is tested with, torch pinned again so that nothing it pulls re-resolves torch.
 "${PIP[@]}" "trl==1.16.0" "$TORCH"
+# The Mooncake Transfer Engine (non-CUDA build) for the wtcore_mooncake backend's vLLM test.
+"${PIP[@]}" "mooncake-transfer-engine-non-cuda>=0.3.13" "$TORCH"
 # pluggy and numpy are the core's only non-torch runtime dependencies; requests is the http
 # client's, pybase64 the ipc engine's. (vLLM already brings most of them; this is a no-op then.)
 "${PIP[@]}" pluggy numpy requests pybase64 "$TORCH"

@@ -71,6 +71,7 @@ class Servers:
     original: Outputs  # what A generated before any sync
     reference: Outputs  # what the reference (B) generates
     ipc: VLLMServer | None = None  # serves A too, with wtcore_ipc (the tied fixture only)
+    mooncake: VLLMServer | None = None  # serves A too, with wtcore_mooncake (the tied fixture)
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +85,7 @@ def vllm_servers(
 @pytest.fixture(scope="session")
 def tied_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     """Like :func:`vllm_servers`, for a tiny Qwen2 (q/k/v biases) whose output layer is its
-    input embedding, with a second server of A on ``wtcore_ipc``."""
+    input embedding, with more servers of A on ``wtcore_ipc`` and ``wtcore_mooncake``."""
     a, b = make_checkpoints(tmp_path_factory.mktemp("ckpt-tied"), ("3", "4"), tied=True, qwen2=True)
     with serve(a, b, tmp_path_factory.mktemp("vllm-logs-tied"), ipc=True) as started:
         yield started
@@ -97,10 +98,12 @@ def serve(a: Checkpoint, b: Checkpoint, logs: Path, *, ipc: bool = False) -> Ite
     specs = [(a.dir, logs / "a.log", "wtcore_nccl"), (b.dir, logs / "ref.log", None)]
     if ipc:
         specs.append((a.dir, logs / "a-ipc.log", "wtcore_ipc"))
+        specs.append((a.dir, logs / "a-mooncake.log", "wtcore_mooncake"))
     with servers(specs) as started:
         server_a, server_ref = started[:2]
         original, reference = generate(server_a), generate(server_ref)
         assert original != reference, "checkpoints A and B must generate differently"
         if ipc:
-            assert generate(started[2]) == original
-        yield Servers(server_a, server_ref, a, b, original, reference, started[2] if ipc else None)
+            assert generate(started[2]) == original == generate(started[3])
+        more = (started[2], started[3]) if ipc else (None, None)
+        yield Servers(server_a, server_ref, a, b, original, reference, *more)

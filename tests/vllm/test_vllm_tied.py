@@ -7,7 +7,8 @@ which yields the shared tensor once, as ``model.embed_tokens.weight``, and no
 ``lm_head.weight`` (exactly like the checkpoint). vLLM's layerwise reload gives each layer
 tensors of its own, so without the adapter's care the output layer would keep its old (on CPU,
 prepacked) weights while every route answers 200. The reference server serves checkpoint B;
-A is served twice, on ``wtcore_nccl`` and on ``wtcore_ipc``, and synced A -> B -> A on each.
+A is served three times, on ``wtcore_nccl``, ``wtcore_ipc`` and ``wtcore_mooncake``, and
+synced A -> B -> A on each.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ def sync_module(server: VLLMServer, model_dir: Path, version: str, backend: str)
     assert stats["num_tensors"] == 26  # 2 layers x 12 (q/k/v biases) + embed + norm: tied once
 
 
-@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+@pytest.mark.parametrize("backend", ["nccl", "ipc", "mooncake"])
 def test_tied_model_syncs_exactly_from_module_source(tied_servers, backend: str) -> None:  # type: ignore[no-untyped-def]
     s = tied_servers
-    server = s.a if backend == "nccl" else s.ipc
+    server = {"nccl": s.a, "ipc": s.ipc, "mooncake": s.mooncake}[backend]
     sync_module(server, s.ckpt_b.dir, f"tied-1-{backend}", backend)
     assert server.weight_version() == f"tied-1-{backend}"
     assert generate(server) == s.reference  # the output layer too: token ids and logprobs

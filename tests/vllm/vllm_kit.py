@@ -213,7 +213,8 @@ def run_trainer(
         assert proc.returncode != 0, f"the round was expected to fail:\n{text[-3000:]}"
         return text
     assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{text[-3000:]}"
-    return json.loads(text.strip().splitlines()[-1])
+    # The stats line; an engine's native logs (Mooncake's glog, on stderr) may follow it.
+    return json.loads(next(ln for ln in reversed(text.splitlines()) if ln.startswith("{")))
 
 
 def start_trainer(url: str, state: Path, version: str, *extra: str) -> subprocess.Popen[bytes]:

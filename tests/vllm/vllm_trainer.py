@@ -82,7 +82,7 @@ def main() -> None:
     p.add_argument("--stall-after", type=int, default=None)
     p.add_argument("--ready-file", default=None)
     p.add_argument("--omit", default=None, help="leave this tensor out of the round")
-    p.add_argument("--backend", choices=("nccl", "ipc"), default="nccl")
+    p.add_argument("--backend", choices=("nccl", "ipc", "mooncake"), default="nccl")
     args = p.parse_args()
 
     source: WeightSource
@@ -108,6 +108,12 @@ def main() -> None:
         from wtcore_ipc import IPCTrainerInitInfo
 
         info = IPCTrainerInitInfo(timeout_s=args.timeout_s, rank=0)
+    if args.backend == "mooncake":  # the server reads each bucket from this trainer's staging
+        from wtcore_mooncake import MooncakeTrainerInitInfo
+
+        info = MooncakeTrainerInitInfo(
+            packed_buffer_size_bytes=args.buffer_bytes, timeout_s=args.timeout_s, rank=0
+        )
     with HTTPWeightSyncClient(args.url, timeout_s=args.timeout_s) as client:
         trainer = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
         try:
