@@ -138,3 +138,39 @@ def test_install_without_trl_or_with_another_trl_says_what_to_install(
             del sys.modules[name]
     assert "supports TRL 1.16, found TRL 0.9.6" in str(e.value)
     assert "update_named_params, close_communicator" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [
+        (torch.device("cpu"), "cpu"),
+        (torch.device("cuda", 1), "cuda:1"),
+        (torch.device("cuda"), "cuda"),
+        (0, "cuda:0"),  # TRL's default: an int is a CUDA index
+        ("cpu", "cpu"),
+    ],
+)
+def test_the_engine_stages_on_the_device_trl_passes(device: object, expected: str) -> None:
+    """On a GPU trainer nccl must be NCCL (its transport follows the device), gloo on CPU."""
+    from wtcore_nccl.config import resolve_transport
+    from wtcore_trl.client import engine_device, trainer_info
+
+    derived = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 2}
+    info = trainer_info("nccl", {}, {**derived, "device": engine_device(device)})
+    assert info.device == expected
+    assert resolve_transport(info.transport, info.device) == (
+        "gloo" if expected == "cpu" else "nccl"
+    )
+    # The user's option wins over TRL's device; an engine without the field ignores it.
+    pinned = trainer_info("nccl", {"device": "cpu"}, {**derived, "device": expected})
+    assert pinned.device == "cpu"
+    ipc = trainer_info("ipc", {}, {"device": expected})
+    assert ipc.device == expected
+
+
+@pytest.mark.parametrize("device", [-1, True, None, ""])
+def test_another_kind_of_device_is_refused_naming_the_field(device: object) -> None:
+    from wtcore_trl.client import engine_device
+
+    with pytest.raises(PayloadError, match=r"^device: expected"):
+        engine_device(device)

@@ -5,8 +5,9 @@ trainer ``init_communicator`` raises ``NotImplementedError``) and which, without
 disable themselves and "sync" nothing. This subclass keeps everything else of TRL's client and
 replaces the three sync calls:
 
-- ``init_communicator`` builds the wtcore trainer engine named at :func:`wtcore_trl.install`,
-  with wtcore's HTTP client on the server's RL routes, and runs its handshake;
+- ``init_communicator`` builds the wtcore trainer engine named at :func:`wtcore_trl.install`
+  on the device TRL passes it (:func:`engine_device`), with wtcore's HTTP client on the
+  server's RL routes, and runs its handshake;
 - ``update_named_params`` sends one round (start, updates, finish) from TRL's metadata and
   iterator (:class:`~wtcore_trl.source.StreamSource`), with the global step as its version,
   and raises wtcore's error, naming the server, when it fails: training never goes on over
@@ -32,7 +33,13 @@ from wtcore.stats import TransferStats
 from wtcore_trl import SUPPORTED_TRL
 from wtcore_trl.source import StreamSource
 
-__all__ = ["client_class", "follow_steps", "local_address", "trl_generation_module"]
+__all__ = [
+    "client_class",
+    "engine_device",
+    "follow_steps",
+    "local_address",
+    "trl_generation_module",
+]
 
 #: What TRL's client must have for this subclass to stand in for it.
 _SURFACE = ("init_communicator", "update_named_params", "close_communicator", "reset_prefix_cache")
@@ -74,8 +81,32 @@ def local_address(host: str, port: int) -> str:
         return str(s.getsockname()[0])
 
 
+def engine_device(device: Any) -> str:
+    """TRL's ``init_communicator(device)`` as an engine's ``device`` field.
+
+    TRL passes ``accelerator.device``: the engine must stage on it, so that the ``nccl`` engine
+    picks NCCL on a GPU trainer and gloo on a CPU one (its ``auto`` transport follows the
+    device), and ``ipc`` picks CUDA IPC or shared memory. An int is a CUDA index, as in TRL.
+    """
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise PayloadError(f"device: expected a CUDA index >= 0, got {device}")
+        return f"cuda:{device}"
+    kind = getattr(device, "type", None)  # a torch.device, without importing torch here
+    if isinstance(kind, str):
+        index = getattr(device, "index", None)
+        return kind if index is None else f"{kind}:{int(index)}"
+    if isinstance(device, str) and device:
+        return device
+    raise PayloadError(f"device: expected a torch.device, a str or a CUDA index, got {device!r}")
+
+
 def trainer_info(backend: str, options: dict[str, Any], derived: dict[str, Any]) -> Any:
-    """The engine's trainer init info: TRL-derived fields it has, then ``options``, rank 0."""
+    """The engine's trainer init info: TRL-derived fields it has, then ``options``, rank 0.
+
+    ``options`` win over what TRL's settings give (``device="cpu"`` stages a GPU trainer's
+    weights in host memory, for instance).
+    """
     cls = TRAINER_ENGINES.load(backend).init_info_cls
     names = set(field_names(cls))
     if "rank" in options:
@@ -113,6 +144,7 @@ def client_class(backend: str, options: dict[str, Any], timeout_s: float) -> typ
                     "address": address,
                     "master_port": int(self.group_port),
                     "world_size": 1 + sync.get_world_size(),
+                    "device": engine_device(device),
                 }
                 info = trainer_info(self.wtcore_backend, self.wtcore_options, derived)
                 engine_cls = TRAINER_ENGINES.load(self.wtcore_backend)
