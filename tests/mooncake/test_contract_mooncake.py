@@ -4,50 +4,42 @@ staging."""
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from wtcore.testing.contract import EngineContractSuite
 from wtcore.testing.delta import DeltaContractSuite
 from wtcore_mooncake import MooncakeTrainerInitInfo
 
 
-class TestMooncakeContract(EngineContractSuite):
+class MooncakeInfo:
+    """The suites' trainer init info, with this class's ``options`` on top."""
+
     backend = "mooncake"
+    options: ClassVar[dict[str, Any]] = {}
 
     def make_trainer_init_info(
         self, *, num_workers: int, buffer_size_bytes: int
     ) -> MooncakeTrainerInitInfo:
         return MooncakeTrainerInitInfo(
-            packed_buffer_size_bytes=buffer_size_bytes, timeout_s=30, rank=0
+            packed_buffer_size_bytes=buffer_size_bytes, timeout_s=30, rank=0, **self.options
         )
+
+
+class TestMooncakeContract(MooncakeInfo, EngineContractSuite):
+    pass
 
 
 class TestMooncakeContractSingleBuffer(TestMooncakeContract):
     """One staging slot: every read is waited for before the slot is packed again."""
 
-    def make_trainer_init_info(
-        self, *, num_workers: int, buffer_size_bytes: int
-    ) -> MooncakeTrainerInitInfo:
-        return MooncakeTrainerInitInfo(
-            packed_buffer_size_bytes=buffer_size_bytes, packed_num_buffers=1, timeout_s=30, rank=0
-        )
+    options: ClassVar[dict[str, Any]] = {"packed_num_buffers": 1}
 
 
 class TestMooncakeContractUnpacked(TestMooncakeContract):
     """Unpacked: one tensor per bucket, one read per tensor."""
 
-    def make_trainer_init_info(
-        self, *, num_workers: int, buffer_size_bytes: int
-    ) -> MooncakeTrainerInitInfo:
-        return MooncakeTrainerInitInfo(
-            packed=False, packed_buffer_size_bytes=buffer_size_bytes, timeout_s=30, rank=0
-        )
+    options: ClassVar[dict[str, Any]] = {"packed": False}
 
 
-class TestMooncakeDelta(DeltaContractSuite):
-    backend = "mooncake"
-
-    def make_trainer_init_info(
-        self, *, num_workers: int, buffer_size_bytes: int
-    ) -> MooncakeTrainerInitInfo:
-        return MooncakeTrainerInitInfo(
-            packed_buffer_size_bytes=buffer_size_bytes, timeout_s=30, rank=0
-        )
+class TestMooncakeDelta(MooncakeInfo, DeltaContractSuite):
+    pass
