@@ -33,10 +33,11 @@ __all__ = ["BENCH", "MooncakeBench", "bare_read_gbps", "bare_read_session", "pat
 
 
 def pattern(nbytes: int) -> torch.Tensor:
-    """The bytes the sender's buffer holds: ``i % 251`` (a prime, so no page repeats)."""
+    """The bytes the sender's buffer holds: ``i % 251`` (a prime, so no page repeats); built
+    by tiling, so a 1 GiB pattern costs 1 GiB, not an int64 index of 8."""
     import torch
 
-    return (torch.arange(nbytes, dtype=torch.int64) % 251).to(torch.uint8)
+    return torch.arange(251, dtype=torch.uint8).repeat(-(-nbytes // 251))[:nbytes]
 
 
 def _te() -> Any:
