@@ -1,9 +1,9 @@
 """``wtcore bench --backend mooncake``: its limit (a bare ``transfer_sync_read`` of one buffer of
-the model's size) moves the bytes it claims, and the engine runs in the bench over HTTP with the
-limit measured in turns with its rounds, every receiver verified.
+the model's size) moves the bytes it claims, and the engine runs in the bench over HTTP and over
+Ray with the limit measured in turns with its rounds, every receiver verified.
 
 Real processes and real transfer engines: the limit's readers are spawned, the bench's
-receivers are ``wtcore serve`` processes.
+receivers are ``wtcore serve`` processes or Ray actors (a local Ray cluster).
 """
 
 from __future__ import annotations
@@ -65,9 +65,10 @@ def test_the_bench_finds_the_engine_and_declares_its_limit_with_a_session() -> N
     assert (info.address, info.packed_buffer_size_bytes) == ("127.0.0.1", 1 << 20)
 
 
-def test_wtcore_bench_runs_mooncake_over_http_with_the_limit_in_turns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["http", pytest.param("ray", marks=pytest.mark.ray)])
+def test_wtcore_bench_runs_mooncake_with_the_limit_in_turns(tmp_path: Path, client: str) -> None:
     out = tmp_path / "bench.json"
-    args = ["--backend", "mooncake", "--client", "http", "--receivers", "2", "--size", "4MiB"]
+    args = ["--backend", "mooncake", "--client", client, "--receivers", "2", "--size", "4MiB"]
     args += ["--tensors", "30", "--rounds", "3", "--interleave", "--json", str(out)]
     proc = subprocess.run([WTCORE, "bench", *args], capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
