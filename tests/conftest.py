@@ -76,6 +76,7 @@ PROCESSES: dict[str, bool] = {
     "release/test_metadata.py": False,
     # ---- mooncake: the suites run workers on threads of this process; the rest spawn
     "mooncake/test_processes.py": True,
+    "mooncake/test_bench_mooncake.py": True,  # spawned readers, wtcore serve receivers
     "mooncake/test_hostile.py::test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it": True,
     # ---- trl: the source over TRL's iterator, in process; one round over a real gloo group
     "trl/test_adapter.py::test_a_round_from_an_iterator_that_reshards_behind_it_is_exact": True,

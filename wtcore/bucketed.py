@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from wtcore.stats import TransferStats
 
 __all__ = [
+    "SETTLE_GRACE_S",
     "BucketUpdateInfo",
     "BucketedTrainerEngine",
     "BucketedTrainerInitInfo",
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 InitT = TypeVar("InitT")
+#: Seconds the trainer waits for an ``update_weights`` call beyond ``timeout_s``: the client's
+#: own timeout, which names the receiver, ends the call first.
+SETTLE_GRACE_S = 2.0
 UpdateT = TypeVar("UpdateT")
 
 
@@ -206,7 +210,9 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         call, self._inflight = self._inflight, None
         if call is not None:
             with stats.phase("wire"):
-                call.result(self.info.timeout_s)
+                # The client bounds the call by the same timeout and names the receiver that
+                # missed it; this wait is the backstop, so it gives that error time to come.
+                call.result(self.info.timeout_s + SETTLE_GRACE_S)
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         assert self.client is not None, "the sender always has a client"

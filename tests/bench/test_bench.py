@@ -64,6 +64,7 @@ def test_small_bench_schema_and_verification(tmp_path: Path) -> None:
         "raw_gloo",
         "per_tensor",
         "shm_copy",
+        "bare_read",
         "vllm_packing",
         "zmq",
         "ray_object_store",

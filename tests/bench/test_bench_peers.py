@@ -36,7 +36,9 @@ def test_auto_measures_limits_only_and_peers_adds_every_installed_peer() -> None
     assert _names("auto", "nccl") == GENERIC | {"raw_gloo", "per_tensor"}
     assert _names("peers") == GENERIC | PEERS
     assert _names("peers", "ipc") == GENERIC | {"shm_copy"} | PEERS
-    assert _names("all") == GENERIC | {"raw_gloo", "per_tensor", "shm_copy"} | PEERS
+    assert _names("auto", "mooncake") == GENERIC | {"bare_read"}
+    limits = {"raw_gloo", "per_tensor", "shm_copy", "bare_read"}
+    assert _names("all") == GENERIC | limits | PEERS
     assert _names("none") == set()
 
 

@@ -74,26 +74,3 @@ def test_bench_combination(backend: str, client: str, tmp_path: Path) -> None:
     assert all(r["num_buckets"] > 1 for r in rounds)
     assert _ours_in_shm() <= shm_before
     assert _wait_none_marked(marker) == set()  # every process the bench started has stopped
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_mooncake_is_measured_against_its_bare_read_in_turns(tmp_path: Path) -> None:
-    """The engine's own limit (reader processes doing one ``transfer_sync_read`` each of the
-    model's size, checked against the pattern) runs between its rounds and gets a ratio."""
-    out_json = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [WTCORE, "bench", "--backend", "mooncake", "--client", "http", "--receivers", "2",
-         "--size", "4MiB", "--tensors", "30", "--rounds", "2", "--interleave",
-         "--timeout", "120", "--json", str(out_json)],
-        capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    record = json.loads(out_json.read_text())
-    assert record["ok"] is True and "mooncake_read" in record["interleaved"]
-    assert "mooncake_read" in record["limit_labels"]
-    assert record["limits_gbps"]["mooncake_read"] > 0
-    ratio = record["ratios"]["mooncake_read"]
-    assert ratio == pytest.approx(
-        record["best_median_gbps"] / record["limits_gbps"]["mooncake_read"]
-    )

@@ -7,7 +7,8 @@ command per line on stdin; each command gets one JSON line back on stdout:
 - ``{"op": "init", "urls": [...], "api_key": k, "master_address": a, "master_port": p,
   "world_size": n, "timeout_s": t, "size": bytes, "tensors": n, "broadcast": b, "backend": e}``:
   a new trainer, ``nccl`` unless ``backend`` says ``tcp`` (which listens on ``master_address``,
-  on a port of its own); ``broadcast`` optional: nccl's default, so the fault tests run the
+  on a port of its own) or ``mooncake`` (its transfer engine on ``master_address``; the
+  receivers read from it); ``broadcast`` optional: nccl's default, so the fault tests run the
   chain (the previous trainer, if any, is shut down first);
 - ``{"op": "send", "seed": s, "version": v}``: one round of ``synthetic_state(seed)``;
 - ``{"op": "info"}`` / ``{"op": "checksums"}``: every receiver's ``weight_info()`` /
@@ -31,6 +32,7 @@ from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.errors import ErrorRecord
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_mooncake import MooncakeTrainerInitInfo
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_tcp import TCPTrainerInitInfo
 
@@ -72,9 +74,12 @@ def handle(cmd: dict[str, Any]) -> dict[str, Any]:
             "packed_buffer_size_bytes": cmd.get("buffer_size", 256 << 10),
             "timeout_s": cmd["timeout"],
         }
-        info: NCCLTrainerInitInfo | TCPTrainerInitInfo
+        info: NCCLTrainerInitInfo | TCPTrainerInitInfo | MooncakeTrainerInitInfo
         if cmd.get("backend", "nccl") == "tcp":
             info = TCPTrainerInitInfo(address=cmd["master_address"], **common)
+        elif cmd["backend"] == "mooncake":
+            del common["world_size"]  # pull: the trainer never counts its readers
+            info = MooncakeTrainerInitInfo(address=cmd["master_address"], **common)
         else:
             info = NCCLTrainerInitInfo(
                 master_address=cmd["master_address"],

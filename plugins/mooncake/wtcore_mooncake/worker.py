@@ -31,9 +31,14 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
 
     _engine: Any = None
     _staging: Any = None  # a flat uint8 tensor, registered while set
-    #: A read that outlived its timeout, and the staging it may still write into (kept alive,
-    #: and registered, until the read ends: freeing it would let Mooncake write freed memory).
-    _reading: tuple[BackgroundCall[Any], Any] | None = None
+    #: Reads that outlived their timeout, each with the staging it may still write into (kept
+    #: alive, and registered, until the read ends: freeing it would let Mooncake write freed
+    #: memory, and a later buffer at the same address could not be registered).
+    _reading: list[tuple[BackgroundCall[Any], Any]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reading = []
 
     @classmethod
     def host_status(cls) -> str:
@@ -97,7 +102,8 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
             name="mooncake-read",
         )
         if not call.wait(init.timeout_s):
-            self._reading, self._staging = (call, staging), None  # keep it alive for the read
+            self._reading.append((call, staging))  # kept alive for the read
+            self._staging = None
             raise TransferTimeoutError(
                 f"reading {n} bytes from the trainer at {init.endpoint} took over "
                 f"{init.timeout_s:g} s; the round is failed"
@@ -112,9 +118,11 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
 
     def _release(self) -> None:
         """Unregister the staging; a timed-out read's staging only once that read has ended."""
-        if self._reading is not None and self._reading[0].wait(0):
-            stale, self._reading = self._reading[1], None
-            self._engine.unregister_memory(stale.data_ptr())
+        ended = [r[0].wait(0) for r in self._reading]
+        for (_, stale), done in zip(self._reading, ended, strict=True):
+            if done:
+                self._engine.unregister_memory(stale.data_ptr())
+        self._reading = [r for r, done in zip(self._reading, ended, strict=True) if not done]
         staging, self._staging = self._staging, None
         if staging is not None and self._engine is not None:
             self._engine.unregister_memory(staging.data_ptr())

@@ -1,128 +1,159 @@
-"""``wtcore bench --backend mooncake``: the engine's bench API and its own limit.
+"""``wtcore bench --backend mooncake``: the engine's bench API and its limit.
 
-``mooncake_read`` is the bare transfer the engine is built on, in the engine's shape: this (the
-trainer's) process registers one buffer of the model's size, and each of ``ctx.receivers``
-reader processes reads all of it with one ``transfer_sync_read`` per call, all at once, over
-the same protocol. The engine's rounds move the same bytes per receiver with the same calls;
-the difference is the engine's own cost: planning, packing into slots, the control calls,
-unpacking into the model. Every reader compares what it read with the pattern once per session
-(a limit that moved the wrong bytes is no yardstick).
+``bare_read`` is the engine's own ceiling: the trainer's transfer engine registers one buffer
+of the model's size, every receiver process registers one of its own, and a round is each
+receiver's single ``transfer_sync_read`` of the whole buffer, all receivers at once (as the
+engine's workers read each bucket). No packing, no control plane, no unpacking: what is left
+when wtcore's part is taken away. It has a session, so ``--interleave`` measures it between
+the engine's rounds. The buffer holds a known pattern, and after the session every receiver
+must report as many reads as were made and the pattern bit for bit (otherwise a
+:class:`~wtcore.errors.TransferError`).
+
+Nothing here is imported until the bench asks; Mooncake itself is loaded through
+:mod:`wtcore_mooncake.te`, the process's one transfer engine per address.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
-import sys
+import multiprocessing as mp
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from wtcore.errors import TransferError
+from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore_bench.api import Baseline, BaselineContext, EngineBench, OptionalDependencyError
 
 if TYPE_CHECKING:
-    from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
-
-__all__ = ["BENCH", "MooncakeBench", "mooncake_read_gbps", "mooncake_read_session"]
-
-#: A reader: reads the whole buffer per line on stdin, answers "ok" (the first read checked).
-_READER = """
-import json, sys, torch
-from wtcore_mooncake import te
-peer = json.loads(sys.argv[1])
-engine, _ = te.start(te.local_address(peer["host"]), "tcp")
-size = peer["size"]
-local = torch.empty(size, dtype=torch.uint8)
-assert engine.register_memory(local.data_ptr(), size) == 0
-print("ready", flush=True)
-first = True
-for _ in sys.stdin:
-    rc = engine.transfer_sync_read(peer["endpoint"], local.data_ptr(), peer["address"], size)
-    if rc == 0 and first:
-        rc = 0 if torch.equal(local, (torch.arange(size) % 251).to(torch.uint8)) else -99
-        first = False
-    print("ok" if rc == 0 else f"status {rc}", flush=True)
-"""
-
-
-def _answer(proc: subprocess.Popen[str], what: str) -> None:
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if line != what:
-        raise TransferError(
-            f"mooncake_read reader (pid {proc.pid}): expected {what!r}, got {line!r}"
-        )
-
-
-@contextlib.contextmanager
-def mooncake_read_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
-    """Every reader reads ``ctx.nbytes`` from this process, concurrently, once per call."""
     import torch
 
-    from wtcore.errors import PluginLoadError
-    from wtcore.testing.procs import stop_processes
+    from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 
+__all__ = ["BENCH", "MooncakeBench", "bare_read_gbps", "bare_read_session", "pattern"]
+
+
+def pattern(nbytes: int) -> torch.Tensor:
+    """The bytes the sender's buffer holds: ``i % 251`` (a prime, so no page repeats); built
+    by tiling, so a 1 GiB pattern costs 1 GiB, not an int64 index of 8."""
+    import torch
+
+    return torch.arange(251, dtype=torch.uint8).repeat(-(-nbytes // 251))[:nbytes]
+
+
+def _te() -> Any:
     try:
         from wtcore_mooncake import te
+    except ImportError as e:
+        raise OptionalDependencyError(
+            "the bare_read limit needs the mooncake engine: pip install wtcore-mooncake"
+        ) from e
+    te.load()  # PluginLoadError (what to install) if Mooncake itself is missing
+    return te
 
-        te.load()
-    except (ImportError, PluginLoadError) as e:
-        raise OptionalDependencyError(f"mooncake_read needs wtcore-mooncake: {e}") from e
-    size = max(ctx.nbytes, 1)
-    engine, endpoint = te.start(ctx.host, "tcp")
-    buf = (torch.arange(size, dtype=torch.int64) % 251).to(torch.uint8)
-    if engine.register_memory(buf.data_ptr(), size) != 0:
-        raise TransferError("mooncake_read: could not register the buffer")
-    peer = json.dumps(
-        {"host": ctx.host, "endpoint": endpoint, "address": buf.data_ptr(), "size": size}
-    )
-    procs: list[subprocess.Popen[str]] = []
+
+def _reader(host: str, endpoint: str, remote: int, nbytes: int, conn: Any) -> None:
+    """Register a buffer; per ``True`` from the sender read its buffer into it and answer the
+    status; on ``None`` (or a closed pipe) report ``(reads, buffer == pattern)``."""
+    import torch
+
+    te = _te()
+    torch.set_num_threads(1)
+    engine, _ = te.start(te.local_address(host), "tcp")
+    buf = torch.zeros(max(nbytes, 1), dtype=torch.uint8)
+    rc = engine.register_memory(buf.data_ptr(), buf.numel())
+    conn.send(rc)
+    reads = 0
     try:
-        for _ in range(max(ctx.receivers, 1)):
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", _READER, peer],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    text=True,
-                )
-            )
-        for p in procs:
-            _answer(p, "ready")
-
-        def read_all() -> None:
-            for p in procs:
-                assert p.stdin is not None
-                p.stdin.write("read\n")
-                p.stdin.flush()
-            for p in procs:
-                _answer(p, "ok")
-
-        read_all()  # the first read of each is checked against the pattern
-        yield read_all
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                return
+            if msg is None:
+                break
+            status = engine.transfer_sync_read(endpoint, buf.data_ptr(), remote, nbytes)
+            reads += 1
+            conn.send(status)
+        conn.send((reads, bool(torch.equal(buf[:nbytes], pattern(nbytes)))))
     finally:
-        for p in procs:
-            if p.stdin is not None:
-                p.stdin.close()
-        stop_processes(procs, 10)
-        for p in procs:
-            if p.stdout is not None:
-                p.stdout.close()
         engine.unregister_memory(buf.data_ptr())
 
 
-def mooncake_read_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
+@contextlib.contextmanager
+def bare_read_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
+    """The ``bare_read`` limit, one read by every receiver per call (see the module docstring)."""
+    from wtcore.testing.procs import stop_processes
+
+    te = _te()
+    engine, endpoint = te.start(ctx.host, "tcp")
+    src = pattern(max(ctx.nbytes, 1))
+    if engine.register_memory(src.data_ptr(), src.numel()) != 0:
+        raise TransferError(f"bare_read limit: Mooncake could not register {src.numel()} bytes")
+    spawn = mp.get_context("spawn")
+    pipes = [spawn.Pipe() for _ in range(ctx.receivers)]
+    procs = []
+
+    def answer(rank: int, parent: Any, what: str) -> Any:
+        if not parent.poll(ctx.timeout_s):
+            raise TransferTimeoutError(
+                f"bare_read limit: receiver {rank} sent no {what} within {ctx.timeout_s}s"
+            )
+        return parent.recv()
+
+    try:
+        for _, child in pipes:
+            p = spawn.Process(
+                target=_reader,
+                args=(ctx.host, endpoint, src.data_ptr(), ctx.nbytes, child),
+                daemon=True,
+            )
+            p.start()
+            procs.append(p)
+        for rank, (parent, _) in enumerate(pipes, start=1):
+            if (rc := answer(rank, parent, "registration")) != 0:
+                raise TransferError(
+                    f"bare_read limit: receiver {rank} could not register its buffer (rc {rc})"
+                )
+        calls = 0
+
+        def read() -> None:
+            nonlocal calls
+            for parent, _ in pipes:
+                parent.send(True)
+            calls += 1
+            for rank, (parent, _) in enumerate(pipes, start=1):
+                if (rc := answer(rank, parent, "end of read")) != 0:
+                    raise TransferError(
+                        f"bare_read limit: receiver {rank}'s read from {endpoint} failed (rc {rc})"
+                    )
+
+        yield read
+        for parent, _ in pipes:
+            parent.send(None)
+        for rank, (parent, _) in enumerate(pipes, start=1):
+            got = answer(rank, parent, "report")
+            if got != (calls, True):
+                raise TransferError(
+                    f"bare_read limit: receiver {rank} reported {got!r} (reads, buffer as "
+                    f"sent) after {calls} reads"
+                )
+    finally:
+        for parent, _ in pipes:
+            parent.close()
+        stop_processes(procs, 30.0)
+        engine.unregister_memory(src.data_ptr())
+
+
+def bare_read_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
+    """The ``bare_read`` limit: see :func:`bare_read_session`."""
     from wtcore_bench.limits import session_gbps
 
-    return session_gbps(mooncake_read_session, ctx, repeats)
+    return session_gbps(bare_read_session, ctx, repeats)
 
 
 @dataclass(frozen=True)
 class MooncakeBench(EngineBench):
-    """The trainer's transfer engine listens on ``host``; receivers read from it."""
+    """The trainer's transfer engine listens on ``host``; every receiver reads from it."""
 
     def init_info(
         self,
@@ -135,21 +166,19 @@ class MooncakeBench(EngineBench):
     ) -> TrainerInitInfo:
         from wtcore_mooncake import MooncakeTrainerInitInfo
 
-        info = MooncakeTrainerInitInfo(rank=0, address=host)
-        if buffer_size_bytes is not None:
-            info.packed_buffer_size_bytes = buffer_size_bytes
-            info.__post_init__()  # checked as if given to the constructor
-        return info
+        if buffer_size_bytes is None:  # the engine's default bucket size
+            return MooncakeTrainerInitInfo(rank=0, address=host)
+        return MooncakeTrainerInitInfo(
+            rank=0, address=host, packed_buffer_size_bytes=buffer_size_bytes
+        )
 
 
 #: ``mooncake`` in ``wtcore.bench_engines``.
 BENCH = MooncakeBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={
-        "mooncake_read": Baseline(
-            "one transfer_sync_read of the model's size",
-            mooncake_read_gbps,
-            session=mooncake_read_session,
-        )
+        "bare_read": Baseline(
+            "bare transfer_sync_read, one buffer", bare_read_gbps, session=bare_read_session
+        ),
     },
 )
