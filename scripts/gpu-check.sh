@@ -10,6 +10,8 @@
 #               NCCL transport between two GPUs when there are two (tests/integration/test_gpu_processes.py)
 #   bench-nccl  wtcore bench --device cuda, nccl engine, HTTP receivers, JSON record
 #   bench-ipc   the same for the ipc engine
+#   bench-mooncake  the mooncake engine with the model on the GPU (CPU staging, TCP), 128 MiB,
+#               against its bare read
 #
 # Usage: scripts/gpu-check.sh [--dry-run | --force] [--out DIR]
 #   --out DIR   where logs, JSON records and summary.txt go (default: $OUT if set, else
@@ -74,6 +76,7 @@ STEPS=(
     "nccl-procs|100|$PY ${PYTEST[*]} tests/integration/test_gpu_processes.py"
     "bench-nccl|55|$PY ${BENCH[*]} --backend nccl --json $OUT_DIR/bench-nccl-cuda.json"
     "bench-ipc|55|$PY ${BENCH[*]} --backend ipc --json $OUT_DIR/bench-ipc-cuda.json"
+    "bench-mooncake|50|$PY ${BENCH[*]/256MiB/128MiB} --baselines auto --interleave --backend mooncake --json $OUT_DIR/bench-mooncake-cuda.json"
 )
 TOTAL=0
 for s in "${STEPS[@]}"; do TOTAL=$((TOTAL + $(cut -d'|' -f2 <<<"$s"))); done
@@ -91,10 +94,10 @@ if [[ $DRY -eq 1 || ($FORCE -eq 0 && "$TORCH_LINE" != *"CUDA available: True"*) 
     fi
     echo "gpu-check: dry run ($why); on a CUDA machine it would run, each step bounded by timeout,"
     echo "${TOTAL}s at most in all, writing logs, JSON and summary.txt to $OUT_DIR/:"
-    printf '  %-11s %5s  %s\n' step limit command
+    printf '  %-14s %5s  %s\n' step limit command
     for s in "${STEPS[@]}"; do
         IFS='|' read -r name secs cmd <<<"$s"
-        printf '  %-11s %4ss  %s\n' "$name" "$secs" "$cmd"
+        printf '  %-14s %4ss  %s\n' "$name" "$secs" "$cmd"
     done
     exit 0
 fi
@@ -135,13 +138,13 @@ for s in "${STEPS[@]}"; do
         env) detail=$TORCH_LINE ;;
         *) detail=$(grep -E '(passed|failed|skipped|error|no tests ran)' "$log" | tail -n 1) ;;
     esac
-    ROWS+=("$(printf '%-11s %-9s %5ss  %s' "$name" "$status" "$took" "${detail:0:110}")")
+    ROWS+=("$(printf '%-14s %-9s %5ss  %s' "$name" "$status" "$took" "${detail:0:110}")")
 done
 
 {
     echo
     echo "gpu-check summary ($TORCH_LINE; logs in $OUT_DIR/)"
-    printf '%-11s %-9s %6s  %s\n' step status time detail
+    printf '%-14s %-9s %6s  %s\n' step status time detail
     printf '%s\n' "${ROWS[@]}"
 } | tee "$OUT_DIR/summary.txt"
 exit $FAILED

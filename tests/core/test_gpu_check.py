@@ -15,7 +15,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
-STEPS = ("env", "gpu-tests", "cuda-ipc", "nccl-procs", "bench-nccl", "bench-ipc")
+STEPS = (
+    "env",
+    "gpu-tests",
+    "cuda-ipc",
+    "nccl-procs",
+    "bench-nccl",
+    "bench-ipc",
+    "bench-mooncake",
+)
 
 
 @pytest.fixture(scope="module")

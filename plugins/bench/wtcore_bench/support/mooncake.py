@@ -181,4 +181,7 @@ BENCH = MooncakeBench(
             "bare transfer_sync_read, one buffer", bare_read_gbps, session=bare_read_session
         ),
     },
+    # --device cuda: the models on the GPU, staged through CPU memory on both ends (the
+    # engine's own staging is host memory); scripts/gpu-check.sh runs it
+    devices=("cpu", "cuda"),
 )
