@@ -153,7 +153,9 @@ def client_class(backend: str, options: dict[str, Any], timeout_s: float) -> typ
                 sync.close()
                 raise
             self._wtcore_client = sync
-            atexit.register(self.close_communicator)
+            if not getattr(self, "_wtcore_atexit", False):  # once per client, not per init
+                atexit.register(self.close_communicator)
+                self._wtcore_atexit = True
 
         def update_named_params(
             self, metadata: list[Any], named_params: Iterator[tuple[str, Any]]
