@@ -77,7 +77,7 @@ def handle(cmd: dict[str, Any]) -> dict[str, Any]:
         info: NCCLTrainerInitInfo | TCPTrainerInitInfo | MooncakeTrainerInitInfo
         if cmd.get("backend", "nccl") == "tcp":
             info = TCPTrainerInitInfo(address=cmd["master_address"], **common)
-        elif cmd["backend"] == "mooncake":
+        elif cmd.get("backend") == "mooncake":
             del common["world_size"]  # pull: the trainer never counts its readers
             info = MooncakeTrainerInitInfo(address=cmd["master_address"], **common)
         else:
