@@ -61,6 +61,16 @@ def plot(log: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+def write_outputs(log: dict[str, Any], json_path: Path | None, png_path: Path | None) -> None:
+    """A run's JSON log and its picture, each where asked (``--json``, ``--plot``)."""
+    if json_path is not None:
+        json_path.write_text(json.dumps(log, indent=1) + "\n")
+        print(f"wrote {json_path}")
+    if png_path is not None:
+        plot(log, png_path)
+        print(f"wrote {png_path}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         raise SystemExit("usage: plot.py LOG.json OUT.png")

@@ -14,7 +14,6 @@ server already serving that checkpoint with a wtcore backend (the CI test does t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -177,14 +176,9 @@ def main(argv: list[str] | None = None) -> None:
                 log = run_all(args, server.url, ckpt)
             finally:
                 server.stop()
-    if args.json is not None:
-        args.json.write_text(json.dumps(log, indent=1) + "\n")
-        print(f"wrote {args.json}")
-    if args.plot is not None:
-        from plot import plot
+    from plot import write_outputs
 
-        plot(log, args.plot)
-        print(f"wrote {args.plot}")
+    write_outputs(log, args.json, args.plot)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ checkpoint (the CI test does this).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tempfile
@@ -218,14 +217,9 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             if server is not None:
                 server.stop()
-    if args.json is not None:
-        args.json.write_text(json.dumps(log, indent=1) + "\n")
-        print(f"wrote {args.json}")
-    if args.plot is not None:
-        from plot import plot
+    from plot import write_outputs
 
-        plot(log, args.plot)
-        print(f"wrote {args.plot}")
+    write_outputs(log, args.json, args.plot)
 
 
 if __name__ == "__main__":

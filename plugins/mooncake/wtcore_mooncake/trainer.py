@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from wtcore.bucketed import BucketedTrainerEngine, BucketUpdateInfo
-from wtcore.buckets import max_bucket_nbytes
 from wtcore.errors import TransferError
 from wtcore_mooncake import te
 from wtcore_mooncake.wire import MooncakeTrainerInitInfo
@@ -28,8 +27,6 @@ if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
-    from wtcore.source import WeightSource
-    from wtcore.stats import TransferStats
 
 __all__ = ["MooncakeTrainerEngine"]
 
@@ -46,6 +43,7 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         self._engine: Any = None
         self.endpoint = ""
         self._registered: list[int] = []
+        self._announced = -1  # the slot size the workers were last told (-1: none yet)
 
     @classmethod
     def host_status(cls) -> str:
@@ -80,12 +78,14 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
     def release_staging(self) -> None:
         if self._slots:
             self.release_staging_of(self._slots)
+        self._announced = -1
         super().release_staging()
 
     # ------------------------------------------------------------------ the protocol
     def worker_init_info(self) -> dict[str, Any]:
         info = self.mc_info
         slots = self.staging(max(self._capacity, info.packed_buffer_size_bytes))
+        self._announced = self._capacity
         return {
             "endpoint": self.endpoint,
             "slots": [[t.data_ptr(), t.numel()] for t in slots],
@@ -95,12 +95,17 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
             "timeout_s": info.timeout_s,
         }
 
-    def _send(self, source: WeightSource, stats: TransferStats) -> None:
-        largest = max_bucket_nbytes(self.info.plan(source.metadata()))
-        if largest > self._capacity:  # a bucket the announced slots cannot hold
-            self.staging(largest)
+    def staging(self, capacity: int) -> list[torch.Tensor]:
+        """The kit's slots; grown past what the workers were told, they are announced again.
+
+        The kit sizes the slots for a round before its ``start_weight_update``, so the fresh
+        handshake lands between rounds.
+        """
+        announced = self._announced  # growing releases the old slots, which forgets it
+        slots = super().staging(capacity)
+        if announced not in (-1, self._capacity):
             self.handshake()
-        super()._send(source, stats)
+        return slots
 
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
         return {**BucketUpdateInfo.wire(bucket.metas), "slot": slot, "nbytes": filled.numel()}
