@@ -77,6 +77,7 @@ def test_a_missing_wtcore_delta_names_its_install_line(monkeypatch: pytest.Monke
         ("wtcore_nccl.forward", "wtcore_nccl.chain", "Chain"),
         ("wtcore_nccl.pipeline", "wtcore_channel.pipeline", "BufferPool"),
         ("wtcore_nccl.frames", "wtcore_channel.frames", "make_header"),
+        ("wtcore_tcp.stream", "wtcore_channel.stream", "Stream"),
     ],
 )
 def test_nccl_internals_that_moved_forward_with_one_warning(old: str, new: str, name: str) -> None:

@@ -70,11 +70,12 @@ def test_broadcast_option_is_validated(cls: type) -> None:
 
 
 def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
-    """Three ranks on threads of this process (real gloo); rank 0 never sends.
+    """Three ranks on threads of this process (a real store, real streams); rank 0 never
+    sends.
 
     Rank 2 waits on rank 1, which waits on rank 0: each wait that runs out says which rank
-    it waits for, and once gloo's own timeout ends the receive, the failure names it too.
-    Afterwards the chain of the next handshake works (a message of 3 chunks, bit-exact).
+    it waits for, and once the streams' own timeout ends the receive, the failure names it
+    too, with its address; rank 2's names rank 1.
     """
     world = 3
     with groups_on_threads(world, broadcast="chain", timeout_s=3.0) as groups:
@@ -83,5 +84,8 @@ def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
         for rank, work in zip((1, 2), works, strict=True):
             with pytest.raises(TransferTimeoutError, match=f"from rank {rank - 1} \\(the previous"):
                 wait_work(work, what=f"rank {rank}'s receive", timeout_s=0.3)
-        with pytest.raises(TransferError, match="receiving chunk 0 of 1 .* from rank 0"):
+        first = r"receiving a message of 64 bytes from rank 0 \(the previous rank of the chain\)"
+        with pytest.raises(TransferError, match=f"{first} at 127.0.0.1:.* timed out after 3 s"):
             wait_work(works[0], what="rank 1's receive", timeout_s=30)
+        with pytest.raises(TransferError, match=r"from rank 1 \(the previous rank of the chain\)"):
+            wait_work(works[1], what="rank 2's receive", timeout_s=30)

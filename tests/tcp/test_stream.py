@@ -28,8 +28,8 @@ from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing import build_module
 from wtcore_channel.listen import listen_on
 from wtcore_channel.pipeline import wait_work
+from wtcore_channel.stream import HELLO_S, Stream, accept, connect
 from wtcore_tcp import TCPInitInfo, TCPTrainerInitInfo
-from wtcore_tcp.stream import HELLO_S, Stream, accept, connect
 from wtcore_tcp.worker import TCPWorkerEngine
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -30,11 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore_channel.listen import listen_on
-from wtcore_nccl.chain import BROADCASTS, Chain
+from wtcore_nccl.chain import BROADCASTS, Chain, stream_chain
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
+
+    from wtcore_channel.stream import Stream
 
 __all__ = [
     "ABORT_KEY",
@@ -138,14 +140,16 @@ class Group:
     world_size: int
     transport: str
     generation: int
-    #: The forwarding chain (``broadcast="chain"``, :mod:`wtcore_nccl.chain`), else ``None``.
-    chain: Chain | None = None
+    #: The forwarding chain (``broadcast="chain"``, :mod:`wtcore_nccl.chain`): point to point
+    #: on NCCL, TCP streams on gloo; ``None`` for the collective.
+    chain: Chain | Stream | None = None
 
     @property
     def checks_sizes(self) -> bool:
-        """Never: gloo aborts the receiving process on a message longer than its receive, so
-        every receive waits for its frame header (:class:`wtcore_channel.pipeline.Channel`)."""
-        return False
+        """Only the chain's streams: gloo aborts the receiving process on a message longer
+        than its receive, so there every receive waits for its frame header
+        (:class:`wtcore_channel.pipeline.Channel`)."""
+        return self.chain is not None and not isinstance(self.chain, Chain)
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
         """Start an async broadcast of ``tensor`` from rank 0 (the sender)."""
@@ -326,8 +330,26 @@ def join_group(
             f"building the {transport} process group at {address}:{port} "
             f"(rank {rank} of {world_size}) failed: {e}"
         ) from e
-    chain = Chain(pg, rank, world_size, timeout_s) if broadcast == "chain" else None
+    chain: Chain | Stream | None = None
+    if broadcast == "chain" and transport == "gloo":
+        try:
+            chain = stream_chain(
+                gstore, rank=rank, world_size=world_size, host=_chain_host(address, port),
+                token=secret or f"generation-{generation}", timeout_s=timeout_s, poll=poll,
+            )  # fmt: skip
+        except BaseException:
+            del pg
+            raise
+    elif broadcast == "chain":  # pragma: no cover - needs CUDA
+        chain = Chain(pg, rank, world_size, timeout_s)
     return Group(pg, gstore, rank, world_size, transport, generation, chain)
+
+
+def _chain_host(address: str, port: int) -> str:
+    """The address this rank's chain port listens on: its gloo device's, or the one that
+    reaches the store (a device named by interface)."""
+    device = gloo_devices(address, port)[0]
+    return device.hostname or route_source(address, port)
 
 
 def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> None:

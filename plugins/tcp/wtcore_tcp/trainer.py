@@ -1,7 +1,7 @@
 """The sender: listens for its workers at every handshake, then streams the round to them.
 
 The round is the kit's (:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies
-its channel, TCP streams to every worker (:mod:`wtcore_tcp.stream`).
+its channel, TCP streams to every worker (:mod:`wtcore_channel.stream`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from wtcore_channel import ChannelTrainerEngine
 from wtcore_channel.listen import listen_on
+from wtcore_channel.stream import Stream, accept
 from wtcore_tcp.config import TCPTrainerInitInfo
-from wtcore_tcp.stream import Stream, accept
 
 __all__ = ["TCPTrainerEngine"]
 

@@ -1,7 +1,7 @@
 """The receiver: connects to the sender the trainer's init names, then receives frames.
 
 The receiving is the kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins
-its channel, the sender's TCP streams (:mod:`wtcore_tcp.stream`).
+its channel, the sender's TCP streams (:mod:`wtcore_channel.stream`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from wtcore.errors import PayloadError
 from wtcore_channel import ChannelWorkerEngine
+from wtcore_channel.stream import Stream, connect
 from wtcore_tcp.config import TCPInitInfo, TCPUpdateInfo
-from wtcore_tcp.stream import Stream, connect
 
 __all__ = ["TCPWorkerEngine"]
 

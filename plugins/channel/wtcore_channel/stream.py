@@ -1,0 +1,566 @@
+"""TCP streams from a sender to its receivers: the ``tcp`` engine's channel, and the hops of
+nccl's chain on CPU.
+
+Gloo's broadcast is a rendezvous per message: the receiver posts its buffer, tells the sender,
+and only then do the bytes move. A round of a few hundred tensors therefore pays a round trip
+per tensor, and the frame header that must be checked before each receive is posted doubles
+it; on a small host that framing alone capped a round at about 0.6x of one large broadcast
+(docs/benchmarks.md). A byte stream has no rendezvous: the sender writes message after
+message, the kernel's socket buffers keep the wire busy while the receiver checks a header,
+and the receiver reads each message's length prefix before it reads a byte of the message,
+so the size check is free and a sender whose sizes disagree cannot overrun a receive buffer.
+The receiver refuses such a message (:class:`~wtcore.errors.TransferError`, naming both
+sizes) instead of the transport aborting the process, as gloo does.
+
+The sender listens on its configured ``address`` (an address of its own host that every
+worker reaches) and ships the port and a fresh random *token* in every handshake's init info,
+which travels only over the (authenticated) control plane: no rendezvous store. Every worker
+opens :data:`LANES` connections and introduces each with its rank, the lane's number and an
+HMAC of both under the token; the sender greets every accepted connection on a thread of its
+own, bounded by :data:`HELLO_S`, so a stranger who connects and says nothing holds up no one,
+and it drops a connection whose hello is malformed, late, a duplicate or wrongly signed. It
+acknowledges each lane it keeps, so both ends leave the handshake knowing the group is whole.
+Each message is a 16-byte prefix (magic, byte count) and the bytes; message ``k`` of a
+handshake travels on lane ``k % LANES`` (both ends number the messages in the same order),
+each lane from a thread of its own on both ends. The sender writes every message to every
+worker (a fan-out).
+
+A *relay* reads from one peer and writes to others (:meth:`Stream.relay`): each message's
+length is checked against its own posted receive before a byte is read, and every chunk of
+:data:`RELAY_CHUNK` bytes is handed on as soon as it landed, while the next one arrives. nccl's
+chain on CPU (``broadcast="chain"`` over gloo) is such relays, one per receiver: on gloo a
+relay that forwarded a message of another length than planned would abort the next receiver
+(gloo checks lengths by aborting the process) or, shorter, leave stale bytes unnoticed; on a
+stream the next receiver refuses it, naming the relay. A relay that fails, or is fed a message
+it refuses, shuts its onward connections down: the receivers behind it fail at once instead of
+at their timeout, naming it.
+
+:meth:`Stream.broadcast` returns a :class:`StreamWork` (a
+:class:`wtcore_channel.pipeline.ThreadWork`). Every blocking socket call is bounded by the
+timeout (``SO_RCVTIMEO``/``SO_SNDTIMEO``), and :meth:`Stream.release` shuts the sockets down,
+which ends any call in progress at once; a receive never reports completion while its thread
+may still write into the buffer. Only CPU tensors travel this way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore_channel.pipeline import ThreadWork, Work
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "HELLO_S",
+    "LANES",
+    "RELAY_CHUNK",
+    "Stream",
+    "StreamWork",
+    "accept",
+    "accept_lanes",
+    "connect",
+    "connect_lanes",
+]
+
+_PREFIX = struct.Struct("<QQ")  # magic, byte count
+_MAGIC = int.from_bytes(b"wtcstrm1", "big")
+_HELLO = struct.Struct("<QQQ32s")  # magic, rank, lane, token
+_HELLO_MAGIC = int.from_bytes(b"wtchelo1", "big")
+_ACK = b"\x01"
+#: How long an accepted connection may take to say hello before it is dropped.
+HELLO_S = 5.0
+#: Connections greeted at once; one more is dropped at once (a flood holds up no one).
+_GREETERS = 64
+_POLL_S = 0.05
+#: TCP connections per worker ("lanes"): message ``k`` travels on lane ``k % LANES``. On
+#: loopback the sender's kernel does most of a connection's work (its copy and the receiving
+#: side's protocol processing), so one connection is bound by one core; two let the sender's
+#: work run on two (docs/benchmarks.md: 1.3-1.5x one connection on 2 cores).
+LANES = 2
+#: Messages up to this size are written with their prefix in one call.
+_SMALL = 1 << 16
+#: A relay hands a message on in pieces of this size, each as soon as it landed.
+RELAY_CHUNK = 1 << 20
+
+
+def _signature(token: str, rank: int, lane: int) -> bytes:
+    """What rank ``rank`` proves it got this handshake's init call with (the token)."""
+    return hmac.new(token.encode(), f"wtcore-tcp:{rank}:{lane}".encode(), hashlib.sha256).digest()
+
+
+def _bytes_view(tensor: torch.Tensor) -> memoryview:
+    """``tensor``'s bytes (CPU, contiguous) as a writable memoryview, without a copy."""
+    import torch
+
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise TransferError("the tcp engine moves contiguous CPU tensors only (use nccl on CUDA)")
+    flat = tensor.detach().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]  # numpy is a buffer
+
+
+def _bound(sock: socket.socket, timeout_s: float) -> None:
+    """Bound every blocking call on ``sock`` by ``timeout_s`` in the kernel (one syscall per
+    message: a Python-level timeout would split each receive into many)."""
+    sec = max(0.001, timeout_s)
+    tv = struct.pack("ll", int(sec), int((sec - int(sec)) * 1e6))
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
+    """Fill ``view`` from ``sock``; :class:`TransferError` if the peer closed,
+    :class:`TransferTimeoutError` past ``deadline`` (each call is bounded by the socket's own
+    timeout)."""
+    got, n = 0, len(view)
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+        except BlockingIOError:  # SO_RCVTIMEO expired with nothing read
+            k = -1
+        if k == 0:
+            raise TransferError("the connection was closed")
+        if k > 0:
+            got += k
+        if got < n and time.monotonic() >= deadline:
+            raise TransferTimeoutError(f"{got} of {n} bytes arrived in time")
+
+
+def _send_message(sock: socket.socket, view: memoryview, total: int | None = None) -> None:
+    """Write one message's prefix (its length: ``total``, default ``len(view)``) and
+    ``view``, in one call where the kernel takes it all."""
+    prefix = _PREFIX.pack(_MAGIC, len(view) if total is None else total)
+    if len(view) <= _SMALL:
+        sock.sendall(prefix + view.tobytes())
+        return
+    sent = sock.sendmsg([prefix, view])
+    if sent < len(prefix):
+        sock.sendall(prefix[sent:])
+        sent = len(prefix)
+    sock.sendall(view[sent - len(prefix) :])
+
+
+def _address(sock: socket.socket) -> str:
+    """``host:port`` of ``sock``'s peer, for error messages."""
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "an unknown address"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+_Lane = tuple[int, int]  # (peer rank, lane)
+
+
+def accept(
+    listener: socket.socket,
+    *,
+    world_size: int,
+    token: str,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+) -> Stream:
+    """The sender's end of a fan-out: every lane of every worker rank whose hello is signed."""
+    lanes = accept_lanes(
+        listener, ranks=range(1, world_size), token=token, timeout_s=timeout_s, poll=poll
+    )
+    return Stream(0, lanes, timeout_s)
+
+
+def accept_lanes(
+    listener: socket.socket,
+    *,
+    ranks: Iterable[int],
+    token: str,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+    me: str = "the sender",
+) -> dict[_Lane, socket.socket]:
+    """Keep every lane of every rank in ``ranks`` whose hello is signed; drop the rest.
+
+    ``listener`` accepts in short waits, ``poll`` running between them (it raises to give up:
+    the init call failed). Each accepted connection is greeted on a thread of its own. ``me``
+    names this end in the timeout's message.
+    """
+    expected = frozenset(ranks)
+    deadline = time.monotonic() + timeout_s
+    listener.settimeout(_POLL_S)
+    greeted: queue.Queue[tuple[_Lane | None, socket.socket]] = queue.Queue()
+    greeting = 0
+    peers: dict[_Lane, socket.socket] = {}
+
+    def greet(conn: socket.socket) -> None:
+        greeted.put((_greet(conn, expected, token), conn))
+
+    try:
+        while len(peers) < len(expected) * LANES:
+            if poll is not None:
+                poll()
+            if time.monotonic() >= deadline:
+                missing = [r for r in sorted(expected) if sum(k[0] == r for k in peers) < LANES]
+                raise TransferTimeoutError(
+                    f"ranks {missing} never opened their tcp connections to {me} at "
+                    f"{_local(listener)} within {timeout_s:g} s"
+                )
+            while not greeted.empty():
+                lane, conn = greeted.get()
+                greeting -= 1
+                if lane is None or lane in peers:
+                    conn.close()  # a stranger, a duplicate, or a worker of another handshake
+                    continue
+                try:
+                    conn.sendall(_ACK)
+                except OSError:
+                    conn.close()
+                    continue
+                peers[lane] = conn
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            if greeting >= _GREETERS:
+                conn.close()
+                continue
+            greeting += 1
+            threading.Thread(
+                target=greet, args=(conn,), name="wtcore-tcp-hello", daemon=True
+            ).start()
+    except BaseException:
+        for s in peers.values():
+            s.close()
+        raise
+    finally:  # connections still being greeted close themselves once their hello is read
+        threading.Thread(target=_drain, args=(greeted, greeting), daemon=True).start()
+    return peers
+
+
+def _drain(greeted: queue.Queue[tuple[_Lane | None, socket.socket]], left: int) -> None:
+    for _ in range(left):
+        try:
+            _, conn = greeted.get(timeout=HELLO_S + 1.0)
+        except queue.Empty:
+            return
+        conn.close()
+
+
+def _local(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getsockname()[:2]
+    except OSError:
+        return "its address"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _greet(conn: socket.socket, ranks: frozenset[int], token: str) -> _Lane | None:
+    """The rank and lane ``conn`` proves it is (within :data:`HELLO_S`), or ``None``."""
+    hello = bytearray(_HELLO.size)
+    try:
+        _bound(conn, HELLO_S)
+        _recv_exact(conn, memoryview(hello), time.monotonic() + HELLO_S)
+    except (OSError, TransferError):
+        return None
+    magic, rank, lane, signature = _HELLO.unpack(hello)
+    if magic != _HELLO_MAGIC or rank not in ranks or not 0 <= lane < LANES:
+        return None
+    signed = hmac.compare_digest(signature, _signature(token, rank, lane))
+    return (int(rank), int(lane)) if signed else None
+
+
+def connect(
+    address: str,
+    port: int,
+    *,
+    rank: int,
+    token: str,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+) -> Stream:
+    """A worker's end of a fan-out: every lane to the sender at ``address:port``."""
+    return Stream(rank, connect_lanes(address, port, rank=rank, token=token,
+                                      timeout_s=timeout_s, poll=poll), timeout_s)  # fmt: skip
+
+
+def connect_lanes(
+    address: str,
+    port: int,
+    *,
+    rank: int,
+    token: str,
+    timeout_s: float,
+    poll: Callable[[], None] | None = None,
+    peer: int = 0,
+    name: str = "the sender",
+) -> dict[_Lane, socket.socket]:
+    """Open every lane to rank ``peer`` (``name``) at ``address:port`` and say hello."""
+    deadline = time.monotonic() + timeout_s
+    lanes: dict[_Lane, socket.socket] = {}
+    try:
+        for lane in range(LANES):
+            if poll is not None:
+                poll()
+            lanes[(peer, lane)] = _open_lane(address, port, rank, lane, token, deadline, name)
+    except BaseException:
+        for sock in lanes.values():
+            sock.close()
+        raise
+    return lanes
+
+
+def _open_lane(
+    address: str, port: int, rank: int, lane: int, token: str, deadline: float, name: str
+) -> socket.socket:
+    """Connect one lane to ``name``, say hello, and wait for the acknowledgement."""
+    what = f"tcp connection {lane} of rank {rank} to {name} at {address}:{port}"
+    try:
+        sock = socket.create_connection(
+            (address, port), timeout=max(0.05, deadline - time.monotonic())
+        )
+    except OSError as e:
+        raise TransferError(f"cannot open the {what}: {e}") from e
+    try:
+        _bound(sock, max(0.05, deadline - time.monotonic()))
+        sock.sendall(_HELLO.pack(_HELLO_MAGIC, rank, lane, _signature(token, rank, lane)))
+        _recv_exact(sock, memoryview(bytearray(1)), deadline)
+    except (OSError, TransferError) as e:
+        sock.close()
+        raise TransferError(f"{name} did not accept the {what}: {e}") from e
+    return sock
+
+
+class StreamWork(ThreadWork):
+    """One message on this rank's streams; its failures are worded by :class:`Stream`,
+    which knows each peer's address and role."""
+
+    recv_from: str = ""
+    send_to: str = ""
+
+    def pending_detail(self) -> str:
+        if self.error is not None:
+            return self.error
+        if self.recvs_left:
+            return f"its bytes have not arrived from rank {self.recv_peer} ({self.recv_from})"
+        if self.send_to:
+            peer = f"rank {self.send_peer} ({self.send_to})"
+            return f"{self.sends_left} part(s) not yet taken by {peer}"
+        return f"{self.sends_left} worker(s) have not yet taken it"
+
+
+#: A message's piece for a writer: the work, the bytes, the message's length when this is its
+#: first piece (its prefix goes first) or -1, and whether it is the last piece.
+_Piece = tuple[StreamWork, memoryview, int, bool]
+
+
+class Stream:
+    """This rank's end of the streams (see the module docstring).
+
+    A sender has a connection and a writer thread per lane of every receiver; a receiver has
+    a reader thread per lane of its one upstream peer, which fills the posted receives in
+    order; a relay has both, its readers feeding its writers. A connection that failed fails
+    every later message on it: a stream cut mid-message cannot be resynchronised.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        lanes: dict[_Lane, socket.socket],
+        timeout_s: float,
+        *,
+        up: int | None = -1,
+        roles: tuple[str, str] = ("the sender", ""),
+    ) -> None:
+        """``up``: the peer this rank reads from (``None``: it only sends; default: rank 0
+        unless this is rank 0); every other peer in ``lanes`` is written to. ``roles`` name
+        the upstream and the downstream peers in errors."""
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.up: int | None = (None if rank == 0 else 0) if up == -1 else up
+        self.roles = roles
+        self._lanes = lanes
+        self._queues: dict[_Lane, queue.Queue[Any]] = {k: queue.Queue() for k in lanes}
+        self._down = sorted({peer for peer, _ in lanes if peer != self.up})
+        self._next = 0  # the next message's number: it travels on lane _next % LANES
+        self._broken: dict[int, str] = {}  # per peer: one broken lane breaks them all
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._where: dict[_Lane, str] = {}
+        for key, sock in lanes.items():
+            _bound(sock, timeout_s)
+            self._where[key] = _address(sock)
+        for key in lanes:
+            target = self._reader if key[0] == self.up else self._writer
+            threading.Thread(
+                target=target, args=(key,), name=f"wtcore-tcp-{rank}-{key}", daemon=True
+            ).start()
+
+    @property
+    def checks_sizes(self) -> bool:
+        """Always: a message's length prefix is read, and refused, before its bytes."""
+        return True
+
+    def set_abort(self, reason: str) -> None:
+        """Nothing to tell: releasing the streams ends every receive at once, and the
+        control plane's ``abort_weight_update`` carries the reason."""
+
+    def abort_reason(self) -> str | None:
+        return None
+
+    def release(self, pending: Iterable[Work] = ()) -> None:
+        """Shut the connections down (see :meth:`close`); ``pending`` end with them."""
+        self.close()
+
+    def broadcast(self, tensor: torch.Tensor) -> StreamWork:
+        """Start sending ``tensor`` to every downstream peer (a sender) or receiving it (a
+        receiver; a relay also hands it on as it arrives)."""
+        view = _bytes_view(tensor)
+        sender = self.up is None
+        work = StreamWork(
+            f"a message of {len(view)} bytes",
+            recvs_left=0 if sender else 1,
+            sends_left=len(self._down),
+            recv_peer=self.up,
+            send_peer=self._down[0] if len(self._down) == 1 else None,
+        )
+        work.recv_from, work.send_to = self.roles
+        with self._lock:
+            if self._closed.is_set():
+                raise TransferError("the tcp streams were closed")
+            lane, self._next = self._next % LANES, self._next + 1
+            if sender:
+                for peer in self._down:
+                    self._queues[(peer, lane)].put((work, view, len(view), True))
+            else:
+                self._queues[(self.up, lane)].put((work, view))  # type: ignore[index]
+        return work
+
+    def _fail(self, key: _Lane, work: StreamWork, error: BaseException) -> None:
+        peer = key[0]
+        with self._lock:
+            self._broken.setdefault(peer, str(error))
+        where = self._where[key]
+        if peer == self.up:
+            work._fail(
+                f"receiving {work.label} from rank {peer} ({self.roles[0]}) at {where} "
+                f"failed: {error}"
+            )
+        else:
+            role = f" ({self.roles[1]})" if self.roles[1] else ""
+            work._fail(f"sending {work.label} to rank {peer}{role} at {where} failed: {error}")
+
+    def _break_down(self, why: str) -> None:
+        """A relay that cannot hand a message on whole: cut its onward connections, so the
+        receivers behind it fail now, naming it, instead of at their timeout."""
+        with self._lock:
+            for peer in self._down:
+                self._broken.setdefault(peer, why)
+        for (peer, _), sock in self._lanes.items():
+            if peer != self.up:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _jobs(self, key: _Lane) -> Any:
+        """This lane's messages in order; once a lane of its peer broke (or the stream was
+        closed), each one fails."""
+        q = self._queues[key]
+        while (job := q.get()) is not None:
+            broken = self._broken.get(key[0])
+            if broken is None and self._closed.is_set():
+                broken = "the tcp streams were closed"
+            if broken is not None:
+                if key[0] != self.up and job[2] < 0:  # a later piece of a failed message
+                    continue
+                self._fail(key, job[0], TransferError(f"the connection failed earlier: {broken}"))
+                continue
+            yield job
+            del job
+
+    def _writer(self, key: _Lane) -> None:
+        with self._lanes[key] as sock:
+            self._write(key, sock)
+
+    def _write(self, key: _Lane, sock: socket.socket) -> None:
+        piece: _Piece
+        for piece in self._jobs(key):
+            work, view, total, last = piece
+            try:
+                if total >= 0:
+                    _send_message(sock, view, total)
+                else:
+                    sock.sendall(view)
+            except OSError as e:
+                why = "timed out" if isinstance(e, BlockingIOError) else str(e)
+                peer = "the worker" if not self.roles[1] else f"rank {key[0]}"
+                self._fail(key, work, TransferError(f"{why} (is {peer} still running?)"))
+                continue
+            if last:
+                work._count(sends=1)
+
+    def _reader(self, key: _Lane) -> None:
+        with self._lanes[key] as sock:
+            self._read(key, sock)
+
+    def _read(self, key: _Lane, sock: socket.socket) -> None:
+        head = bytearray(_PREFIX.size)
+        onward = [self._queues[(peer, key[1])] for peer in self._down]
+        for work, view in self._jobs(key):
+            deadline = time.monotonic() + self.timeout_s
+            try:
+                _recv_exact(sock, memoryview(head), deadline)
+                magic, nbytes = _PREFIX.unpack(head)
+                if magic != _MAGIC:
+                    raise TransferError(f"a malformed message prefix (magic {magic:#x})")
+                if nbytes != len(view):
+                    raise TransferError(
+                        f"{self.roles[0]} (rank {key[0]}) sent {nbytes} bytes where this "
+                        f"receiver planned "
+                        f"{len(view)}; refused before reading any of them"
+                    )
+                if not onward:
+                    _recv_exact(sock, view, deadline)
+                for at in range(0, len(view), RELAY_CHUNK) if onward else ():
+                    piece = view[at : at + RELAY_CHUNK]
+                    _recv_exact(sock, piece, deadline)
+                    last = at + RELAY_CHUNK >= len(view)
+                    for q in onward:
+                        q.put((work, piece, len(view) if at == 0 else -1, last))
+                if onward and not view:  # an empty message is handed on too
+                    for q in onward:
+                        q.put((work, view, 0, True))
+            except (OSError, TransferError) as e:
+                if isinstance(e, TransferTimeoutError):
+                    e = TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
+                if onward:
+                    self._break_down(f"rank {self.rank} could not hand on {work.label}: {e}")
+                self._fail(key, work, e)
+                continue
+            work._count(recvs=1)
+
+    def close(self) -> None:
+        """Shut every connection down: calls in progress end, later messages fail (not joined).
+
+        Each connection's thread closes its socket once it has let go of it (closing it here
+        could hand its descriptor to a new socket while a call still uses it).
+        """
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            for q in self._queues.values():
+                q.put(None)
+        for sock in self._lanes.values():
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
