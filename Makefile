@@ -31,7 +31,7 @@ $(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/channel/pyproject.tom
 	PYTHON=$(PYTHON) scripts/vllm-venv.sh $(VLLM_VENV)
 
 demo: $(STAMP)
-	$(BIN)/wtcore bench --backend nccl --client http --receivers 2 --size 256MiB --tensors 300
+	$(BIN)/wtcore bench --backend nccl --client http --receivers 2 --size 256MiB --tensors 300 --rounds 5 --interleave
 
 # The job itself: a small RL loop on CPU, vLLM sampling and wtcore syncing every step, with a
 # control run that never syncs (examples/rl_loop). matplotlib (for the PNG) goes into .venv-vllm,

@@ -65,8 +65,9 @@ def test_broadcast_option_is_validated(cls: type) -> None:
         cls(**common, **extra, broadcast="ring")
     info = cls(**common, **extra)
     worker = info.worker_init_info() if cls is NCCLTrainerInitInfo else info
-    # One worker: auto is the collective, as for a trainer that sends only vLLM's fields.
-    assert worker.broadcast == "collective"
+    # One worker: the trainer's auto is the chain (over gloo); a worker init that names no
+    # broadcast (a trainer that sends only vLLM's fields) is the collective.
+    assert worker.broadcast == ("chain" if cls is NCCLTrainerInitInfo else "collective")
 
 
 def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:

@@ -66,12 +66,12 @@ def test_trainer_init_info_rejects_bad_values(field: str, value: object) -> None
 
 
 def test_broadcast_auto_is_the_chain_over_gloo_and_never_another_data_plane() -> None:
-    """The default follows the measurement: gloo's collective sends one copy per child from the
-    sender's link, the chain carries each byte once; NCCL's own broadcast already pipelines.
-    ``auto`` never leaves the process group (TCP streams are the tcp engine)."""
+    """The default follows the measurement: over gloo the chain's streams beat the collective
+    with one worker and with many, on one host and under a cap; NCCL's own broadcast already
+    pipelines."""
     base = dict(BASE)
     assert resolve_broadcast("auto", "gloo", 3) == "chain"
-    assert resolve_broadcast("auto", "gloo", 2) == "collective"
+    assert resolve_broadcast("auto", "gloo", 2) == "chain"
     assert resolve_broadcast("auto", "nccl", 8) == "collective"
     assert resolve_broadcast("collective", "gloo", 8) == "collective"
     assert NCCLTrainerInitInfo(**base, rank=0).worker_init_info().broadcast == "chain"

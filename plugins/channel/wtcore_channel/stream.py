@@ -151,12 +151,12 @@ def _send_message(sock: socket.socket, view: memoryview, total: int | None = Non
     sock.sendall(view[sent - len(prefix) :])
 
 
-def _address(sock: socket.socket) -> str:
-    """``host:port`` of ``sock``'s peer, for error messages."""
+def _address(sock: socket.socket, *, local: bool = False) -> str:
+    """``host:port`` of ``sock``'s peer (or its own end), for error messages."""
     try:
-        host, port = sock.getpeername()[:2]
+        host, port = (sock.getsockname() if local else sock.getpeername())[:2]
     except OSError:
-        return "an unknown address"
+        return "its address" if local else "an unknown address"
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
@@ -211,7 +211,7 @@ def accept_lanes(
                 missing = [r for r in sorted(expected) if sum(k[0] == r for k in peers) < LANES]
                 raise TransferTimeoutError(
                     f"ranks {missing} never opened their tcp connections to {me} at "
-                    f"{_local(listener)} within {timeout_s:g} s"
+                    f"{_address(listener, local=True)} within {timeout_s:g} s"
                 )
             while not greeted.empty():
                 lane, conn = greeted.get()
@@ -252,14 +252,6 @@ def _drain(greeted: queue.Queue[tuple[_Lane | None, socket.socket]], left: int) 
         except queue.Empty:
             return
         conn.close()
-
-
-def _local(sock: socket.socket) -> str:
-    try:
-        host, port = sock.getsockname()[:2]
-    except OSError:
-        return "its address"
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 def _greet(conn: socket.socket, ranks: frozenset[int], token: str) -> _Lane | None:

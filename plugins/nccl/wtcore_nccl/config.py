@@ -50,13 +50,14 @@ def resolve_transport(transport: str, device: str) -> str:
 
 
 def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
-    """The concrete broadcast: ``auto`` means the chain to two or more workers over gloo, and
-    the collective otherwise (over NCCL, whose own broadcast already pipelines through a ring).
+    """The concrete broadcast: ``auto`` means the chain over gloo, and the collective over
+    NCCL (whose own broadcast already pipelines through a ring).
 
-    Gloo's collective sends one copy per worker from the sender's link, so the round time
-    grows with the workers; the chain keeps it flat (docs/benchmarks.md, "Scaling under a
-    bandwidth cap"). ``auto`` never leaves the process group: TCP streams without one are
-    the ``tcp`` engine.
+    Over gloo the chain's hops are TCP streams (:func:`wtcore_nccl.chain.stream_chain`): they
+    have no rendezvous per message, so on one host they beat gloo's collective with any
+    number of workers, one included, and under a bandwidth cap they carry each byte once
+    per link where the collective sends one copy per worker from the sender's link
+    (docs/nccl.md, "Broadcast", has the rule and its measurements).
     """
     if broadcast == "stream":
         warnings.warn(
@@ -73,7 +74,7 @@ def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
         )
     if broadcast != "auto":
         return broadcast
-    return "chain" if transport == "gloo" and world_size > 2 else "collective"
+    return "chain" if transport == "gloo" else "collective"
 
 
 def _check_group(
@@ -116,9 +117,9 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
 
     ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
     broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
-    carries each byte once; :mod:`wtcore_nccl.chain`). The default, ``"auto"``, is over gloo
-    the chain with two or more workers, else the collective (:func:`resolve_broadcast`);
-    docs/nccl.md says when each wins. ``"stream"`` is deprecated: it is the ``tcp`` engine.
+    carries each byte once; :mod:`wtcore_nccl.chain`). The default, ``"auto"``, is the chain
+    over gloo and the collective over NCCL (:func:`resolve_broadcast`); docs/nccl.md says
+    when each wins. ``"stream"`` is deprecated: it is the ``tcp`` engine.
     """
 
     backend: ClassVar[str] = "nccl"
