@@ -28,7 +28,7 @@ from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing import build_module
 from wtcore_channel.listen import listen_on
 from wtcore_channel.pipeline import wait_work
-from wtcore_channel.stream import HELLO_S, Stream, accept, connect
+from wtcore_channel.stream import HELLO_S, LANES, RELAY_CHUNK, Stream, accept, connect
 from wtcore_tcp import TCPInitInfo, TCPTrainerInitInfo
 from wtcore_tcp.worker import TCPWorkerEngine
 
@@ -214,3 +214,53 @@ def test_cpu_only_and_a_token_required_are_refused_naming_the_field() -> None:
         TCPTrainerInitInfo(address="127.0.0.1", world_size=2, rank=0, device="cuda:0")
     with pytest.raises(PayloadError, match="^port: expected a port"):
         TCPTrainerInitInfo(address="127.0.0.1", world_size=2, rank=0, port=70000)
+
+
+def _tcp_pairs(n: int) -> list[tuple[socket.socket, socket.socket]]:
+    """``n`` connected TCP socket pairs on loopback (real sockets, no hello)."""
+    pairs = []
+    with listen_on("127.0.0.1", 0, "the test's pairs", field="") as listener:
+        for _ in range(n):
+            a = socket.create_connection(listener.getsockname()[:2], timeout=30)
+            b, _ = listener.accept()
+            pairs.append((a, b))
+    return pairs
+
+
+def test_a_relay_whose_next_rank_fails_ends_its_receive_only_once_its_bytes_are_in() -> None:
+    """A relay (rank 1 of a chain) whose onward streams fail mid-message: its receive fails,
+    naming rank 2, but only once the whole message has landed in its buffer. A receive that
+    reported failure while bytes could still land would let the next round's data (an
+    in-place sink tensor) be overwritten by the tail of an abandoned one."""
+    up = {(0, lane): pair for lane, pair in enumerate(_tcp_pairs(LANES))}
+    down = {(2, lane): pair for lane, pair in enumerate(_tcp_pairs(LANES))}
+    lanes = {key: pair[1] for key, pair in up.items()} | {
+        key: pair[0] for key, pair in down.items()
+    }
+    roles = ("the previous rank of the chain", "the next rank of the chain")
+    relay = Stream(1, lanes, 30.0, up=0, roles=roles)
+    n = 3 * RELAY_CHUNK
+    sent = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    got = torch.zeros(n, dtype=torch.uint8)
+    feed = up[(0, 0)][0]
+    try:
+        work = relay.broadcast(got)  # message 0: lane 0
+        for _, far in down.values():
+            far.close()  # rank 2 is gone
+        feed.sendall(struct.pack("<QQ", int.from_bytes(b"wtcstrm1", "big"), n))
+        feed.sendall(sent[:RELAY_CHUNK].numpy().tobytes())
+        deadline = time.monotonic() + 30
+        while work.error is None:  # the relay's onward send failed ...
+            assert time.monotonic() < deadline, "the relay never noticed rank 2 was gone"
+            time.sleep(0.01)
+        assert "to rank 2 (the next rank of the chain)" in work.error, work.error
+        assert not work.is_completed()  # ... but the rest of the message may still land
+        feed.sendall(sent[RELAY_CHUNK:].numpy().tobytes())
+        with pytest.raises(TransferError, match="to rank 2 \\(the next rank of the chain\\)"):
+            wait_work(work, what="the relay's receive", timeout_s=30)
+        assert torch.equal(got, sent)  # it ended once every byte was in
+    finally:
+        relay.release()
+        for a, b in [*up.values(), *down.values()]:
+            a.close()
+            b.close()

@@ -100,17 +100,22 @@ class ThreadWork:
     done: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, *, receiving: bool = False) -> None:
+        """Fail with ``message``. ``receiving``: the caller is not the receiving thread, which
+        may still write into the buffer; the work then ends only once the receive is done
+        with it (a relay whose onward send failed), never while bytes may still land."""
         with self._lock:
             if self.error is None:
                 self.error = message
-        self.done.set()
+            wait_for_receive = receiving and self.recvs_left > 0
+        if not wait_for_receive:
+            self.done.set()
 
     def _count(self, *, recvs: int = 0, sends: int = 0) -> None:
         with self._lock:
             self.recvs_left -= recvs
             self.sends_left -= sends
-            finished = self.recvs_left == 0 and self.sends_left == 0
+            finished = self.recvs_left == 0 and (self.sends_left == 0 or self.error is not None)
         if finished:
             self.done.set()
 

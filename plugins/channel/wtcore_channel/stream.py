@@ -447,7 +447,10 @@ class Stream:
             )
         else:
             role = f" ({self.roles[1]})" if self.roles[1] else ""
-            work._fail(f"sending {work.label} to rank {peer}{role} at {where} failed: {error}")
+            work._fail(
+                f"sending {work.label} to rank {peer}{role} at {where} failed: {error}",
+                receiving=True,
+            )
 
     def _break_down(self, why: str) -> None:
         """A relay that cannot hand a message on whole: cut its onward connections, so the
