@@ -90,3 +90,16 @@ def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
             wait_work(works[0], what="rank 1's receive", timeout_s=30)
         with pytest.raises(TransferError, match=r"from rank 1 \(the previous rank of the chain\)"):
             wait_work(works[1], what="rank 2's receive", timeout_s=30)
+
+
+@pytest.mark.parametrize("published", ["", "127.0.0.1", "127.0.0.1 0", "127.0.0.1 70000", "h x"])
+def test_a_malformed_chain_address_in_the_store_is_refused_naming_the_rank(published: str) -> None:
+    """A chain address is read from the handshake's store and checked before it is used."""
+    from wtcore.testing import free_port
+    from wtcore_nccl.chain import stream_chain
+    from wtcore_nccl.group import host_store
+
+    store = host_store("127.0.0.1", free_port(), 2, 10)
+    store.set("chain/0", published)
+    with pytest.raises(PayloadError, match="rank 0's chain address in the store is malformed"):
+        stream_chain(store, rank=1, world_size=2, host="127.0.0.1", token="t", timeout_s=5)
