@@ -70,7 +70,7 @@ def driver(args: argparse.Namespace) -> None:
             world_size=2,
             timeout_s=120.0,
             torch_num_threads=1,
-            delta=kind == "delta",
+            delta=("auto" if args.auto else True) if kind == "delta" else False,
             rank=0,
             packed_buffer_size_bytes=args.bucket_mib << 20,
         )
@@ -116,6 +116,7 @@ def main() -> None:
         help="both trainers' packed_buffer_size_bytes, in MiB: several buckets per round let "
         "the receiver load one bucket while the next is on the wire",
     )
+    p.add_argument("--auto", action="store_true", help="the delta trainer uses delta='auto'")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--address", help=argparse.SUPPRESS)
@@ -159,7 +160,7 @@ def main() -> None:
             sys.executable, __file__, "--driver", "--address", c[0].address,
             "--urls", json.dumps(urls), "--width", str(args.width), "--steps", str(args.steps),
             "--dense", str(args.dense), "--bucket-mib", str(args.bucket_mib),
-            "--lr", repr(args.lr),
+            "--lr", repr(args.lr), *(["--auto"] if args.auto else []),
         ]  # fmt: skip
         drv = c[0].popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = drv.communicate(timeout=1200)
@@ -172,6 +173,7 @@ def main() -> None:
         "steps": args.steps,
         "lr": args.lr,
         "bucket_mib": args.bucket_mib,
+        "auto": args.auto,
     }
     _print(record)
     if args.json:

@@ -36,8 +36,8 @@ class TrainerInitInfo:
     backend: ClassVar[str]
     rank: int = field(kw_only=True)
     #: Delta rounds (``pip install wtcore-delta``): send only what changed since the receivers'
-    #: version.
-    delta: bool = field(default=False, kw_only=True)
+    #: version. ``"auto"``: only when earlier rounds say a delta round is faster.
+    delta: bool | str = field(default=False, kw_only=True)
     #: Where delta keeps its copy of the base (``"cpu"`` for a model on GPU); None: with it.
     delta_base_device: str | None = field(default=None, kw_only=True)
 
@@ -55,8 +55,8 @@ class TrainerInitInfo:
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
             raise PayloadError(f"rank: expected a non-negative int, got {self.rank!r}")
-        if not isinstance(self.delta, bool):
-            raise PayloadError(f"delta: expected a bool, got {self.delta!r}")
+        if not isinstance(self.delta, bool) and self.delta != "auto":
+            raise PayloadError(f"delta: expected a bool or 'auto', got {self.delta!r}")
         if self.delta_base_device is not None and not isinstance(self.delta_base_device, str):
             got = self.delta_base_device
             raise PayloadError(f"delta_base_device: expected a device string or None, got {got!r}")

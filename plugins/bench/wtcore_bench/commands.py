@@ -109,6 +109,13 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     b.add_argument(
         "--delta-width", type=int, default=256, help="the trained model's d_model (default 256)"
     )
+    b.add_argument(
+        "--delta-mode",
+        choices=["on", "auto"],
+        default="on",
+        help="the delta trainer's delta option: on (delta=True, always try) or auto "
+        "(delta='auto', only when earlier rounds say it is faster); default on",
+    )
     b.set_defaults(func=_cmd_bench)
 
 
@@ -221,6 +228,7 @@ def _cmd_bench_delta(args: argparse.Namespace) -> int:
             steps=args.delta_steps,
             width=args.delta_width,
             timeout_s=args.timeout,
+            mode=args.delta_mode,
         )
     )
     print_delta_table(record, sys.stdout)

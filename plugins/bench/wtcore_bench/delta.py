@@ -37,6 +37,8 @@ class DeltaBenchOptions:
     lr: float = 1e-5
     timeout_s: float = 300.0
     host: str = "127.0.0.1"
+    #: The delta trainer's ``delta``: ``"on"`` (``True``) or ``"auto"``.
+    mode: str = "on"
 
 
 def _fleet(
@@ -71,7 +73,7 @@ def _trainer(
     info = engine_bench(opts.backend, cls).init_info(
         cls, receivers=opts.receivers, host=opts.host, buffer_size_bytes=None
     )
-    info.delta = delta
+    info.delta = ("auto" if opts.mode == "auto" else True) if delta else False
     engine: TrainerWeightTransferEngine = cls.trainer_init(info, client=client, source=source)
     return engine
 

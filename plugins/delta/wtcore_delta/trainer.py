@@ -36,6 +36,7 @@ from wtcore.errors import ReceiverError, WtcoreError
 from wtcore.meta import ParamMeta, dtype_name
 from wtcore.source import TensorSource, WeightSource, iter_checked
 from wtcore.trainer import RoundPolicy, TrainerInitInfo
+from wtcore_delta.auto import AutoDelta
 from wtcore_delta.codec import bits, plan
 from wtcore_delta.header import HEADER_NAME, DeltaHeader, new_lineage
 
@@ -133,6 +134,9 @@ class DeltaTracker:
         self._pending = {}
         #: The comparison's bool array, reused: sized to the largest tensor compared.
         self._scratch: np.ndarray[Any, Any] | None = None
+        #: Seconds spent copying tensors into the base (``delta="auto"`` measures the link
+        #: without them).
+        self.copy_seconds = 0.0
 
     def _scratch_for(self, numel: int) -> np.ndarray[Any, Any]:
         import numpy as np
@@ -182,6 +186,13 @@ class DeltaTracker:
 
     # ------------------------------------------------------------------ the sources
     def _store(self, name: str, t: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._store_copy(name, t)
+        finally:
+            self.copy_seconds += time.perf_counter() - t0
+
+    def _store_copy(self, name: str, t: torch.Tensor) -> None:
         old = self._base.get(name)
         if old is not None and old.dtype == t.dtype and old.shape == t.shape:
             old.copy_(t)
@@ -333,24 +344,40 @@ class DeltaRounds(RoundPolicy):
         super().__init__(init_info)
         self.tracker = DeltaTracker(init_info.delta_base_device)
         self._report = DeltaReport()
+        self._keeps_base = False
+        self._started = 0.0
+        #: ``delta="auto"``: the measurements that pick each round's mode (:mod:`.auto`).
+        self.auto = AutoDelta() if init_info.delta == "auto" else None
 
     def source(
         self, source: WeightSource, client: WeightSyncClient | None, stats: TransferStats
     ) -> WeightSource:
         tracker, report = self.tracker, DeltaReport()
-        self._report = report
+        self._report, self._keeps_base = report, False
+        self._started = time.perf_counter()  # the round's time, for auto (stats has it later)
+        tracker.copy_seconds = 0.0
         if stats.weight_version is None:
             # Without a version no receiver can name its base: a plain full round, no base copy.
             tracker.invalidate()
             report.why = "no weight_version: a base is recognized by its version"
             report.model_bytes = sum(m.nbytes for m in source.metadata())
             return source
+        auto = self.auto
+        if auto is not None:
+            mode, report.why = auto.choose()
+            if mode == "full" and not auto.refresh_base():
+                tracker.invalidate()  # no base kept: a copy of the model saved
+                report.model_bytes = sum(m.nbytes for m in source.metadata())
+                return source
+        self._keeps_base = True  # from here on the round's weights become the base
         t0 = time.perf_counter()
         with stats.phase("control"):
             why = tracker.why_full(client)
         report.check_seconds = time.perf_counter() - t0
+        if auto is not None and mode == "full" and why is None:
+            why = report.why  # a full round that keeps the base for a delta round to come
         if why is not None:
-            report.why = why
+            report.why = why if auto is None or why == report.why else f"{report.why}; {why}"
             metas = source.metadata()
             report.model_bytes = sum(m.nbytes for m in metas)
             report.base_copies = len(metas)
@@ -371,8 +398,13 @@ class DeltaRounds(RoundPolicy):
         return self.tracker.base_source()
 
     def committed(self, stats: TransferStats) -> None:
-        stats.delta = self._report.to_dict()
-        self.tracker.commit(stats.weight_version)
+        report = self._report
+        stats.delta = report.to_dict()
+        if self.auto is not None and stats.weight_version is not None:
+            added = report.check_seconds + report.encode_seconds
+            seconds = time.perf_counter() - self._started - self.tracker.copy_seconds
+            self.auto.measured(report.mode, report.model_bytes, seconds, added)
+        self.tracker.commit(stats.weight_version if self._keeps_base else None)
 
     def aborted(self) -> None:
         self.tracker.invalidate()  # the receivers may hold anything: the next round is full
