@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
+from wtcore.errors import TransferError
 from wtcore.inproc import InProcessClient
+from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
 from wtcore_mooncake import MooncakeTrainerInitInfo
@@ -99,6 +101,27 @@ def test_direct_min_bytes_zero_reads_everything_through_staging() -> None:
         worker.shutdown()
 
 
+def test_a_sink_that_replaces_its_tensors_keeps_one_registration_each() -> None:
+    state = _state(5)
+    worker, trainer, model, source_state = _pair(state)
+    try:
+        for round_ in range(3):
+            for k in BIG:  # the sink's tensors change between rounds, without a re-init
+                p = model.get_parameter(k)
+                p.data = torch.zeros_like(p.data)
+            fresh = _state(20 + round_)
+            for k, v in fresh.items():
+                source_state[k].copy_(v)
+            trainer.send_weights(weight_version=f"v{round_}")
+            assert_state_equal(model, fresh)
+            now = {model.get_parameter(k).data_ptr() for k in BIG}
+            assert set(worker.engine._direct) == now  # the replaced ones were unregistered
+        assert worker.engine.in_place_bytes == 3 * sum(state[k].nbytes for k in BIG)
+    finally:
+        trainer.shutdown()
+        worker.shutdown()
+
+
 def test_a_re_init_registers_the_sinks_new_tensors() -> None:
     state = _state(3)
     worker, trainer, model, source_state = _pair(state)
@@ -122,6 +145,24 @@ def test_a_re_init_registers_the_sinks_new_tensors() -> None:
         assert_state_equal(model, fresh)
         assert set(worker.engine._direct) == new != old
         assert worker.engine.in_place_bytes == sum(fresh[k].nbytes for k in BIG)
+    finally:
+        trainer.shutdown()
+        worker.shutdown()
+
+
+def test_a_failed_read_unregisters_the_sinks_tensors() -> None:
+    state = _state(6)
+    worker, trainer, _, _ = _pair(state)
+    try:
+        trainer.send_weights(weight_version="v1")
+        assert len(worker.engine._direct) == len(BIG)
+        metas = [ParamMeta("small.bias", torch.float32, (10,))]
+        trainer.shutdown()  # its staging is unregistered: the read below finds nothing there
+        worker.start_weight_update()
+        with pytest.raises(TransferError, match="failed"):
+            worker.update_weights({**metas_to_wire(metas), "slot": 0, "nbytes": 40})
+        assert worker.engine._direct == {}
+        assert worker.engine._staging is None
     finally:
         trainer.shutdown()
         worker.shutdown()

@@ -12,9 +12,10 @@ saves a copy of every byte out of staging; any other bucket is read into this wo
 registered staging and the sink loads it. Mooncake reads only into registered memory, so each
 sink tensor is registered once per handshake, the first time it is offered (the worker's sink
 chain offers its tensors only inside a round: a delta round must decode, never land in place)
-and kept until the next init, a failed round or shutdown; a tensor at a new address (a sink
-whose tensors changed) is registered when it is first offered. A tensor that cannot be
-registered (it overlaps registered memory, say) is read through staging.
+and kept until the next init, a failed round or shutdown. A tensor at a new address (a sink
+whose tensors changed, as vLLM's layerwise reload does) is registered when it is first
+offered, and the one it replaced is unregistered then, so registrations never pile up. A
+tensor that cannot be registered (it overlaps registered memory, say) is read through staging.
 
 A read that fails or stalls fails the round naming the trainer's endpoint; every region is
 then unregistered (the next init registers them again), except memory a timed-out read may
@@ -61,6 +62,7 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
         super().__init__(*args, **kwargs)
         self._reading = []
         self._direct = {}
+        self._names: dict[str, int] = {}  # each in-place tensor's registered address
 
     @classmethod
     def host_status(cls) -> str:
@@ -89,6 +91,11 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
         if dest is None or dest.numel() == 0:
             return None
         ptr, n = dest.data_ptr(), dest.numel() * dest.element_size()
+        old = self._names.get(name)
+        if old is not None and old != ptr:  # the sink replaced it: drop the stale registration
+            del self._names[name]
+            if old not in self._names.values() and self._direct.pop(old, None) is not None:
+                self._engine.unregister_memory(old)
         held = self._direct.get(ptr)
         if held is None:
             if self._engine.register_memory(ptr, n) != 0:
@@ -96,6 +103,7 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
             self._direct[ptr] = held = as_bytes(dest)
         elif held.numel() != n:
             return None  # another tensor at that address than the one registered
+        self._names[name] = ptr
         return held
 
     def receive_weights(self, update_info: MooncakeUpdateInfo) -> None:
@@ -183,7 +191,7 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
                 self._engine.unregister_memory(stale.data_ptr())
         self._reading = [r for r, done in zip(self._reading, ended, strict=True) if not done]
         staging, self._staging = self._staging, None
-        direct, self._direct = self._direct, {}
+        direct, self._direct, self._names = self._direct, {}, {}
         if self._engine is not None:
             if staging is not None:
                 self._engine.unregister_memory(staging.data_ptr())
