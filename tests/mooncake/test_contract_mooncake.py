@@ -41,5 +41,15 @@ class TestMooncakeContractUnpacked(TestMooncakeContract):
     options: ClassVar[dict[str, Any]] = {"packed": False}
 
 
+class TestMooncakeContractInPlace(TestMooncakeContract):
+    """Every tensor of 64 bytes or more read straight into the sink's tensor, the rest packed."""
+
+    options: ClassVar[dict[str, Any]] = {"direct_min_bytes": 64}
+
+
 class TestMooncakeDelta(MooncakeInfo, DeltaContractSuite):
     pass
+
+
+class TestMooncakeDeltaInPlace(TestMooncakeDelta):
+    options: ClassVar[dict[str, Any]] = {"direct_min_bytes": 64}

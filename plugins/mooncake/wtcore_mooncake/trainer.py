@@ -93,6 +93,7 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
             "packed": info.packed,
             "protocol": info.protocol,
             "timeout_s": info.timeout_s,
+            "direct_min_bytes": info.direct_min_bytes,
         }
 
     def staging(self, capacity: int) -> list[torch.Tensor]:

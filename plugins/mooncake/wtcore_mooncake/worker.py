@@ -1,24 +1,41 @@
-"""The worker half of ``mooncake``: read each announced bucket, then load it.
+"""The worker half of ``mooncake``: read each announced bucket, in place or into staging.
 
 Each ``update_weights`` names a slot of the trainer's registered staging and the bucket's
 length. Before a byte moves the worker checks them against what the init announced and what
-the metadata plans (one bucket, exactly its bytes, inside the slot and inside this worker's own
-staging); then one ``transfer_sync_read`` brings the bucket into this worker's registered
-staging, bounded by ``timeout_s``, and the sink loads it. A read that fails or stalls fails the
-round naming the trainer's endpoint; the staging is then unregistered (the next init registers
-it again), unless the read may still be writing into it, in which case it is kept until it ends.
+the metadata plans (one bucket, exactly its bytes, inside the slot and inside the memory it
+lands in); then one ``transfer_sync_read``, bounded by ``timeout_s``, brings the bucket over.
+
+Where it lands: a bucket of one tensor (the trainer's ``direct_min_bytes`` makes every large
+tensor one) is read straight into the tensor the sink offers for it
+(:func:`~wtcore.sink.direct_destination`: same dtype and shape, contiguous, on the CPU), which
+saves a copy of every byte out of staging; any other bucket is read into this worker's
+registered staging and the sink loads it. Mooncake reads only into registered memory, so each
+sink tensor is registered once per handshake, the first time it is offered (the worker's sink
+chain offers its tensors only inside a round: a delta round must decode, never land in place)
+and kept until the next init, a failed round or shutdown. A tensor at a new address (a sink
+whose tensors changed, as vLLM's layerwise reload does) is registered when it is first
+offered, and the one it replaced is unregistered then, so registrations never pile up. A
+tensor that cannot be registered (it overlaps registered memory, say) is read through staging.
+
+A read that fails or stalls fails the round naming the trainer's endpoint; every region is
+then unregistered (the next init registers them again), except memory a timed-out read may
+still be writing into, which is kept (alive and registered) until that read ends.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wtcore.bucketed import BucketedWorkerEngine
-from wtcore.buckets import plan_round, unpack_bucket
+from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.concurrency import BackgroundCall
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore.sink import direct_destination
 from wtcore_mooncake import te
 from wtcore_mooncake.wire import MooncakeInitInfo, MooncakeUpdateInfo
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["MooncakeWorkerEngine"]
 
@@ -31,7 +48,12 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
 
     _engine: Any = None
     _staging: Any = None  # a flat uint8 tensor, registered while set
-    #: Reads that outlived their timeout, each with the staging it may still write into (kept
+    #: The sink's tensors registered this handshake, by address: read into in place.
+    _direct: dict[int, torch.Tensor]
+    #: Bytes read since init: straight into the sink's tensors, and through staging.
+    in_place_bytes: int = 0
+    staged_bytes: int = 0
+    #: Reads that outlived their timeout, each with the memory it may still write into (kept
     #: alive, and registered, until the read ends: freeing it would let Mooncake write freed
     #: memory, and a later buffer at the same address could not be registered).
     _reading: list[tuple[BackgroundCall[Any], Any]]
@@ -39,6 +61,8 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reading = []
+        self._direct = {}
+        self._names: dict[str, int] = {}  # each in-place tensor's registered address
 
     @classmethod
     def host_status(cls) -> str:
@@ -58,13 +82,33 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
                 f"Mooncake could not register {size} bytes of staging (status {rc})"
             )
         self._staging = staging
+        self.in_place_bytes = self.staged_bytes = 0
         super().init_transfer_engine(init_info)
+
+    def _destination(self, name: str, dtype: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """The sink's tensor for ``name`` as registered bytes; ``None``: read through staging."""
+        dest = direct_destination(self.sink, name, dtype, shape, "cpu")
+        if dest is None or dest.numel() == 0:
+            return None
+        ptr, n = dest.data_ptr(), dest.numel() * dest.element_size()
+        old = self._names.get(name)
+        if old is not None and old != ptr:  # the sink replaced it: drop the stale registration
+            del self._names[name]
+            if old not in self._names.values() and self._direct.pop(old, None) is not None:
+                self._engine.unregister_memory(old)
+        held = self._direct.get(ptr)
+        if held is None:
+            if self._engine.register_memory(ptr, n) != 0:
+                return None  # e.g. it overlaps memory registered already: staging it is
+            self._direct[ptr] = held = as_bytes(dest)
+        elif held.numel() != n:
+            return None  # another tensor at that address than the one registered
+        self._names[name] = ptr
+        return held
 
     def receive_weights(self, update_info: MooncakeUpdateInfo) -> None:
         init = self.settings
-        buckets = plan_round(
-            update_info.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
-        )
+        buckets = init.plan(update_info.metas)
         expected = buckets[0].nbytes if buckets else 0
         if len(buckets) > 1 or update_info.nbytes != expected:
             raise PayloadError(
@@ -86,24 +130,46 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
                 f"update_info.nbytes: {expected} bytes do not fit slot {update_info.slot} "
                 f"({capacity} bytes) or this worker's staging ({staging.numel()} bytes)"
             )
-        if not buckets:
+        if not buckets or not expected:
+            if buckets:
+                self.sink.load_weights(list(unpack_bucket(buckets[0], staging[:0])))
             return
-        if expected:
-            self._read(init, staging, remote, expected)
+        dest = self._in_place(init, buckets[0])
+        if dest is not None:
+            self._read(init, dest, remote, expected)
+            self.in_place_bytes += expected
+            return  # the sink's own tensor holds it; load_weights is not called for it
+        self._read(init, staging, remote, expected)
+        self.staged_bytes += expected
         self.sink.load_weights(list(unpack_bucket(buckets[0], staging[:expected])))
 
-    def _read(self, init: MooncakeInitInfo, staging: Any, remote: int, n: int) -> None:
+    def _in_place(self, init: MooncakeInitInfo, bucket: Bucket) -> torch.Tensor | None:
+        """The registered sink tensor ``bucket`` is read into, if it is one such tensor."""
+        if not init.packed or init.direct_min_bytes <= 0 or len(bucket.metas) != 1:
+            return None
+        m = bucket.metas[0]
+        if m.nbytes < init.direct_min_bytes:
+            return None
+        dest = self._destination(m.name, m.dtype, m.shape)
+        if dest is None or dest.numel() != bucket.nbytes:  # checked: exactly its bytes
+            return None
+        return dest
+
+    def _read(self, init: MooncakeInitInfo, into: Any, remote: int, n: int) -> None:
         call = BackgroundCall(
             self._engine.transfer_sync_read,
             init.endpoint,
-            staging.data_ptr(),
+            into.data_ptr(),
             remote,
             n,
             name="mooncake-read",
         )
         if not call.wait(init.timeout_s):
-            self._reading.append((call, staging))  # kept alive for the read
-            self._staging = None
+            self._reading.append((call, into))  # kept alive and registered for the read
+            if self._staging is not None and into.data_ptr() == self._staging.data_ptr():
+                self._staging = None
+            self._direct.pop(into.data_ptr(), None)
+            self._release()
             raise TransferTimeoutError(
                 f"reading {n} bytes from the trainer at {init.endpoint} took over "
                 f"{init.timeout_s:g} s; the round is failed"
@@ -117,15 +183,20 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
             )
 
     def _release(self) -> None:
-        """Unregister the staging; a timed-out read's staging only once that read has ended."""
+        """Unregister staging and the sink's tensors; a timed-out read's memory only once that
+        read has ended."""
         ended = [r[0].wait(0) for r in self._reading]
         for (_, stale), done in zip(self._reading, ended, strict=True):
             if done:
                 self._engine.unregister_memory(stale.data_ptr())
         self._reading = [r for r, done in zip(self._reading, ended, strict=True) if not done]
         staging, self._staging = self._staging, None
-        if staging is not None and self._engine is not None:
-            self._engine.unregister_memory(staging.data_ptr())
+        direct, self._direct, self._names = self._direct, {}, {}
+        if self._engine is not None:
+            if staging is not None:
+                self._engine.unregister_memory(staging.data_ptr())
+            for ptr in direct:
+                self._engine.unregister_memory(ptr)
 
     def shutdown(self) -> None:
         self._release()  # the transfer engine is the process's (te.start), and stays
