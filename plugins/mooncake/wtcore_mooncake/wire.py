@@ -82,12 +82,7 @@ class MooncakeTrainerInitInfo(BucketedTrainerInitInfo):
             raise PayloadError(f"packed_num_buffers: at most {MAX_SLOTS}")
 
     def plan(self, metas: Sequence[ParamMeta]) -> list[Bucket]:
-        return plan_round(
-            metas,
-            packed=self.packed,
-            buffer_size_bytes=self.packed_buffer_size_bytes,
-            direct_min_bytes=self.direct_min_bytes,
-        )
+        return _plan(self, metas)
 
 
 @dataclass
@@ -128,12 +123,7 @@ class MooncakeInitInfo:
 
     def plan(self, metas: Sequence[ParamMeta]) -> list[Bucket]:
         """The buckets the trainer planned for ``metas`` (the same rule, the same options)."""
-        return plan_round(
-            metas,
-            packed=self.packed,
-            buffer_size_bytes=self.packed_buffer_size_bytes,
-            direct_min_bytes=self.direct_min_bytes,
-        )
+        return _plan(self, metas)
 
 
 @dataclass
@@ -147,3 +137,15 @@ class MooncakeUpdateInfo(BucketUpdateInfo):
         super().__post_init__()
         _check_int(self.slot, "update_info.slot", low=0, high=MAX_SLOTS)
         _check_int(self.nbytes, "update_info.nbytes", low=0, high=1 << 40)
+
+
+def _plan(
+    info: MooncakeTrainerInitInfo | MooncakeInitInfo, metas: Sequence[ParamMeta]
+) -> list[Bucket]:
+    """One bucket rule for both ends, from the options both carry."""
+    return plan_round(
+        metas,
+        packed=info.packed,
+        buffer_size_bytes=info.packed_buffer_size_bytes,
+        direct_min_bytes=info.direct_min_bytes,
+    )
