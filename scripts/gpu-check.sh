@@ -10,6 +10,7 @@
 #               NCCL transport between two GPUs when there are two (tests/integration/test_gpu_processes.py)
 #   bench-nccl  wtcore bench --device cuda, nccl engine, HTTP receivers, JSON record
 #   bench-ipc   the same for the ipc engine
+#   bench-tcp   the tcp engine, 128 MiB, the models on the GPU (both ends stage in host memory)
 #   bench-mooncake  the mooncake engine with the model on the GPU (CPU staging, TCP), 128 MiB,
 #               against its bare read
 #
@@ -71,11 +72,12 @@ PYTEST=(-m pytest -q -m gpu)
 # name | seconds | command (run with bash -c after the python is substituted)
 STEPS=(
     "env|30|$PY -m wtcore.cli plugins"
-    "gpu-tests|110|$PY ${PYTEST[*]} $GPU_FILES"
+    "gpu-tests|95|$PY ${PYTEST[*]} $GPU_FILES"
     "cuda-ipc|75|$PY ${PYTEST[*]} tests/ipc/test_cuda.py"
-    "nccl-procs|100|$PY ${PYTEST[*]} tests/integration/test_gpu_processes.py"
-    "bench-nccl|55|$PY ${BENCH[*]} --backend nccl --json $OUT_DIR/bench-nccl-cuda.json"
-    "bench-ipc|55|$PY ${BENCH[*]} --backend ipc --json $OUT_DIR/bench-ipc-cuda.json"
+    "nccl-procs|90|$PY ${PYTEST[*]} tests/integration/test_gpu_processes.py"
+    "bench-nccl|45|$PY ${BENCH[*]} --backend nccl --json $OUT_DIR/bench-nccl-cuda.json"
+    "bench-ipc|45|$PY ${BENCH[*]} --backend ipc --json $OUT_DIR/bench-ipc-cuda.json"
+    "bench-tcp|45|$PY ${BENCH[*]/256MiB/128MiB} --baselines none --backend tcp --json $OUT_DIR/bench-tcp-cuda.json"
     "bench-mooncake|50|$PY ${BENCH[*]/256MiB/128MiB} --baselines auto --interleave --backend mooncake --json $OUT_DIR/bench-mooncake-cuda.json"
 )
 TOTAL=0

@@ -22,6 +22,7 @@ STEPS = (
     "nccl-procs",
     "bench-nccl",
     "bench-ipc",
+    "bench-tcp",
     "bench-mooncake",
 )
 

@@ -103,6 +103,13 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         """Join this handshake's channel (blocking); call :meth:`check_stopped` between
         short waits, so an abort or a shutdown ends the wait."""
 
+    @property
+    def channel_device(self) -> str:
+        """Where the channel's buffers live and what it may receive into in place: the
+        worker's device, unless the channel moves host memory only (tcp), which then stages
+        every bucket there and lets the sink copy it to its device."""
+        return str(self.device)
+
     # ------------------------------------------------------------------ init
     def init_transfer_engine(self, init_info: InitT) -> None:
         self.check_init(init_info)
@@ -112,9 +119,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         channel = self.open_channel(init_info)
         with self._lock:
             self._channel, self._init = channel, init_info
-            self._pool = BufferPool(
-                init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, self.device
-            )
+            num, size = init_info.packed_num_buffers, init_info.packed_buffer_size_bytes
+            self._pool = BufferPool(num, size, self.channel_device)
 
     def check_stopped(self) -> None:
         """Raise ``TransferError`` once this engine was shut down or aborted."""
@@ -190,7 +196,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         pool.prepare(buckets)
         self._held = None
         frames: list[_Frame | None] = [None] * len(buckets)
-        empty = torch.empty(0, dtype=torch.uint8, device=self.device)
+        empty = torch.empty(0, dtype=torch.uint8, device=self.channel_device)
         n, posted = len(buckets), 0
         in_place = 0  # bytes posted straight into the sink's tensors, not yet taken
         for i, bucket in enumerate(buckets):
@@ -239,7 +245,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         """Receive the sender's next header and check it against the plan; its CRC word."""
         import torch
 
-        header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+        header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.channel_device)
         # Kept where a failure path finds it: a channel is let go only once its work ended.
         self._header_work = work = channel.broadcast(header)
         wait_work(work, what=f"header of {what}", timeout_s=info.timeout_s, poll=self._poll)
@@ -289,7 +295,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         ``in_place`` allowed), else its buffer; ``None`` while that buffer is still busy."""
         if in_place and len(bucket.metas) == 1:
             m = bucket.metas[0]
-            dest = direct_destination(self.sink, m.name, m.dtype, m.shape, self.device)
+            dest = direct_destination(self.sink, m.name, m.dtype, m.shape, self.channel_device)
             if dest is not None:
                 return as_bytes(dest), None
         busy = pool.peek(bucket)
@@ -339,7 +345,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
             return None
         header = None
         if info.checksum:
-            buf = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.device)
+            buf = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.channel_device)
             header = (buf, channel.broadcast(buf))  # closing the channel ends it with the bytes
         return self._post_receive(channel, *landing, label=label, crc=NO_CRC, header=header)
 

@@ -17,7 +17,8 @@ __all__ = ["TCPWorkerEngine"]
 
 
 class TCPWorkerEngine(ChannelWorkerEngine[TCPInitInfo, TCPUpdateInfo]):
-    """Worker half of the ``tcp`` engine (see the module docstring); CPU tensors only."""
+    """Worker half of the ``tcp`` engine (see the module docstring): sockets move host
+    memory, so a CUDA worker's buckets are staged there."""
 
     init_info_cls = TCPInitInfo
     update_info_cls = TCPUpdateInfo
@@ -28,12 +29,18 @@ class TCPWorkerEngine(ChannelWorkerEngine[TCPInitInfo, TCPUpdateInfo]):
             unknown = ", ".join(map(repr, sorted(self.config.options)))
             raise PayloadError(f"tcp worker options: unknown {unknown}; the tcp worker has none")
 
+    @property
+    def channel_device(self) -> str:
+        """Host memory: sockets read into it. On a CUDA worker every bucket is staged there
+        and the sink copies it to the GPU (nccl moves GPU memory without the stop)."""
+        return "cpu"
+
     def check_init(self, init_info: TCPInitInfo) -> None:
         super().check_init(init_info)
-        if str(self.device) != "cpu":
+        if str(self.device).split(":")[0] not in ("cpu", "cuda"):
             raise PayloadError(
-                f"device: the tcp engine moves CPU tensors only, this worker's device is "
-                f"{self.device!r} (use nccl on CUDA)"
+                f"device: the tcp engine receives into host memory for CPU or CUDA workers, "
+                f"this worker's device is {self.device!r}"
             )
 
     def open_channel(self, init_info: TCPInitInfo) -> Stream:
