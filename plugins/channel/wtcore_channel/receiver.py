@@ -394,7 +394,11 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
             )
             reason = notice.result(_NOTICE_WAIT_S) if notice.wait(_NOTICE_WAIT_S) else None
             if reason is not None and "abandoned" not in str(error):
-                replacement = TransferError(f"the trainer abandoned the round: {reason}")
+                # Both: the sender's reason explains the round, and this rank's own failure
+                # names the peer it saw fail (which may be a relay, not the sender).
+                replacement = TransferError(
+                    f"the trainer abandoned the round: {reason} (on this rank: {error})"
+                )
         if channel is not None:
             channel.release(pending)
         if error.__traceback__ is not None:
