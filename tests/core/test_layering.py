@@ -24,6 +24,8 @@ PROTOCOL = {
     "wtcore.source": "what a trainer sends",
     "wtcore.sink": "what receives it",
     "wtcore.buckets": "the bucket rule, pack, unpack",
+    "wtcore.layout": "each rank's box of a sharded tensor",
+    "wtcore.plan": "which bytes go from which rank to which",
     "wtcore.engine": "the worker engine half",
     "wtcore.trainer": "the trainer engine half",
     "wtcore.worker": "the receiver state machine",

@@ -1,0 +1,203 @@
+"""The sharded plan: every receiver element exactly once, bit-exact, and the same on both ends.
+
+A reference executor cuts each sending rank's part out of a full tensor, runs the plan chunk
+by chunk (each chunk copies a region of the sender's local part into a region of the
+receiver's) and checks every receiver's part against the full tensor (``torch.equal``). The
+bytes a receiver gets are counted against the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from wtcore.errors import PayloadError
+from wtcore.layout import Box, Layout, Replicate, Shard, tp_layout
+from wtcore.meta import ParamMeta
+from wtcore.plan import Chunk, Plan, check_coverage, check_digest, plan_tensor, plan_transfer
+
+
+def _part(full: torch.Tensor, box: Box | None) -> torch.Tensor | None:
+    if box is None:
+        return None
+    return full[tuple(slice(a, b) for a, b in box)]
+
+
+def _execute(
+    full: dict[str, torch.Tensor], plan: Plan, src: dict[str, Layout], dst: dict[str, Layout]
+) -> dict[tuple[str, int], torch.Tensor]:
+    """Run ``plan`` from the senders' parts into fresh receiver parts (filled with NaN/-1)."""
+    held = {
+        (n, r): _part(t, b).clone()  # type: ignore[union-attr]
+        for n, t in full.items()
+        for r, b in enumerate(src[n].boxes)
+        if b is not None
+    }
+    out = {
+        (n, r): torch.full(dst[n].local_shape(r), -1, dtype=t.dtype)
+        for n, t in full.items()
+        for r, b in enumerate(dst[n].boxes)
+        if b is not None
+    }
+    got_bytes: dict[int, int] = {}
+    for c in plan.chunks:
+        region = held[(c.name, c.src)][tuple(slice(a, b) for a, b in c.src_box)]
+        out[(c.name, c.dst)][tuple(slice(a, b) for a, b in c.dst_box)] = region
+        got_bytes[c.dst] = got_bytes.get(c.dst, 0) + region.numel() * region.element_size()
+    for r, n in got_bytes.items():
+        assert n == plan.nbytes(dst=r)  # what moved is what was planned
+    return out
+
+
+def _check(full: dict[str, torch.Tensor], src: dict[str, Layout], dst: dict[str, Layout]) -> Plan:
+    plan = plan_transfer([(ParamMeta.of(n, t), src[n], dst[n]) for n, t in full.items()])
+    out = _execute(full, plan, src, dst)
+    for (n, r), part in out.items():
+        assert torch.equal(part, _part(full[n], dst[n].boxes[r])), (n, r)
+        # each receiver gets exactly its part's bytes, never another receiver's slice
+    for r in range(max(lay.world_size for lay in dst.values())):
+        want = sum(
+            _part(t, dst[n].boxes[r]).nbytes  # type: ignore[union-attr]
+            for n, t in full.items()
+            if r < dst[n].world_size and dst[n].boxes[r] is not None
+        )
+        assert plan.nbytes(dst=r) == want
+    return plan
+
+
+def _full(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.arange(int(torch.tensor(shape).prod())).reshape(shape).to(dtype)
+
+
+@pytest.mark.parametrize(("m", "n"), [(1, 2), (2, 1), (2, 2), (2, 3), (3, 2), (3, 3), (1, 1)])
+@pytest.mark.parametrize(
+    ("send", "recv"),
+    [
+        (Shard(0), Shard(0)),
+        (Shard(0), Shard(1)),
+        (Shard(1), Shard(0)),
+        (Shard(1), Shard(1)),
+        (Shard(0), Replicate()),
+        (Replicate(), Shard(1)),
+        (Replicate(), Replicate()),
+    ],
+)
+def test_m_to_n_is_bit_exact_with_uneven_splits(
+    m: int, n: int, send: Shard | Replicate, recv: Shard | Replicate
+) -> None:
+    full = {"w": _full(7, 5), "b": _full(5, dtype=torch.bfloat16)}
+    src = {
+        k: Layout.placed(t.shape, (m,), (send if t.dim() == 2 else Shard(0),))
+        for k, t in full.items()
+    }
+    dst = {
+        k: Layout.placed(t.shape, (n,), (recv if t.dim() == 2 else Replicate(),))
+        for k, t in full.items()
+    }
+    plan = _check(full, src, dst)
+    # a sender sends only what it holds: never more bytes than its parts, times the receivers
+    for s in range(m):
+        held = sum(_part(t, src[k].boxes[s]).nbytes for k, t in full.items())  # type: ignore[union-attr]
+        assert plan.nbytes(src=s) <= held * n
+
+
+def test_replicated_senders_spread_the_load_over_receivers() -> None:
+    full = {"w": _full(8, 4)}
+    plan = _check(
+        full,
+        {"w": Layout.placed((8, 4), (2,), (Replicate(),))},
+        {"w": Layout.placed((8, 4), (2,), (Shard(0),))},
+    )
+    assert plan.pairs() == [(0, 0), (1, 1)]  # each receiver from its own sender
+
+
+def test_two_dimensional_meshes_and_one_owner_tensors() -> None:
+    full = {"grid": _full(6, 6), "stage": _full(4, 3), "scalar": torch.tensor(3.5)}
+    src = {
+        "grid": Layout.placed((6, 6), (2, 2), (Shard(0), Shard(1))),
+        "stage": Layout.whole((4, 3), owner=3, world_size=4),  # a pipeline rank's tensor
+        "scalar": Layout.whole((), owner=1, world_size=4),
+    }
+    dst = {
+        "grid": tp_layout((6, 6), "row", 3),
+        "stage": tp_layout((4, 3), "column", 3),
+        "scalar": tp_layout((), "replicated", 3),
+    }
+    plan = _check(full, src, dst)
+    assert {c.src for c in plan.chunks if c.name == "stage"} == {3}
+    assert plan.pairs() == sorted(plan.pairs())  # grouped per (sender, receiver) pair
+
+
+def test_whole_tensors_are_the_one_rank_case() -> None:
+    full = {"a": _full(3, 4), "b": _full(2)}
+    one = {k: Layout.whole(t.shape) for k, t in full.items()}
+    plan = _check(full, one, one)
+    assert [(c.name, c.src, c.dst, c.src_box, c.dst_box) for c in plan.chunks] == [
+        ("a", 0, 0, ((0, 3), (0, 4)), ((0, 3), (0, 4))),
+        ("b", 0, 0, ((0, 2),), ((0, 2),)),
+    ]
+
+
+def test_a_gap_is_refused_naming_the_tensor_and_region() -> None:
+    # rank 1 of the senders holds nothing: rows 3-6 of "w" are nobody's
+    src = Layout(shape=(6, 2), boxes=(((0, 3), (0, 2)), None))
+    with pytest.raises(
+        PayloadError,
+        match=r"'w': region \[3:6, 0:2\] of receiving rank 0 is held by no sending rank",
+    ):
+        plan_tensor("w", 4, src, Layout.whole((6, 2)))
+    with pytest.raises(
+        PayloadError,
+        match=r"'w': the senders' layout is of shape \[6, 2\], the receivers' of \[2, 6\]",
+    ):
+        plan_tensor("w", 4, Layout.whole((6, 2)), Layout.whole((2, 6)))
+    meta = ParamMeta("w", torch.float32, (6, 3))
+    with pytest.raises(
+        PayloadError, match=r"'w': metadata of shape \[6, 3\], layout of shape \[6, 2\]"
+    ):
+        plan_transfer([(meta, Layout.whole((6, 2)), Layout.whole((6, 2)))])
+
+
+def test_coverage_is_proved_independently_of_the_planner() -> None:
+    dst = Layout.placed((4, 4), (2,), (Shard(0),))
+    good = plan_tensor("w", 4, Layout.whole((4, 4)), dst)
+    check_coverage("w", good, dst, 4)
+    twice = [*good, dataclasses.replace(good[0], dst_box=((1, 2), (0, 4)), nbytes=16)]
+    with pytest.raises(
+        PayloadError, match=r"'w': region \[1:2, 0:4\] of receiving rank 0 is covered twice"
+    ):
+        check_coverage("w", twice, dst, 4)
+    short = [dataclasses.replace(good[0], dst_box=((0, 1), (0, 4)), nbytes=16), *good[1:]]
+    with pytest.raises(
+        PayloadError,
+        match=r"4 of the 8 elements of receiving rank 0's part \[0:2, 0:4\] are covered by no chunk",
+    ):
+        check_coverage("w", short, dst, 4)
+    outside = [dataclasses.replace(good[0], dst_box=((0, 3), (0, 4)), nbytes=48), *good[1:]]
+    with pytest.raises(
+        PayloadError, match=r"region \[0:3, 0:4\] lies outside receiving rank 0's part"
+    ):
+        check_coverage("w", outside, dst, 4)
+    stray = [*good, Chunk("w", 0, 5, ((0, 1), (0, 1)), ((0, 1), (0, 1)), 4)]
+    with pytest.raises(PayloadError, match="a chunk for receiving rank 5, which needs none"):
+        check_coverage("w", stray, dst, 4)
+
+
+def test_both_ends_agree_on_the_digest_and_a_mismatch_names_both() -> None:
+    metas = [ParamMeta("w", torch.float32, (8, 4))]
+    src = Layout.placed((8, 4), (2,), (Shard(0),))
+    sender = plan_transfer([(metas[0], src, tp_layout((8, 4), "row", 2))])
+    receiver = plan_transfer(
+        [(metas[0], Layout.from_wire(src.to_wire()), tp_layout((8, 4), "row", 2))]
+    )
+    assert sender.digest() == receiver.digest() and sender.digest().startswith("sha256:")
+    check_digest(sender.digest(), receiver.digest(), peer="receiver 1")
+    other = plan_transfer([(metas[0], src, tp_layout((8, 4), "column", 2))])
+    assert other.digest() != sender.digest()
+    with pytest.raises(
+        PayloadError,
+        match=rf"plan digest: receiver 1 planned '{other.digest()}', this side planned '{sender.digest()}'",
+    ):
+        check_digest(sender.digest(), other.digest(), peer="receiver 1")
