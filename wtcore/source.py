@@ -13,13 +13,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from wtcore.errors import MetadataMismatchError
+from wtcore.errors import MetadataMismatchError, PayloadError
+from wtcore.layout import Box, Layout, Replicate, Shard
 from wtcore.meta import ParamMeta, dtype_name, materialize_full_tensor
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ModuleSource", "TensorSource", "WeightSource", "iter_checked"]
+__all__ = [
+    "ModuleSource",
+    "ShardedModuleSource",
+    "ShardedSource",
+    "TensorSource",
+    "WeightSource",
+    "iter_checked",
+]
 
 
 class WeightSource(ABC):
@@ -60,6 +68,73 @@ class ModuleSource(WeightSource):
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, t in self._named():
             yield name, materialize_full_tensor(t.detach())
+
+
+class ShardedSource(WeightSource):
+    """A source each trainer rank iterates for its own part only: no gather, no collective.
+
+    ``metadata()`` still describes the whole model (global shapes); iteration yields this
+    rank's part of each tensor, the box ``layouts()[name].boxes[rank]`` (:mod:`wtcore.layout`).
+    An engine that does not execute sharded plans refuses such a source at ``send_weights``
+    instead of sending a part as if it were the whole tensor.
+    """
+
+    rank: int = 0
+
+    @abstractmethod
+    def layouts(self) -> dict[str, Layout]:
+        """Each tensor's layout over the trainer's ranks (every rank gets the same answer)."""
+
+
+class ShardedModuleSource(ShardedSource):
+    """``module.named_parameters()`` of a sharded module, each rank yielding its local shards.
+
+    A DTensor parameter (FSDP2's ``fully_shard``, TP's ``parallelize_module``) yields
+    ``to_local()`` and never calls ``full_tensor()``; its layout comes from its mesh and
+    placements (``Shard``, ``Replicate``; a ``Partial`` one, which needs a reduction first, is
+    refused). A plain tensor is held whole by every rank. Ranks are the default process
+    group's (the mesh's ranks where a DTensor's mesh is a sub-mesh).
+    """
+
+    def __init__(self, module: torch.nn.Module, *, include_buffers: bool = False) -> None:
+        self._module = ModuleSource(module, include_buffers=include_buffers)
+        import torch.distributed as dist
+
+        initialized = dist.is_available() and dist.is_initialized()
+        self.world_size = dist.get_world_size() if initialized else 1
+        self.rank = dist.get_rank() if initialized else 0
+
+    def metadata(self) -> list[ParamMeta]:
+        return self._module.metadata()
+
+    def layouts(self) -> dict[str, Layout]:
+        return {name: self._layout(name, t) for name, t in self._module._named()}
+
+    def _layout(self, name: str, t: torch.Tensor) -> Layout:
+        shape = tuple(int(d) for d in t.shape)
+        mesh = getattr(t, "device_mesh", None)
+        if mesh is None:  # a plain tensor: every rank holds all of it
+            return Layout.placed(shape, (self.world_size,), (Replicate(),))
+        placements: list[Shard | Replicate] = []
+        for p in t.placements:  # type: ignore[attr-defined]
+            if p.is_shard():
+                placements.append(Shard(int(p.dim)))
+            elif p.is_replicate():
+                placements.append(Replicate())
+            else:
+                raise PayloadError(
+                    f"{name!r}: placement {p} needs a reduction before it can be sent"
+                )
+        on_mesh = Layout.placed(shape, tuple(mesh.mesh.shape), placements)
+        boxes: list[Box | None] = [None] * self.world_size
+        for index, global_rank in enumerate(mesh.mesh.flatten().tolist()):
+            boxes[int(global_rank)] = on_mesh.boxes[index]
+        return Layout(shape, tuple(boxes))
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in self._module._named():
+            local = getattr(t, "to_local", None)
+            yield name, (local() if callable(local) else t).detach()
 
 
 class TensorSource(WeightSource):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from wtcore.errors import PayloadError, ProtocolStateError, WrongTypeError
 from wtcore.registry import ROUND_POLICIES
 from wtcore.rounds import RoundStampingClient
-from wtcore.source import WeightSource, iter_checked
+from wtcore.source import ShardedSource, WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
 if TYPE_CHECKING:
@@ -122,6 +122,10 @@ class TrainerWeightTransferEngine(ABC):
     #: registered or first loaded, so one written for wtcore 0.1 (which had no
     #: :meth:`worker_init_info`) is refused there, not in the middle of a recovery round.
     required_methods: ClassVar[Mapping[str, tuple[str, ...]]] = {"worker_init_info": ("handshake",)}
+    #: Whether :meth:`send_weights` takes a :class:`~wtcore.source.ShardedSource` (each rank
+    #: sending its own part by a :mod:`wtcore.plan`); no engine does yet, and every one refuses
+    #: such a source rather than send a rank's part as if it were the whole tensor.
+    executes_plans: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -209,6 +213,11 @@ class TrainerWeightTransferEngine(ABC):
         src = source if source is not None else self.source
         if src is None:
             raise PayloadError("send_weights: no source given here or at trainer_init")
+        if isinstance(src, ShardedSource) and not self.executes_plans:
+            raise PayloadError(
+                f"send_weights: the {self.init_info.backend} engine does not execute sharded "
+                "plans yet; send a ModuleSource (rank 0 gathers each tensor whole)"
+            )
         stats = TransferStats(weight_version=weight_version, backend=self.init_info.backend)
         t0 = time.perf_counter()
         if not self.init_info.is_sender:

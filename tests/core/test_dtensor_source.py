@@ -114,3 +114,88 @@ def test_layout_boxes_are_the_dtensor_local_shards() -> None:
         assert len(cases) == len(LAYOUT_CASES), rank
         for shape, names, local_shape, equal in cases:
             assert equal, (rank, shape, names, local_shape)
+
+
+def _sharded_rank_main(rank: int, port: int, results: Any) -> None:
+    """ShardedModuleSource on a rank of a 2-rank mesh: local shards only, never a gather."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from wtcore.layout import tp_layout
+    from wtcore.plan import plan_transfer
+    from wtcore.source import ShardedModuleSource
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        full_w = torch.arange(35, dtype=torch.float32).reshape(7, 5)  # uneven: 4 + 3 rows
+        full_v = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        model = torch.nn.Module()
+        model.w = torch.nn.Parameter(distribute_tensor(full_w, mesh, [Shard(0)]))
+        model.v = torch.nn.Parameter(distribute_tensor(full_v, mesh, [Shard(1)]))
+        model.register_buffer("scale", torch.tensor([2.0, 3.0]))
+
+        def no_gather(self: Any) -> Any:
+            raise AssertionError("full_tensor() was called")
+
+        DTensor.full_tensor = no_gather  # type: ignore[method-assign]
+        src = ShardedModuleSource(model, include_buffers=True)
+        metas = src.metadata()
+        layouts = src.layouts()
+        fulls = {"w": full_w, "v": full_v, "scale": torch.tensor([2.0, 3.0])}
+        parts_ok = []
+        for name, t in src:
+            box = layouts[name].boxes[src.rank]
+            assert box is not None
+            parts_ok.append((name, torch.equal(t, fulls[name][tuple(slice(a, b) for a, b in box)])))
+        # M -> 1 (a TP=1 receiver, replicated) and M -> 2 (a TP=2 receiver, row split)
+        one = plan_transfer(
+            [(m, layouts[m.name], tp_layout(m.shape, "replicated", 1)) for m in metas]
+        )
+        two = plan_transfer([(m, layouts[m.name], tp_layout(m.shape, "row", 2)) for m in metas])
+        mine = sum(t.numel() * t.element_size() for _, t in src)
+        results.put(
+            (
+                rank,
+                [(m.name, m.shape) for m in metas],
+                parts_ok,
+                one.digest(),
+                two.digest(),
+                one.nbytes(src=rank),
+                mine,
+                one.nbytes(),
+            )
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_a_sharded_module_source_yields_local_shards_and_plans_alike_on_every_rank() -> None:
+    """Each rank yields its own shards (never full_tensor()), bit-exact against its box; both
+    ranks compute the same plans; into one replicated receiver (M -> 1) each rank sends its
+    shards, and the replicated buffer is sent once in all."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    with (
+        spawned(_sharded_rank_main, 0, port, results),
+        spawned(_sharded_rank_main, 1, port, results),
+    ):
+        got = sorted(results.get(timeout=90) for _ in range(2))
+    (
+        (_, metas0, parts0, one0, two0, sent0, mine0, total),
+        (_, metas1, parts1, one1, two1, sent1, mine1, _),
+    ) = got
+    assert metas0 == metas1 == [("w", (7, 5)), ("v", (3, 4)), ("scale", (2,))]  # global shapes
+    assert all(ok for _, ok in parts0 + parts1), (parts0, parts1)
+    assert one0 == one1 and two0 == two1 and one0 != two0  # the same plans on both ranks
+    # every element once: 35 + 12 + 2 floats into the one receiver
+    assert total == (35 + 12 + 2) * 4 == sent0 + sent1
+    # a rank sends its shards; the buffer, held by both, comes from one of them only
+    shards = {0: (4 * 5 + 3 * 2) * 4, 1: (3 * 5 + 3 * 2) * 4}
+    assert {sent0 - shards[0], sent1 - shards[1]} == {0, 8}
+    assert (mine0, mine1) == (shards[0] + 8, shards[1] + 8)

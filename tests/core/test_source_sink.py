@@ -76,3 +76,39 @@ def test_module_sink_includes_buffers() -> None:
     m.register_buffer("running", torch.zeros(2))
     ModuleSink(m).load_weights([("running", torch.ones(2))])
     assert torch.equal(m.running, torch.ones(2))
+
+
+def test_a_sharded_source_is_refused_by_an_engine_that_does_not_execute_plans() -> None:
+    """Without a process group a ShardedModuleSource is one rank holding everything; still,
+    no engine executes plans yet, and each says so before the round starts (nothing applied)."""
+    from wtcore import WeightSyncWorker, WeightTransferTrainerFactory
+    from wtcore.inproc import InProcessClient
+    from wtcore.layout import Layout
+    from wtcore.inline import InlineTrainerInitInfo
+    from wtcore.source import ShardedModuleSource
+
+    model = torch.nn.Linear(3, 2)
+    src = ShardedModuleSource(model)
+    assert (src.rank, src.world_size) == (0, 1)
+    assert src.layouts() == {
+        "weight": Layout.whole((2, 3)),
+        "bias": Layout.whole((2,)),
+    }
+    assert [(n, t.data_ptr()) for n, t in src] == [
+        (n, p.data_ptr()) for n, p in model.named_parameters()
+    ]
+    target = build_module({n: torch.zeros_like(p) for n, p in model.named_parameters()})
+    worker = WeightSyncWorker("inline", ModuleSink(target))
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        InlineTrainerInitInfo(rank=0), client=InProcessClient(worker)
+    )
+    try:
+        with pytest.raises(PayloadError, match="the inline engine does not execute sharded plans"):
+            trainer.send_weights(src, weight_version="v1")
+        assert worker.weight_info()["weight_version"] is None
+        assert worker.weight_info()["state"] == "idle"
+        trainer.send_weights(ModuleSource(model), weight_version="v1")  # gathering still works
+        assert torch.equal(target.weight, model.weight.detach())
+    finally:
+        trainer.shutdown()
+        worker.shutdown()
