@@ -82,9 +82,9 @@ def test_a_sharded_source_is_refused_by_an_engine_that_does_not_execute_plans() 
     """Without a process group a ShardedModuleSource is one rank holding everything; still,
     no engine executes plans yet, and each says so before the round starts (nothing applied)."""
     from wtcore import WeightSyncWorker, WeightTransferTrainerFactory
+    from wtcore.inline import InlineTrainerInitInfo
     from wtcore.inproc import InProcessClient
     from wtcore.layout import Layout
-    from wtcore.inline import InlineTrainerInitInfo
     from wtcore.source import ShardedModuleSource
 
     model = torch.nn.Linear(3, 2)
