@@ -20,8 +20,11 @@ from wtcore.meta import dtype_name
 if TYPE_CHECKING:
     import torch
 
+    from wtcore.receiver_layout import TPLayout
+
 __all__ = [
     "DirectSink",
+    "LaidOutSink",
     "ModuleSink",
     "ReadableSink",
     "WeightSink",
@@ -64,6 +67,14 @@ class DirectSink(WeightSink, Protocol):
     ) -> torch.Tensor | None: ...
 
 
+@runtime_checkable
+class LaidOutSink(WeightSink, Protocol):
+    """A sink that knows how its receiver is sharded; the worker reports it in
+    ``weight_info()["layout"]`` (``None``: whole replicas)."""
+
+    def receiver_layout(self) -> TPLayout | None: ...
+
+
 def on_device(t: torch.Tensor, device: str) -> bool:
     """Whether ``t`` lives on ``device`` (``"cuda"`` means the current CUDA device)."""
     import torch
@@ -102,12 +113,33 @@ def direct_destination(
 
 
 class ModuleSink:
-    """Copies incoming tensors into a module's parameters (and buffers) by name."""
+    """Copies incoming tensors into a module's parameters (and buffers) by name.
 
-    def __init__(self, module: torch.nn.Module, *, include_buffers: bool = True) -> None:
+    ``layout`` says that the module holds this receiver's TP slices
+    (:class:`~wtcore.receiver_layout.TPLayout`): its parameters have their local shapes, and
+    the receiver reports the layout in ``weight_info()`` so that a trainer can plan to send it
+    only its slices. Without one the module holds whole tensors.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        include_buffers: bool = True,
+        layout: TPLayout | None = None,
+    ) -> None:
+        from wtcore.receiver_layout import TPLayout
+
+        if layout is not None and not isinstance(layout, TPLayout):
+            raise PayloadError(f"layout: expected a TPLayout or None, got {type(layout).__name__}")
         self.module = module
         self.include_buffers = include_buffers
+        self.layout = layout
         self._targets: dict[str, torch.Tensor] = dict(self.named_tensors())
+
+    def receiver_layout(self) -> TPLayout | None:
+        """How this receiver is sharded (``None``: whole replicas); see :class:`LaidOutSink`."""
+        return self.layout
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         yield from self.module.named_parameters()

@@ -58,7 +58,7 @@ from wtcore.rounds import (
     drop_round,
     round_stamp,
 )
-from wtcore.sink import ReadableSink, WeightSink
+from wtcore.sink import LaidOutSink, ReadableSink, WeightSink
 from wtcore.staging import StagingSink
 
 __all__ = [
@@ -640,12 +640,18 @@ class WeightSyncWorker:
             "rank": self.rank,
             "world_size": self.world_size,
             "transactional": self.transactional,
+            # How this receiver is sharded (wtcore.receiver_layout); None: whole replicas.
+            "layout": self._layout_report(),
             # Bytes announced and landed in the open (or last) round, every tensor counted.
             "round_bytes": self._ledger.totals(),
             # Trainers read "delta" (wtcore-delta's rounds): False unless its layer takes them.
             "delta": False,
             **{name: layer.accepts for name, layer in self._layers},
         }
+
+    def _layout_report(self) -> dict[str, Any] | None:
+        layout = self.sink.receiver_layout() if isinstance(self.sink, LaidOutSink) else None
+        return None if layout is None else layout.to_wire()
 
     def reset_weights(self, *, round_id: str | None = None) -> None:
         """Zero every tensor the sink holds, between rounds (vLLM's ``weight_checker`` reset).

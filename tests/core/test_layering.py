@@ -26,6 +26,7 @@ PROTOCOL = {
     "wtcore.buckets": "the bucket rule, pack, unpack",
     "wtcore.layout": "each rank's box of a sharded tensor",
     "wtcore.plan": "which bytes go from which rank to which",
+    "wtcore.receiver_layout": "how a receiver is sharded, as it reports it",
     "wtcore.engine": "the worker engine half",
     "wtcore.trainer": "the trainer engine half",
     "wtcore.worker": "the receiver state machine",

@@ -14,52 +14,23 @@ import pytest
 import torch
 
 from wtcore.errors import PayloadError
-from wtcore.layout import Box, Layout, Replicate, Shard, tp_layout
+from wtcore.layout import Layout, Replicate, Shard, tp_layout
 from wtcore.meta import ParamMeta
 from wtcore.plan import Chunk, Plan, check_coverage, check_digest, plan_tensor, plan_transfer
-
-
-def _part(full: torch.Tensor, box: Box | None) -> torch.Tensor | None:
-    if box is None:
-        return None
-    return full[tuple(slice(a, b) for a, b in box)]
-
-
-def _execute(
-    full: dict[str, torch.Tensor], plan: Plan, src: dict[str, Layout], dst: dict[str, Layout]
-) -> dict[tuple[str, int], torch.Tensor]:
-    """Run ``plan`` from the senders' parts into fresh receiver parts (filled with NaN/-1)."""
-    held = {
-        (n, r): _part(t, b).clone()  # type: ignore[union-attr]
-        for n, t in full.items()
-        for r, b in enumerate(src[n].boxes)
-        if b is not None
-    }
-    out = {
-        (n, r): torch.full(dst[n].local_shape(r), -1, dtype=t.dtype)
-        for n, t in full.items()
-        for r, b in enumerate(dst[n].boxes)
-        if b is not None
-    }
-    got_bytes: dict[int, int] = {}
-    for c in plan.chunks:
-        region = held[(c.name, c.src)][tuple(slice(a, b) for a, b in c.src_box)]
-        out[(c.name, c.dst)][tuple(slice(a, b) for a, b in c.dst_box)] = region
-        got_bytes[c.dst] = got_bytes.get(c.dst, 0) + region.numel() * region.element_size()
-    for r, n in got_bytes.items():
-        assert n == plan.nbytes(dst=r)  # what moved is what was planned
-    return out
+from wtcore.testing.sharded import execute_plan, part
 
 
 def _check(full: dict[str, torch.Tensor], src: dict[str, Layout], dst: dict[str, Layout]) -> Plan:
     plan = plan_transfer([(ParamMeta.of(n, t), src[n], dst[n]) for n, t in full.items()])
-    out = _execute(full, plan, src, dst)
-    for (n, r), part in out.items():
-        assert torch.equal(part, _part(full[n], dst[n].boxes[r])), (n, r)
+    out, got = execute_plan(full, plan, src, dst)
+    for r, n in got.items():
+        assert n == plan.nbytes(dst=r)  # what moved is what was planned
+    for (n, r), got_part in out.items():
+        assert torch.equal(got_part, part(full[n], dst[n].boxes[r])), (n, r)
         # each receiver gets exactly its part's bytes, never another receiver's slice
     for r in range(max(lay.world_size for lay in dst.values())):
         want = sum(
-            _part(t, dst[n].boxes[r]).nbytes  # type: ignore[union-attr]
+            part(t, dst[n].boxes[r]).nbytes  # type: ignore[union-attr]
             for n, t in full.items()
             if r < dst[n].world_size and dst[n].boxes[r] is not None
         )
@@ -99,7 +70,7 @@ def test_m_to_n_is_bit_exact_with_uneven_splits(
     plan = _check(full, src, dst)
     # a sender sends only what it holds: never more bytes than its parts, times the receivers
     for s in range(m):
-        held = sum(_part(t, src[k].boxes[s]).nbytes for k, t in full.items())  # type: ignore[union-attr]
+        held = sum(part(t, src[k].boxes[s]).nbytes for k, t in full.items())  # type: ignore[union-attr]
         assert plan.nbytes(src=s) <= held * n
 
 
