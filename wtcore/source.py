@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "HeldSource",
     "ModuleSource",
     "ShardedModuleSource",
     "ShardedSource",
@@ -98,11 +99,7 @@ class ShardedModuleSource(ShardedSource):
 
     def __init__(self, module: torch.nn.Module, *, include_buffers: bool = False) -> None:
         self._module = ModuleSource(module, include_buffers=include_buffers)
-        import torch.distributed as dist
-
-        initialized = dist.is_available() and dist.is_initialized()
-        self.world_size = dist.get_world_size() if initialized else 1
-        self.rank = dist.get_rank() if initialized else 0
+        self.rank, self.world_size = _group_rank()
 
     def metadata(self) -> list[ParamMeta]:
         return self._module.metadata()
@@ -135,6 +132,86 @@ class ShardedModuleSource(ShardedSource):
         for name, t in self._module._named():
             local = getattr(t, "to_local", None)
             yield name, (local() if callable(local) else t).detach()
+
+
+class HeldSource(ShardedSource):
+    """Pipeline or expert ownership: each rank holds some tensors whole and the rest not at all.
+
+    ``metadata`` describes the whole model, the same on every rank (a model built on the
+    ``meta`` device gives it: ``ModuleSource(meta_model).metadata()``); ``held`` is what this
+    rank holds, by name, as vLLM's ``held_names()``. A name held by several ranks (tied
+    embeddings on the first and last stage) is sent once per receiver, from one of them.
+    :meth:`layouts` learns the other ranks' names with one ``all_gather_object`` over the
+    default process group, so every rank calls it together (it is cached); a name no rank
+    holds is refused there, naming it.
+    """
+
+    def __init__(
+        self,
+        metadata: Sequence[ParamMeta],
+        held: Mapping[str, torch.Tensor] | Sequence[tuple[str, torch.Tensor]],
+    ) -> None:
+        self._metas = list(metadata)
+        by_name = {m.name: m for m in self._metas}
+        if len(by_name) != len(self._metas):
+            raise PayloadError("metadata: a name is listed twice")
+        items = dict(held.items() if isinstance(held, Mapping) else held)
+        for name, t in items.items():
+            meta = by_name.get(name)
+            if meta is None:
+                raise PayloadError(f"held: {name!r} is not in the model's metadata")
+            got = ParamMeta(name, t.dtype, tuple(int(d) for d in t.shape))
+            if got != meta:
+                raise MetadataMismatchError(
+                    f"held: {_describe(got)} does not match its metadata {_describe(meta)}"
+                )
+        self._held = items
+        self.rank, self.world_size = _group_rank()
+        self._layouts: dict[str, Layout] | None = None
+
+    def held_names(self) -> list[str]:
+        """The names this rank holds, in metadata order."""
+        return [m.name for m in self._metas if m.name in self._held]
+
+    def metadata(self) -> list[ParamMeta]:
+        return list(self._metas)
+
+    def layouts(self) -> dict[str, Layout]:
+        if self._layouts is None:
+            names: list[list[str]] = [self.held_names()]
+            if self.world_size > 1:
+                import torch.distributed as dist
+
+                names = [[] for _ in range(self.world_size)]
+                dist.all_gather_object(names, self.held_names())
+            holders = [set(n) for n in names]
+            orphans = [m.name for m in self._metas if not any(m.name in h for h in holders)]
+            if orphans:
+                shown = ", ".join(repr(n) for n in orphans[:5])
+                raise PayloadError(
+                    f"held by no trainer rank: {shown}{', ...' if len(orphans) > 5 else ''} "
+                    f"({len(orphans)} of {len(self._metas)} tensors)"
+                )
+            out: dict[str, Layout] = {}
+            for m in self._metas:
+                full = tuple((0, int(d)) for d in m.shape)
+                boxes = tuple(full if m.name in h else None for h in holders)
+                out[m.name] = Layout(tuple(int(d) for d in m.shape), boxes)
+            self._layouts = out
+        return dict(self._layouts)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.held_names():
+            yield name, self._held[name].detach()
+
+
+def _group_rank() -> tuple[int, int]:
+    """This process's rank and the size of the default process group (0 and 1 without one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 class TensorSource(WeightSource):
