@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise, product
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError
 from wtcore.layout import Box, Layout, volume
@@ -35,7 +35,20 @@ from wtcore.layout import Box, Layout, volume
 if TYPE_CHECKING:
     from wtcore.meta import ParamMeta
 
-__all__ = ["Chunk", "Plan", "check_coverage", "check_digest", "plan_tensor", "plan_transfer"]
+__all__ = [
+    "MAX_CHUNKS",
+    "Chunk",
+    "Plan",
+    "PlannedRound",
+    "check_coverage",
+    "check_digest",
+    "plan_tensor",
+    "plan_transfer",
+]
+
+#: The most chunks one round's plan may have: layouts from a peer with many box boundaries
+#: cannot make a receiver spend unbounded time and memory planning.
+MAX_CHUNKS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -65,9 +78,11 @@ def _inside(cell: Box, box: Box) -> bool:
     return all(o <= a and b <= e for (a, b), (o, e) in zip(cell, box, strict=True))
 
 
-def plan_tensor(name: str, itemsize: int, src: Layout, dst: Layout) -> list[Chunk]:
-    """The chunks of one tensor; ``PayloadError`` if the shapes differ or a needed region is
-    held by no sender."""
+def plan_tensor(
+    name: str, itemsize: int, src: Layout, dst: Layout, *, limit: int = MAX_CHUNKS
+) -> list[Chunk]:
+    """The chunks of one tensor; ``PayloadError`` if the shapes differ, a needed region is
+    held by no sender, or one receiver's part would be cut into more than ``limit`` chunks."""
     if src.shape != dst.shape:
         raise PayloadError(
             f"{name!r}: the senders' layout is of shape {list(src.shape)}, the receivers' of "
@@ -80,7 +95,25 @@ def plan_tensor(name: str, itemsize: int, src: Layout, dst: Layout) -> list[Chun
             if box is not None:
                 points.update(box[d])
         cuts.append(sorted(points))
-    chunks: list[Chunk] = []
+    # Which senders hold each interval between cuts, per dimension, as a bit mask: a cell's
+    # holders are the AND of its intervals' masks (no scan over every sender per cell).
+    # Each sender toggles its bit where its box starts and ends; a running XOR gives the mask
+    # of every interval in one pass (linear in senders and cuts, whatever peers send).
+    held_by: list[dict[tuple[int, int], int]] = []
+    for d, c in enumerate(cuts):
+        toggles: dict[int, int] = {}
+        for s, box in enumerate(src.boxes):
+            if box is not None and box[d][0] < box[d][1]:
+                toggles[box[d][0]] = toggles.get(box[d][0], 0) ^ (1 << s)
+                toggles[box[d][1]] = toggles.get(box[d][1], 0) ^ (1 << s)
+        masks, running = {}, 0
+        for a, b in pairwise(c):
+            running ^= toggles.get(a, 0)
+            masks[(a, b)] = running
+        held_by.append(masks)
+    everyone = sum(1 << s for s, box in enumerate(src.boxes) if box is not None)
+    wanted: list[tuple[int, Box, list[list[tuple[int, int]]]]] = []
+    cells = 0
     for r, need in enumerate(dst.boxes):
         if need is None or volume(need) == 0:
             continue
@@ -88,16 +121,29 @@ def plan_tensor(name: str, itemsize: int, src: Layout, dst: Layout) -> list[Chun
             [(a, b) for a, b in pairwise(c) if lo <= a and b <= hi]
             for c, (lo, hi) in zip(cuts, need, strict=True)
         ]
+        n = 1
+        for span in spans:
+            n *= len(span)
+        cells += n
+        if cells > limit:  # counted before any cell is built
+            raise PayloadError(
+                f"{name!r}: the layouts cut this tensor into more than {limit} chunks"
+            )
+        wanted.append((r, need, spans))
+    chunks: list[Chunk] = []
+    for r, need, spans in wanted:
         for cell in product(*spans):
-            holders = [
-                s for s, box in enumerate(src.boxes) if box is not None and _inside(cell, box)
-            ]
-            if not holders:
+            mask = everyone
+            for d, span in enumerate(cell):
+                mask &= held_by[d][span]
+            if not mask:
                 raise PayloadError(
                     f"{name!r}: region {_box_str(cell)} of receiving rank {r} is held by no "
                     "sending rank (a gap in the senders' layout)"
                 )
-            s = holders[r % len(holders)]
+            for _ in range(r % mask.bit_count()):  # holder number r mod count, lowest first
+                mask &= mask - 1
+            s = (mask & -mask).bit_length() - 1
             held = src.boxes[s]
             assert held is not None
             chunks.append(
@@ -123,7 +169,7 @@ def check_coverage(name: str, chunks: Sequence[Chunk], dst: Layout, itemsize: in
             continue
         local = tuple((0, b - a) for a, b in need)
         got = mine.get(r, [])
-        for i, c in enumerate(got):
+        for c in got:
             if not _inside(c.dst_box, local):
                 raise PayloadError(
                     f"{name!r}: region {_box_str(c.dst_box)} lies outside receiving rank {r}'s "
@@ -133,7 +179,13 @@ def check_coverage(name: str, chunks: Sequence[Chunk], dst: Layout, itemsize: in
                 raise PayloadError(
                     f"{name!r}: a chunk of {c.nbytes} bytes for region {_box_str(c.dst_box)}"
                 )
-            for other in got[:i]:
+        # Pairwise disjoint, by a sweep along the first dimension: a chunk is compared only
+        # with those still open where it starts (one band of a grid, not all of them).
+        active: list[Chunk] = []
+        for c in sorted(got, key=lambda c: c.dst_box[0] if c.dst_box else (0, 0)):
+            start = c.dst_box[0][0] if c.dst_box else 0
+            active = [o for o in active if not o.dst_box or o.dst_box[0][1] > start]
+            for other in active:
                 both = tuple(
                     (max(a, x), min(b, y))
                     for (a, b), (x, y) in zip(c.dst_box, other.dst_box, strict=True)
@@ -142,6 +194,7 @@ def check_coverage(name: str, chunks: Sequence[Chunk], dst: Layout, itemsize: in
                     raise PayloadError(
                         f"{name!r}: region {_box_str(both)} of receiving rank {r} is covered twice"
                     )
+            active.append(c)
         covered = sum(volume(c.dst_box) for c in got)
         if covered != volume(need):
             raise PayloadError(
@@ -182,13 +235,17 @@ class Plan:
 def plan_transfer(tensors: Sequence[tuple[ParamMeta, Layout, Layout]]) -> Plan:
     """The plan of a round: each tensor's metadata, the senders' layout, the receivers'."""
     per_tensor: list[list[Chunk]] = []
+    left = MAX_CHUNKS
     for meta, src, dst in tensors:
         if tuple(meta.shape) != src.shape:
             raise PayloadError(
                 f"{meta.name!r}: metadata of shape {list(meta.shape)}, layout of shape "
                 f"{list(src.shape)}"
             )
-        per_tensor.append(plan_tensor(meta.name, meta.dtype.itemsize, src, dst))
+        per_tensor.append(plan_tensor(meta.name, meta.dtype.itemsize, src, dst, limit=left))
+        left -= len(per_tensor[-1])
+        if left < 0:
+            raise PayloadError(f"the layouts cut this round into more than {MAX_CHUNKS} chunks")
     ranked = [
         (c.src, c.dst, t, i, c) for t, chunks in enumerate(per_tensor) for i, c in enumerate(chunks)
     ]
@@ -203,3 +260,74 @@ def check_digest(ours: str, theirs: object, *, peer: str) -> None:
             f"plan digest: {peer} planned {theirs!r:.80}, this side planned {ours!r}; the two "
             "ends disagree on the layouts (refused before any byte moved)"
         )
+
+
+@dataclass(frozen=True)
+class PlannedRound:
+    """A round's plan with everything a receiver needs to recompute it.
+
+    The trainer sends :meth:`to_wire` once per round; a receiver decodes it with
+    :meth:`from_wire`, which checks every field, plans again from the layouts and refuses a
+    plan whose digest differs from the trainer's, so both ends move exactly the same chunks.
+    ``senders`` and ``receivers`` hold one layout per tensor, in ``metas`` order.
+    """
+
+    metas: tuple[ParamMeta, ...]
+    senders: tuple[Layout, ...]
+    receivers: tuple[Layout, ...]
+    plan: Plan
+
+    @classmethod
+    def make(
+        cls,
+        metas: Sequence[ParamMeta],
+        senders: Mapping[str, Layout],
+        receivers: Mapping[str, Layout],
+    ) -> PlannedRound:
+        src = tuple(senders[m.name] for m in metas)
+        dst = tuple(receivers[m.name] for m in metas)
+        plan = plan_transfer(list(zip(metas, src, dst, strict=True)))
+        return cls(tuple(metas), src, dst, plan)
+
+    def to_wire(self) -> dict[str, Any]:
+        from wtcore.meta import metas_to_wire
+
+        return {
+            **metas_to_wire(self.metas),
+            "senders": [lay.to_wire() for lay in self.senders],
+            "receivers": [lay.to_wire() for lay in self.receivers],
+            "digest": self.plan.digest(),
+        }
+
+    @classmethod
+    def from_wire(cls, data: object, *, field: str = "plan") -> PlannedRound:
+        """Decode, check and plan again; errors name ``field``, a digest mismatch both."""
+        from wtcore.meta import metas_from_wire
+
+        if not isinstance(data, Mapping):
+            raise PayloadError(f"{field}: expected an object, got {type(data).__name__}")
+        keys = {"names", "dtype_names", "shapes", "senders", "receivers", "digest"}
+        if set(data) != keys:
+            odd = sorted(set(data) ^ keys)
+            raise PayloadError(f"{field}: missing or unknown field {odd[0]!r:.40}")
+        try:
+            metas = metas_from_wire(data["names"], data["dtype_names"], data["shapes"])
+        except PayloadError as e:
+            raise PayloadError(f"{field}.{e}") from e
+        sides: list[tuple[Layout, ...]] = []
+        for side in ("senders", "receivers"):
+            wire = data[side]
+            if not isinstance(wire, list) or len(wire) != len(metas):
+                raise PayloadError(f"{field}.{side}: expected one layout per tensor")
+            sides.append(
+                tuple(Layout.from_wire(w, field=f"{field}.{side}[{i}]") for i, w in enumerate(wire))
+            )
+        senders, receivers = sides
+        for i, (m, s, d) in enumerate(zip(metas, senders, receivers, strict=True)):
+            if s.shape != tuple(m.shape) or d.shape != tuple(m.shape):
+                raise PayloadError(
+                    f"{field}: the layouts of {m.name!r} (tensor {i}) are not of its shape"
+                )
+        plan = plan_transfer(list(zip(metas, senders, receivers, strict=True)))
+        check_digest(plan.digest(), data["digest"], peer="the trainer")
+        return cls(tuple(metas), senders, receivers, plan)

@@ -172,3 +172,79 @@ def test_both_ends_agree_on_the_digest_and_a_mismatch_names_both() -> None:
         match=rf"plan digest: receiver 1 planned '{other.digest()}', this side planned '{sender.digest()}'",
     ):
         check_digest(sender.digest(), other.digest(), peer="receiver 1")
+
+
+def _round() -> tuple[list[ParamMeta], dict[str, Layout], dict[str, Layout]]:
+    full = {"a": _full(7, 5), "b": _full(4, 3, dtype=torch.bfloat16), "c": _full(6)}
+    metas = [ParamMeta.of(n, t) for n, t in full.items()]
+    src = {n: Layout.placed(t.shape, (2,), (Shard(0),)) for n, t in full.items()}
+    dst = {n: tp_layout(t.shape, "row", 3) for n, t in full.items()}
+    return metas, src, dst
+
+
+def test_a_planned_round_travels_and_the_receiver_plans_the_same() -> None:
+    import json
+
+    from wtcore.plan import PlannedRound
+
+    metas, src, dst = _round()
+    sent = PlannedRound.make(metas, src, dst)
+    got = PlannedRound.from_wire(json.loads(json.dumps(sent.to_wire())))
+    assert got == sent
+    assert got.plan.digest() == sent.plan.digest()
+
+
+def _forged(key: str, value: object) -> dict[str, object]:
+    from wtcore.plan import PlannedRound
+
+    wire = PlannedRound.make(*_round()).to_wire()
+    if value is _DROP:
+        del wire[key]
+    else:
+        wire[key] = value
+    return wire
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("digest", "sha256:" + "0" * 64, r"plan digest: the trainer planned 'sha256:0+'"),
+        ("digest", _DROP, r"plan: missing or unknown field 'digest'"),
+        ("extra", 1, r"plan: missing or unknown field 'extra'"),
+        ("names", ["a", "b"], r"plan\.names, dtype_names and shapes must have the same length"),
+        ("senders", [], r"plan\.senders: expected one layout per tensor"),
+        ("receivers", "x", r"plan\.receivers: expected one layout per tensor"),
+        ("senders", [{"shape": [7, 5], "boxes": []}] * 3, r"plan\.senders\[0\]\.boxes"),
+        (
+            "senders",
+            [{"shape": [7, 6], "boxes": [[[0, 7], [0, 6]]]}] * 3,
+            r"plan: the layouts of 'a' \(tensor 0\) are not of its shape",
+        ),
+        (
+            "receivers",
+            [{"shape": [7, 5], "boxes": [[[0, 9], [0, 5]]]}] * 3,
+            r"plan\.receivers\[0\]\.boxes\[0\]\[0\]",
+        ),
+    ],
+)
+def test_a_forged_planned_round_is_refused_naming_the_field(
+    key: str, value: object, match: str
+) -> None:
+    from wtcore.plan import PlannedRound
+
+    with pytest.raises(PayloadError, match=match):
+        PlannedRound.from_wire(_forged(key, value))
+
+
+def test_layouts_that_cut_a_tensor_into_too_many_chunks_are_refused() -> None:
+    # 2000 senders of one row each into 2000 receivers of one column each: 4 million cells
+    n = 2000
+    src = Layout((n, n), tuple(((i, i + 1), (0, n)) for i in range(n)))
+    dst = Layout((n, n), tuple(((0, n), (i, i + 1)) for i in range(n)))
+    with pytest.raises(PayloadError, match="'w': the layouts cut this tensor into more than"):
+        plan_tensor("w", 4, src, dst)
+    with pytest.raises(PayloadError, match="more than 10 chunks"):
+        plan_tensor("w", 4, *(Layout.placed((8, 8), (4, 4), (Shard(0), Shard(1))),) * 2, limit=10)
