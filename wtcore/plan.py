@@ -134,8 +134,8 @@ def plan_tensor(
     for r, need, spans in wanted:
         for cell in product(*spans):
             mask = everyone
-            for d, span in enumerate(cell):
-                mask &= held_by[d][span]
+            for d, interval in enumerate(cell):
+                mask &= held_by[d][interval]
             if not mask:
                 raise PayloadError(
                     f"{name!r}: region {_box_str(cell)} of receiving rank {r} is held by no "
