@@ -29,6 +29,11 @@ PROCESSES: dict[str, bool] = {
     "core/test_cli_errors.py::test_console_script_unknown_backend_is_one_line": True,
     "core/test_dtensor_source.py": True,  # two spawned ranks, a gloo process group
     "core/test_gpu_check.py": True,  # scripts/gpu-check.sh
+    "core/test_held_source.py::test_pipeline_stages_plan_alike_and_send_only_what_they_hold": True,
+    "core/test_receiver_layout.py::test_trainer_plans_from_reports_read_over_http_and_each_receiver_gets_only_its_slices": True,
+    "core/test_sharded_inline.py::test_each_rank_sends_its_part_and_each_receiver_gets_its_slice": True,
+    "core/test_sharded_doc.py": True,  # two trainer processes, HTTP receivers
+    "core/test_sharded_inline.py::test_a_round_a_trainer_rank_cuts_short_is_never_published": True,
     "core/test_lazy_import.py": True,  # a fresh interpreter
     "core/test_pipes.py": True,  # pipe_fleet: worker child processes
     "core/test_procs.py": True,  # stop_processes on real children

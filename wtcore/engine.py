@@ -5,11 +5,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from wtcore.errors import PayloadError, WrongTypeError
 from wtcore.parse import parse_dataclass
 from wtcore.sink import WeightSink
+
+if TYPE_CHECKING:
+    from wtcore.receiver_layout import TPLayout
 
 __all__ = ["WeightTransferConfig", "WeightTransferEngine"]
 
@@ -55,6 +58,10 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
 
     init_info_cls: ClassVar[type]
     update_info_cls: ClassVar[type]
+    #: How this receiver is sharded (what its sink reports; ``None``: whole replicas). The
+    #: worker sets it, so an engine that executes plans can refuse a round planned for
+    #: another layout (:mod:`wtcore.receiver_layout`).
+    receiver_layout: TPLayout | None = None
 
     def __init__(
         self,

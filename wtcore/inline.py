@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,11 +30,18 @@ from wtcore.bucketed import (
 )
 from wtcore.buckets import plan_round, unpack_bucket
 from wtcore.errors import PayloadError
+from wtcore.pairs import PairAssembler
+from wtcore.parse import parse_dataclass
+from wtcore.plan import PlannedRound
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
+    from wtcore.meta import ParamMeta
+    from wtcore.plan import Chunk
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
 
 __all__ = [
     "InlineInitInfo",
@@ -91,18 +99,120 @@ class InlineUpdateInfo(BucketUpdateInfo):
     data: str
 
 
+@dataclass
+class InlinePlanInfo:
+    """A sharded round's plan (:class:`wtcore.plan.PlannedRound` on the wire), sent first."""
+
+    plan: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self.assembler: PairAssembler | None = None
+        #: This receiver's parts, for the worker's byte ledger.
+        self.metas: list[ParamMeta] = []
+
+
+@dataclass
+class InlinePairsInfo:
+    """A sharded round's buckets for this receiver: ``{"src", "bucket", "data"}`` each."""
+
+    buckets: list[Any]
+
+
 class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo]):
-    """Decodes each bucket from the payload and loads it into the sink."""
+    """Decodes each bucket from the payload and loads it into the sink.
+
+    A sharded round (:mod:`wtcore.sharded_round`) sends the plan first, then buckets of the
+    pairs this receiver is in, possibly none per update; each is assembled into this
+    receiver's parts (:class:`~wtcore.pairs.PairAssembler`), and the finish is refused unless
+    every planned byte landed.
+    """
 
     init_info_cls = InlineInitInfo
     update_info_cls = InlineUpdateInfo
     renamed_init_fields: ClassVar[dict[str, str]] = {
         "buffer_size_bytes": "packed_buffer_size_bytes"
     }
+    _assembler: PairAssembler | None = None
 
-    def receive_weights(self, update_info: InlineUpdateInfo) -> None:
+    def parse_update_info(self, data: Mapping[str, Any]) -> Any:
+        if isinstance(data, Mapping) and "plan" in data:
+            info = parse_dataclass(InlinePlanInfo, data, what="update_info")
+            info.assembler = self._assemble(info.plan)
+            info.metas = info.assembler.metas
+            return info
+        if isinstance(data, Mapping) and "buckets" in data:
+            return parse_dataclass(InlinePairsInfo, data, what="update_info")
+        return super().parse_update_info(data)
+
+    def _assemble(self, wire: Mapping[str, Any]) -> PairAssembler:
+        """The plan, re-planned and checked, and this receiver's boxes checked against what it
+        holds: a round planned for another layout is refused before a byte is applied."""
+        planned = PlannedRound.from_wire(wire, field="update_info.plan")
+        mine = self.receiver_layout
+        for i, (meta, lay) in enumerate(zip(planned.metas, planned.receivers, strict=True)):
+            if lay.world_size != self.world_size:
+                raise PayloadError(
+                    f"update_info.plan.receivers[{i}]: planned for {lay.world_size} receivers, "
+                    f"this one is rank {self.rank} of {self.world_size}"
+                )
+            want = (
+                tuple((0, d) for d in meta.shape)
+                if mine is None
+                else mine.box(meta.name, meta.shape)
+            )
+            if lay.boxes[self.rank] != want:
+                raise PayloadError(
+                    f"update_info.plan.receivers[{i}]: {meta.name!r} was planned as "
+                    f"{lay.boxes[self.rank]} for receiver {self.rank}, which holds {want}"
+                )
+        return PairAssembler(
+            planned, self.rank, self.settings.packed_buffer_size_bytes, self.sink, self.device
+        )
+
+    def start_weight_update(self) -> None:
+        self._assembler = None
+
+    def abort(self) -> None:
+        self._assembler = None
+
+    def finish_weight_update(self) -> None:
+        assembler, self._assembler = self._assembler, None
+        if assembler is not None:
+            assembler.check_complete()
+
+    def _receive_pairs(self, update_info: InlinePairsInfo) -> None:
         import torch
 
+        if self._assembler is None:
+            raise PayloadError("update_info.buckets: no plan was sent in this round")
+        items = []
+        for i, b in enumerate(update_info.buckets):
+            where = f"update_info.buckets[{i}]"
+            if not isinstance(b, dict) or set(b) != {"src", "bucket", "data"}:
+                raise PayloadError(f"{where}: expected an object of src, bucket and data")
+            if not all(_is_int(b[k]) for k in ("src", "bucket")) or not isinstance(b["data"], str):
+                raise PayloadError(f"{where}: src and bucket must be integers, data a string")
+            raw = _decode(b["data"], f"{where}.data")
+            data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else _empty_bytes()
+            items.append((b["src"], b["bucket"], data))
+        self._assembler.take(items)
+
+    def receive_weights(self, update_info: Any) -> None:
+        import torch
+
+        if isinstance(update_info, InlinePlanInfo):
+            if self._assembler is not None:
+                raise PayloadError("update_info.plan: this round already has its plan")
+            self._assembler = update_info.assembler
+            return
+        if isinstance(update_info, InlinePairsInfo):
+            self._receive_pairs(update_info)
+            return
+        if self._assembler is not None:
+            raise PayloadError(
+                "update_info: this round is sharded (its plan was sent); whole-tensor updates "
+                "are refused in it"
+            )
         init = self.settings
         buckets = plan_round(
             update_info.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
@@ -113,10 +223,7 @@ class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo])
                 f"advertised at init is {init.packed_buffer_size_bytes} bytes"
             )
         expected = buckets[0].nbytes if buckets else 0
-        try:
-            raw = base64.b64decode(update_info.data.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError) as e:
-            raise PayloadError(f"update_info.data: not valid base64 ({e})") from e
+        raw = _decode(update_info.data, "update_info.data")
         if len(raw) != expected:
             raise PayloadError(
                 f"update_info.data: expected {expected} bytes for the listed tensors, "
@@ -132,6 +239,23 @@ class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo])
         self.sink.load_weights(list(unpack_bucket(buckets[0], buf)))
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _decode(data: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(data.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as e:
+        raise PayloadError(f"{field}: not valid base64 ({e})") from e
+
+
+def _empty_bytes() -> torch.Tensor:
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8)
+
+
 class InlineTrainerEngine(BucketedTrainerEngine):
     """Encodes each packed bucket into its ``update_weights`` payload."""
 
@@ -142,6 +266,74 @@ class InlineTrainerEngine(BucketedTrainerEngine):
             "packed_buffer_size_bytes": self.info.packed_buffer_size_bytes,
             "packed": self.info.packed,
         }
+
+    executes_plans: ClassVar[bool] = True
+
+    def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
+        """Relay every rank's buckets through rank 0, one bucket per receiver per update.
+
+        The inline engine's data is the control plane's, and only rank 0 makes the calls, so
+        each step gathers to rank 0 the bucket each receiver gets next (packed by the rank
+        that holds it), and rank 0 sends them as one rank-indexed update: a receiver never
+        sees another's slice, and no rank holds more than a step's buckets. The reference
+        for engines that move the same pairs over a data plane of their own.
+        """
+        from wtcore.pairs import pair_buckets
+        from wtcore.sharded_round import agree, gather
+
+        rank, size = self.init_info.rank, self.info.packed_buffer_size_bytes
+        receivers = planned.receivers[0].world_size if planned.receivers else 0
+        queues: list[list[tuple[int, int, Any]]] = [[] for _ in range(receivers)]
+        for s, d in planned.plan.pairs():
+            for k, (bucket, chunks) in enumerate(pair_buckets(planned, s, d, size)):
+                queues[d].append((s, k, (bucket, chunks)))
+        local = dict(source)
+        stats.bytes_sent = 0
+        staging = self.staging(max((b.nbytes for q in queues for _, _, (b, _) in q), default=0))
+        for step in range(max((len(q) for q in queues), default=0)):
+            mine: dict[int, dict[str, Any]] = {}
+            error: BaseException | None = None
+            try:
+                with stats.phase("pack"):
+                    for d, q in enumerate(queues):
+                        if step < len(q) and q[step][0] == rank:
+                            s, k, (bucket, chunks) = q[step]
+                            mine[d] = self.pack_step(s, k, bucket, chunks, local, staging[0])
+                            stats.num_buckets += 1
+                            stats.bytes_sent += bucket.payload_nbytes
+            except BaseException as e:
+                error = e
+            agree(error, f"packing step {step}")
+            got = gather(mine)
+            error = None
+            if rank == 0:
+                assert self.client is not None
+                entries: list[dict[str, Any]] = [{"buckets": []} for _ in range(receivers)]
+                for part in got:
+                    for d, item in part.items():
+                        entries[d]["buckets"].append(item)
+                try:
+                    with stats.phase("wire"):
+                        self.client.update_weights(entries)
+                except BaseException as e:
+                    error = e
+            agree(error, f"sending step {step}")
+
+    def pack_step(
+        self,
+        src: int,
+        index: int,
+        bucket: Bucket,
+        chunks: list[Chunk],
+        local: Mapping[str, torch.Tensor],
+        out: torch.Tensor,
+    ) -> dict[str, Any]:
+        """One bucket of pair (``src``, receiver) as its entry of an update."""
+        from wtcore.pairs import pack_pair
+
+        filled = pack_pair(bucket, chunks, local, out)
+        data = base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]
+        return {"src": src, "bucket": index, "data": data}
 
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
         # The payload is a copy, so the slot is free again as soon as this returns.

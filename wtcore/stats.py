@@ -36,6 +36,9 @@ class TransferStats:
     #: With ``verify=True``: the bytes each receiver counted as landed this round (every
     #: announced tensor's, checked against its plan before it publishes: ``wtcore.ledger``).
     bytes_landed: list[int] | None = None
+    #: With a sharded source (``wtcore.sharded_round``): the payload bytes this trainer rank
+    #: packed and sent, its planned chunks' (``num_bytes`` is what the plan gives it).
+    bytes_sent: int | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -17,6 +17,7 @@ from wtcore.stats import TransferStats
 
 if TYPE_CHECKING:
     from wtcore.client import WeightSyncClient
+    from wtcore.plan import PlannedRound
 
 __all__ = ["RoundPolicy", "TrainerInitInfo", "TrainerWeightTransferEngine"]
 
@@ -213,13 +214,18 @@ class TrainerWeightTransferEngine(ABC):
         src = source if source is not None else self.source
         if src is None:
             raise PayloadError("send_weights: no source given here or at trainer_init")
-        if isinstance(src, ShardedSource) and not self.executes_plans:
-            raise PayloadError(
-                f"send_weights: the {self.init_info.backend} engine does not execute sharded "
-                "plans yet; send a ModuleSource (rank 0 gathers each tensor whole)"
-            )
+        sharded = isinstance(src, ShardedSource)
+        if sharded:
+            self._check_sharded(verify)
         stats = TransferStats(weight_version=weight_version, backend=self.init_info.backend)
         t0 = time.perf_counter()
+        if sharded and not self.init_info.is_sender:
+            from wtcore.sharded_round import run_sharded_round
+
+            assert isinstance(src, ShardedSource)
+            run_sharded_round(self, src, stats, weight_version)
+            stats.seconds = time.perf_counter() - t0
+            return stats
         if not self.init_info.is_sender:
             with stats.phase("materialize"):
                 for meta, _ in iter_checked(src):
@@ -244,17 +250,12 @@ class TrainerWeightTransferEngine(ABC):
                 with stats.phase("control"):
                     self.handshake()
                 self.needs_handshake = False
-            sent = self.rounds.source(src, self.client, stats)
-            try:
-                self._send(sent, stats)
-            except BaseException as e:
-                again = self.rounds.resend(e)
-                if again is None:
-                    raise
-                self._abort_round(e)
-                with stats.phase("control"):
-                    self.handshake()
-                self._send(again, stats)
+            if isinstance(src, ShardedSource):
+                from wtcore.sharded_round import run_sharded_round
+
+                run_sharded_round(self, src, stats, weight_version)
+            else:
+                self._send_round(src, stats)
             self.rounds.committed(stats)
             if verify:
                 stats.bytes_landed = getattr(self.client, "landed", None)
@@ -273,6 +274,44 @@ class TrainerWeightTransferEngine(ABC):
         stats.seconds = time.perf_counter() - t0
         notify("wtcore_update_finished", engine=self, stats=stats)
         return stats
+
+    def _send_round(self, source: WeightSource, stats: TransferStats) -> None:
+        """Sender only: the round policy's source through :meth:`_send`, resent once if the
+        policy says so (a delta round a receiver refused goes again in full)."""
+        try:
+            self._send(self.rounds.source(source, self.client, stats), stats)
+        except BaseException as e:
+            again = self.rounds.resend(e)
+            if again is None:
+                raise
+            self._abort_round(e)
+            with stats.phase("control"):
+                self.handshake()
+            self._send(again, stats)
+
+    def _check_sharded(self, verify: bool) -> None:
+        """Refuse, saying why, what a sharded round cannot do yet (before anything moves)."""
+        backend = self.init_info.backend
+        if not self.executes_plans:
+            raise PayloadError(
+                f"send_weights: the {backend} engine does not execute sharded plans yet; send "
+                "a ModuleSource (rank 0 gathers each tensor whole)"
+            )
+        if verify:
+            raise PayloadError("verify: not supported for a sharded source yet (send it False)")
+        if self.init_info.delta:
+            raise PayloadError(
+                f"delta: not supported for a sharded source yet (the {backend} engine was "
+                f"initialized with delta={self.init_info.delta!r})"
+            )
+
+    def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
+        """Every rank: send this rank's pairs of ``planned`` (engines with ``executes_plans``).
+
+        Called by :func:`wtcore.sharded_round.run_sharded_round` on every trainer rank at
+        once, after rank 0 has opened the round and sent the plan; rank 0 finishes it after.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not execute sharded plans")
 
     def _abort_round(self, error: BaseException) -> None:
         """Best effort, bounded by the client's timeout: end this round on every receiver.

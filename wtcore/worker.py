@@ -173,6 +173,9 @@ class WeightSyncWorker:
         self.engine: WeightTransferEngine[Any, Any] = WeightTransferEngineFactory.create_engine(
             self.config, sink=engine_sink, device=device, rank=rank, world_size=world_size
         )
+        self.engine.receiver_layout = (
+            sink.receiver_layout() if isinstance(sink, LaidOutSink) else None
+        )
         self._state = WorkerState.UNINITIALIZED
         self._busy: str | None = None
         # One lock guards every field below; the condition wakes an init waiting for a call
@@ -650,7 +653,7 @@ class WeightSyncWorker:
         }
 
     def _layout_report(self) -> dict[str, Any] | None:
-        layout = self.sink.receiver_layout() if isinstance(self.sink, LaidOutSink) else None
+        layout = self.engine.receiver_layout
         return None if layout is None else layout.to_wire()
 
     def reset_weights(self, *, round_id: str | None = None) -> None:

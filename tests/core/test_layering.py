@@ -27,6 +27,7 @@ PROTOCOL = {
     "wtcore.layout": "each rank's box of a sharded tensor",
     "wtcore.plan": "which bytes go from which rank to which",
     "wtcore.receiver_layout": "how a receiver is sharded, as it reports it",
+    "wtcore.sharded_round": "one sharded round over many trainer ranks",
     "wtcore.engine": "the worker engine half",
     "wtcore.trainer": "the trainer engine half",
     "wtcore.worker": "the receiver state machine",
@@ -51,6 +52,7 @@ KIT = {
     "wtcore.bucketed": "what every bucket engine shares",
     "wtcore.concurrency": "a blocking call with a timeout",
     "wtcore.fanout": "the one fan-out",
+    "wtcore.pairs": "a plan's pairs as buckets, packed and assembled",
     "wtcore._moved": "keeping a moved module's old path for one release",
     "wtcore.synthetic": "synthetic models",
 }

@@ -79,13 +79,17 @@ def test_module_sink_includes_buffers() -> None:
 
 
 def test_a_sharded_source_is_refused_by_an_engine_that_does_not_execute_plans() -> None:
-    """Without a process group a ShardedModuleSource is one rank holding everything; still,
-    no engine executes plans yet, and each says so before the round starts (nothing applied)."""
-    from wtcore import WeightSyncWorker, WeightTransferTrainerFactory
-    from wtcore.inline import InlineTrainerInitInfo
+    """Without a process group a ShardedModuleSource is one rank holding everything. An engine
+    that does not execute plans says so before the round starts (nothing applied); inline,
+    which does, sends it bit-exact."""
+    from wtcore import WeightSyncWorker
+    from wtcore.inline import InlineTrainerEngine, InlineTrainerInitInfo
     from wtcore.inproc import InProcessClient
     from wtcore.layout import Layout
     from wtcore.source import ShardedModuleSource
+
+    class NoPlans(InlineTrainerEngine):
+        executes_plans = False
 
     model = torch.nn.Linear(3, 2)
     src = ShardedModuleSource(model)
@@ -99,16 +103,23 @@ def test_a_sharded_source_is_refused_by_an_engine_that_does_not_execute_plans() 
     ]
     target = build_module({n: torch.zeros_like(p) for n, p in model.named_parameters()})
     worker = WeightSyncWorker("inline", ModuleSink(target))
-    trainer = WeightTransferTrainerFactory.trainer_init(
+    refusing = NoPlans.trainer_init(InlineTrainerInitInfo(rank=0), client=InProcessClient(worker))
+    trainer = InlineTrainerEngine.trainer_init(
         InlineTrainerInitInfo(rank=0), client=InProcessClient(worker)
     )
     try:
         with pytest.raises(PayloadError, match="the inline engine does not execute sharded plans"):
-            trainer.send_weights(src, weight_version="v1")
+            refusing.send_weights(src, weight_version="v1")
         assert worker.weight_info()["weight_version"] is None
         assert worker.weight_info()["state"] == "idle"
-        trainer.send_weights(ModuleSource(model), weight_version="v1")  # gathering still works
+        refusing.send_weights(ModuleSource(model), weight_version="v0")  # gathering still works
         assert torch.equal(target.weight, model.weight.detach())
+        with torch.no_grad():
+            target.weight.zero_()
+        trainer.send_weights(src, weight_version="v1")  # a plan of one rank, executed
+        assert torch.equal(target.weight, model.weight.detach())
+        assert worker.weight_info()["weight_version"] == "v1"
     finally:
+        refusing.shutdown()
         trainer.shutdown()
         worker.shutdown()

@@ -8,8 +8,11 @@ region copy per chunk, no buckets, no wire.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
+
+from wtcore.meta import ParamMeta
+from wtcore.source import ShardedSource
 
 if TYPE_CHECKING:
     import torch
@@ -17,7 +20,7 @@ if TYPE_CHECKING:
     from wtcore.layout import Box, Layout
     from wtcore.plan import Plan
 
-__all__ = ["execute_plan", "part"]
+__all__ = ["PartsSource", "execute_plan", "part"]
 
 
 def part(full: torch.Tensor, box: Box | None) -> torch.Tensor | None:
@@ -58,3 +61,25 @@ def execute_plan(
         out[(c.name, c.dst)][tuple(slice(a, b) for a, b in c.dst_box)] = region
         got[c.dst] = got.get(c.dst, 0) + region.numel() * region.element_size()
     return out, got
+
+
+class PartsSource(ShardedSource):
+    """Trainer rank ``rank``'s parts of whole tensors under any layouts: a sharded source for
+    tests of layouts no parallelism library makes on two cores (2-D meshes, odd splits)."""
+
+    def __init__(
+        self, full: Mapping[str, torch.Tensor], layouts: Mapping[str, Layout], rank: int
+    ) -> None:
+        self.full, self._layouts, self.rank = dict(full), dict(layouts), rank
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta.of(n, t) for n, t in self.full.items()]
+
+    def layouts(self) -> dict[str, Layout]:
+        return dict(self._layouts)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in self.full.items():
+            p = part(t, self._layouts[name].boxes[self.rank])
+            if p is not None:
+                yield name, p.clone()

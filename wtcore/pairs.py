@@ -1,0 +1,174 @@
+"""A plan's (sender, receiver) pairs as buckets: packed by a sender, assembled by a receiver.
+
+Why buckets again: a pair's chunks are many small regions, and every engine already moves
+buckets well. Each chunk is a tensor of its region's shape for :mod:`wtcore.buckets`, so both
+ends cut a pair into buckets by the one bucket rule and only bytes travel. A receiver
+(:class:`PairAssembler`) takes a pair's buckets in order, checks each one's size before it
+writes a byte, writes every chunk into its region of the receiver's own part (in place where
+the sink offers the tensor, else in a buffer handed to the sink once the part is whole), and
+counts what landed against the plan: a round with a bucket or a byte missing is refused at
+finish, naming the tensors and the senders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from wtcore.buckets import Bucket, pack_bucket, plan_buckets, unpack_bucket
+from wtcore.errors import PayloadError
+from wtcore.meta import ParamMeta
+from wtcore.sink import WeightSink, direct_destination
+
+if TYPE_CHECKING:
+    import torch
+
+    from wtcore.layout import Box
+    from wtcore.plan import Chunk, PlannedRound
+
+__all__ = ["PairAssembler", "pack_pair", "pair_buckets", "region"]
+
+
+def region(t: torch.Tensor, box: Box) -> torch.Tensor:
+    """The view of ``t`` that ``box`` (local coordinates) covers."""
+    return t[tuple(slice(a, b) for a, b in box)]
+
+
+def _extents(box: Box) -> tuple[int, ...]:
+    return tuple(b - a for a, b in box)
+
+
+def pair_buckets(
+    planned: PlannedRound, src: int, dst: int, buffer_size_bytes: int
+) -> list[tuple[Bucket, list[Chunk]]]:
+    """The buckets of pair (``src``, ``dst``), each with its chunks, as both ends cut them."""
+    dtypes = {m.name: m.dtype for m in planned.metas}
+    chunks = planned.plan.pair(src, dst)
+    metas = [ParamMeta(c.name, dtypes[c.name], _extents(c.src_box)) for c in chunks]
+    out, at = [], 0
+    for bucket in plan_buckets(metas, buffer_size_bytes):
+        out.append((bucket, chunks[at : at + len(bucket.metas)]))
+        at += len(bucket.metas)
+    return out
+
+
+def pack_pair(
+    bucket: Bucket, chunks: Sequence[Chunk], local: Mapping[str, torch.Tensor], out: torch.Tensor
+) -> torch.Tensor:
+    """Pack ``chunks``' regions of this sender's own parts ``local`` into ``out``."""
+    parts = []
+    for c in chunks:
+        part = local.get(c.name)
+        if part is None:
+            raise PayloadError(f"{c.name!r}: this sending rank holds no part of it")
+        parts.append(region(part, c.src_box).contiguous())
+    return pack_bucket(bucket, parts, out)
+
+
+class PairAssembler:
+    """One receiver's side of a planned round: takes each sender's buckets, in order."""
+
+    def __init__(
+        self,
+        planned: PlannedRound,
+        rank: int,
+        buffer_size_bytes: int,
+        sink: WeightSink,
+        device: str = "cpu",
+    ) -> None:
+        self.rank = rank
+        self.sink = sink
+        self.device = device
+        plan = planned.plan
+        self._buckets = {
+            s: pair_buckets(planned, s, rank, buffer_size_bytes)
+            for s, d in plan.pairs()
+            if d == rank
+        }
+        self._next = dict.fromkeys(self._buckets, 0)
+        #: This receiver's part of each tensor it gets, as its sink sees it.
+        gets = {c.name for c in plan.chunks if c.dst == rank}
+        self.metas = [
+            ParamMeta(m.name, m.dtype, lay.local_shape(rank))
+            for m, lay in zip(planned.metas, planned.receivers, strict=True)
+            if m.name in gets
+        ]
+        self._shapes = {m.name: m.shape for m in self.metas}
+        self._left = {m.name: m.nbytes for m in self.metas}
+        self._planned = dict(self._left)
+        self._targets: dict[str, tuple[torch.Tensor, bool]] = {}
+
+    def senders(self) -> list[int]:
+        """The sending ranks this receiver gets anything from."""
+        return list(self._buckets)
+
+    def take(self, items: Sequence[tuple[int, int, torch.Tensor]]) -> None:
+        """Apply buckets, each ``(src, index, data)`` (``data`` a flat ``uint8`` tensor).
+
+        All of them are checked first (each sender's next bucket, in order, of its planned
+        size), so a bad one leaves this call's buckets unapplied.
+        """
+        nexts = dict(self._next)
+        for src, index, data in items:
+            buckets = self._buckets.get(src)
+            if buckets is None:
+                raise PayloadError(
+                    f"src: sending rank {src!r} has nothing for receiver {self.rank}"
+                )
+            if index != nexts[src] or index >= len(buckets):
+                raise PayloadError(
+                    f"bucket: expected bucket {nexts[src]} of sending rank {src}, got "
+                    f"{index!r} ({len(buckets)} planned)"
+                )
+            if data.numel() != buckets[index][0].nbytes:
+                raise PayloadError(
+                    f"data: bucket {index} of sending rank {src} holds "
+                    f"{buckets[index][0].nbytes} bytes, got {data.numel()}"
+                )
+            nexts[src] = index + 1
+        import torch
+
+        with torch.no_grad():
+            for src, index, data in items:
+                bucket, chunks = self._buckets[src][index]
+                for c, (_, view) in zip(chunks, unpack_bucket(bucket, data), strict=True):
+                    target, _ = self._target(c.name, view.dtype)
+                    region(target, c.dst_box).copy_(view)
+                    self._landed(c)
+                self._next[src] = index + 1
+
+    def _target(self, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+        got = self._targets.get(name)
+        if got is None:
+            import torch
+
+            shape = self._shapes[name]
+            t = direct_destination(self.sink, name, dtype, shape, self.device)
+            got = (t, True) if t is not None else (torch.empty(shape, dtype=dtype), False)
+            self._targets[name] = got
+        return got
+
+    def _landed(self, c: Chunk) -> None:
+        self._left[c.name] -= c.nbytes
+        if self._left[c.name] == 0:
+            t, in_place = self._targets.pop(c.name)
+            if not in_place:
+                self.sink.load_weights([(c.name, t)])
+
+    def missing(self) -> Iterator[str]:
+        """What has not landed yet, one line per sender and per tensor."""
+        for s, buckets in self._buckets.items():
+            if self._next[s] < len(buckets):
+                yield f"sending rank {s}: {len(buckets) - self._next[s]} of {len(buckets)} buckets"
+        for name, left in self._left.items():
+            if left:
+                yield f"{name!r} ({self._planned[name] - left} of {self._planned[name]} bytes)"
+
+    def check_complete(self) -> None:
+        """Refuse a round in which any planned byte for this receiver did not land."""
+        missing = list(self.missing())
+        if missing:
+            shown = "; ".join(missing[:6]) + ("; ..." if len(missing) > 6 else "")
+            raise PayloadError(
+                f"round incomplete on receiver {self.rank}: {shown}; the round is not published"
+            )

@@ -1,0 +1,155 @@
+"""One sharded round over many trainer ranks: every rank plans, rank 0 drives the receivers.
+
+Why rank 0 alone makes the four calls: they are the round's control plane, and one owner
+keeps the round's id, its abort and its recovery in one place, as for whole tensors. Every
+rank computes the same plan (:class:`~wtcore.plan.PlannedRound`) from the source's layouts
+and the receivers' reports, which rank 0 reads (``weight_info()``) and hands to the others;
+rank 0 opens the round and sends the plan, every rank then sends its own pairs through the
+engine (:meth:`~wtcore.trainer.TrainerWeightTransferEngine.send_pairs`), and rank 0
+finishes. Between phases the ranks agree on the outcome in one small collective, so a failure
+on any rank fails the round on every rank with the same error, naming the rank, instead of
+leaving the others waiting in the next collective. Every wait is bounded by the trainer's
+process group's timeout.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from wtcore.errors import PayloadError, TransferError, WrongTypeError
+from wtcore.plan import PlannedRound
+from wtcore.receiver_layout import receiver_layouts
+
+if TYPE_CHECKING:
+    from wtcore.source import ShardedSource
+    from wtcore.stats import TransferStats
+
+__all__ = ["agree", "gather", "run_sharded_round", "share"]
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def share(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (one ``broadcast_object_list``)."""
+    rank, world = _world()
+    if world == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order, on rank 0 (``[]`` elsewhere)."""
+    rank, world = _world()
+    if world == 1:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object(value, out if rank == 0 else None, dst=0)
+    return out
+
+
+def agree(error: BaseException | None, what: str) -> None:
+    """Every rank says how its part of ``what`` went; raise on every rank if any failed."""
+    _, world = _world()
+    mine = None if error is None else f"{type(error).__name__}: {error}"
+    if world == 1:
+        said = [mine]
+    else:
+        import torch.distributed as dist
+
+        said = [None] * world
+        dist.all_gather_object(said, mine)
+    failed = [(r, m) for r, m in enumerate(said) if m is not None]
+    if not failed:
+        return
+    if error is not None:
+        raise error
+    shown = "; ".join(f"trainer rank {r}: {m}" for r, m in failed)
+    raise TransferError(f"{what} failed on another trainer rank ({shown})")
+
+
+def run_sharded_round(
+    engine: Any,
+    source: ShardedSource,
+    stats: TransferStats,
+    weight_version: str | None,
+) -> None:
+    """Run one sharded round on this rank (every trainer rank calls it together).
+
+    ``engine`` is the rank's :class:`~wtcore.trainer.TrainerWeightTransferEngine` (its
+    ``init_info``, ``client`` and ``send_pairs``; not imported, as the trainer imports this).
+    """
+    from wtcore.client import InspectableClient
+
+    rank, world = _world()
+    if rank != engine.init_info.rank:
+        raise PayloadError(
+            f"rank: the engine is trainer rank {engine.init_info.rank}, the process group's "
+            f"rank is {rank}"
+        )
+    metas = source.metadata()
+    reports: Any = None
+    error: BaseException | None = None
+    if rank == 0:
+        try:
+            if not isinstance(engine.client, InspectableClient):
+                raise WrongTypeError(
+                    "a sharded round reads the receivers' layouts: the client must be an "
+                    "InspectableClient (InProcessClient, the HTTP or the Ray client)"
+                )
+            reports = [info.get("layout") for info in engine.client.weight_info()]
+        except BaseException as e:
+            error = e
+    agree(error, "reading the receivers' layouts")
+    reports = share(reports)
+    error = None
+    planned: PlannedRound | None = None
+    try:
+        layouts = source.layouts()
+        if any(lay.world_size != world for lay in layouts.values()):
+            raise PayloadError(
+                f"layouts: the source lays tensors out over other than the {world} trainer ranks"
+            )
+        planned = PlannedRound.make(metas, layouts, receiver_layouts(reports, metas))
+    except BaseException as e:
+        error = e
+    agree(error, "planning")
+    assert planned is not None
+    stats.num_tensors = len(metas)
+    stats.num_bytes = planned.plan.nbytes(src=rank)
+    error = None
+    if rank == 0:
+        assert engine.client is not None
+        try:
+            with stats.phase("control"):
+                engine.client.start_weight_update()
+                engine.client.update_weights({"plan": planned.to_wire()})
+        except BaseException as e:
+            error = e
+    agree(error, "opening the round")
+    error = None
+    try:
+        engine.send_pairs(planned, source, stats)
+    except BaseException as e:
+        error = e
+    agree(error, "sending the shards")
+    error = None
+    if rank == 0:
+        assert engine.client is not None
+        try:
+            with stats.phase("control"):
+                engine.client.finish_weight_update(weight_version)
+        except BaseException as e:
+            error = e
+    agree(error, "finishing the round")
