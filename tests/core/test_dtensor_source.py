@@ -7,13 +7,12 @@ the full tensors, bit-exact.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from typing import Any
 
 import pytest
 
-from wtcore.testing import free_port, spawned
+from wtcore.testing import on_ranks
 
 
 def _rank_main(rank: int, port: int, results: Any) -> None:
@@ -50,11 +49,7 @@ def _rank_main(rank: int, port: int, results: Any) -> None:
 
 @pytest.mark.timeout(120)
 def test_module_source_materializes_dtensor_shards() -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    with spawned(_rank_main, 0, port, results), spawned(_rank_main, 1, port, results):
-        got = sorted(results.get(timeout=90) for _ in range(2))
+    got = sorted(on_ranks(_rank_main, 2))
     for rank, metas, local_shape, items in got:
         assert metas == [("weight", (6, 4))], rank
         assert local_shape == (3, 4), rank
@@ -105,11 +100,7 @@ def _layout_rank_main(rank: int, port: int, results: Any) -> None:
 def test_layout_boxes_are_the_dtensor_local_shards() -> None:
     """Layout.placed's box for each rank is exactly the region DTensor gives that rank, uneven
     splits, empty shards and 2-D meshes included."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    with spawned(_layout_rank_main, 0, port, results), spawned(_layout_rank_main, 1, port, results):
-        got = sorted(results.get(timeout=90) for _ in range(2))
+    got = sorted(on_ranks(_layout_rank_main, 2))
     for rank, cases in got:
         assert len(cases) == len(LAYOUT_CASES), rank
         for shape, names, local_shape, equal in cases:
@@ -178,14 +169,7 @@ def test_a_sharded_module_source_yields_local_shards_and_plans_alike_on_every_ra
     """Each rank yields its own shards (never full_tensor()), bit-exact against its box; both
     ranks compute the same plans; into one replicated receiver (M -> 1) each rank sends its
     shards, and the replicated buffer is sent once in all."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    with (
-        spawned(_sharded_rank_main, 0, port, results),
-        spawned(_sharded_rank_main, 1, port, results),
-    ):
-        got = sorted(results.get(timeout=90) for _ in range(2))
+    got = sorted(on_ranks(_sharded_rank_main, 2))
     (
         (_, metas0, parts0, one0, two0, sent0, mine0, total),
         (_, metas1, parts1, one1, two1, sent1, mine1, _),

@@ -8,7 +8,6 @@ two TP slices, bit-exact, each rank sending only what it holds.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 from wtcore.errors import MetadataMismatchError, PayloadError
 from wtcore.meta import ParamMeta
 from wtcore.source import HeldSource
-from wtcore.testing import free_port, spawned
+from wtcore.testing import on_ranks
 
 SHAPES = {
     "embed.weight": (10, 4),
@@ -97,11 +96,7 @@ def _stage_main(rank: int, port: int, results: Any) -> None:
 
 @pytest.mark.timeout(120)
 def test_pipeline_stages_plan_alike_and_send_only_what_they_hold() -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    with spawned(_stage_main, 0, port, results), spawned(_stage_main, 1, port, results):
-        got = sorted(results.get(timeout=90) for _ in range(2))
+    got = sorted(on_ranks(_stage_main, 2))
     (_, sent0, boxes0, out0), (_, sent1, boxes1, out1) = got
     assert sent0 == ["embed.weight", "layers.0.weight"]  # metadata order, held names only
     assert sent1 == ["embed.weight", "layers.1.weight", "head.weight"]

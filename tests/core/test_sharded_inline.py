@@ -13,7 +13,6 @@ applied.
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import os
 from typing import Any
 
@@ -29,7 +28,7 @@ from wtcore.meta import ParamMeta
 from wtcore.receiver_layout import TPLayout
 from wtcore.source import HeldSource
 from wtcore.synthetic import build_module
-from wtcore.testing import free_port, spawned
+from wtcore.testing import on_ranks
 from wtcore.testing.sharded import PartsSource
 
 RULES = (("*.qkv.weight", "column"), ("*.out.*", "row"), ("embed.weight", "vocab"))
@@ -92,7 +91,7 @@ def source_for(kind: str, m: int, rank: int) -> Any:
 
 
 def _trainer_main(
-    rank: int, m: int, n: int, kind: str, tp: bool, cut: bool, port: int, q: Any
+    rank: int, port: int, q: Any, m: int, n: int, kind: str, tp: bool, cut: bool
 ) -> None:
     import torch.distributed as dist
 
@@ -140,17 +139,8 @@ class DroppingClient(InProcessClient):
 
 
 def run(m: int, n: int, kind: str, *, tp: bool = True, cut: bool = False) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    args = (m, n, kind, tp, cut, port, q)
-    import contextlib
-
-    with contextlib.ExitStack() as stack:
-        for r in range(m):
-            stack.enter_context(spawned(_trainer_main, r, *args))
-        got = sorted((q.get(timeout=150) for _ in range(m)), key=lambda x: x["rank"])
-    return got
+    got = on_ranks(_trainer_main, m, m, n, kind, tp, cut, timeout_s=150)
+    return sorted(got, key=lambda x: x["rank"])
 
 
 def expected_slices(n: int, tp: bool) -> list[dict[str, torch.Tensor]]:

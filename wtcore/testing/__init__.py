@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from wtcore.testing.net import free_port, spawned
+from wtcore.testing.net import free_port, on_ranks, spawned
 from wtcore.testing.pipes import (
     PipeClient,
     PipeFleet,
@@ -56,6 +56,7 @@ __all__ = [
     "free_port",
     "make_state",
     "mixed_dtype_state",
+    "on_ranks",
     "pipe_fleet",
     "serve_worker",
     "spawned",

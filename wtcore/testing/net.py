@@ -10,7 +10,7 @@ from typing import Any
 
 from wtcore.testing.procs import stop_processes
 
-__all__ = ["free_port", "spawned"]
+__all__ = ["free_port", "on_ranks", "spawned"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -41,3 +41,18 @@ def spawned(
     finally:
         stop_processes([proc], join_timeout_s)
         proc.close()
+
+
+def on_ranks(
+    target: Callable[..., Any], world: int, *args: Any, timeout_s: float = 90.0
+) -> list[Any]:
+    """Run ``target(rank, port, results, *args)`` in ``world`` spawned processes at once: the
+    ranks of one process group, ``port`` a free rendezvous port, ``results`` a queue on which
+    each puts one item. Returns the ``world`` items in arrival order; every process is
+    stopped, even when one never answers (a ``queue.Empty`` after ``timeout_s``)."""
+    results = mp.get_context("spawn").Queue()
+    port = free_port()
+    with contextlib.ExitStack() as stack:
+        for rank in range(world):
+            stack.enter_context(spawned(target, rank, port, results, *args))
+        return [results.get(timeout=timeout_s) for _ in range(world)]
