@@ -91,8 +91,18 @@ def test_the_pages_fsdp2_trainer_syncs_two_tp_receivers(tmp_path: Path) -> None:
                 if p.poll() is None:
                     p.kill()
                     p.wait(timeout=30)
-        for p, (_, err) in zip(procs, outs, strict=True):
-            assert p.returncode == 0, err[-3000:]
+        for p, (out, err) in zip(procs, outs, strict=True):
+            # A plain script (not a multiprocessing child, which leaves by os._exit) runs
+            # torch's teardown at exit; seen once in CI: after destroy_process_group and after
+            # the script's last line, a native thread aborted the interpreter ("terminate
+            # called without an active exception", rc -6). The round itself is checked below;
+            # any other failure, or that abort before the last line, still fails here.
+            torn_down = (
+                p.returncode == -6
+                and "trainer rank" in out
+                and err.strip().endswith("terminate called without an active exception")
+            )
+            assert p.returncode == 0 or torn_down, err[-3000:]
         sent = {}
         for out, _ in outs:
             m = re.search(r"trainer rank (\d): sent (\d+) bytes, its planned (\d+)", out)
