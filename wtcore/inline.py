@@ -30,6 +30,7 @@ from wtcore.bucketed import (
 )
 from wtcore.buckets import plan_round, unpack_bucket
 from wtcore.errors import PayloadError
+from wtcore.layout import is_int
 from wtcore.pairs import PairAssembler
 from wtcore.parse import parse_dataclass
 from wtcore.plan import PlannedRound
@@ -181,8 +182,6 @@ class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo])
             assembler.check_complete()
 
     def _receive_pairs(self, update_info: InlinePairsInfo) -> None:
-        import torch
-
         if self._assembler is None:
             raise PayloadError("update_info.buckets: no plan was sent in this round")
         items = []
@@ -190,16 +189,12 @@ class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo])
             where = f"update_info.buckets[{i}]"
             if not isinstance(b, dict) or set(b) != {"src", "bucket", "data"}:
                 raise PayloadError(f"{where}: expected an object of src, bucket and data")
-            if not all(_is_int(b[k]) for k in ("src", "bucket")) or not isinstance(b["data"], str):
+            if not all(is_int(b[k]) for k in ("src", "bucket")) or not isinstance(b["data"], str):
                 raise PayloadError(f"{where}: src and bucket must be integers, data a string")
-            raw = _decode(b["data"], f"{where}.data")
-            data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else _empty_bytes()
-            items.append((b["src"], b["bucket"], data))
+            items.append((b["src"], b["bucket"], _as_bytes(_decode(b["data"], f"{where}.data"))))
         self._assembler.take(items)
 
     def receive_weights(self, update_info: Any) -> None:
-        import torch
-
         if isinstance(update_info, InlinePlanInfo):
             if self._assembler is not None:
                 raise PayloadError("update_info.plan: this round already has its plan")
@@ -231,16 +226,7 @@ class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo])
             )
         if not buckets:
             return
-        buf = (
-            torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-            if raw
-            else torch.empty(0, dtype=torch.uint8)
-        )
-        self.sink.load_weights(list(unpack_bucket(buckets[0], buf)))
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+        self.sink.load_weights(list(unpack_bucket(buckets[0], _as_bytes(raw))))
 
 
 def _decode(data: str, field: str) -> bytes:
@@ -250,10 +236,13 @@ def _decode(data: str, field: str) -> bytes:
         raise PayloadError(f"{field}: not valid base64 ({e})") from e
 
 
-def _empty_bytes() -> torch.Tensor:
+def _as_bytes(raw: bytes) -> torch.Tensor:
+    """``raw`` as a flat ``uint8`` tensor (``frombuffer`` refuses an empty buffer)."""
     import torch
 
-    return torch.empty(0, dtype=torch.uint8)
+    if not raw:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
 class InlineTrainerEngine(BucketedTrainerEngine):

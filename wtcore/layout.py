@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError
 from wtcore.meta import MAX_NUMEL
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "MAX_DIMS",
@@ -28,6 +31,8 @@ __all__ = [
     "Layout",
     "Replicate",
     "Shard",
+    "is_int",
+    "region",
     "split",
     "tp_layout",
     "volume",
@@ -154,7 +159,7 @@ class Layout:
             raise PayloadError(f"{field}.shape: expected a list of at most {MAX_DIMS} sizes")
         numel = 1
         for i, d in enumerate(shape):
-            if not _is_int(d) or not 0 <= d <= MAX_NUMEL:
+            if not is_int(d) or not 0 <= d <= MAX_NUMEL:
                 raise PayloadError(f"{field}.shape[{i}]: expected a size, got {d!r:.40}")
             numel *= d
         if numel > MAX_NUMEL:
@@ -172,7 +177,7 @@ class Layout:
                 raise PayloadError(f"{where}: expected {len(shape)} [start, stop] pairs or null")
             dims = []
             for d, pair in enumerate(box):
-                ok = isinstance(pair, list) and len(pair) == 2 and all(map(_is_int, pair))
+                ok = isinstance(pair, list) and len(pair) == 2 and all(map(is_int, pair))
                 if not ok or not 0 <= pair[0] <= pair[1] <= shape[d]:
                     raise PayloadError(
                         f"{where}[{d}]: expected [start, stop] within 0..{shape[d]}, got "
@@ -183,8 +188,14 @@ class Layout:
         return cls(tuple(shape), tuple(out))
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
+    """An ``int`` that is not a ``bool`` (JSON's ``true`` must never pass for a size)."""
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def region(t: torch.Tensor, box: Box) -> torch.Tensor:
+    """The view of ``t`` that ``box`` covers (in ``t``'s own coordinates)."""
+    return t[tuple(slice(a, b) for a, b in box)]
 
 
 #: vLLM's usual tensor-parallel layouts, as the placement of their weight on a 1-D TP mesh.
@@ -206,7 +217,7 @@ def tp_layout(shape: Sequence[int], kind: str, tp_size: int) -> Layout:
     """
     if kind not in _TP_KINDS:
         raise PayloadError(f"kind: expected one of {sorted(_TP_KINDS)}, got {kind!r}")
-    if not _is_int(tp_size) or not 0 < tp_size <= MAX_RANKS:
+    if not is_int(tp_size) or not 0 < tp_size <= MAX_RANKS:
         raise PayloadError(f"tp_size: expected 1 to {MAX_RANKS}, got {tp_size!r}")
     placement = _TP_KINDS[kind]
     if isinstance(placement, Shard) and placement.dim >= len(shape):

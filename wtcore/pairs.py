@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from wtcore.buckets import Bucket, pack_bucket, plan_buckets, unpack_bucket
 from wtcore.errors import PayloadError
+from wtcore.layout import region
 from wtcore.meta import ParamMeta
 from wtcore.sink import WeightSink, direct_destination
 
@@ -26,12 +27,7 @@ if TYPE_CHECKING:
     from wtcore.layout import Box
     from wtcore.plan import Chunk, PlannedRound
 
-__all__ = ["PairAssembler", "pack_pair", "pair_buckets", "region"]
-
-
-def region(t: torch.Tensor, box: Box) -> torch.Tensor:
-    """The view of ``t`` that ``box`` (local coordinates) covers."""
-    return t[tuple(slice(a, b) for a, b in box)]
+__all__ = ["PairAssembler", "pack_pair", "pair_buckets"]
 
 
 def _extents(box: Box) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError
-from wtcore.layout import MAX_RANKS, Box, Layout, tp_layout
+from wtcore.layout import MAX_RANKS, Box, Layout, is_int, region, tp_layout
 
 if TYPE_CHECKING:
     import torch
@@ -35,10 +35,6 @@ KINDS = ("column", "row", "vocab", "replicated")
 #: The most rules one receiver may report, and the longest pattern.
 MAX_RULES = 1024
 MAX_PATTERN = 256
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -60,9 +56,9 @@ class TPLayout:
         self._check("layout")
 
     def _check(self, field: str) -> None:
-        if not _is_int(self.tp_size) or not 0 < self.tp_size <= MAX_RANKS:
+        if not is_int(self.tp_size) or not 0 < self.tp_size <= MAX_RANKS:
             raise PayloadError(f"{field}.tp_size: expected 1 to {MAX_RANKS}, got {self.tp_size!r}")
-        if not _is_int(self.tp_rank) or not 0 <= self.tp_rank < self.tp_size:
+        if not is_int(self.tp_rank) or not 0 <= self.tp_rank < self.tp_size:
             raise PayloadError(
                 f"{field}.tp_rank: expected 0 to {self.tp_size - 1}, got {self.tp_rank!r}"
             )
@@ -103,7 +99,7 @@ class TPLayout:
     def local(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """This receiver's part of a whole tensor (a view): to build a receiver from a
         checkpoint, or to check one against a gathered reference."""
-        return full[tuple(slice(a, b) for a, b in self.box(name, tuple(full.shape)))]
+        return region(full, self.box(name, tuple(full.shape)))
 
     # ------------------------------------------------------------------ the wire
     def to_wire(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from wtcore.errors import PayloadError, TransferError, WrongTypeError
 from wtcore.plan import PlannedRound
 from wtcore.receiver_layout import receiver_layouts
+from wtcore.source import group_rank
 
 if TYPE_CHECKING:
     from wtcore.source import ShardedSource
@@ -27,17 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["agree", "gather", "run_sharded_round", "share"]
 
 
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def share(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (one ``broadcast_object_list``)."""
-    rank, world = _world()
+    rank, world = group_rank()
     if world == 1:
         return value
     import torch.distributed as dist
@@ -49,7 +42,7 @@ def share(value: Any) -> Any:
 
 def gather(value: Any) -> list[Any]:
     """Every rank's ``value``, in rank order, on rank 0 (``[]`` elsewhere)."""
-    rank, world = _world()
+    rank, world = group_rank()
     if world == 1:
         return [value]
     import torch.distributed as dist
@@ -61,7 +54,7 @@ def gather(value: Any) -> list[Any]:
 
 def agree(error: BaseException | None, what: str) -> None:
     """Every rank says how its part of ``what`` went; raise on every rank if any failed."""
-    _, world = _world()
+    _, world = group_rank()
     mine = None if error is None else f"{type(error).__name__}: {error}"
     if world == 1:
         said = [mine]
@@ -92,7 +85,7 @@ def run_sharded_round(
     """
     from wtcore.client import InspectableClient
 
-    rank, world = _world()
+    rank, world = group_rank()
     if rank != engine.init_info.rank:
         raise PayloadError(
             f"rank: the engine is trainer rank {engine.init_info.rank}, the process group's "

@@ -27,6 +27,7 @@ __all__ = [
     "ShardedSource",
     "TensorSource",
     "WeightSource",
+    "group_rank",
     "iter_checked",
 ]
 
@@ -99,7 +100,7 @@ class ShardedModuleSource(ShardedSource):
 
     def __init__(self, module: torch.nn.Module, *, include_buffers: bool = False) -> None:
         self._module = ModuleSource(module, include_buffers=include_buffers)
-        self.rank, self.world_size = _group_rank()
+        self.rank, self.world_size = group_rank()
 
     def metadata(self) -> list[ParamMeta]:
         return self._module.metadata()
@@ -166,7 +167,7 @@ class HeldSource(ShardedSource):
                     f"held: {_describe(got)} does not match its metadata {_describe(meta)}"
                 )
         self._held = items
-        self.rank, self.world_size = _group_rank()
+        self.rank, self.world_size = group_rank()
         self._layouts: dict[str, Layout] | None = None
 
     def held_names(self) -> list[str]:
@@ -205,7 +206,7 @@ class HeldSource(ShardedSource):
             yield name, self._held[name].detach()
 
 
-def _group_rank() -> tuple[int, int]:
+def group_rank() -> tuple[int, int]:
     """This process's rank and the size of the default process group (0 and 1 without one)."""
     import torch.distributed as dist
 

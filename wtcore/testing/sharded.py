@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from wtcore.layout import region
 from wtcore.meta import ParamMeta
 from wtcore.source import ShardedSource
 
@@ -25,9 +26,7 @@ __all__ = ["PartsSource", "execute_plan", "part"]
 
 def part(full: torch.Tensor, box: Box | None) -> torch.Tensor | None:
     """The region ``box`` of ``full`` (a view), or ``None`` for a rank that holds nothing."""
-    if box is None:
-        return None
-    return full[tuple(slice(a, b) for a, b in box)]
+    return None if box is None else region(full, box)
 
 
 def execute_plan(
@@ -44,7 +43,7 @@ def execute_plan(
     import torch
 
     held = {
-        (n, r): t[tuple(slice(a, b) for a, b in b_)].clone()
+        (n, r): region(t, b_).clone()
         for n, t in full.items()
         for r, b_ in enumerate(src[n].boxes)
         if b_ is not None
@@ -57,9 +56,9 @@ def execute_plan(
     }
     got: dict[int, int] = {}
     for c in plan.chunks:
-        region = held[(c.name, c.src)][tuple(slice(a, b) for a, b in c.src_box)]
-        out[(c.name, c.dst)][tuple(slice(a, b) for a, b in c.dst_box)] = region
-        got[c.dst] = got.get(c.dst, 0) + region.numel() * region.element_size()
+        moved = region(held[(c.name, c.src)], c.src_box)
+        region(out[(c.name, c.dst)], c.dst_box).copy_(moved)
+        got[c.dst] = got.get(c.dst, 0) + moved.numel() * moved.element_size()
     return out, got
 
 
