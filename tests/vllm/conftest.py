@@ -72,13 +72,14 @@ class Servers:
     reference: Outputs  # what the reference (B) generates
     ipc: VLLMServer | None = None  # serves A too, with wtcore_ipc (the tied fixture only)
     mooncake: VLLMServer | None = None  # serves A too, with wtcore_mooncake (the tied fixture)
+    inline: VLLMServer | None = None  # serves A too, with wtcore_inline (sharded rounds)
 
 
 @pytest.fixture(scope="session")
 def vllm_servers(
     checkpoints: tuple[Checkpoint, Checkpoint], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Servers]:
-    with serve(*checkpoints, tmp_path_factory.mktemp("vllm-logs")) as started:
+    with serve(*checkpoints, tmp_path_factory.mktemp("vllm-logs"), inline=True) as started:
         yield started
 
 
@@ -92,18 +93,31 @@ def tied_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 
 
 @contextlib.contextmanager
-def serve(a: Checkpoint, b: Checkpoint, logs: Path, *, ipc: bool = False) -> Iterator[Servers]:
-    """A with ``wtcore_nccl`` (and, with ``ipc``, A with ``wtcore_ipc``) and B as the
-    reference, all started at once."""
+def serve(
+    a: Checkpoint, b: Checkpoint, logs: Path, *, ipc: bool = False, inline: bool = False
+) -> Iterator[Servers]:
+    """A with ``wtcore_nccl`` (with ``ipc``, A with ``wtcore_ipc`` and ``wtcore_mooncake``;
+    with ``inline``, A with ``wtcore_inline``) and B as the reference, all started at once."""
     specs = [(a.dir, logs / "a.log", "wtcore_nccl"), (b.dir, logs / "ref.log", None)]
     if ipc:
         specs.append((a.dir, logs / "a-ipc.log", "wtcore_ipc"))
         specs.append((a.dir, logs / "a-mooncake.log", "wtcore_mooncake"))
+    if inline:
+        specs.append((a.dir, logs / "a-inline.log", "wtcore_inline"))
     with servers(specs) as started:
         server_a, server_ref = started[:2]
         original, reference = generate(server_a), generate(server_ref)
         assert original != reference, "checkpoints A and B must generate differently"
-        if ipc:
-            assert generate(started[2]) == original == generate(started[3])
-        more = (started[2], started[3]) if ipc else (None, None)
-        yield Servers(server_a, server_ref, a, b, original, reference, *more)
+        more = started[2:]
+        assert all(generate(other) == original for other in more)
+        ipc_ones = (more[0], more[1]) if ipc else (None, None)
+        yield Servers(
+            server_a,
+            server_ref,
+            a,
+            b,
+            original,
+            reference,
+            *ipc_ones,
+            inline=more[-1] if inline else None,
+        )

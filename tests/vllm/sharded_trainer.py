@@ -1,0 +1,64 @@
+"""One rank of an FSDP2 trainer for the vLLM tests: send a saved state dict, sharded, into a
+vLLM server (``wtcore_inline``), no rank ever gathering a tensor.
+
+Runs with the MAIN venv (no vLLM), once per rank (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT`` as torchrun sets them): the state becomes a module, ``fully_shard`` spreads it
+over a CPU mesh of every rank, and each rank sends its own shards with ``ShardedModuleSource``
+(``DTensor.full_tensor`` is made to fail, so a gather anywhere fails the round). Rank 0 alone
+holds an HTTP client. Prints one JSON line per rank: its bytes sent and planned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from wtcore.inline import InlineTrainerEngine, InlineTrainerInitInfo
+from wtcore.source import ShardedModuleSource
+from wtcore.synthetic import build_module
+from wtcore_http_client import HTTPWeightSyncClient
+
+
+def _no_gather(self: Any) -> Any:
+    raise AssertionError("full_tensor() was called: a rank gathered a tensor")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--state", required=True, help="torch.save'd {name: tensor}")
+    p.add_argument("--version", required=True)
+    p.add_argument("--buffer-bytes", type=int, default=64 << 10)
+    args = p.parse_args()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    try:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        model = build_module(torch.load(args.state, weights_only=True))
+        fully_shard(model, mesh=mesh)
+        DTensor.full_tensor = _no_gather  # type: ignore[method-assign]
+        rank = dist.get_rank()
+        client = HTTPWeightSyncClient(args.url, timeout_s=120) if rank == 0 else None
+        info = InlineTrainerInitInfo(rank=rank, packed_buffer_size_bytes=args.buffer_bytes)
+        engine = InlineTrainerEngine.trainer_init(info, client=client)
+        try:
+            stats = engine.send_weights(ShardedModuleSource(model), weight_version=args.version)
+        finally:
+            engine.shutdown()
+            if client is not None:
+                client.close()
+        out = {"rank": rank, "sent": stats.bytes_sent, "planned": stats.num_bytes}
+        print(json.dumps(out), flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
