@@ -31,7 +31,7 @@ from wtcore.bucketed import (
 from wtcore.buckets import plan_round, unpack_bucket
 from wtcore.errors import PayloadError
 from wtcore.layout import is_int
-from wtcore.pairs import PairAssembler
+from wtcore.pairs import PlanReceiver, PlanUpdate
 from wtcore.parse import parse_dataclass
 from wtcore.plan import PlannedRound
 
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
-    from wtcore.meta import ParamMeta
     from wtcore.plan import Chunk
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
@@ -101,25 +100,13 @@ class InlineUpdateInfo(BucketUpdateInfo):
 
 
 @dataclass
-class InlinePlanInfo:
-    """A sharded round's plan (:class:`wtcore.plan.PlannedRound` on the wire), sent first."""
-
-    plan: dict[str, Any]
-
-    def __post_init__(self) -> None:
-        self.assembler: PairAssembler | None = None
-        #: This receiver's parts, for the worker's byte ledger.
-        self.metas: list[ParamMeta] = []
-
-
-@dataclass
 class InlinePairsInfo:
     """A sharded round's buckets for this receiver: ``{"src", "bucket", "data"}`` each."""
 
     buckets: list[Any]
 
 
-class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo]):
+class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo]):
     """Decodes each bucket from the payload and loads it into the sink.
 
     A sharded round (:mod:`wtcore.sharded_round`) sends the plan first, then buckets of the
@@ -133,57 +120,26 @@ class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo])
     renamed_init_fields: ClassVar[dict[str, str]] = {
         "buffer_size_bytes": "packed_buffer_size_bytes"
     }
-    _assembler: PairAssembler | None = None
 
     def parse_update_info(self, data: Mapping[str, Any]) -> Any:
-        if isinstance(data, Mapping) and "plan" in data:
-            info = parse_dataclass(InlinePlanInfo, data, what="update_info")
-            info.assembler = self._assemble(info.plan)
-            info.metas = info.assembler.metas
-            return info
+        plan = self.parse_plan(data, self.settings.packed_buffer_size_bytes)
+        if plan is not None:
+            return plan
         if isinstance(data, Mapping) and "buckets" in data:
             return parse_dataclass(InlinePairsInfo, data, what="update_info")
         return super().parse_update_info(data)
 
-    def _assemble(self, wire: Mapping[str, Any]) -> PairAssembler:
-        """The plan, re-planned and checked, and this receiver's boxes checked against what it
-        holds: a round planned for another layout is refused before a byte is applied."""
-        planned = PlannedRound.from_wire(wire, field="update_info.plan")
-        mine = self.receiver_layout
-        for i, (meta, lay) in enumerate(zip(planned.metas, planned.receivers, strict=True)):
-            if lay.world_size != self.world_size:
-                raise PayloadError(
-                    f"update_info.plan.receivers[{i}]: planned for {lay.world_size} receivers, "
-                    f"this one is rank {self.rank} of {self.world_size}"
-                )
-            want = (
-                tuple((0, d) for d in meta.shape)
-                if mine is None
-                else mine.box(meta.name, meta.shape)
-            )
-            if lay.boxes[self.rank] != want:
-                raise PayloadError(
-                    f"update_info.plan.receivers[{i}]: {meta.name!r} was planned as "
-                    f"{lay.boxes[self.rank]} for receiver {self.rank}, which holds {want}"
-                )
-        return PairAssembler(
-            planned, self.rank, self.settings.packed_buffer_size_bytes, self.sink, self.device
-        )
-
     def start_weight_update(self) -> None:
-        self._assembler = None
+        self.drop_plan()
 
     def abort(self) -> None:
-        self._assembler = None
+        self.drop_plan()
 
     def finish_weight_update(self) -> None:
-        assembler, self._assembler = self._assembler, None
-        if assembler is not None:
-            assembler.check_complete()
+        self.check_planned_round()
 
     def _receive_pairs(self, update_info: InlinePairsInfo) -> None:
-        if self._assembler is None:
-            raise PayloadError("update_info.buckets: no plan was sent in this round")
+        assembler = self.planned("update_info.buckets")
         items = []
         for i, b in enumerate(update_info.buckets):
             where = f"update_info.buckets[{i}]"
@@ -192,22 +148,16 @@ class InlineWorkerEngine(BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo])
             if not all(is_int(b[k]) for k in ("src", "bucket")) or not isinstance(b["data"], str):
                 raise PayloadError(f"{where}: src and bucket must be integers, data a string")
             items.append((b["src"], b["bucket"], _as_bytes(_decode(b["data"], f"{where}.data"))))
-        self._assembler.take(items)
+        assembler.take(items)
 
     def receive_weights(self, update_info: Any) -> None:
-        if isinstance(update_info, InlinePlanInfo):
-            if self._assembler is not None:
-                raise PayloadError("update_info.plan: this round already has its plan")
-            self._assembler = update_info.assembler
+        if isinstance(update_info, PlanUpdate):
+            self.take_plan(update_info)
             return
         if isinstance(update_info, InlinePairsInfo):
             self._receive_pairs(update_info)
             return
-        if self._assembler is not None:
-            raise PayloadError(
-                "update_info: this round is sharded (its plan was sent); whole-tensor updates "
-                "are refused in it"
-            )
+        self.refuse_whole_tensors()
         init = self.settings
         buckets = plan_round(
             update_info.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes

@@ -13,21 +13,25 @@ finish, naming the tensors and the senders.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import Bucket, pack_bucket, plan_buckets, unpack_bucket
 from wtcore.errors import PayloadError
 from wtcore.layout import region
 from wtcore.meta import ParamMeta
+from wtcore.parse import parse_dataclass
+from wtcore.plan import PlannedRound
 from wtcore.sink import WeightSink, direct_destination
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.layout import Box
-    from wtcore.plan import Chunk, PlannedRound
+    from wtcore.plan import Chunk
+    from wtcore.receiver_layout import TPLayout
 
-__all__ = ["PairAssembler", "pack_pair", "pair_buckets"]
+__all__ = ["PairAssembler", "PlanReceiver", "PlanUpdate", "pack_pair", "pair_buckets"]
 
 
 def _extents(box: Box) -> tuple[int, ...]:
@@ -73,6 +77,8 @@ class PairAssembler:
         device: str = "cpu",
     ) -> None:
         self.rank = rank
+        #: How many trainer ranks the plan has.
+        self.trainer_ranks = planned.senders[0].world_size if planned.senders else 0
         self.sink = sink
         self.device = device
         plan = planned.plan
@@ -94,9 +100,47 @@ class PairAssembler:
         self._planned = dict(self._left)
         self._targets: dict[str, tuple[torch.Tensor, bool]] = {}
 
+    @classmethod
+    def for_receiver(
+        cls,
+        wire: object,
+        *,
+        rank: int,
+        world_size: int,
+        layout: TPLayout | None,
+        buffer_size_bytes: int,
+        sink: WeightSink,
+        device: str = "cpu",
+    ) -> PairAssembler:
+        """Receiver ``rank`` of ``world_size``'s side of the plan ``wire``, re-planned and
+        checked, its boxes checked against what it holds (``layout``; ``None``: whole
+        tensors): a round planned for another layout is refused before a byte is applied."""
+        planned = PlannedRound.from_wire(wire, field="update_info.plan")
+        for i, (meta, lay) in enumerate(zip(planned.metas, planned.receivers, strict=True)):
+            if lay.world_size != world_size:
+                raise PayloadError(
+                    f"update_info.plan.receivers[{i}]: planned for {lay.world_size} receivers, "
+                    f"this one is rank {rank} of {world_size}"
+                )
+            want = (
+                tuple((0, d) for d in meta.shape)
+                if layout is None
+                else layout.box(meta.name, meta.shape)
+            )
+            if lay.boxes[rank] != want:
+                raise PayloadError(
+                    f"update_info.plan.receivers[{i}]: {meta.name!r} was planned as "
+                    f"{lay.boxes[rank]} for receiver {rank}, which holds {want}"
+                )
+        return cls(planned, rank, buffer_size_bytes, sink, device)
+
     def senders(self) -> list[int]:
         """The sending ranks this receiver gets anything from."""
         return list(self._buckets)
+
+    def buckets_from(self, src: int) -> list[tuple[Bucket, list[Chunk]]]:
+        """Sending rank ``src``'s buckets for this receiver, in order, with their chunks."""
+        return self._buckets[src]
 
     def take(self, items: Sequence[tuple[int, int, torch.Tensor]]) -> None:
         """Apply buckets, each ``(src, index, data)`` (``data`` a flat ``uint8`` tensor).
@@ -168,3 +212,72 @@ class PairAssembler:
             raise PayloadError(
                 f"round incomplete on receiver {self.rank}: {shown}; the round is not published"
             )
+
+
+@dataclass
+class PlanUpdate:
+    """A sharded round's first update: its plan (:class:`~wtcore.plan.PlannedRound` on the
+    wire); :meth:`PlanReceiver.parse_plan` attaches this receiver's assembler."""
+
+    plan: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self.assembler: PairAssembler | None = None
+        #: This receiver's parts, for the worker's byte ledger.
+        self.metas: list[ParamMeta] = []
+
+
+class PlanReceiver:
+    """What every worker engine that executes sharded plans does the same way (a mixin for a
+    :class:`~wtcore.engine.WeightTransferEngine`): take the plan as the round's first update,
+    refuse whole-tensor updates and a second plan in that round, and refuse to finish it
+    while a planned byte is missing. The engine moves the pairs' buckets and hands them to
+    :meth:`planned`'s :meth:`PairAssembler.take`."""
+
+    _assembler: PairAssembler | None = None
+
+    def parse_plan(self, data: object, buffer_size_bytes: int) -> PlanUpdate | None:
+        """``data`` as a :class:`PlanUpdate` if it is one (``{"plan": ...}``), else None."""
+        if not (isinstance(data, Mapping) and "plan" in data):
+            return None
+        info = parse_dataclass(PlanUpdate, data, what="update_info")
+        engine: Any = self
+        info.assembler = PairAssembler.for_receiver(
+            info.plan,
+            rank=engine.rank,
+            world_size=engine.world_size,
+            layout=engine.receiver_layout,
+            buffer_size_bytes=buffer_size_bytes,
+            sink=engine.sink,
+            device=str(engine.device),
+        )
+        info.metas = info.assembler.metas
+        return info
+
+    def take_plan(self, update: PlanUpdate) -> None:
+        if self._assembler is not None:
+            raise PayloadError("update_info.plan: this round already has its plan")
+        self._assembler = update.assembler
+
+    def planned(self, field: str) -> PairAssembler:
+        """This round's assembler; a ``PayloadError`` naming ``field`` if no plan came."""
+        if self._assembler is None:
+            raise PayloadError(f"{field}: no plan was sent in this round")
+        return self._assembler
+
+    def refuse_whole_tensors(self) -> None:
+        """Raise if this round is sharded (a whole-tensor update must not land in it)."""
+        if self._assembler is not None:
+            raise PayloadError(
+                "update_info: this round is sharded (its plan was sent); whole-tensor updates "
+                "are refused in it"
+            )
+
+    def drop_plan(self) -> None:
+        self._assembler = None
+
+    def check_planned_round(self) -> None:
+        """At finish: refuse the round if a planned byte did not land (and forget the plan)."""
+        assembler, self._assembler = self._assembler, None
+        if assembler is not None:
+            assembler.check_complete()

@@ -53,7 +53,11 @@ def gather(value: Any) -> list[Any]:
 
 
 def agree(error: BaseException | None, what: str) -> None:
-    """Every rank says how its part of ``what`` went; raise on every rank if any failed."""
+    """Every rank says how its part of ``what`` went; raise on every rank if any failed.
+
+    A rank that failed in its own way raises its own error; where ranks failed differently,
+    every failing rank raises one naming them all, since one rank's error is often only the
+    echo of another's (a stream the other rank cut)."""
     _, world = group_rank()
     mine = None if error is None else f"{type(error).__name__}: {error}"
     if world == 1:
@@ -66,9 +70,11 @@ def agree(error: BaseException | None, what: str) -> None:
     failed = [(r, m) for r, m in enumerate(said) if m is not None]
     if not failed:
         return
-    if error is not None:
-        raise error
+    if error is not None and all(m == mine for _, m in failed):
+        raise error  # the same on every rank that failed (a refused plan, say)
     shown = "; ".join(f"trainer rank {r}: {m}" for r, m in failed)
+    if error is not None:  # this rank's own failure may only echo another's (a cut stream)
+        raise TransferError(f"{what} failed on more than one trainer rank ({shown})") from error
     raise TransferError(f"{what} failed on another trainer rank ({shown})")
 
 

@@ -1,5 +1,6 @@
 """docs/sharded.md's trainer script runs as it stands: two FSDP2 trainer processes (a real gloo
-group, ``fully_shard`` on a CPU mesh) into two real HTTP receivers holding TP slices.
+group, ``fully_shard`` on a CPU mesh) into two real HTTP receivers holding TP slices, over
+``tcp`` (one stream per trainer rank and receiver).
 
 Each receiver must hold exactly its slice of the model the script builds (``torch.equal``),
 report the round published and consistent, and have landed exactly its slice's bytes; each
@@ -42,6 +43,7 @@ def _script() -> str:
 @pytest.mark.timeout(300)
 def test_the_pages_fsdp2_trainer_syncs_two_tp_receivers(tmp_path: Path) -> None:
     pytest.importorskip("wtcore_http_client")
+    pytest.importorskip("wtcore_tcp")
     from wtcore_http_client.routes import ReceiverRoutes
     from wtcore_http_client.server import ReceiverHTTPServer
 
@@ -49,7 +51,7 @@ def test_the_pages_fsdp2_trainer_syncs_two_tp_receivers(tmp_path: Path) -> None:
     layouts = [TPLayout(r, 2, RULES) for r in range(2)]
     fleet = [
         WeightSyncWorker(
-            "inline",
+            "tcp",
             ModuleSink(
                 build_module({n: torch.zeros_like(lay.local(n, t)) for n, t in full.items()}),
                 layout=lay,

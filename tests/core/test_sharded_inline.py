@@ -32,7 +32,7 @@ from wtcore.testing.sharded_contract import (
 )
 
 
-def inline_info(rank: int, buffer_size_bytes: int) -> InlineTrainerInitInfo:
+def inline_info(rank: int, buffer_size_bytes: int, receivers: int) -> InlineTrainerInitInfo:
     return InlineTrainerInitInfo(rank=rank, packed_buffer_size_bytes=buffer_size_bytes)
 
 

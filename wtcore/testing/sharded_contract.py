@@ -2,12 +2,13 @@
 
 Subclass :class:`ShardedContractSuite` in a test module (named ``Test...``), set ``backend``
 (the worker engine's name) and ``trainer_info`` (a module-level function, so that spawned
-ranks can find it, returning a trainer init info for a rank and a bucket size)::
+ranks can find it, returning a trainer init info for a rank, a bucket size and the number of
+receivers)::
 
     from wtcore.inline import InlineTrainerInitInfo
     from wtcore.testing.sharded_contract import ShardedContractSuite
 
-    def inline_info(rank, buffer_size_bytes):
+    def inline_info(rank, buffer_size_bytes, receivers):
         return InlineTrainerInitInfo(rank=rank, packed_buffer_size_bytes=buffer_size_bytes)
 
     class TestInlineSharded(ShardedContractSuite):
@@ -144,7 +145,7 @@ def expected_slices(n: int, tp: bool) -> list[dict[str, torch.Tensor]]:
     return [{k: TPLayout(r, n, RULES).local(k, t) for k, t in full.items()} for r in range(n)]
 
 
-Info = Callable[[int, int], TrainerInitInfo]
+Info = Callable[[int, int, int], TrainerInitInfo]
 
 
 def _rank_main(
@@ -167,7 +168,7 @@ def _rank_main(
     try:
         fleet = receivers(n, tp, backend) if rank == 0 else []
         client = client_cls(fleet, timeout_s=60) if rank == 0 else None
-        engine = WeightTransferTrainerFactory.trainer_init(info(rank, BUFFER), client=client)
+        engine = WeightTransferTrainerFactory.trainer_init(info(rank, BUFFER, n), client=client)
         try:
             stats = engine.send_weights(source_for(kind, m, rank), weight_version="sharded-1")
             result: dict[str, Any] = {"sent": stats.bytes_sent, "planned": stats.num_bytes}

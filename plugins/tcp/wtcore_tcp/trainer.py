@@ -1,19 +1,27 @@
 """The sender: listens for its workers at every handshake, then streams the round to them.
 
 The round is the kit's (:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies
-its channel, TCP streams to every worker (:mod:`wtcore_channel.stream`).
+its channel, TCP streams to every worker (:mod:`wtcore_channel.stream`). A sharded round
+(:mod:`wtcore.sharded_round`) goes over streams of its own, one per (trainer rank, receiver)
+pair (:mod:`wtcore_tcp.pairs`).
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore_channel import ChannelTrainerEngine
 from wtcore_channel.listen import listen_on
 from wtcore_channel.stream import Stream, accept
 from wtcore_tcp.config import TCPTrainerInitInfo
+
+if TYPE_CHECKING:
+    from wtcore.concurrency import BackgroundCall
+    from wtcore.plan import PlannedRound
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
 
 __all__ = ["TCPTrainerEngine"]
 
@@ -43,3 +51,41 @@ class TCPTrainerEngine(ChannelTrainerEngine):
                 )
 
         return info.worker_init_info(port, token).to_wire(), join
+
+    executes_plans: ClassVar[bool] = True
+
+    def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
+        """Stream this rank's pairs of ``planned``, each on a stream of its own; rank 0 first
+        tells the receivers where every rank listens (see :mod:`wtcore_tcp.pairs`)."""
+        from wtcore.concurrency import BackgroundCall
+        from wtcore.sharded_round import agree, gather
+        from wtcore_tcp.pairs import send_pairs
+
+        info = self.info
+        assert isinstance(info, TCPTrainerInitInfo)
+        rank = info.rank
+
+        def announce(
+            mine: dict[str, Any] | None, error: BaseException | None
+        ) -> BackgroundCall[Any] | None:
+            agree(error, "listening for the receivers")
+            every = gather(mine)
+            if rank != 0:
+                return None
+            assert self.client is not None
+            return BackgroundCall(
+                self.client.update_weights, {"senders": every}, name="update_weights"
+            )
+
+        send_pairs(
+            planned,
+            source,
+            stats,
+            rank=rank,
+            address=info.address,
+            port=info.port,
+            buffers=info.packed_num_buffers,
+            buffer_size_bytes=info.packed_buffer_size_bytes,
+            timeout_s=info.timeout_s,
+            announce=announce,
+        )
