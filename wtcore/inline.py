@@ -122,12 +122,15 @@ class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, Inli
     }
 
     def parse_update_info(self, data: Mapping[str, Any]) -> Any:
-        plan = self.parse_plan(data, self.settings.packed_buffer_size_bytes)
+        plan = self.parse_plan(data)
         if plan is not None:
             return plan
         if isinstance(data, Mapping) and "buckets" in data:
             return parse_dataclass(InlinePairsInfo, data, what="update_info")
         return super().parse_update_info(data)
+
+    def plan_buffer_size_bytes(self) -> int:
+        return self.settings.packed_buffer_size_bytes
 
     def start_weight_update(self) -> None:
         self.drop_plan()

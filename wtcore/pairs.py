@@ -103,7 +103,7 @@ class PairAssembler:
     @classmethod
     def for_receiver(
         cls,
-        wire: object,
+        planned: PlannedRound,
         *,
         rank: int,
         world_size: int,
@@ -112,10 +112,10 @@ class PairAssembler:
         sink: WeightSink,
         device: str = "cpu",
     ) -> PairAssembler:
-        """Receiver ``rank`` of ``world_size``'s side of the plan ``wire``, re-planned and
-        checked, its boxes checked against what it holds (``layout``; ``None``: whole
-        tensors): a round planned for another layout is refused before a byte is applied."""
-        planned = PlannedRound.from_wire(wire, field="update_info.plan")
+        """Receiver ``rank`` of ``world_size``'s side of ``planned`` (as decoded from the wire:
+        re-planned and checked), its boxes checked against what it holds (``layout``;
+        ``None``: whole tensors): a round planned for another layout is refused before a
+        byte is applied."""
         for i, (meta, lay) in enumerate(zip(planned.metas, planned.receivers, strict=True)):
             if lay.world_size != world_size:
                 raise PayloadError(
@@ -236,18 +236,23 @@ class PlanReceiver:
 
     _assembler: PairAssembler | None = None
 
-    def parse_plan(self, data: object, buffer_size_bytes: int) -> PlanUpdate | None:
+    def plan_buffer_size_bytes(self) -> int:
+        """The bucket size both ends cut pairs by (the engine's, as its init announced)."""
+        raise NotImplementedError
+
+    def parse_plan(self, data: object) -> PlanUpdate | None:
         """``data`` as a :class:`PlanUpdate` if it is one (``{"plan": ...}``), else None."""
         if not (isinstance(data, Mapping) and "plan" in data):
             return None
         info = parse_dataclass(PlanUpdate, data, what="update_info")
         engine: Any = self
+        planned = PlannedRound.from_wire(info.plan, field="update_info.plan")
         info.assembler = PairAssembler.for_receiver(
-            info.plan,
+            planned,
             rank=engine.rank,
             world_size=engine.world_size,
             layout=engine.receiver_layout,
-            buffer_size_bytes=buffer_size_bytes,
+            buffer_size_bytes=self.plan_buffer_size_bytes(),
             sink=engine.sink,
             device=str(engine.device),
         )

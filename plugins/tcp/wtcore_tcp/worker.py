@@ -60,11 +60,14 @@ class TCPWorkerEngine(PlanReceiver, ChannelWorkerEngine[TCPInitInfo, TCPUpdateIn
         )
 
     # ------------------------------------------------------------------ sharded rounds
-    def parse_update_info(self, data: Mapping[str, Any]) -> Any:
+    def plan_buffer_size_bytes(self) -> int:
         init = self._init
         if init is None:
             raise self._not_joined()
-        plan = self.parse_plan(data, init.packed_buffer_size_bytes)
+        return init.packed_buffer_size_bytes
+
+    def parse_update_info(self, data: Mapping[str, Any]) -> Any:
+        plan = self.parse_plan(data)
         if plan is not None:
             return plan
         if isinstance(data, Mapping) and "senders" in data:
