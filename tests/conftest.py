@@ -45,6 +45,7 @@ PROCESSES: dict[str, bool] = {
     # ---- bench (tests/bench, or tests/core/test_bench*.py before the move): in process
     # (the inproc client), except where the CLI runs as a child
     "bench/test_bench.py": True,  # `wtcore bench` as a subprocess
+    "bench/test_bench_sharded.py": True,  # trainer ranks and receivers as processes
     "bench/test_bench_api.py::test_plot_without_matplotlib_from_the_cli_prints_one_line": True,
     "bench/test_bench_peers.py::test_device_cuda_without_cuda_is_one_clear_line": True,
     "bench/test_bench_turns.py::test_interleaved_limits_are_the_median_of_their_turns_before_each_round": True,

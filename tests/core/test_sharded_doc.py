@@ -35,7 +35,7 @@ def _model() -> torch.nn.Module:
 
 def _script() -> str:
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
-    (script,) = [b for b in blocks if b.startswith("import os")]
+    (script,) = [b for b in blocks if b.startswith("import gc\nimport os")]
     assert "fully_shard(model, mesh=mesh)" in script and "ShardedModuleSource(model)" in script
     return script
 
@@ -95,10 +95,12 @@ def test_the_pages_fsdp2_trainer_syncs_two_tp_receivers(tmp_path: Path) -> None:
                     p.wait(timeout=30)
         for p, (out, err) in zip(procs, outs, strict=True):
             # A plain script (not a multiprocessing child, which leaves by os._exit) runs
-            # torch's teardown at exit; seen once in CI: after destroy_process_group and after
-            # the script's last line, a native thread aborted the interpreter ("terminate
-            # called without an active exception", rc -6). The round itself is checked below;
-            # any other failure, or that abort before the last line, still fails here.
+            # torch's teardown at exit. Seen in CI before the page freed the FSDP model ahead
+            # of destroy_process_group (a minimal script reproduces it in about 1 exit of 20,
+            # and 0 of 60 with the model freed first): after the script's last line torch
+            # aborted ("terminate called without an active exception", rc -6). Kept tolerated
+            # until CI has shown it gone; the round itself is checked below, and any other
+            # failure, or that abort before the last line, still fails here.
             torn_down = (
                 p.returncode == -6
                 and "trainer rank" in out

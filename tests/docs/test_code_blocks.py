@@ -86,7 +86,7 @@ RUN_ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/ray.md", "import ray, torch"): "tests/multinode/test_ray_nodes.py",
     # examples/trl_grpo/train.py executes the block as it stands, with a real GRPOTrainer
     ("docs/trl.md", "import wtcore_trl"): "tests/vllm/test_trl_grpo.py",
-    ("docs/sharded.md", "import os"): "tests/core/test_sharded_doc.py",  # two trainer ranks
+    ("docs/sharded.md", "import gc"): "tests/core/test_sharded_doc.py",  # two trainer ranks
 }
 
 #: Python blocks that need hardware or services no test machine is assumed to have: compiled,

@@ -105,6 +105,22 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="delta rounds against full rounds on real training steps (wtcore_bench.delta); "
         "uses --backend, --receivers, --timeout, --json, --torch-threads and --delta-* only",
     )
+    b.add_argument(
+        "--trainer-ranks",
+        type=int,
+        default=None,
+        metavar="M",
+        help="sharded rounds from M trainer processes (FSDP2) against gather-then-broadcast, "
+        "in turns (wtcore_bench.sharded); uses --backend (tcp), --receivers, --layout, --size, "
+        "--tensors, --dtype, --rounds, --buffer-size, --nodes, --link-rate, --timeout, --json",
+    )
+    b.add_argument(
+        "--layout",
+        choices=["tp", "replica"],
+        default="tp",
+        help="with --trainer-ranks: the receivers hold TP slices (tp, default) or whole "
+        "replicas (replica)",
+    )
     b.add_argument("--delta-steps", type=int, default=8, help="real training steps (default 8)")
     b.add_argument(
         "--delta-width", type=int, default=256, help="the trained model's d_model (default 256)"
@@ -128,6 +144,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return 2
     if args.delta:
         return _cmd_bench_delta(args)
+    if args.trainer_ranks is not None:
+        return _cmd_bench_sharded(args)
     if args.plot:
         check_plot_available()  # fail in one line now, not after the whole run
     if args.link_rate is not None and not args.nodes:
@@ -232,6 +250,48 @@ def _cmd_bench_delta(args: argparse.Namespace) -> int:
         )
     )
     print_delta_table(record, sys.stdout)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=2)
+    return 0 if record["ok"] else 1
+
+
+def _cmd_bench_sharded(args: argparse.Namespace) -> int:
+    import json
+
+    from wtcore_bench.sharded import ShardedBenchOptions, print_sharded_table, run_sharded_bench
+
+    m, n = args.trainer_ranks, args.receivers
+    if m < 1:
+        print("wtcore bench: --trainer-ranks must be at least 1", file=sys.stderr)
+        return 2
+    if args.nodes and args.nodes != m + 2 * n:
+        print(
+            f"wtcore bench: --nodes with --trainer-ranks puts every trainer rank and every "
+            f"receiver of both fleets on a node of its own: {m} + 2 x {n} = {m + 2 * n}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.link_rate is not None and not args.nodes:
+        print("wtcore bench: --link-rate needs --nodes", file=sys.stderr)
+        return 2
+    record = run_sharded_bench(
+        ShardedBenchOptions(
+            backend=args.backend,
+            trainer_ranks=m,
+            receivers=n,
+            layout=args.layout,
+            size_bytes=args.size,
+            num_tensors=args.tensors,
+            dtype=args.dtype,
+            rounds=args.rounds,
+            buffer_size_bytes=args.buffer_size[0] if args.buffer_size else 16 << 20,
+            nodes=bool(args.nodes),
+            link_rate=args.link_rate,
+            timeout_s=args.timeout,
+        )
+    )
+    print_sharded_table(record, sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=2)

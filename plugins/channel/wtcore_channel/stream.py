@@ -82,6 +82,8 @@ HELLO_S = 5.0
 #: Connections greeted at once; one more is dropped at once (a flood holds up no one).
 _GREETERS = 64
 _POLL_S = 0.05
+#: How often the accept loop looks for greeted connections while hellos are being read.
+_GREET_POLL_S = 0.002
 #: TCP connections per worker ("lanes"): message ``k`` travels on lane ``k % LANES``. On
 #: loopback the sender's kernel does most of a connection's work (its copy and the receiving
 #: side's protocol processing), so one connection is bound by one core; two let the sender's
@@ -195,7 +197,6 @@ def accept_lanes(
     """
     expected = frozenset(ranks)
     deadline = time.monotonic() + timeout_s
-    listener.settimeout(_POLL_S)
     greeted: queue.Queue[tuple[_Lane | None, socket.socket]] = queue.Queue()
     greeting = 0
     peers: dict[_Lane, socket.socket] = {}
@@ -225,6 +226,11 @@ def accept_lanes(
                     conn.close()
                     continue
                 peers[lane] = conn
+            if len(peers) == len(expected) * LANES:
+                break  # whole: no last wait in accept()
+            # While a hello is being read, wake up soon for it: its acknowledgement is sent
+            # from this loop, and the worker connects its next lane only once it came.
+            listener.settimeout(_GREET_POLL_S if greeting else _POLL_S)
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
