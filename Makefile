@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml requirements-dev.txt $(PLUGINS) scripts/system-deps.sh
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt -e . $(addprefix -e ,$(dir $(PLUGINS)))
 	touch $(STAMP)
 
-$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/channel/pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/ipc/pyproject.toml plugins/vllm/pyproject.toml plugins/delta/pyproject.toml plugins/trl/pyproject.toml plugins/mooncake/pyproject.toml
+$(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/channel/pyproject.toml plugins/nccl/pyproject.toml plugins/http_client/pyproject.toml plugins/ipc/pyproject.toml plugins/vllm/pyproject.toml plugins/delta/pyproject.toml plugins/trl/pyproject.toml plugins/mooncake/pyproject.toml plugins/tcp/pyproject.toml
 	rm -f $(VLLM_STAMP)
 	PYTHON=$(PYTHON) scripts/vllm-venv.sh $(VLLM_VENV)
 

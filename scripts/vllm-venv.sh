@@ -32,7 +32,7 @@ PIP=("$VENV/bin/python" -m pip install --quiet)
 # them, so they go.
 "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 "${PIP[@]}" --no-deps -e . -e plugins/channel -e plugins/nccl -e plugins/ipc -e plugins/http_client -e plugins/vllm \
-    -e plugins/delta -e plugins/trl -e plugins/mooncake
+    -e plugins/delta -e plugins/trl -e plugins/mooncake -e plugins/tcp
 # TRL (the wtcore-trl tests run a real GRPOTrainer against a vLLM server): the version
 # wtcore-trl is tested with, torch pinned again so that nothing it pulls re-resolves torch.
 "${PIP[@]}" "trl==1.16.0" "$TORCH"

@@ -72,14 +72,14 @@ class Servers:
     reference: Outputs  # what the reference (B) generates
     ipc: VLLMServer | None = None  # serves A too, with wtcore_ipc (the tied fixture only)
     mooncake: VLLMServer | None = None  # serves A too, with wtcore_mooncake (the tied fixture)
-    inline: VLLMServer | None = None  # serves A too, with wtcore_inline (sharded rounds)
+    tcp: VLLMServer | None = None  # serves A too, with wtcore_tcp (sharded rounds)
 
 
 @pytest.fixture(scope="session")
 def vllm_servers(
     checkpoints: tuple[Checkpoint, Checkpoint], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Servers]:
-    with serve(*checkpoints, tmp_path_factory.mktemp("vllm-logs"), inline=True) as started:
+    with serve(*checkpoints, tmp_path_factory.mktemp("vllm-logs"), tcp=True) as started:
         yield started
 
 
@@ -94,16 +94,16 @@ def tied_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 
 @contextlib.contextmanager
 def serve(
-    a: Checkpoint, b: Checkpoint, logs: Path, *, ipc: bool = False, inline: bool = False
+    a: Checkpoint, b: Checkpoint, logs: Path, *, ipc: bool = False, tcp: bool = False
 ) -> Iterator[Servers]:
     """A with ``wtcore_nccl`` (with ``ipc``, A with ``wtcore_ipc`` and ``wtcore_mooncake``;
-    with ``inline``, A with ``wtcore_inline``) and B as the reference, all started at once."""
+    with ``tcp``, A with ``wtcore_tcp``) and B as the reference, all started at once."""
     specs = [(a.dir, logs / "a.log", "wtcore_nccl"), (b.dir, logs / "ref.log", None)]
     if ipc:
         specs.append((a.dir, logs / "a-ipc.log", "wtcore_ipc"))
         specs.append((a.dir, logs / "a-mooncake.log", "wtcore_mooncake"))
-    if inline:
-        specs.append((a.dir, logs / "a-inline.log", "wtcore_inline"))
+    if tcp:
+        specs.append((a.dir, logs / "a-tcp.log", "wtcore_tcp"))
     with servers(specs) as started:
         server_a, server_ref = started[:2]
         original, reference = generate(server_a), generate(server_ref)
@@ -119,5 +119,5 @@ def serve(
             original,
             reference,
             *ipc_ones,
-            inline=more[-1] if inline else None,
+            tcp=more[-1] if tcp else None,
         )

@@ -1,5 +1,5 @@
 """One rank of an FSDP2 trainer for the vLLM tests: send a saved state dict, sharded, into a
-vLLM server (``wtcore_inline``), no rank ever gathering a tensor.
+vLLM server (``wtcore_tcp``), no rank ever gathering a tensor.
 
 Runs with the MAIN venv (no vLLM), once per rank (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT`` as torchrun sets them): the state becomes a module, ``fully_shard`` spreads it
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 from typing import Any
 
@@ -21,10 +22,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from wtcore.inline import InlineTrainerEngine, InlineTrainerInitInfo
 from wtcore.source import ShardedModuleSource
 from wtcore.synthetic import build_module
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_tcp import TCPTrainerEngine, TCPTrainerInitInfo
 
 
 def _no_gather(self: Any) -> Any:
@@ -46,8 +47,14 @@ def main() -> None:
         DTensor.full_tensor = _no_gather  # type: ignore[method-assign]
         rank = dist.get_rank()
         client = HTTPWeightSyncClient(args.url, timeout_s=120) if rank == 0 else None
-        info = InlineTrainerInitInfo(rank=rank, packed_buffer_size_bytes=args.buffer_bytes)
-        engine = InlineTrainerEngine.trainer_init(info, client=client)
+        info = TCPTrainerInitInfo(
+            address="127.0.0.1",  # where this rank listens for the server's worker
+            world_size=2,  # rank 0 plus the server's one worker (TP=1)
+            rank=rank,
+            packed_buffer_size_bytes=args.buffer_bytes,
+            timeout_s=120.0,
+        )
+        engine = TCPTrainerEngine.trainer_init(info, client=client)
         try:
             stats = engine.send_weights(ShardedModuleSource(model), weight_version=args.version)
         finally:
@@ -56,6 +63,8 @@ def main() -> None:
                 client.close()
         out = {"rank": rank, "sent": stats.bytes_sent, "planned": stats.num_bytes}
         print(json.dumps(out), flush=True)
+        del model  # FSDP's reference cycles hold the mesh's groups: free them first
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
