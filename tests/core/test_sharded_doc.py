@@ -10,9 +10,7 @@ trainer rank must report that it sent exactly its planned bytes.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import torch
 from wtcore import ModuleSink, WeightSyncWorker
 from wtcore.receiver_layout import TPLayout
 from wtcore.synthetic import build_module
-from wtcore.testing import free_port
+from wtcore.testing import torchrun
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "sharded.md"
 RULES = (("0.*", "column"), ("1.weight", "row"))  # the page's
@@ -63,37 +61,11 @@ def test_the_pages_fsdp2_trainer_syncs_two_tp_receivers(tmp_path: Path) -> None:
     ]
     script = tmp_path / "trainer.py"
     script.write_text(_script())
-    port = free_port()
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(ReceiverHTTPServer(ReceiverRoutes(w))).url for w in fleet]
-        procs = []
-        try:
-            for rank in range(2):
-                env = {
-                    **os.environ,
-                    "RANK": str(rank),
-                    "WORLD_SIZE": "2",
-                    "LOCAL_RANK": str(rank),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                    "RECEIVERS": ",".join(urls),
-                }
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, str(script)],
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                    )
-                )
-            outs = [p.communicate(timeout=240) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(timeout=30)
-        for p, (out, err) in zip(procs, outs, strict=True):
+        ranks = torchrun([sys.executable, str(script)], 2, env={"RECEIVERS": ",".join(urls)})
+        outs = [(r.stdout, r.stderr) for r in ranks]
+        for r in ranks:
             # A plain script (not a multiprocessing child, which leaves by os._exit) runs
             # torch's teardown at exit. Seen in CI before the page freed the FSDP model ahead
             # of destroy_process_group (a minimal script reproduces it in about 1 exit of 20,
@@ -102,11 +74,11 @@ def test_the_pages_fsdp2_trainer_syncs_two_tp_receivers(tmp_path: Path) -> None:
             # until CI has shown it gone; the round itself is checked below, and any other
             # failure, or that abort before the last line, still fails here.
             torn_down = (
-                p.returncode == -6
-                and "trainer rank" in out
-                and err.strip().endswith("terminate called without an active exception")
+                r.returncode == -6
+                and "trainer rank" in r.stdout
+                and r.stderr.strip().endswith("terminate called without an active exception")
             )
-            assert p.returncode == 0 or torn_down, err[-3000:]
+            assert r.returncode == 0 or torn_down, r.stderr[-3000:]
         sent = {}
         for out, _ in outs:
             m = re.search(r"trainer rank (\d): sent (\d+) bytes, its planned (\d+)", out)

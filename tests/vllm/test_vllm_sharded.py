@@ -12,49 +12,28 @@ must have sent exactly its planned bytes, and the ranks together the model once.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.vllm.vllm_kit import HERE, MAIN_PYTHON, VLLMServer, generate
-from wtcore.testing import free_port
+from wtcore.testing import torchrun
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def sharded_sync(server: VLLMServer, state: Path, version: str) -> list[dict[str, int]]:
-    port = free_port()
+    cmd = [MAIN_PYTHON, str(HERE / "sharded_trainer.py"), "--url", server.url]
+    cmd += ["--state", str(state), "--version", version]
     server.post("/pause")
-    procs = []
     try:
-        for rank in range(2):
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            }
-            cmd = [MAIN_PYTHON, str(HERE / "sharded_trainer.py"), "--url", server.url]
-            cmd += ["--state", str(state), "--version", version]
-            procs.append(
-                subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-                )
-            )
-        outs = [p.communicate(timeout=300) for p in procs]
+        ranks = torchrun(cmd, 2, timeout_s=300)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
         server.post("/resume")
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    for r in ranks:
+        assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(r.stdout.strip().splitlines()[-1]) for r in ranks]
 
 
 def test_fsdp2_trainer_syncs_vllm_without_a_gather(vllm_servers) -> None:  # type: ignore[no-untyped-def]

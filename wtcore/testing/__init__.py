@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from wtcore.testing.net import free_port, on_ranks, spawned
+from wtcore.testing.net import free_port, on_ranks, spawned, torchrun
 from wtcore.testing.pipes import (
     PipeClient,
     PipeFleet,
@@ -63,6 +63,7 @@ __all__ = [
     "spec_of",
     "state_of_spec",
     "synthetic_state",
+    "torchrun",
     "wait_until",
     "zeros_like_state",
 ]

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import socket
-from collections.abc import Callable, Iterator
+import subprocess
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from wtcore.testing.procs import stop_processes
 
-__all__ = ["free_port", "on_ranks", "spawned"]
+__all__ = ["free_port", "on_ranks", "spawned", "torchrun"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,3 +58,48 @@ def on_ranks(
         for rank in range(world):
             stack.enter_context(spawned(target, rank, port, results, *args))
         return [results.get(timeout=timeout_s) for _ in range(world)]
+
+
+def torchrun(
+    argv: Sequence[str],
+    world: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 240.0,
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run ``argv`` as ``world`` ranks at once, with the variables torchrun sets (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) plus ``env``: each
+    rank's exit status and output, in rank order. Every process is killed by PID if it has
+    not ended in ``timeout_s`` (or when the caller fails meanwhile)."""
+    port = free_port()
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for rank in range(world):
+            rank_env = {
+                **os.environ,
+                **(env or {}),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            procs.append(
+                subprocess.Popen(
+                    list(argv),
+                    env=rank_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate(timeout=30)
+    return [
+        subprocess.CompletedProcess(list(argv), p.returncode, out, err)
+        for p, (out, err) in zip(procs, outs, strict=True)
+    ]

@@ -231,7 +231,6 @@ def _bench_options(args: argparse.Namespace, engine_options: dict[str, Any]) -> 
 
 
 def _cmd_bench_delta(args: argparse.Namespace) -> int:
-    import json
 
     from wtcore_bench.delta import DeltaBenchOptions, print_delta_table, run_delta_bench
 
@@ -249,15 +248,10 @@ def _cmd_bench_delta(args: argparse.Namespace) -> int:
             mode=args.delta_mode,
         )
     )
-    print_delta_table(record, sys.stdout)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=2)
-    return 0 if record["ok"] else 1
+    return _report(record, print_delta_table, args.json)
 
 
 def _cmd_bench_sharded(args: argparse.Namespace) -> int:
-    import json
 
     from wtcore_bench.sharded import ShardedBenchOptions, print_sharded_table, run_sharded_bench
 
@@ -291,8 +285,15 @@ def _cmd_bench_sharded(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
         )
     )
-    print_sharded_table(record, sys.stdout)
-    if args.json:
-        with open(args.json, "w") as f:
+    return _report(record, print_sharded_table, args.json)
+
+
+def _report(record: dict[str, Any], table: Any, json_path: str | None) -> int:
+    """Print ``record``'s table, write it as JSON if asked; the exit status it deserves."""
+    import json
+
+    table(record, sys.stdout)
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(record, f, indent=2)
     return 0 if record["ok"] else 1
