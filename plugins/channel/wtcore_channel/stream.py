@@ -534,11 +534,9 @@ class Stream:
                     piece = view[at : at + RELAY_CHUNK]
                     _recv_exact(sock, piece, deadline)
                     last = at + RELAY_CHUNK >= len(view)
-                    for q in onward:
-                        q.put((work, piece, len(view) if at == 0 else -1, last))
+                    self._hand_on(key[1], (work, piece, len(view) if at == 0 else -1, last))
                 if onward and not view:  # an empty message is handed on too
-                    for q in onward:
-                        q.put((work, view, 0, True))
+                    self._hand_on(key[1], (work, view, 0, True))
             except (OSError, TransferError) as e:
                 if isinstance(e, TransferTimeoutError):
                     e = TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
@@ -547,6 +545,19 @@ class Stream:
                 self._fail(key, work, e)
                 continue
             work._count(recvs=1)
+
+    def _hand_on(self, lane: int, piece: _Piece) -> None:
+        """A relay: queue ``piece`` for every downstream peer's writer of ``lane``. Once the
+        streams are closed no writer takes it any more, so its message fails instead of
+        waiting forever for a send that will never happen (a late, abandoned round's receive
+        would otherwise hold up the next round)."""
+        with self._lock:
+            if not self._closed.is_set():
+                for peer in self._down:
+                    self._queues[(peer, lane)].put(piece)
+                return
+        for peer in self._down:
+            self._fail((peer, lane), piece[0], TransferError("the tcp streams were closed"))
 
     def close(self) -> None:
         """Shut every connection down: calls in progress end, later messages fail (not joined).
