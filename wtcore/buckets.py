@@ -125,7 +125,11 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-    """Copy ``tensors`` into the flat ``uint8`` buffer ``out``; returns ``out[:nbytes]``."""
+    """Copy ``tensors`` into the flat ``uint8`` buffer ``out``; returns ``out[:nbytes]``.
+
+    A tensor need not be contiguous (a region of a shard, say): it is copied straight into
+    its place, through a view of the buffer in its own dtype and shape, with no temporary.
+    """
     if len(tensors) != len(bucket.metas):
         raise PayloadError(
             f"bucket {bucket.index} holds {len(bucket.metas)} tensors, got {len(tensors)}"
@@ -135,8 +139,12 @@ def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tens
             f"buffer of {out.numel()} bytes is too small for bucket of {bucket.nbytes}"
         )
     for meta, off, t in zip(bucket.metas, bucket.offsets, tensors, strict=True):
-        if meta.nbytes:
+        if not meta.nbytes:
+            continue
+        if t.is_contiguous():
             out[off : off + meta.nbytes].copy_(as_bytes(t))
+        else:
+            out[off : off + meta.nbytes].view(t.dtype).view(t.shape).copy_(t)
     return out[: bucket.nbytes]
 
 

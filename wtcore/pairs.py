@@ -61,7 +61,7 @@ def pack_pair(
         part = local.get(c.name)
         if part is None:
             raise PayloadError(f"{c.name!r}: this sending rank holds no part of it")
-        parts.append(region(part, c.src_box).contiguous())
+        parts.append(region(part, c.src_box))  # strided: pack_bucket copies it in place
     return pack_bucket(bucket, parts, out)
 
 
