@@ -141,3 +141,55 @@ def test_a_rank_that_breaks_fails_the_round_everywhere_and_the_next_round_recove
     for info in got[0]["infos"]:
         assert info["consistent"] and info["weight_version"] == "fixed", info
     assert got[0]["exact"] == [True, True]
+
+
+def test_a_sender_whose_bucket_disagrees_with_the_plan_is_refused_not_aborted() -> None:
+    """A real gloo group of 2 (trainer rank 0, receiver 0) in this process: the sender
+    announces (and sends) a bucket longer than the receiver planned. The receiver refuses it
+    from the header, naming the trainer rank, before it posts the receive that would make
+    gloo abort this process."""
+    import threading
+
+    from wtcore.concurrency import BackgroundCall
+    from wtcore.meta import ParamMeta
+    from wtcore.pairs import PairAssembler
+    from wtcore.plan import PlannedRound
+    from wtcore.receiver_layout import receiver_layouts
+    from wtcore.sink import ModuleSink
+    from wtcore.synthetic import build_module
+    from wtcore_nccl.group import connect_store, host_store, join_group
+    from wtcore_nccl.pairs import receive_pairs
+
+    full = whole()
+    metas = [ParamMeta.of(k, t) for k, t in full.items()]
+    planned = PlannedRound.make(metas, trainer_layouts("S0", 1), receiver_layouts([None], metas))
+    sink = ModuleSink(build_module({k: torch.zeros_like(t) for k, t in full.items()}))
+    assembler = PairAssembler.for_receiver(
+        planned, rank=0, world_size=1, layout=None, buffer_size_bytes=BUFFER, sink=sink
+    )
+    port = free_port()
+    store = host_store("127.0.0.1", port, 2, 10.0)
+    kw: dict[str, Any] = dict(
+        generation=0, world_size=2, transport="gloo", address="127.0.0.1", port=port,
+        timeout_s=10.0, secret="cd" * 16,
+    )  # fmt: skip
+    planned_nbytes = assembler.buckets_from(0)[0][0].nbytes
+    stop = threading.Event()
+
+    def sender() -> None:
+        group = join_group(connect_store("127.0.0.1", port, 10.0), rank=0, **kw)
+        data = torch.ones(planned_nbytes + 64, dtype=torch.uint8)
+        works = [group.pg.send([make_header(0, data, "cpu")], 1, 0), group.pg.send([data], 1, 0)]
+        stop.wait(10)
+        group.release(works)
+
+    call = BackgroundCall(sender, name="hostile-sender")
+    group = join_group(store, rank=1, **kw)
+    try:
+        with pytest.raises(TransferError, match=r"bucket 0 from trainer rank 0.*refusing"):
+            receive_pairs(assembler, group, rank=0, device="cpu", timeout_s=10.0, poll=lambda: None)
+    finally:
+        stop.set()
+        call.wait(15)
+        group.release()
+    assert list(assembler.missing())  # nothing of the refused bucket was applied
