@@ -128,10 +128,10 @@ def send_pairs(
         return work
 
     def pair(d: int, buckets: list[tuple[Bucket, list[Chunk]]]) -> None:
-        inflight: deque[tuple[list[Any], torch.Tensor, str]] = deque()
+        inflight: deque[tuple[list[Any], torch.Tensor, torch.Tensor, str]] = deque()
 
         def settle() -> None:
-            works, buf, what = inflight.popleft()
+            works, buf, _header, what = inflight.popleft()  # the header lives until sent
             for w in works:
                 wait_work(w, what=what, timeout_s=timeout_s, poll=cut.poll)
             pool.put(buf)
@@ -148,15 +148,15 @@ def send_pairs(
             filled = pack_pair(bucket, chunks, local, buf)
             header = make_header(k, filled, device, checksum=False)
             what = f"bucket {k} of trainer rank {rank} to receiver {d}"
-            inflight.append(([send(header, d), send(filled, d)], buf, what))
+            inflight.append(([send(header, d), send(filled, d)], buf, header, what))
             with lock:
                 sent[0] += bucket.payload_nbytes
                 stats.num_buckets += 1
         while inflight:
             settle()
-        end = send(make_header(len(buckets), None, device), d)
+        end_header = make_header(len(buckets), None, device)
         what = f"the end header of trainer rank {rank} to receiver {d}"
-        wait_work(end, what=what, timeout_s=timeout_s, poll=cut.poll)
+        wait_work(send(end_header, d), what=what, timeout_s=timeout_s, poll=cut.poll)
 
     calls = [
         BackgroundCall(pair, d, bs, name=f"wtcore-nccl-pair-{rank}-{d}") for d, bs in pairs.items()
