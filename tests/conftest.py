@@ -37,6 +37,9 @@ PROCESSES: dict[str, bool] = {
     # ---- tcp: sharded rounds spawn their trainer ranks (a gloo group)
     "tcp/test_sharded_tcp.py::test_each_rank_sends_its_part_and_each_receiver_gets_its_slice": True,
     "tcp/test_sharded_tcp.py::test_a_rank_that_breaks_fails_the_round_everywhere_and_the_next_round_recovers": True,
+    # ---- nccl: sharded rounds spawn their trainer ranks (a gloo group)
+    "nccl/test_sharded_nccl.py::test_each_rank_sends_its_part_and_each_receiver_gets_its_slice": True,
+    "nccl/test_sharded_nccl.py::test_a_rank_that_breaks_fails_the_round_everywhere_and_the_next_round_recovers": True,
     "core/test_lazy_import.py": True,  # a fresh interpreter
     "core/test_pipes.py": True,  # pipe_fleet: worker child processes
     "core/test_procs.py": True,  # stop_processes on real children

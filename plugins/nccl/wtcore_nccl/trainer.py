@@ -4,14 +4,16 @@ The round itself (one ``update_weights`` for the whole round, packed buckets fro
 buffers, large tensors in place, frames, bounded drains) is the kit's
 (:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies its channel: a process
 group of its own (:mod:`wtcore_nccl.group`), broadcasting collectively or down a forwarding
-chain (:mod:`wtcore_nccl.chain`).
+chain (:mod:`wtcore_nccl.chain`). A sharded round (:mod:`wtcore.sharded_round`) goes over
+a group of its own, of every trainer rank and every receiver, point to point
+(:mod:`wtcore_nccl.pairs`).
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore_channel import ChannelTrainerEngine
 from wtcore_nccl.config import NCCLTrainerInitInfo
@@ -19,6 +21,9 @@ from wtcore_nccl.group import GENERATION_KEY, host_store, join_group
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
+    from wtcore.plan import PlannedRound
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
     from wtcore_channel import Channel
 
 __all__ = ["NCCLTrainerEngine"]
@@ -69,6 +74,80 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
             )
 
         return info.worker_init_info(secret).to_wire(), join
+
+    executes_plans: ClassVar[bool] = True
+
+    def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
+        """Send this rank's pairs of ``planned`` in a group of every trainer rank and every
+        receiver, formed for this round through rank 0's store (:mod:`wtcore_nccl.pairs`).
+
+        Every rank reads its own parts first and the ranks agree on it, so a rank whose source
+        breaks fails the round on every rank before any group forms (no rank then waits for
+        it). Rank 0 draws the round's secret and shares it; it tells the receivers in a
+        second update, in the background, as their ``update_weights`` returns only once they
+        received everything. The group is released when the round ends, on every rank.
+        """
+        from wtcore.concurrency import BackgroundCall
+        from wtcore.sharded_round import agree, share
+        from wtcore_nccl.group import connect_store
+        from wtcore_nccl.pairs import send_pairs
+
+        info = self.info
+        assert isinstance(info, NCCLTrainerInitInfo)
+        rank = info.rank
+        trainer_ranks = planned.senders[0].world_size if planned.senders else 1
+        error: BaseException | None = None
+        local: dict[str, Any] = {}
+        store = self._store if rank == 0 else None
+        secret = secrets.token_hex(16) if rank == 0 else None
+        try:
+            local = dict(source)
+        except BaseException as e:
+            error = e
+        agree(error, "reading the shards")
+        secret = share(secret)
+        error = None
+        try:
+            if rank != 0:  # the other trainer ranks reach rank 0's store as clients
+                store = connect_store(info.master_address, info.master_port, info.timeout_s)
+        except BaseException as e:
+            error = e
+        agree(error, "reaching the nccl rendezvous store")
+        rpc: BackgroundCall[Any] | None = None
+        if rank == 0:
+            assert self.client is not None
+            update = {"group": {"secret": secret, "trainer_ranks": trainer_ranks}}
+            rpc = BackgroundCall(self.client.update_weights, update, name="update_weights")
+
+        def poll() -> None:
+            if rpc is not None and rpc.error is not None:
+                raise rpc.error
+
+        group = None
+        try:
+            group = join_group(
+                store,
+                generation=0,
+                rank=rank,
+                world_size=trainer_ranks + info.world_size - 1,
+                transport=info.resolved_transport,
+                address=info.master_address,
+                port=info.master_port,
+                timeout_s=info.timeout_s,
+                poll=poll,
+                secret=secret,
+            )
+            send_pairs(
+                planned, local, stats, group, rank=rank, buffers=info.packed_num_buffers,
+                buffer_size_bytes=info.packed_buffer_size_bytes, device=str(info.device),
+                timeout_s=info.timeout_s, poll=poll,
+            )  # fmt: skip
+        finally:
+            if group is not None:
+                group.release()
+        if rpc is not None:
+            with stats.phase("control"):
+                rpc.result(info.timeout_s)
 
     def shutdown(self) -> None:
         """Release the group, the store and the buffers. Idempotent."""

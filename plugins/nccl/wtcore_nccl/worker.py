@@ -4,20 +4,27 @@ The receiving itself (receives posted ahead into reused buffers or in place into
 tensors, frames checked before a receive is posted, bounded waits that notice the sender's
 abort notice, a receive of an abandoned round settled before the next round writes) is the
 kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins its channel: the
-sender's rendezvous store, then the process group (:mod:`wtcore_nccl.group`).
+sender's rendezvous store, then the process group (:mod:`wtcore_nccl.group`). A sharded
+round takes its plan first (:class:`wtcore.pairs.PlanReceiver`), then the round's group
+(``{"group": {...}}``), joins it and receives from each trainer rank it gets bytes from
+(:mod:`wtcore_nccl.pairs`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore.pairs import PlanReceiver, PlanUpdate
+from wtcore.parse import parse_dataclass
 from wtcore_channel import ChannelWorkerEngine
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group
+from wtcore_nccl.pairs import GroupUpdate
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
@@ -32,7 +39,7 @@ _log = logging.getLogger(__name__)
 WORKER_OPTIONS: tuple[str, ...] = ("torch_num_threads",)
 
 
-class NCCLWorkerEngine(ChannelWorkerEngine[NCCLInitInfo, NCCLUpdateInfo]):
+class NCCLWorkerEngine(PlanReceiver, ChannelWorkerEngine[NCCLInitInfo, NCCLUpdateInfo]):
     """Worker half of the ``nccl`` engine (see the module docstring).
 
     Option ``torch_num_threads`` (in the worker's config) calls ``torch.set_num_threads``
@@ -125,3 +132,82 @@ class NCCLWorkerEngine(ChannelWorkerEngine[NCCLInitInfo, NCCLUpdateInfo]):
                 f"the nccl rendezvous store at {addr}:{port} holds a malformed handshake "
                 f"counter: {e}"
             ) from e
+
+    # ------------------------------------------------------------------ sharded rounds
+    def plan_buffer_size_bytes(self) -> int:
+        init = self._init
+        if init is None:
+            raise self._not_joined()
+        return init.packed_buffer_size_bytes
+
+    def parse_update_info(self, data: Mapping[str, Any]) -> Any:
+        plan = self.parse_plan(data)
+        if plan is not None:
+            return plan
+        if isinstance(data, Mapping) and "group" in data:
+            if set(data) != {"group"} or not isinstance(data["group"], Mapping):
+                raise PayloadError("update_info: expected {'group': {secret, trainer_ranks}}")
+            return parse_dataclass(GroupUpdate, data["group"], what="update_info.group")
+        return super().parse_update_info(data)
+
+    def start_weight_update(self) -> None:
+        self.drop_plan()
+        super().start_weight_update()
+
+    def abort(self) -> None:
+        self.drop_plan()
+        super().abort()
+
+    def finish_weight_update(self) -> None:
+        self.check_planned_round()
+
+    def receive_weights(self, update_info: Any) -> None:
+        if isinstance(update_info, PlanUpdate):
+            self.take_plan(update_info)
+            return
+        if isinstance(update_info, GroupUpdate):
+            self._receive_pairs(update_info)
+            return
+        self.refuse_whole_tensors()
+        super().receive_weights(update_info)
+
+    def _receive_pairs(self, update: GroupUpdate) -> None:
+        """Join the round's group (receiver ``d`` as group rank ``M + d``) and receive every
+        pair's buckets; the group is released when this returns, however it ends, so no
+        stale sharded group outlives its round. An abort or a shutdown ends every wait."""
+        from wtcore_nccl.pairs import receive_pairs
+
+        assembler = self.planned("update_info.group")
+        init = self._init
+        if init is None:
+            raise self._not_joined()
+        m = update.checked(assembler.trainer_ranks).trainer_ranks
+        with self._lock:
+            self._receiving = True
+        try:
+            addr, port, timeout = init.master_address, init.master_port, init.timeout_s
+            store = connect_store(addr, port, timeout, poll=self.check_stopped)
+            group = join_group(
+                store,
+                generation=0,
+                rank=m + self.rank,
+                world_size=m + self.world_size,
+                transport=resolve_transport(init.transport, self.device),
+                address=addr,
+                port=port,
+                timeout_s=timeout,
+                poll=self.check_stopped,
+                secret=update.secret,
+            )
+            try:
+                receive_pairs(
+                    assembler, group, rank=self.rank, device=self.channel_device,
+                    timeout_s=timeout, poll=self.check_stopped,
+                )  # fmt: skip
+            finally:
+                group.release()
+        finally:
+            with self._lock:
+                self._receiving = False
+            if self._closing.is_set():
+                self._release()

@@ -23,7 +23,7 @@ import re
 import secrets
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from wtcore.pairs import pack_pair, pair_buckets
 from wtcore_channel.listen import listen_on
 from wtcore_channel.pipeline import wait_work
 from wtcore_channel.stream import Stream, accept_lanes, connect_lanes
+from wtcore_channel.threads import run_all
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 __all__ = ["SendersUpdate", "receive_pairs", "send_pairs"]
 
 _TOKEN = re.compile(r"[0-9a-f]{32,128}")
-_POLL_S = 0.05
 
 
 @dataclass
@@ -79,28 +79,9 @@ class SendersUpdate:
         return out
 
 
-def _run_all(calls: list[BackgroundCall[Any]], streams: list[Stream], timeout_s: float,
-             poll: Callable[[], None] | None) -> None:  # fmt: skip
-    """Wait for every pair's thread; at the first failure cut every stream (the others end
-    at once) and raise it. ``poll`` runs between short waits (it raises to give up)."""
-    try:
-        for call in calls:
-            while not call.wait(_POLL_S):
-                if poll is not None:
-                    poll()
-                failed = next((c for c in calls if c.error is not None), None)
-                if failed is not None:
-                    failed.result(0)
-            call.result(0)
-    except BaseException:
-        for s in streams:
-            s.close()
-        for call in calls:  # every thread ends once its stream is closed (bounded)
-            call.wait(timeout_s)
-        raise
-    finally:
-        for s in streams:
-            s.close()
+def _close(streams: Iterable[Stream]) -> None:
+    for s in streams:
+        s.close()
 
 
 def send_pairs(
@@ -204,7 +185,7 @@ def send_pairs(
             for d, bs in pairs.items()
         ]
         with stats.phase("wire"):
-            _run_all(calls, list(streams.values()), timeout_s, poll)
+            run_all(calls, lambda: _close(streams.values()), timeout_s, poll)
         stats.bytes_sent = sent[0]
     finally:
         for s in streams.values():
@@ -257,7 +238,7 @@ def receive_pairs(
                     assembler.take([(s, k, view)])
 
         calls = [BackgroundCall(pull, s, name=f"wtcore-tcp-pull-{s}-{rank}") for s in streams]
-        _run_all(calls, list(streams.values()), timeout_s, poll)
+        run_all(calls, lambda: _close(streams.values()), timeout_s, poll)
     finally:
         for stream in streams.values():
             stream.close()

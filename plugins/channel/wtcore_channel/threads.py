@@ -1,0 +1,45 @@
+"""One thread per (trainer rank, receiver) pair, waited for together (sharded rounds).
+
+Why one helper: every engine that executes sharded plans runs each pair on a thread of its
+own at both ends, so that no pair waits for another, and must end them all at the first
+failure rather than let the others run to their timeouts. The engine says how to stop its
+pairs (``cut``: close their streams, or tell their waits to give up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from wtcore.concurrency import BackgroundCall
+
+__all__ = ["run_all"]
+
+_POLL_S = 0.05
+
+
+def run_all(
+    calls: list[BackgroundCall[Any]],
+    cut: Callable[[], None],
+    timeout_s: float,
+    poll: Callable[[], None] | None,
+) -> None:
+    """Wait for every pair's thread; at the first failure ``cut`` the pairs (so the others
+    end at once, each waited for at most ``timeout_s``) and raise it. ``poll`` runs between
+    short waits (it raises to give up). ``cut`` runs once more at the end in every case."""
+    try:
+        for call in calls:
+            while not call.wait(_POLL_S):
+                if poll is not None:
+                    poll()
+                failed = next((c for c in calls if c.error is not None), None)
+                if failed is not None:
+                    failed.result(0)
+            call.result(0)
+    except BaseException:
+        cut()
+        for call in calls:  # every thread ends once its pair is cut (bounded)
+            call.wait(timeout_s)
+        raise
+    finally:
+        cut()
