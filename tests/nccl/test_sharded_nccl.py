@@ -193,3 +193,21 @@ def test_a_sender_whose_bucket_disagrees_with_the_plan_is_refused_not_aborted() 
         call.wait(15)
         group.release()
     assert list(assembler.missing())  # nothing of the refused bucket was applied
+
+
+def test_a_sharded_round_over_nccl_is_refused_before_anything_moves() -> None:
+    """Over NCCL (CUDA) each pair's thread would share one communicator, which NCCL does not
+    allow; the round is refused at send_weights, naming the way out. (No GPU here: the engine
+    is built for trainer rank 1, which needs no client and joins nothing until a round.)"""
+    from wtcore_nccl import NCCLTrainerEngine
+
+    info = NCCLTrainerInitInfo(
+        master_address="127.0.0.1", master_port=29999, world_size=2, rank=1, transport="nccl",
+        device="cuda",
+    )  # fmt: skip
+    engine = NCCLTrainerEngine(info, client=None, source=None)
+    full = whole()
+    source = PartsSource(full, trainer_layouts("S0", 2), 1)
+    with pytest.raises(PayloadError, match="run over gloo"):
+        engine.send_weights(source, weight_version="never")
+    engine.shutdown()

@@ -15,6 +15,7 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from wtcore.errors import PayloadError
 from wtcore_channel import ChannelTrainerEngine
 from wtcore_nccl.config import NCCLTrainerInitInfo
 from wtcore_nccl.group import GENERATION_KEY, host_store, join_group
@@ -76,6 +77,20 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
         return info.worker_init_info(secret).to_wire(), join
 
     executes_plans: ClassVar[bool] = True
+
+    def _check_sharded(self, verify: bool) -> None:
+        """Sharded rounds run over gloo only, refused over NCCL before anything moves: each
+        pair sends from a thread of its own, and NCCL does not allow point-to-point calls on
+        one communicator from several threads at once (they can deadlock); no GPU has run
+        this path yet either."""
+        super()._check_sharded(verify)
+        info = self.info
+        assert isinstance(info, NCCLTrainerInitInfo)  # init_info_cls, checked by the base class
+        if info.resolved_transport != "gloo":
+            raise PayloadError(
+                "send_weights: sharded rounds on nccl run over gloo (CPU tensors) for now, not "
+                "over NCCL; send a ModuleSource (rank 0 gathers each tensor whole) or use tcp"
+            )
 
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
         """Send this rank's pairs of ``planned`` in a group of every trainer rank and every
