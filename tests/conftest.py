@@ -34,6 +34,7 @@ PROCESSES: dict[str, bool] = {
     "core/test_sharded_inline.py::test_each_rank_sends_its_part_and_each_receiver_gets_its_slice": True,
     "core/test_sharded_doc.py": True,  # two trainer processes, HTTP receivers
     "core/test_sharded_inline.py::test_a_round_a_trainer_rank_cuts_short_is_never_published": True,
+    "core/test_sharded_inline.py::test_a_rank_that_breaks_fails_the_round_everywhere_and_the_next_round_recovers": True,
     # ---- tcp: sharded rounds spawn their trainer ranks (a gloo group)
     "tcp/test_sharded_tcp.py::test_each_rank_sends_its_part_and_each_receiver_gets_its_slice": True,
     "tcp/test_sharded_tcp.py::test_a_rank_that_breaks_fails_the_round_everywhere_and_the_next_round_recovers": True,

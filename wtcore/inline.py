@@ -229,12 +229,18 @@ class InlineTrainerEngine(BucketedTrainerEngine):
         for s, d in planned.plan.pairs():
             for k, (bucket, chunks) in enumerate(pair_buckets(planned, s, d, size)):
                 queues[d].append((s, k, (bucket, chunks)))
-        local = dict(source)
+        error: BaseException | None = None
+        local: dict[str, Any] = {}
+        try:  # every rank takes part in each step's collectives, so a broken source is agreed on
+            local = dict(source)
+        except BaseException as e:
+            error = e
+        agree(error, "reading the shards")
         stats.bytes_sent = 0
         staging = self.staging(max((b.nbytes for q in queues for _, _, (b, _) in q), default=0))
         for step in range(max((len(q) for q in queues), default=0)):
             mine: dict[int, dict[str, Any]] = {}
-            error: BaseException | None = None
+            error = None
             try:
                 with stats.phase("pack"):
                     for d, q in enumerate(queues):

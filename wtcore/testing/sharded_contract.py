@@ -21,7 +21,8 @@ Trainer ranks are real processes in a gloo group; rank 0 hosts the receivers (re
 a pipeline layout and a 2x2 (FSDP x TP) mesh on 4 ranks. Each checks every receiver's tensors
 against the whole tensors' slices (``torch.equal``), the bytes each trainer rank packed and
 sent against its planned chunks, and the bytes each receiver counted as landed against its
-slice.
+slice. One more case: a round in which a rank breaks (every rank fails naming it, nothing is
+published, the next round is exact).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ __all__ = [
     "BUFFER",
     "CASES",
     "RULES",
+    "FailingParts",
     "ShardedContractSuite",
     "expected_slices",
     "held_parts",
@@ -210,6 +212,50 @@ def run_ranks(
     return sorted(got, key=lambda x: x["rank"])
 
 
+class FailingParts(PartsSource):
+    """A trainer rank's parts that fail while they are read (a trainer rank that breaks)."""
+
+    def __iter__(self) -> Any:
+        raise RuntimeError(f"trainer rank {self.rank}'s source broke")
+
+
+def _recovering_rank(rank: int, port: int, q: Any, info: Info, backend: str) -> None:
+    """Two trainer ranks into two TP receivers: a round in which rank 1 breaks, then one that
+    must be whole (what each rank saw, put on ``q``)."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    fleet = receivers(2, True, backend) if rank == 0 else []
+    client = InProcessClient(fleet, timeout_s=60) if rank == 0 else None
+    engine = WeightTransferTrainerFactory.trainer_init(info(rank, BUFFER, 2), client=client)
+    out: dict[str, Any] = {"rank": rank}
+    try:
+        layouts = trainer_layouts("S0", 2)
+        bad = FailingParts if rank == 1 else PartsSource
+        try:
+            engine.send_weights(bad(whole(), layouts, rank), weight_version="broken")
+        except Exception as e:
+            out["first"] = f"{type(e).__name__}: {e}"
+        if rank == 0:
+            out["after_failure"] = [w.weight_info() for w in fleet]
+        stats = engine.send_weights(PartsSource(whole(), layouts, rank), weight_version="fixed")
+        out["sent"], out["planned"] = stats.bytes_sent, stats.num_bytes
+        if rank == 0:
+            out["infos"] = [w.weight_info() for w in fleet]
+            want = expected_slices(2, True)
+            out["exact"] = [
+                all(torch.equal(held_parts(w)[k], t) for k, t in want[r].items())
+                for r, w in enumerate(fleet)
+            ]
+        q.put(out)
+    finally:
+        engine.shutdown()
+        for w in fleet:
+            w.shutdown()
+        dist.destroy_process_group()
+
+
 class ShardedContractSuite:
     """Sharded rounds every plan-executing engine must get right; see the module docstring."""
 
@@ -239,3 +285,20 @@ class ShardedContractSuite:
             slice_bytes = sum(t.nbytes for t in want[r].values())
             assert info["round_bytes"] == {"planned": slice_bytes, "landed": slice_bytes}, r
             assert exact == dict.fromkeys(want[r], True), r  # bit-exact, every tensor
+
+    @pytest.mark.timeout(300)
+    def test_a_rank_that_breaks_fails_the_round_everywhere_and_the_next_round_recovers(
+        self,
+    ) -> None:
+        info = type(self).trainer_info
+        got = on_ranks(_recovering_rank, 2, info, self.backend, timeout_s=200)
+        got = sorted(got, key=lambda g: g["rank"])
+        for g in got:  # every rank fails the round, naming the rank that broke
+            assert "trainer rank 1's source broke" in g["first"], g
+        for info_ in got[0]["after_failure"]:  # nothing of it published
+            assert info_["weight_version"] != "broken" and not info_["consistent"], info_
+        for g in got:
+            assert g["sent"] == g["planned"] > 0, g
+        for info_ in got[0]["infos"]:
+            assert info_["consistent"] and info_["weight_version"] == "fixed", info_
+        assert got[0]["exact"] == [True, True]
