@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from wtcore.errors import TransferError
 from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.inproc import InProcessClient
 from wtcore.layout import Layout, Replicate, Shard
@@ -216,7 +217,7 @@ class FailingParts(PartsSource):
     """A trainer rank's parts that fail while they are read (a trainer rank that breaks)."""
 
     def __iter__(self) -> Any:
-        raise RuntimeError(f"trainer rank {self.rank}'s source broke")
+        raise TransferError(f"trainer rank {self.rank}'s source broke")
 
 
 def _recovering_rank(rank: int, port: int, q: Any, info: Info, backend: str) -> None:
