@@ -5,7 +5,7 @@ tensors, frames checked before a receive is posted, bounded waits that notice th
 abort notice, a receive of an abandoned round settled before the next round writes) is the
 kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins its channel: the
 sender's rendezvous store, then the process group (:mod:`wtcore_nccl.group`). A sharded
-round takes its plan first (:class:`wtcore.pairs.PlanReceiver`), then the round's group
+round (:mod:`wtcore_channel.sharded`) takes its plan first, then the round's group
 (``{"group": {...}}``), joins it and receives from each trainer rank it gets bytes from
 (:mod:`wtcore_nccl.pairs`).
 """
@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
-from wtcore.pairs import PlanReceiver, PlanUpdate
+from wtcore.pairs import PairAssembler
 from wtcore.parse import parse_dataclass
 from wtcore_channel import ChannelWorkerEngine
+from wtcore_channel.sharded import ShardedChannelWorker
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group
 from wtcore_nccl.pairs import GroupUpdate
@@ -39,7 +40,7 @@ _log = logging.getLogger(__name__)
 WORKER_OPTIONS: tuple[str, ...] = ("torch_num_threads",)
 
 
-class NCCLWorkerEngine(PlanReceiver, ChannelWorkerEngine[NCCLInitInfo, NCCLUpdateInfo]):
+class NCCLWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[NCCLInitInfo, NCCLUpdateInfo]):
     """Worker half of the ``nccl`` engine (see the module docstring).
 
     Option ``torch_num_threads`` (in the worker's config) calls ``torch.set_num_threads``
@@ -134,80 +135,39 @@ class NCCLWorkerEngine(PlanReceiver, ChannelWorkerEngine[NCCLInitInfo, NCCLUpdat
             ) from e
 
     # ------------------------------------------------------------------ sharded rounds
-    def plan_buffer_size_bytes(self) -> int:
-        init = self._init
-        if init is None:
-            raise self._not_joined()
-        return init.packed_buffer_size_bytes
+    pairs_key = "group"
+    pairs_update_cls = GroupUpdate
 
-    def parse_update_info(self, data: Mapping[str, Any]) -> Any:
-        plan = self.parse_plan(data)
-        if plan is not None:
-            return plan
-        if isinstance(data, Mapping) and "group" in data:
-            if set(data) != {"group"} or not isinstance(data["group"], Mapping):
-                raise PayloadError("update_info: expected {'group': {secret, trainer_ranks}}")
-            return parse_dataclass(GroupUpdate, data["group"], what="update_info.group")
-        return super().parse_update_info(data)
+    def parse_pairs(self, data: Mapping[str, Any]) -> GroupUpdate:
+        if set(data) != {"group"} or not isinstance(data["group"], Mapping):
+            raise PayloadError("update_info: expected {'group': {secret, trainer_ranks}}")
+        return parse_dataclass(GroupUpdate, data["group"], what="update_info.group")
 
-    def start_weight_update(self) -> None:
-        self.drop_plan()
-        super().start_weight_update()
-
-    def abort(self) -> None:
-        self.drop_plan()
-        super().abort()
-
-    def finish_weight_update(self) -> None:
-        self.check_planned_round()
-
-    def receive_weights(self, update_info: Any) -> None:
-        if isinstance(update_info, PlanUpdate):
-            self.take_plan(update_info)
-            return
-        if isinstance(update_info, GroupUpdate):
-            self._receive_pairs(update_info)
-            return
-        self.refuse_whole_tensors()
-        super().receive_weights(update_info)
-
-    def _receive_pairs(self, update: GroupUpdate) -> None:
+    def receive_pairs(self, assembler: PairAssembler, update: Any, init: Any) -> None:
         """Join the round's group (receiver ``d`` as group rank ``M + d``) and receive every
         pair's buckets; the group is released when this returns, however it ends, so no
-        stale sharded group outlives its round. An abort or a shutdown ends every wait."""
+        stale sharded group outlives its round."""
         from wtcore_nccl.pairs import receive_pairs
 
-        assembler = self.planned("update_info.group")
-        init = self._init
-        if init is None:
-            raise self._not_joined()
         m = update.checked(assembler.trainer_ranks).trainer_ranks
-        with self._lock:
-            self._receiving = True
+        addr, port, timeout = init.master_address, init.master_port, init.timeout_s
+        store = connect_store(addr, port, timeout, poll=self.check_stopped)
+        group = join_group(
+            store,
+            generation=0,
+            rank=m + self.rank,
+            world_size=m + self.world_size,
+            transport=resolve_transport(init.transport, self.device),
+            address=addr,
+            port=port,
+            timeout_s=timeout,
+            poll=self.check_stopped,
+            secret=update.secret,
+        )
         try:
-            addr, port, timeout = init.master_address, init.master_port, init.timeout_s
-            store = connect_store(addr, port, timeout, poll=self.check_stopped)
-            group = join_group(
-                store,
-                generation=0,
-                rank=m + self.rank,
-                world_size=m + self.world_size,
-                transport=resolve_transport(init.transport, self.device),
-                address=addr,
-                port=port,
-                timeout_s=timeout,
-                poll=self.check_stopped,
-                secret=update.secret,
-            )
-            try:
-                receive_pairs(
-                    assembler, group, rank=self.rank, device=self.channel_device,
-                    timeout_s=timeout, poll=self.check_stopped,
-                )  # fmt: skip
-            finally:
-                group.release()
+            receive_pairs(
+                assembler, group, rank=self.rank, device=self.channel_device,
+                timeout_s=timeout, poll=self.check_stopped,
+            )  # fmt: skip
         finally:
-            with self._lock:
-                self._receiving = False
-            if self._closing.is_set():
-                self._release()
+            group.release()

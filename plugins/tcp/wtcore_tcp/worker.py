@@ -1,8 +1,8 @@
 """The receiver: connects to the sender the trainer's init names, then receives frames.
 
 The receiving is the kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins
-its channel, the sender's TCP streams (:mod:`wtcore_channel.stream`). A sharded round takes
-its plan first (:class:`wtcore.pairs.PlanReceiver`), then where every trainer rank listens,
+its channel, the sender's TCP streams (:mod:`wtcore_channel.stream`). A sharded round
+(:mod:`wtcore_channel.sharded`) takes its plan first, then where every trainer rank listens,
 and reads each one's stream (:mod:`wtcore_tcp.pairs`).
 """
 
@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from wtcore.errors import PayloadError
-from wtcore.pairs import PlanReceiver, PlanUpdate
+from wtcore.pairs import PairAssembler
 from wtcore.parse import parse_dataclass
 from wtcore_channel import ChannelWorkerEngine
+from wtcore_channel.sharded import ShardedChannelWorker
 from wtcore_channel.stream import Stream, connect
 from wtcore_tcp.config import TCPInitInfo, TCPUpdateInfo
 from wtcore_tcp.pairs import SendersUpdate
@@ -22,7 +23,7 @@ from wtcore_tcp.pairs import SendersUpdate
 __all__ = ["TCPWorkerEngine"]
 
 
-class TCPWorkerEngine(PlanReceiver, ChannelWorkerEngine[TCPInitInfo, TCPUpdateInfo]):
+class TCPWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[TCPInitInfo, TCPUpdateInfo]):
     """Worker half of the ``tcp`` engine (see the module docstring): sockets move host
     memory, so a CUDA worker's buckets are staged there."""
 
@@ -60,60 +61,17 @@ class TCPWorkerEngine(PlanReceiver, ChannelWorkerEngine[TCPInitInfo, TCPUpdateIn
         )
 
     # ------------------------------------------------------------------ sharded rounds
-    def plan_buffer_size_bytes(self) -> int:
-        init = self._init
-        if init is None:
-            raise self._not_joined()
-        return init.packed_buffer_size_bytes
+    pairs_key = "senders"
+    pairs_update_cls = SendersUpdate
 
-    def parse_update_info(self, data: Mapping[str, Any]) -> Any:
-        plan = self.parse_plan(data)
-        if plan is not None:
-            return plan
-        if isinstance(data, Mapping) and "senders" in data:
-            return parse_dataclass(SendersUpdate, data, what="update_info")
-        return super().parse_update_info(data)
+    def parse_pairs(self, data: Mapping[str, Any]) -> SendersUpdate:
+        return parse_dataclass(SendersUpdate, data, what="update_info")
 
-    def start_weight_update(self) -> None:
-        self.drop_plan()
-        super().start_weight_update()
-
-    def abort(self) -> None:
-        self.drop_plan()
-        super().abort()
-
-    def finish_weight_update(self) -> None:
-        self.check_planned_round()
-
-    def receive_weights(self, update_info: Any) -> None:
-        if isinstance(update_info, PlanUpdate):
-            self.take_plan(update_info)
-            return
-        if isinstance(update_info, SendersUpdate):
-            self._receive_pairs(update_info)
-            return
-        self.refuse_whole_tensors()
-        super().receive_weights(update_info)
-
-    def _receive_pairs(self, update: SendersUpdate) -> None:
-        """Connect to every trainer rank this receiver gets bytes from and assemble them;
-        an abort or a shutdown ends the wait within about 50 ms."""
+    def receive_pairs(self, assembler: PairAssembler, update: Any, init: Any) -> None:
+        """Connect to every trainer rank this receiver gets bytes from and assemble them."""
         from wtcore_tcp.pairs import receive_pairs
 
-        assembler = self.planned("update_info.senders")
-        init = self._init
-        if init is None:
-            raise self._not_joined()
         senders = update.checked(assembler.trainer_ranks)
-        with self._lock:
-            self._receiving = True
-        try:
-            receive_pairs(
-                assembler, senders, rank=self.rank, timeout_s=init.timeout_s,
-                poll=self.check_stopped,
-            )  # fmt: skip
-        finally:
-            with self._lock:
-                self._receiving = False
-            if self._closing.is_set():
-                self._release()
+        receive_pairs(
+            assembler, senders, rank=self.rank, timeout_s=init.timeout_s, poll=self.check_stopped
+        )

@@ -1,0 +1,91 @@
+"""The worker half of a streamed engine's sharded rounds: what tcp and nccl share.
+
+Why here: both take a sharded round the same way (the plan as its first update, then one
+update saying how to reach the trainer ranks, received on this worker's thread with the
+engine's abort and shutdown ending every wait), and differ only in that second update and in
+how its pairs travel. An engine mixes :class:`ShardedChannelWorker` in before
+:class:`~wtcore_channel.ChannelWorkerEngine` and implements :meth:`parse_pairs` and
+:meth:`receive_pairs`.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from wtcore.pairs import PairAssembler, PlanReceiver, PlanUpdate
+
+__all__ = ["ShardedChannelWorker"]
+
+
+class ShardedChannelWorker(PlanReceiver):
+    """Mixin for a :class:`~wtcore_channel.ChannelWorkerEngine` that executes sharded plans."""
+
+    #: The key of the round's second update (``{"senders": ...}``, ``{"group": ...}``).
+    pairs_key: ClassVar[str]
+    #: The type :meth:`parse_pairs` returns.
+    pairs_update_cls: ClassVar[type]
+
+    @abstractmethod
+    def parse_pairs(self, data: Mapping[str, Any]) -> Any:
+        """The second update, checked (a ``PayloadError`` naming the field)."""
+
+    @abstractmethod
+    def receive_pairs(self, assembler: PairAssembler, update: Any, init: Any) -> None:
+        """Receive every pair's buckets into ``assembler``; call :meth:`check_stopped`
+        between short waits."""
+
+    def plan_buffer_size_bytes(self) -> int:
+        return int(self._joined().packed_buffer_size_bytes)
+
+    def _joined(self) -> Any:
+        engine: Any = self
+        if engine._init is None:
+            raise engine._not_joined()
+        return engine._init
+
+    def parse_update_info(self, data: Mapping[str, Any]) -> Any:
+        plan = self.parse_plan(data)
+        if plan is not None:
+            return plan
+        if isinstance(data, Mapping) and self.pairs_key in data:
+            return self.parse_pairs(data)
+        return super().parse_update_info(data)  # type: ignore[misc]
+
+    def start_weight_update(self) -> None:
+        self.drop_plan()
+        super().start_weight_update()  # type: ignore[misc]
+
+    def abort(self) -> None:
+        self.drop_plan()
+        super().abort()  # type: ignore[misc]
+
+    def finish_weight_update(self) -> None:
+        self.check_planned_round()
+
+    def receive_weights(self, update_info: Any) -> None:
+        if isinstance(update_info, PlanUpdate):
+            self.take_plan(update_info)
+            return
+        if isinstance(update_info, self.pairs_update_cls):
+            self._receive_round_pairs(update_info)
+            return
+        self.refuse_whole_tensors()
+        super().receive_weights(update_info)  # type: ignore[misc]
+
+    def _receive_round_pairs(self, update: Any) -> None:
+        """Marked as receiving, so an abort or a shutdown ends the waits (and a shutdown
+        meanwhile releases the channel once this returns)."""
+        engine: Any = self
+        assembler = self.planned(f"update_info.{self.pairs_key}")
+        init = self._joined()
+        with engine._lock:
+            engine._receiving = True
+        try:
+            self.receive_pairs(assembler, update, init)
+        finally:
+            with engine._lock:
+                engine._receiving = False
+            if engine._closing.is_set():
+                engine._release()
