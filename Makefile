@@ -50,7 +50,7 @@ trl-demo: $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check wtcore plugins tests examples benchmarks
+	$(BIN)/ruff format --check wtcore wtcore_kit plugins tests examples benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

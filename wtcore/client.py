@@ -37,8 +37,8 @@ class WeightSyncClient(Protocol):
 class InspectableClient(WeightSyncClient, Protocol):
     """A :class:`WeightSyncClient` that can also inspect and manage its receivers.
 
-    Implemented by :class:`~wtcore.inproc.InProcessClient`, the HTTP and the Ray clients (all
-    through :class:`~wtcore.fanout.FanOutClient`). A bare
+    Implemented by :class:`~wtcore_kit.inproc.InProcessClient`, the HTTP and the Ray clients (all
+    through :class:`~wtcore_kit.fanout.FanOutClient`). A bare
     :class:`~wtcore.worker.WeightSyncWorker` is *not* one: wrap it in ``InProcessClient`` to
     inspect it. Every call reaches every receiver and raises one
     :class:`~wtcore.errors.ReceiverError` naming each that failed.

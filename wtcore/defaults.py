@@ -4,7 +4,7 @@ One number, so that ``timeout_s`` means the same thing whichever engine or trans
 picks: it bounds each blocking wait (a rendezvous, one bucket on the wire, one control call),
 never a whole round. It is generous because a rendezvous waits for every receiver to come up;
 a dead peer still costs at most this long, and fan-out clients fail fast once one receiver
-has failed (see :mod:`wtcore.fanout`).
+has failed (see :mod:`wtcore_kit.fanout`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ The family is deliberately small::
     +-- RemoteError (RuntimeError)           a peer's error, from its ErrorRecord   its status
 
 :func:`http_status` is the one mapping from a class to an HTTP status; the reference HTTP
-receiver answers with it, and :func:`wtcore.fanout.failure_of` stamps it on in-process and
+receiver answers with it, and :func:`wtcore_kit.fanout.failure_of` stamps it on in-process and
 Ray failures too, so a condition reads the same over every transport.
 
 :class:`ErrorRecord` is the one form of an error that crosses a process boundary as JSON: the
@@ -298,7 +298,7 @@ class ErrorRecord:
     :meth:`to_json` as its error body (the keys docs/http.md documents: ``{"error": message,
     "error_type": type, "status": status}``), the pipe control plane of
     :mod:`wtcore.testing.pipes` puts the same keys in its answers, and
-    :func:`wtcore.fanout.failure_of` reads a record off any exception with
+    :func:`wtcore_kit.fanout.failure_of` reads a record off any exception with
     :meth:`from_exception` (over Ray too, from the exception Ray hands back). A peer's dict
     is checked by :meth:`from_json` before it is believed, and :meth:`to_exception` raises it
     again on this side.

@@ -417,7 +417,7 @@ ENGINES: Registry[Any] = Registry(
     "wtcore.engines",
     "wtcore.engine:WeightTransferEngine",
     "engine",
-    builtins={"inline": "wtcore.inline:InlineWorkerEngine"},
+    builtins={"inline": "wtcore_kit.inline:InlineWorkerEngine"},
     renamed={"local": "inline"},
 )
 #: Trainer engines, entry-point group ``wtcore.trainer_engines``.
@@ -425,7 +425,7 @@ TRAINER_ENGINES: Registry[Any] = Registry(
     "wtcore.trainer_engines",
     "wtcore.trainer:TrainerWeightTransferEngine",
     "trainer engine",
-    builtins={"inline": "wtcore.inline:InlineTrainerEngine"},
+    builtins={"inline": "wtcore_kit.inline:InlineTrainerEngine"},
     renamed={"local": "inline"},
 )
 #: Control-plane clients, entry-point group ``wtcore.clients``.
@@ -433,7 +433,7 @@ CLIENTS: Registry[Any] = Registry(
     "wtcore.clients",
     "wtcore.client:WeightSyncClient",
     "client",
-    builtins={"inproc": "wtcore.inproc:InProcessClient"},
+    builtins={"inproc": "wtcore_kit.inproc:InProcessClient"},
 )
 #: What a sender's rounds send (``TrainerInitInfo.rounds``), entry-point group
 #: ``wtcore.round_policies``: named here so that the trainer never imports a policy's module.

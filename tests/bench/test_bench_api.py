@@ -293,8 +293,8 @@ def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_sto
 def test_deprecated_launch_hook_is_a_fallback_that_warns() -> None:
     from wtcore.hooks import register_hooks, unregister_hooks
     from wtcore.hookspecs import hookimpl
-    from wtcore.inproc import InProcessClient
     from wtcore_bench.fleet import InProcessFleet
+    from wtcore_kit.inproc import InProcessClient
 
     class Legacy:
         @hookimpl

@@ -18,8 +18,8 @@ from wtcore.layout import Layout, Shard
 from wtcore.meta import ParamMeta
 from wtcore.plan import PlannedRound
 from wtcore.receiver_layout import TPLayout, receiver_layouts
-from wtcore.synthetic import synthetic_state
 from wtcore_bench.sharded import RULES, ShardedBenchOptions, run_sharded_bench
+from wtcore_kit.synthetic import synthetic_state
 
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 SIZE, TENSORS = 4 << 20, 30

@@ -19,7 +19,7 @@ __all__ = ["PACKAGES", "ROOT", "cycles", "graph", "modules"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # every plugin under plugins/ is seen, a new one included
-PACKAGES = {"wtcore": ROOT / "wtcore"} | {
+PACKAGES = {"wtcore": ROOT / "wtcore", "wtcore_kit": ROOT / "wtcore_kit"} | {
     d.name: d for d in sorted(ROOT.glob("plugins/*/wtcore_*")) if (d / "__init__.py").exists()
 }
 

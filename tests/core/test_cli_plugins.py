@@ -51,7 +51,7 @@ def test_clean_install_exits_zero_with_valid_json() -> None:
     inline = next(p for p in record["registries"][0]["plugins"] if p["name"] == "inline")
     assert inline == {
         "name": "inline",
-        "target": "wtcore.inline:InlineWorkerEngine",
+        "target": "wtcore_kit.inline:InlineWorkerEngine",
         "distribution": "wtcore",
         "version": inline["version"],
         "origin": f"wtcore {inline['version']}",
@@ -111,7 +111,7 @@ def test_columns_fit_the_longest_name_hooks_included(tmp_path: Path) -> None:
         tmp_path,
         "longnames",
         "[wtcore.engines]\n"
-        "a_rather_long_engine_name = wtcore.inline:InlineWorkerEngine\n"
+        "a_rather_long_engine_name = wtcore_kit.inline:InlineWorkerEngine\n"
         "[wtcore.hooks]\n"
         "a_hook_plugin_with_an_even_longer_name = quiet_hooks_mod\n",
     )

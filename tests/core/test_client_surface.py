@@ -20,10 +20,10 @@ from wtcore import (
 )
 from wtcore.digest import digest_named
 from wtcore.errors import http_status
-from wtcore.inline import InlineTrainerInitInfo
-from wtcore.inproc import InProcessClient
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
+from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_kit.inproc import InProcessClient
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -18,9 +18,9 @@ from wtcore import (
     load_config,
     trainer_from_config,
 )
-from wtcore.inline import InlineTrainerEngine
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
+from wtcore_kit.inline import InlineTrainerEngine
 
 
 class _WorkerClient(WeightSyncWorker):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing.contract import EngineContractSuite
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 
 class TestLocalContract(EngineContractSuite):

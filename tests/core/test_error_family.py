@@ -164,7 +164,7 @@ def _raises(path: Path) -> Iterator[tuple[str, str, int]]:
 
 
 def _sources() -> list[Path]:
-    files = sorted((ROOT / "wtcore").rglob("*.py"))
+    files = sorted((ROOT / "wtcore").rglob("*.py")) + sorted((ROOT / "wtcore_kit").rglob("*.py"))
     files += sorted(p for p in (ROOT / "plugins").rglob("*.py") if "/wtcore_" in p.as_posix())
     return files
 

@@ -25,7 +25,7 @@ from wtcore.errors import (
     WtcoreError,
     http_status,
 )
-from wtcore.fanout import failure_of
+from wtcore_kit.fanout import failure_of
 
 #: Every exception class of wtcore that a message alone builds (ReceiverError takes failures).
 CLASSES = [

@@ -13,9 +13,9 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.finite import FiniteCheckSink
-from wtcore.inline import InlineTrainerInitInfo
-from wtcore.inproc import InProcessClient
 from wtcore.testing import build_module
+from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_kit.inproc import InProcessClient
 
 #: The float8 formats on the wire allow-list; the sink test below covers the ``fnuz`` ones too.
 FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2]

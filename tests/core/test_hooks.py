@@ -17,8 +17,8 @@ from wtcore import hooks as wt_hooks
 from wtcore.cli import main
 from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.hookspecs import hookimpl
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing import MismatchedSource, build_module, mixed_dtype_state, zeros_like_state
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 
 class Observer:

@@ -47,40 +47,29 @@ PROTOCOL = {
     "wtcore.stats": "what one send_weights did",
     "wtcore.parse": "untrusted input to typed values",
     "wtcore.units": "byte sizes",
+    "wtcore._moved": "the old import paths of moved modules, for one release",
 }
 KIT = {
-    "wtcore.bucketed": "what every bucket engine shares",
-    "wtcore.concurrency": "a blocking call with a timeout",
-    "wtcore.fanout": "the one fan-out",
-    "wtcore.pairs": "a plan's pairs as buckets, packed and assembled",
-    "wtcore._moved": "keeping a moved module's old path for one release",
-    "wtcore.synthetic": "synthetic models",
+    "wtcore_kit": "the kit's package (imports nothing)",
+    "wtcore_kit.bucketed": "what every bucket engine shares",
+    "wtcore_kit.concurrency": "a blocking call with a timeout",
+    "wtcore_kit.fanout": "the one fan-out",
+    "wtcore_kit.pairs": "a plan's pairs as buckets, packed and assembled",
+    "wtcore_kit.synthetic": "synthetic models",
 }
 CORE_ENGINES_AND_CLIENTS = {
-    "wtcore.inline": "the built-in inline engine",
-    "wtcore.inproc": "the in-process client",
+    "wtcore_kit.inline": "the built-in inline engine",
+    "wtcore_kit.inproc": "the in-process client",
 }
 CORE_TOOLING = {
     "wtcore.cli": "the wtcore command",
     "wtcore.__main__": "python -m wtcore",
     "wtcore.inventory": "wtcore plugins",
     "wtcore.testing": "the contract suites and test helpers (and every wtcore.testing.*)",
-    # the deprecated aliases, forwarding lazily by string (no edge to where they point)
-    "wtcore.procs": "alias of wtcore.testing.procs",
-    "wtcore._parse": "alias of wtcore.parse",
-    "wtcore.bench": "alias of wtcore_bench",
-    "wtcore.netns": "alias of wtcore_bench.netns",
-    "wtcore.net": "alias of wtcore.testing.net",
-    "wtcore.delta.realistic": "alias of wtcore.testing.realistic",
-    "wtcore.local": "alias of wtcore.inline",
-    "wtcore.guards": "alias of wtcore.finite",
-    "wtcore.kit": "alias of wtcore.bucketed",
-    "wtcore.delta": "alias of wtcore_delta",
-    "wtcore.delta.codec": "alias of wtcore_delta.codec",
-    "wtcore.delta.header": "alias of wtcore_delta.header",
-    "wtcore.delta.receiver": "alias of wtcore_delta.receiver",
-    "wtcore.delta.trainer": "alias of wtcore_delta.trainer",
 }
+#: The core distribution's packages: the protocol (``wtcore``) and its kit (``wtcore_kit``),
+#: every module placed in a table above.
+CORE_PACKAGES = {"wtcore", "wtcore_kit"}
 TOOLING_PLUGINS = {"wtcore_bench"}
 #: Kits of their own distribution: engines build on them, they build on the plugin API only.
 KIT_PLUGINS = {"wtcore_channel"}
@@ -106,12 +95,6 @@ def plugin_api() -> set[str]:
 def layer_of(module: str) -> str | None:
     """The layer a module is placed in, or None if it is not placed."""
     top = module.split(".")[0]
-    if top != "wtcore":
-        if top in KIT_PLUGINS:
-            return KIT_L
-        return TOOLING_L if top in TOOLING_PLUGINS else ENGINES_L
-    if module == "wtcore.testing" or module.startswith("wtcore.testing."):
-        return TOOLING_L
     for layer, table in (
         (PROTOCOL_L, PROTOCOL),
         (KIT_L, KIT),
@@ -120,7 +103,12 @@ def layer_of(module: str) -> str | None:
     ):
         if module in table:
             return layer
-    return None
+    if top in CORE_PACKAGES:
+        is_testing = module == "wtcore.testing" or module.startswith("wtcore.testing.")
+        return TOOLING_L if is_testing else None
+    if top in KIT_PLUGINS:
+        return KIT_L
+    return TOOLING_L if top in TOOLING_PLUGINS else ENGINES_L
 
 
 def layer_breaks(g: dict[str, set[str]], api: set[str]) -> list[str]:
@@ -136,11 +124,11 @@ def layer_breaks(g: dict[str, set[str]], api: set[str]) -> list[str]:
             if RANK[ld] > RANK[lm]:
                 out.append(f"{m} ({lm}) imports {d} ({ld})")
             elif lm == TOOLING_L and ld == TOOLING_L and d.split(".")[0] in TOOLING_PLUGINS:
-                if top == "wtcore":
+                if top in CORE_PACKAGES:
                     out.append(f"{m} ({lm}, core) imports {d} (the bench)")
             elif lm in (KIT_L, ENGINES_L) and top != "wtcore" and d.split(".")[0] == "wtcore":
                 if d not in api:
-                    out.append(f"{m} (plugin) imports {d}, not in the plugin API")
+                    out.append(f"{m} ({lm}) imports {d}, not in the plugin API")
             elif lm == ENGINES_L and ld == ENGINES_L and d.split(".")[0] != top:
                 out.append(f"{m} ({lm}) imports {d}, another engine or client")
     return out
@@ -158,7 +146,7 @@ def test_every_core_module_is_in_exactly_one_layer() -> None:
 
 def test_the_plugin_api_is_a_list_of_real_core_modules() -> None:
     api = plugin_api()
-    assert {"wtcore.errors", "wtcore.bucketed", "wtcore.parse", "wtcore.synthetic"} <= api
+    assert {"wtcore.errors", "wtcore.plan", "wtcore.parse", "wtcore.sharded_round"} <= api
     g = graph()
     assert sorted(m for m in api if m not in g) == []
     # the plugin API is protocol and kit only: nothing a plugin sees is a tool or another engine
@@ -173,7 +161,7 @@ def _documented_layers() -> dict[str, str]:
     for row in section.splitlines():
         cells = [c.strip() for c in row.strip("|").split("|")]
         if len(cells) == 3 and cells[0] in RANK:
-            for m in re.findall(r"`(wtcore(?:\.\w+)*)`", cells[1]):
+            for m in re.findall(r"`(wtcore\w*(?:\.\w+)*)`", cells[1]):
                 out[m] = cells[0]
     return out
 
@@ -267,11 +255,16 @@ def test_the_circles_of_the_issue_fail_when_put_back() -> None:
 def test_each_rule_names_the_offending_import() -> None:
     g, api = graph(), plugin_api()
     cases = {
-        ("wtcore.meta", "wtcore.bucketed"): "wtcore.meta (protocol) imports wtcore.bucketed (kit)",
         (
-            "wtcore.bucketed",
-            "wtcore.inline",
-        ): "wtcore.bucketed (kit) imports wtcore.inline (engines and clients)",
+            "wtcore.meta",
+            "wtcore_kit.pairs",
+        ): "wtcore.meta (protocol) imports wtcore_kit.pairs (kit)",
+        ("wtcore_kit.bucketed", "wtcore_kit.inline"): (
+            "wtcore_kit.bucketed (kit) imports wtcore_kit.inline (engines and clients)"
+        ),
+        ("wtcore_kit.fanout", "wtcore.staging"): (
+            "wtcore_kit.fanout (kit) imports wtcore.staging, not in the plugin API"
+        ),
         ("wtcore_nccl", "wtcore.testing.net"): (
             "wtcore_nccl (engines and clients) imports wtcore.testing.net (tooling)"
         ),
@@ -280,7 +273,7 @@ def test_each_rule_names_the_offending_import() -> None:
             "wtcore.cli",
         ): "wtcore_nccl (engines and clients) imports wtcore.cli (tooling)",
         ("wtcore_nccl", "wtcore.staging"): (
-            "wtcore_nccl (plugin) imports wtcore.staging, not in the plugin API"
+            "wtcore_nccl (engines and clients) imports wtcore.staging, not in the plugin API"
         ),
         ("wtcore_vllm", "wtcore_nccl.config"): (
             "wtcore_vllm (engines and clients) imports wtcore_nccl.config, another engine or client"

@@ -16,10 +16,10 @@ import torch
 
 from wtcore import ENGINES, ReceiverError, TensorSource, WeightSyncWorker
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inline import InlineTrainerInitInfo, InlineUpdateInfo, InlineWorkerEngine
-from wtcore.inproc import InProcessClient
 from wtcore.sink import ModuleSink
 from wtcore.testing.sources import build_module, mixed_dtype_state, zeros_like_state
+from wtcore_kit.inline import InlineTrainerInitInfo, InlineUpdateInfo, InlineWorkerEngine
+from wtcore_kit.inproc import InProcessClient
 
 NAME = "test-skipping"
 

@@ -14,8 +14,15 @@ MOVED = [
     ("wtcore.delta.realistic", "wtcore.testing.realistic", "realistic_steps"),
     ("wtcore.testing.cluster", "wtcore_bench.netns", "Cluster"),
     ("wtcore._parse", "wtcore.parse", "parse_dataclass"),
-    ("wtcore.kit", "wtcore.bucketed", "BucketedTrainerEngine"),
-    ("wtcore.kit", "wtcore.bucketed", "check_bucket_options"),
+    ("wtcore.kit", "wtcore_kit.bucketed", "BucketedTrainerEngine"),
+    ("wtcore.kit", "wtcore_kit.bucketed", "check_bucket_options"),
+    ("wtcore.bucketed", "wtcore_kit.bucketed", "BucketedWorkerEngine"),
+    ("wtcore.fanout", "wtcore_kit.fanout", "FanOutClient"),
+    ("wtcore.concurrency", "wtcore_kit.concurrency", "BackgroundCall"),
+    ("wtcore.pairs", "wtcore_kit.pairs", "PlanReceiver"),
+    ("wtcore.inline", "wtcore_kit.inline", "InlineTrainerEngine"),
+    ("wtcore.inproc", "wtcore_kit.inproc", "InProcessClient"),
+    ("wtcore.synthetic", "wtcore_kit.synthetic", "synthetic_state"),
     ("wtcore.guards", "wtcore.finite", "FiniteCheckSink"),
     ("wtcore.guards", "wtcore.finite", "is_all_finite"),
     ("wtcore.delta.codec", "wtcore_delta.codec", "bits"),
@@ -27,7 +34,7 @@ MOVED = [
 ]
 #: Modules renamed with their names: (old module, new module, old name, new name).
 RENAMED = [
-    ("wtcore.local", "wtcore.inline", f"Local{part}", f"Inline{part}")
+    ("wtcore.local", "wtcore_kit.inline", f"Local{part}", f"Inline{part}")
     for part in ("InitInfo", "TrainerEngine", "TrainerInitInfo", "UpdateInfo", "WorkerEngine")
 ]
 
@@ -89,3 +96,13 @@ def test_nccl_internals_that_moved_forward_with_one_warning(old: str, new: str, 
     assert len(caught) == 1
     assert getattr(module, name) is getattr(importlib.import_module(new), name)
     assert name in module.__all__
+
+
+def test_a_star_import_of_an_old_path_forwards_every_name() -> None:
+    """``from wtcore.local import *`` still binds the old names, each to the new object."""
+    ns: dict[str, object] = {}
+    with pytest.warns(DeprecationWarning, match=r"wtcore\.local\.Local\w+ moved"):
+        exec("from wtcore.local import *", ns)
+    inline = importlib.import_module("wtcore_kit.inline")
+    assert ns["LocalTrainerEngine"] is inline.InlineTrainerEngine
+    assert "InlineTrainerEngine" not in ns

@@ -17,10 +17,10 @@ from wtcore import ModuleSink, WeightSyncWorker
 from wtcore.errors import PayloadError
 from wtcore.layout import Layout
 from wtcore.meta import ParamMeta
-from wtcore.pairs import PairAssembler, pack_pair, pair_buckets
 from wtcore.plan import PlannedRound
 from wtcore.receiver_layout import TPLayout, receiver_layouts
-from wtcore.synthetic import build_module
+from wtcore_kit.pairs import PairAssembler, pack_pair, pair_buckets
+from wtcore_kit.synthetic import build_module
 
 RULES = (("w", "column"),)
 BUFFER = 64

@@ -35,7 +35,6 @@ from wtcore import (
 )
 from wtcore.digest import digest_named
 from wtcore.errors import ErrorRecord
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
 from wtcore.testing.pipes import (
     PipeChannel,
@@ -46,6 +45,7 @@ from wtcore.testing.pipes import (
     pipe_fleet,
     serve,
 )
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -219,7 +219,7 @@ def test_decoding_checks_the_state_like_an_update() -> None:
 
 def test_a_remote_error_reads_like_every_transport() -> None:
     from wtcore.errors import ReceiverTimeoutError
-    from wtcore.fanout import failure_of
+    from wtcore_kit.fanout import failure_of
 
     e = ErrorRecord("ProtocolStateError", "start twice", 409).to_exception("w0.start_weight_update")
     failure = failure_of("w0", e)

@@ -42,12 +42,12 @@ from wtcore import (
     trainer_from_config,
 )
 from wtcore.errors import PluginAPIError
-from wtcore.inproc import InProcessClient
 from wtcore.source import TensorSource
 from wtcore.stats import TransferStats
 from wtcore.testing.contract import EngineContractSuite, assert_state_equal
 from wtcore.testing.recording import RecordingClient
 from wtcore.testing.sources import build_module, mixed_dtype_state, zeros_like_state
+from wtcore_kit.inproc import InProcessClient
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,8 +24,8 @@ from wtcore.layout import Layout, Shard
 from wtcore.meta import ParamMeta
 from wtcore.plan import plan_transfer
 from wtcore.receiver_layout import MAX_RULES, TPLayout, receiver_layouts
-from wtcore.synthetic import build_module
 from wtcore.testing.sharded import execute_plan, part
+from wtcore_kit.synthetic import build_module
 
 #: A tiny transformer layer's names and vLLM's split of each (the first rule that matches).
 RULES = (

@@ -19,7 +19,7 @@ from wtcore import (
     WeightTransferEngine,
     WtcoreError,
 )
-from wtcore.inline import InlineWorkerEngine
+from wtcore_kit.inline import InlineWorkerEngine
 
 FIXTURE_ENTRY_POINTS = """\
 [wtcore.engines]
@@ -39,7 +39,7 @@ def fake_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     (tmp_path / "fakeplug_mod.py").write_text(
         textwrap.dedent(
             """
-            from wtcore.inline import InlineWorkerEngine
+            from wtcore_kit.inline import InlineWorkerEngine
 
             class FakeEngine(InlineWorkerEngine):
                 pass
@@ -59,7 +59,7 @@ def _registry() -> Registry[WeightTransferEngine[object, object]]:
         "wtcore.engines",
         WeightTransferEngine,
         "engine",
-        builtins={"inline": "wtcore.inline:InlineWorkerEngine"},
+        builtins={"inline": "wtcore_kit.inline:InlineWorkerEngine"},
     )
 
 
@@ -155,10 +155,10 @@ def test_register_clash_and_replace() -> None:
     reg = _registry()
     with pytest.raises(
         PluginConflictError,
-        match=r"engine 'inline' is already registered \(wtcore.inline:InlineWorkerEngine, wtcore .*\); pass replace=True",
+        match=r"engine 'inline' is already registered \(wtcore_kit.inline:InlineWorkerEngine, wtcore .*\); pass replace=True",
     ):
         reg.register("inline", InlineWorkerEngine)
-    reg.register("mine", "wtcore.inline:InlineWorkerEngine")
+    reg.register("mine", "wtcore_kit.inline:InlineWorkerEngine")
     with pytest.raises(ValueError, match="already registered"):
         reg.register("mine", InlineWorkerEngine)
     reg.register("mine", InlineWorkerEngine, replace=True)
@@ -188,7 +188,7 @@ def test_refresh_sees_newly_installed_plugins(
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: late\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
-        "[wtcore.engines]\nfake = wtcore.inline:InlineWorkerEngine\n"
+        "[wtcore.engines]\nfake = wtcore_kit.inline:InlineWorkerEngine\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     reg.refresh()
@@ -262,7 +262,7 @@ def test_a_plugin_may_not_shadow_a_builtin(
         assert reg.load("inline") is InlineWorkerEngine
     (record,) = caplog.records
     text = record.getMessage()
-    assert "engine 'inline' is built into wtcore (wtcore.inline:InlineWorkerEngine)" in text
+    assert "engine 'inline' is built into wtcore (wtcore_kit.inline:InlineWorkerEngine)" in text
     assert "shadow 0.3 (shadow_mod:Engine) also registers it" in text
     assert "may not shadow a built-in name, so it is ignored and the built-in is used" in text
     assert "Uninstall shadow" in text
@@ -274,7 +274,7 @@ def test_one_distribution_seen_twice_is_not_a_conflict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An editable install seen through two sys.path entries: the same distribution twice.
-    eps = "[wtcore.engines]\ntwice = wtcore.inline:InlineWorkerEngine\n"
+    eps = "[wtcore.engines]\ntwice = wtcore_kit.inline:InlineWorkerEngine\n"
     _write_dist(tmp_path / "a", "Twice_Dist", "1.0", eps)
     # a folder name importlib.metadata does not recognise as the same (its own de-duplication)
     _write_dist(tmp_path / "b", "twice-dist", "1.0", eps, folder="twice_dist_dev-1.0.dist-info")

@@ -18,10 +18,10 @@ from wtcore import (
     WrongTypeError,
 )
 from wtcore.digest import digest_named
-from wtcore.inline import InlineTrainerInitInfo
-from wtcore.inproc import InProcessClient
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
+from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_kit.inproc import InProcessClient
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:

@@ -23,11 +23,11 @@ from wtcore import (
     WeightSyncWorker,
     trainer_from_config,
 )
-from wtcore.inline import InlineTrainerEngine, InlineWorkerEngine
-from wtcore.inproc import InProcessClient
 from wtcore.registry import Registry
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
+from wtcore_kit.inline import InlineTrainerEngine, InlineWorkerEngine
+from wtcore_kit.inproc import InProcessClient
 
 RENAMED = r"'local' was renamed 'inline'; the old name will be removed in 0\.3"
 
@@ -90,7 +90,7 @@ def test_the_old_name_is_still_taken() -> None:
         "wtcore.test_renamed",
         "wtcore.engine:WeightTransferEngine",
         "engine",
-        builtins={"inline": "wtcore.inline:InlineWorkerEngine"},
+        builtins={"inline": "wtcore_kit.inline:InlineWorkerEngine"},
         renamed={"local": "inline"},
     )
     with pytest.raises(PluginConflictError, match="'local' is already registered"):
@@ -103,10 +103,12 @@ def test_the_old_modules_export_what_the_new_ones_do() -> None:
     """The forwarding itself is tested with the other moved modules (test_moved_modules.py)."""
     import wtcore.finite
     import wtcore.guards
-    import wtcore.inline
     import wtcore.local
+    import wtcore_kit.inline
 
-    assert sorted(wtcore.local.__all__) == sorted(f"Local{n[6:]}" for n in wtcore.inline.__all__)
+    assert sorted(wtcore.local.__all__) == sorted(
+        f"Local{n[6:]}" for n in wtcore_kit.inline.__all__
+    )
     assert wtcore.guards.__all__ == wtcore.finite.__all__
 
 
@@ -143,7 +145,7 @@ def test_a_plugin_may_not_take_the_old_name(
         "wtcore.engines",
         "wtcore.engine:WeightTransferEngine",
         "engine",
-        builtins={"inline": "wtcore.inline:InlineWorkerEngine"},
+        builtins={"inline": "wtcore_kit.inline:InlineWorkerEngine"},
         renamed={"local": "inline"},
     )
     assert "local" not in reg.names()

@@ -25,12 +25,12 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.errors import PayloadError
-from wtcore.inline import InlineTrainerInitInfo
-from wtcore.inproc import InProcessClient
 from wtcore.rounds import ROUND_KEY, new_round_id, stamp_round
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
 from wtcore.testing.recording import RecordingClient
+from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_kit.inproc import InProcessClient
 
 BUCKET = 4096
 

@@ -1,5 +1,5 @@
 """The kit's trainer waits for ``update_weights`` a little beyond ``timeout_s``
-(:data:`wtcore.bucketed.SETTLE_GRACE_S`), so a client whose own timeout of ``timeout_s`` ends the
+(:data:`wtcore_kit.bucketed.SETTLE_GRACE_S`), so a client whose own timeout of ``timeout_s`` ends the
 call reports first, naming the receiver, instead of a bare "did not return"."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from wtcore import ModuleSink, ModuleSource, WeightSyncWorker, WeightTransferTrainerFactory
-from wtcore.bucketed import SETTLE_GRACE_S
 from wtcore.errors import TransferTimeoutError
-from wtcore.inline import InlineTrainerInitInfo
-from wtcore.inproc import InProcessClient
+from wtcore_kit.bucketed import SETTLE_GRACE_S
+from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_kit.inproc import InProcessClient
 
 TIMEOUT_S = 1.0
 

@@ -19,8 +19,8 @@ import torch
 
 from wtcore import ModuleSink, WeightSyncWorker
 from wtcore.receiver_layout import TPLayout
-from wtcore.synthetic import build_module
 from wtcore.testing import torchrun
+from wtcore_kit.synthetic import build_module
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "sharded.md"
 RULES = (("0.*", "column"), ("1.weight", "row"))  # the page's

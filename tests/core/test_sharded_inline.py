@@ -14,8 +14,6 @@ import pytest
 import torch
 
 from wtcore.errors import PayloadError, ReceiverError
-from wtcore.inline import InlineTrainerEngine, InlineTrainerInitInfo
-from wtcore.inproc import InProcessClient
 from wtcore.layout import Layout
 from wtcore.meta import ParamMeta
 from wtcore.receiver_layout import TPLayout
@@ -30,6 +28,8 @@ from wtcore.testing.sharded_contract import (
     run_ranks,
     whole,
 )
+from wtcore_kit.inline import InlineTrainerEngine, InlineTrainerInitInfo
+from wtcore_kit.inproc import InProcessClient
 
 
 def inline_info(rank: int, buffer_size_bytes: int, receivers: int) -> InlineTrainerInitInfo:

@@ -83,10 +83,10 @@ def test_a_sharded_source_is_refused_by_an_engine_that_does_not_execute_plans() 
     that does not execute plans says so before the round starts (nothing applied); inline,
     which does, sends it bit-exact."""
     from wtcore import WeightSyncWorker
-    from wtcore.inline import InlineTrainerEngine, InlineTrainerInitInfo
-    from wtcore.inproc import InProcessClient
     from wtcore.layout import Layout
     from wtcore.source import ShardedModuleSource
+    from wtcore_kit.inline import InlineTrainerEngine, InlineTrainerInitInfo
+    from wtcore_kit.inproc import InProcessClient
 
     class NoPlans(InlineTrainerEngine):
         executes_plans = False

@@ -297,7 +297,7 @@ def test_shutdown_during_a_blocked_update_stays_closed(model: torch.nn.Module) -
 
 def test_fan_out_fails_fast_once_a_receiver_failed() -> None:
     from wtcore import ReceiverError
-    from wtcore.fanout import fan_out
+    from wtcore_kit.fanout import fan_out
 
     release = threading.Event()
 
@@ -320,7 +320,7 @@ def test_fan_out_fails_fast_once_a_receiver_failed() -> None:
 
 
 def test_fan_out_waits_for_everyone_when_nothing_failed() -> None:
-    from wtcore.fanout import fan_out
+    from wtcore_kit.fanout import fan_out
 
     assert fan_out(
         "x", [("a", lambda: 1), ("b", lambda: (time.sleep(0.2), 2)[1])], timeout_s=5

@@ -19,13 +19,13 @@ import torch
 
 from wtcore import PayloadError
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inline import InlineTrainerInitInfo
-from wtcore.inproc import InProcessClient
 from wtcore.sink import ModuleSink
 from wtcore.source import TensorSource
 from wtcore.testing.sources import build_module, zeros_like_state
 from wtcore.worker import WeightSyncWorker
 from wtcore_delta.auto import PROBE_FIRST, PROBE_MAX, AutoDelta
+from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_kit.inproc import InProcessClient
 
 MB = 10**8  # model bytes in the rule's examples
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing.delta import DeltaContractSuite
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 
 class TestInlineDelta(DeltaContractSuite):
@@ -54,12 +54,12 @@ def test_a_refused_delta_round_leaves_the_receiver_as_it_was(
 
     from wtcore.errors import ReceiverError
     from wtcore.factory import WeightTransferTrainerFactory
-    from wtcore.inproc import InProcessClient
     from wtcore.sink import ModuleSink
     from wtcore.source import TensorSource
     from wtcore.testing.delta import assert_bits_equal
     from wtcore.testing.sources import build_module, zeros_like_state
     from wtcore.worker import WeightSyncWorker
+    from wtcore_kit.inproc import InProcessClient
 
     state = {"w": torch.randn(64, 64).to(torch.bfloat16)}
     sink = ModuleSink(build_module(zeros_like_state(state)))
@@ -101,11 +101,11 @@ def test_rounds_without_a_version_are_full_and_keep_no_base() -> None:
     import torch
 
     from wtcore.factory import WeightTransferTrainerFactory
-    from wtcore.inproc import InProcessClient
     from wtcore.sink import ModuleSink
     from wtcore.source import TensorSource
     from wtcore.testing.sources import build_module, zeros_like_state
     from wtcore.worker import WeightSyncWorker
+    from wtcore_kit.inproc import InProcessClient
 
     state = {"w": torch.randn(300, 300).to(torch.bfloat16)}
     worker = WeightSyncWorker("inline", ModuleSink(build_module(zeros_like_state(state))))

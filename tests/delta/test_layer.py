@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "wtcore"
+ROOT = Path(__file__).resolve().parents[2]
 #: The user-facing init-info fields (``TrainerInitInfo``) that select and tune the layer.
 USER_FIELDS = {"delta", "delta_base_device"}
 
@@ -30,7 +30,9 @@ def _tree(name: str) -> ast.Module:
 DELTA = ("wtcore_delta", "wtcore.delta")
 
 
-@pytest.mark.parametrize("name", ["trainer.py", "worker.py", "bucketed.py"])
+@pytest.mark.parametrize(
+    "name", ["wtcore/trainer.py", "wtcore/worker.py", "wtcore_kit/bucketed.py"]
+)
 def test_no_import_of_wtcore_delta(name: str) -> None:
     found = []
     for node in ast.walk(_tree(name)):
@@ -41,7 +43,9 @@ def test_no_import_of_wtcore_delta(name: str) -> None:
     assert found == [], f"{name} imports {found}"
 
 
-@pytest.mark.parametrize("name", ["trainer.py", "worker.py", "bucketed.py"])
+@pytest.mark.parametrize(
+    "name", ["wtcore/trainer.py", "wtcore/worker.py", "wtcore_kit/bucketed.py"]
+)
 def test_no_delta_attributes_but_the_user_fields(name: str) -> None:
     names = set()
     for node in ast.walk(_tree(name)):
@@ -56,9 +60,9 @@ def test_no_delta_attributes_but_the_user_fields(name: str) -> None:
 
 
 def test_delta_true_selects_the_delta_policy() -> None:
-    from wtcore.inline import InlineTrainerEngine, InlineTrainerInitInfo
     from wtcore.trainer import RoundPolicy
     from wtcore_delta.trainer import DeltaRounds
+    from wtcore_kit.inline import InlineTrainerEngine, InlineTrainerInitInfo
 
     with InlineTrainerEngine(
         InlineTrainerInitInfo(rank=1, delta=True), client=None, source=None
@@ -99,8 +103,8 @@ def without_wtcore_delta(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.mark.usefixtures("without_wtcore_delta")
 def test_without_wtcore_delta_delta_true_names_the_install_line() -> None:
     from wtcore.errors import PluginNotFoundError
-    from wtcore.inline import InlineTrainerEngine, InlineTrainerInitInfo
     from wtcore.trainer import RoundPolicy
+    from wtcore_kit.inline import InlineTrainerEngine, InlineTrainerInitInfo
 
     info = InlineTrainerInitInfo(rank=1, delta=True)
     with pytest.raises(PluginNotFoundError, match=r"'delta'.*pip install wtcore-delta"):
@@ -115,13 +119,13 @@ def test_a_worker_without_wtcore_delta_gets_full_rounds(
     import torch
 
     from wtcore.factory import WeightTransferTrainerFactory
-    from wtcore.inline import InlineTrainerInitInfo
-    from wtcore.inproc import InProcessClient
     from wtcore.sink import ModuleSink
     from wtcore.source import TensorSource
     from wtcore.testing.delta import assert_bits_equal
     from wtcore.testing.sources import build_module, zeros_like_state
     from wtcore.worker import WeightSyncWorker
+    from wtcore_kit.inline import InlineTrainerInitInfo
+    from wtcore_kit.inproc import InProcessClient
 
     state = {"w": torch.randn(64, 64).to(torch.bfloat16)}
     sink = ModuleSink(build_module(zeros_like_state(state)))

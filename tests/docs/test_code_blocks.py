@@ -131,8 +131,8 @@ def _http_page(tmp_path: Path) -> Generator[dict[str, Any], None, None]:
     import torch
 
     from wtcore import ModuleSink, ModuleSource, WeightSyncWorker, WeightTransferTrainerFactory
-    from wtcore.inline import InlineTrainerInitInfo
     from wtcore_http_client import ReceiverHTTPServer, ReceiverRoutes
+    from wtcore_kit.inline import InlineTrainerInitInfo
 
     workers = [WeightSyncWorker("inline", ModuleSink(torch.nn.Linear(4, 4))) for _ in range(2)]
     servers = [

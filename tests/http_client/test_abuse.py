@@ -21,9 +21,9 @@ import pytest
 
 from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
-from wtcore.inline import InlineTrainerInitInfo
-from wtcore.synthetic import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_kit.synthetic import synthetic_state
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,9 +13,9 @@ import torch
 from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
 from wtcore.errors import ErrorRecord
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -23,7 +23,7 @@ SIZE, TENSORS, SEED = 32 << 10, 5, 3
 SYNC = f"""
 import sys
 from wtcore import TensorSource, WeightTransferTrainerFactory
-from wtcore.inline import InlineTrainerInitInfo
+from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 state = synthetic_state({SIZE}, {TENSORS}, "float32", seed={SEED})

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from wtcore import TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.delta import assert_bits_equal, delta_chain
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverHTTPServer, ReceiverRoutes
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -18,11 +18,11 @@ import torch
 
 from wtcore import ReceiverError, WeightTransferTrainerFactory
 from wtcore.buckets import plan_buckets
-from wtcore.fanout import ABORT_TIMEOUT_S, FAIL_FAST_S
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.source import TensorSource
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_kit.fanout import ABORT_TIMEOUT_S, FAIL_FAST_S
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from wtcore import ReceiverError, TensorSource, TransferTimeoutError, WeightTransferTrainerFactory
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing import KillingSource, free_port
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverTimeoutError
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = pytest.mark.timeout(240)
 

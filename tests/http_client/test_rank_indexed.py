@@ -3,7 +3,7 @@
 A per-rank payload names memory, peers or shards that concern one rank only; sending the
 whole list to every receiver (as vLLM's API server does to its workers) leaks them and lets a
 receiver act on another rank's entry. wtcore's clients cut the list by receiver
-(:func:`wtcore.fanout.split_by_receiver`). Tested over a real HTTP server per receiver and in
+(:func:`wtcore_kit.fanout.split_by_receiver`). Tested over a real HTTP server per receiver and in
 process, with the inline engine, whose entries carry the weights themselves: each receiver
 must end up holding exactly its own entry's tensor.
 """
@@ -21,11 +21,11 @@ import torch
 from wtcore import ModuleSink, WeightSyncWorker
 from wtcore.digest import digest_named
 from wtcore.errors import PayloadError
-from wtcore.inproc import InProcessClient
-from wtcore.synthetic import build_module
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_http_client.routes import ReceiverRoutes
 from wtcore_http_client.server import ReceiverHTTPServer
+from wtcore_kit.inproc import InProcessClient
+from wtcore_kit.synthetic import build_module
 
 
 class RecordingWorker(WeightSyncWorker):

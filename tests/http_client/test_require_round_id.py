@@ -23,8 +23,6 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.digest import digest_named
-from wtcore.inline import InlineTrainerInitInfo
-from wtcore.inproc import InProcessClient
 from wtcore.rounds import ROUND_HEADER, new_round_id
 from wtcore.sink import ModuleSink
 from wtcore.testing.sources import (
@@ -34,6 +32,8 @@ from wtcore.testing.sources import (
     zeros_like_state,
 )
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverRoutes
+from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_kit.inproc import InProcessClient
 
 pytestmark = pytest.mark.timeout(240)
 

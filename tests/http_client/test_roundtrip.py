@@ -13,11 +13,11 @@ from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.buckets import max_bucket_nbytes, pack_source, plan_buckets
 from wtcore.config import trainer_from_config
 from wtcore.digest import digest_named
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.meta import metas_to_wire
 from wtcore.testing.sources import mixed_dtype_state
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_http_client.safetensors import save_safetensors
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = pytest.mark.timeout(240)
 

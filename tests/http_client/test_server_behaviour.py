@@ -15,13 +15,13 @@ import pytest
 import requests
 
 from wtcore import ENGINES, ReceiverError, WeightSyncWorker
-from wtcore.concurrency import BackgroundCall
 from wtcore.digest import digest_named
-from wtcore.inline import InlineUpdateInfo, InlineWorkerEngine
 from wtcore.sink import ModuleSink
 from wtcore.testing.sources import build_module, mixed_dtype_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverHTTPServer, ReceiverRoutes
 from wtcore_http_client.server import check_bind, is_loopback
+from wtcore_kit.concurrency import BackgroundCall
+from wtcore_kit.inline import InlineUpdateInfo, InlineWorkerEngine
 
 pytestmark = pytest.mark.timeout(60)
 

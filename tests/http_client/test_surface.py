@@ -24,10 +24,10 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.digest import digest_named
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverHTTPServer, ReceiverRoutes
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 STATE = synthetic_state(total_bytes=32 << 10, num_tensors=6, seed=4)
 

@@ -11,9 +11,9 @@ import requests
 
 from wtcore import PayloadError, ProtocolStateError, TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,10 +53,10 @@ def test_update_weight_version_and_include_dp(start_server: Any) -> None:
 
 
 def test_the_worker_refuses_a_rename_mid_round() -> None:
-    from wtcore.inproc import InProcessClient
     from wtcore.sink import ModuleSink
     from wtcore.testing.sources import build_module, zeros_like_state
     from wtcore.worker import WeightSyncWorker
+    from wtcore_kit.inproc import InProcessClient
 
     state = synthetic_state(SIZE, TENSORS, "float32", seed=1)
     worker = WeightSyncWorker("inline", ModuleSink(build_module(zeros_like_state(state))))

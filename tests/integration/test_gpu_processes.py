@@ -47,10 +47,10 @@ def test_nccl_transport_between_processes_on_two_gpus() -> None:
     from wtcore.digest import digest_named
     from wtcore.factory import WeightTransferTrainerFactory
     from wtcore.source import ModuleSource
-    from wtcore.synthetic import build_module
     from wtcore.testing.net import free_port
     from wtcore_bench.serve import launch_serve
     from wtcore_http_client import HTTPWeightSyncClient
+    from wtcore_kit.synthetic import build_module
     from wtcore_nccl import NCCLTrainerInitInfo
 
     spec = ModelSpec(8 << 20, 40, "bfloat16", seed=0)

@@ -117,10 +117,10 @@ def test_a_round_the_trainer_abandoned_mid_copy_is_not_published(procs: Any) -> 
     the header changed after its copy and fails the round instead of publishing it.
     In-process worker, so that the sink can stamp the header in the middle of the copy."""
     from wtcore import TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
-    from wtcore.inproc import InProcessClient
     from wtcore.sink import ModuleSink
     from wtcore.testing import build_module
     from wtcore_ipc import IPCTrainerInitInfo
+    from wtcore_kit.inproc import InProcessClient
 
     state = procs.make_state(24)
     shared = share_weights(state)

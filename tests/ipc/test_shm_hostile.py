@@ -26,7 +26,7 @@ _SMALL_SHM_CHILD = textwrap.dedent(
     """
     import json, os, torch
     from wtcore import TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
-    from wtcore.inproc import InProcessClient
+    from wtcore_kit.inproc import InProcessClient
     from wtcore.sink import ModuleSink
     from wtcore.testing import build_module
     from wtcore_ipc import IPCTrainerInitInfo

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from wtcore.synthetic import synthetic_state
 from wtcore_bench import BaselineContext
 from wtcore_bench.support import find_engine_bench
 from wtcore_bench.support import mooncake as mc_bench
+from wtcore_kit.synthetic import synthetic_state
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,10 +16,10 @@ import torch
 
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.errors import TransferError
-from wtcore.inproc import InProcessClient
 from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
+from wtcore_kit.inproc import InProcessClient
 from wtcore_mooncake import MooncakeTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]

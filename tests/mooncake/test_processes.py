@@ -10,9 +10,9 @@ import pytest
 
 from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
-from wtcore.synthetic import synthetic_state
 from wtcore_bench.serve import launch_serve
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_kit.synthetic import synthetic_state
 from wtcore_mooncake import MooncakeTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(300)]

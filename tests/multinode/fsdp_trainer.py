@@ -27,8 +27,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from wtcore import ModuleSource, WeightTransferTrainerFactory
-from wtcore.synthetic import build_module, synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_kit.synthetic import build_module, synthetic_state
 from wtcore_nccl import NCCLTrainerInitInfo
 
 

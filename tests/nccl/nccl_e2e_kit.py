@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from wtcore.concurrency import BackgroundCall
 from wtcore.testing import sources
 from wtcore.testing.net import free_port
 from wtcore.testing.pipes import Handlers, PipeClient, decode_state, encode_state, pipe_fleet
 from wtcore.testing.sources import spec_of, state_of_spec
 from wtcore.worker import WeightSyncWorker
+from wtcore_kit.concurrency import BackgroundCall
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.group import Group, connect_store, host_store, join_group, release_group
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wtcore.synthetic import synthetic_state
 from wtcore_bench import BaselineContext
 from wtcore_bench.support.nccl import BENCH, vllm_buckets, vllm_packing_run
+from wtcore_kit.synthetic import synthetic_state
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,8 +11,8 @@ import torch
 
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inproc import InProcessClient
 from wtcore.testing import build_module, free_port, mixed_dtype_state, zeros_like_state
+from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [

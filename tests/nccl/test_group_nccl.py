@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from wtcore import ModuleSink, TensorSource, TransferError, TransferTimeoutError, WeightSyncWorker
-from wtcore.concurrency import BackgroundCall
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inproc import InProcessClient
 from wtcore.source import WeightSource
 from wtcore.testing import build_module, free_port, zeros_like_state
+from wtcore_kit.concurrency import BackgroundCall
+from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.group import connect_store, host_store, join_group
 

@@ -22,11 +22,11 @@ import torch
 from tests.nccl.nccl_e2e_kit import loopback_info
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.errors import MetadataMismatchError
-from wtcore.inproc import InProcessClient
 from wtcore.sink import DirectSink, direct_destination
 from wtcore.source import WeightSource
 from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
+from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -23,12 +23,12 @@ import torch
 from tests.nccl.test_stale_notice import channel_info
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.buckets import as_bytes
-from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError
-from wtcore.inproc import InProcessClient
 from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.testing import build_module, wait_until
 from wtcore_channel.frames import make_header
+from wtcore_kit.concurrency import BackgroundCall
+from wtcore_kit.inproc import InProcessClient
 
 pytestmark = [pytest.mark.timeout(120)]
 

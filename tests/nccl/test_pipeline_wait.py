@@ -14,11 +14,11 @@ import datetime
 import pytest
 import torch
 
-from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError
 from wtcore.testing import free_port
 from wtcore_channel import pipeline
 from wtcore_channel.pipeline import wait_work
+from wtcore_kit.concurrency import BackgroundCall
 from wtcore_nccl.group import Group, connect_store, host_store, join_group
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -85,13 +85,13 @@ def test_a_sender_whose_bucket_disagrees_with_the_plan_is_refused_not_aborted() 
     gloo abort this process."""
     import threading
 
-    from wtcore.concurrency import BackgroundCall
     from wtcore.meta import ParamMeta
-    from wtcore.pairs import PairAssembler
     from wtcore.plan import PlannedRound
     from wtcore.receiver_layout import receiver_layouts
     from wtcore.sink import ModuleSink
-    from wtcore.synthetic import build_module
+    from wtcore_kit.concurrency import BackgroundCall
+    from wtcore_kit.pairs import PairAssembler
+    from wtcore_kit.synthetic import build_module
     from wtcore_nccl.group import connect_store, host_store, join_group
     from wtcore_nccl.pairs import receive_pairs
 

@@ -21,10 +21,10 @@ import torch
 
 from tests.nccl.nccl_e2e_kit import loopback_info
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
-from wtcore.concurrency import BackgroundCall
-from wtcore.inproc import InProcessClient
 from wtcore.testing import build_module
 from wtcore.trainer import TrainerInitInfo
+from wtcore_kit.concurrency import BackgroundCall
+from wtcore_kit.inproc import InProcessClient
 from wtcore_tcp import TCPTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]

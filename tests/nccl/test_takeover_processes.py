@@ -24,10 +24,10 @@ import torch
 
 from tests.nccl.nccl_e2e_kit import loopback_info, make_state
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
-from wtcore.inproc import InProcessClient
 from wtcore.source import WeightSource
 from wtcore.testing import build_module, wait_until, zeros_like_state
 from wtcore.testing.pipes import PipeClient, serve, worker_handlers
+from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -14,8 +14,8 @@ ray = pytest.importorskip("ray", reason="the Ray object-store peer needs ray")
 
 import torch  # noqa: E402
 
-from wtcore.synthetic import synthetic_state  # noqa: E402
 from wtcore_bench import BaselineContext  # noqa: E402
+from wtcore_kit.synthetic import synthetic_state  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 

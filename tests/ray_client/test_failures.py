@@ -20,10 +20,10 @@ from wtcore.buckets import max_bucket_nbytes, pack_source, plan_buckets
 from wtcore.config import trainer_from_config
 from wtcore.digest import digest_named
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.meta import metas_to_wire
 from wtcore.stats import TransferStats
 from wtcore.testing import KillingSource, free_port
+from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_ray_client import RayWeightSyncClient, launch_receivers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]  # Ray and torch start slowly under load

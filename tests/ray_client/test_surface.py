@@ -17,7 +17,7 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.digest import digest_named
-from wtcore.inline import InlineTrainerInitInfo
+from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_ray_client import launch_receivers
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]

@@ -13,9 +13,9 @@ import torch
 from wtcore import PayloadError, ProtocolStateError, TensorSource
 from wtcore.digest import digest_named
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.sink import ModuleSink
 from wtcore.testing import build_module, mixed_dtype_state, zeros_like_state
+from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_ray_client import RayWeightSyncClient, ReceiverFleet, WeightSyncActor
 from wtcore_ray_client._json import check_json_safe
 

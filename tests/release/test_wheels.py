@@ -91,6 +91,7 @@ for name in ("nccl", "tcp", "ipc"):  # the inference side looks engines up in it
         ENGINES.load(name)
     except WtcoreError as e:
         out["errors"]["worker " + name] = [type(e).__name__, isinstance(e, LookupError), str(e)]
+out["inline"] = ENGINES.load("inline").__module__  # the built-in, from the core wheel's kit
 print(json.dumps(out))
 """
     proc = release.run("-c", script)
@@ -98,6 +99,7 @@ print(json.dumps(out))
     out = json.loads(proc.stdout)
     assert out["torch_imported"] is False, "import wtcore must not import torch"
     assert out["backport"] is False, "the core must not pull importlib-metadata"
+    assert out["inline"] == "wtcore_kit.inline", "the core wheel carries the kit and its built-in"
     want = {
         "nccl": "wtcore-nccl",
         "tcp": "wtcore-tcp",

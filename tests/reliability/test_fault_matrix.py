@@ -37,7 +37,6 @@ from wtcore import (
     WeightTransferTrainerFactory,
 )
 from wtcore.digest import digest_named
-from wtcore.inline import InlineTrainerInitInfo
 from wtcore.meta import ParamMeta
 from wtcore.source import WeightSource
 from wtcore.testing import MismatchedSource, free_port, wait_until
@@ -45,6 +44,7 @@ from wtcore.testing.procs import stop_processes
 from wtcore.testing.sources import synthetic_state
 from wtcore_bench.serve import ServeProcess, launch_serve
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]

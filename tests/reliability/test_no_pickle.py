@@ -26,7 +26,7 @@ LOADERS = {"loads", "load", "Unpickler"}
 
 
 def _sources() -> list[Path]:
-    files = sorted((ROOT / "wtcore").rglob("*.py"))
+    files = sorted((ROOT / "wtcore").rglob("*.py")) + sorted((ROOT / "wtcore_kit").rglob("*.py"))
     for plugin in sorted((ROOT / "plugins").iterdir()):
         if plugin.is_dir():
             files += sorted(p for p in plugin.rglob("*.py") if "egg-info" not in str(p))

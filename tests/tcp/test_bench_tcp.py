@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from wtcore.errors import TransferError
-from wtcore.synthetic import synthetic_state
 from wtcore_bench import BaselineContext
 from wtcore_bench.support import tcp as tcp_bench
 from wtcore_bench.support.nccl import raw_gloo_session
+from wtcore_kit.synthetic import synthetic_state
 
 pytestmark = pytest.mark.timeout(240)
 

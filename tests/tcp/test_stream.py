@@ -22,13 +22,13 @@ import torch
 
 from tests.nccl.nccl_e2e_kit import fleet, make_state, spec_of
 from wtcore import ModuleSink, PayloadError, TensorSource, WeightTransferTrainerFactory
-from wtcore.concurrency import BackgroundCall
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing import build_module
 from wtcore_channel.listen import listen_on
 from wtcore_channel.pipeline import wait_work
 from wtcore_channel.stream import HELLO_S, LANES, RELAY_CHUNK, Stream, accept, connect
+from wtcore_kit.concurrency import BackgroundCall
 from wtcore_tcp import TCPInitInfo, TCPTrainerInitInfo
 from wtcore_tcp.worker import TCPWorkerEngine
 

@@ -20,9 +20,9 @@ import torch
 from tests.nccl.nccl_e2e_kit import loopback_info
 from wtcore import ModuleSink, WeightSyncWorker, WeightTransferTrainerFactory
 from wtcore.errors import PayloadError, PluginLoadError, ProtocolStateError
-from wtcore.inproc import InProcessClient
 from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
+from wtcore_kit.inproc import InProcessClient
 from wtcore_trl.source import StreamSource
 
 pytestmark = [pytest.mark.timeout(120)]

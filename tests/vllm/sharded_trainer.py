@@ -23,8 +23,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from wtcore.source import ShardedModuleSource
-from wtcore.synthetic import build_module
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_kit.synthetic import build_module
 from wtcore_tcp import TCPTrainerEngine, TCPTrainerInitInfo
 
 

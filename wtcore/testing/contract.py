@@ -3,7 +3,7 @@
 Subclass :class:`EngineContractSuite` in a test module, name the subclass ``Test...``, set
 ``backend`` and implement :meth:`~EngineContractSuite.make_trainer_init_info`::
 
-    from wtcore.inline import InlineTrainerInitInfo
+    from wtcore_kit.inline import InlineTrainerInitInfo
     from wtcore.testing.contract import EngineContractSuite
 
     class TestLocalContract(EngineContractSuite):
@@ -13,7 +13,7 @@ Subclass :class:`EngineContractSuite` in a test module, name the subclass ``Test
             return InlineTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)
 
 The receivers are in-process :class:`~wtcore.worker.WeightSyncWorker` objects driven through
-:class:`~wtcore.inproc.InProcessClient` (each call on its own thread), so engines whose
+:class:`~wtcore_kit.inproc.InProcessClient` (each call on its own thread), so engines whose
 worker calls block until the trainer sends work unchanged. Every payload is also checked to
 survive a JSON round trip.
 """
@@ -29,7 +29,6 @@ import pytest
 
 from wtcore.errors import MetadataMismatchError, PayloadError
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inproc import InProcessClient
 from wtcore.sink import ModuleSink, WeightSink
 from wtcore.source import TensorSource, WeightSource
 from wtcore.testing.recording import RecordingClient
@@ -41,6 +40,7 @@ from wtcore.testing.sources import (
     zeros_like_state,
 )
 from wtcore.worker import WeightSyncWorker
+from wtcore_kit.inproc import InProcessClient
 
 if TYPE_CHECKING:
     import torch

@@ -24,7 +24,6 @@ import pytest
 
 from wtcore.errors import ReceiverError
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inproc import InProcessClient
 from wtcore.sink import ModuleSink, WeightSink
 from wtcore.source import TensorSource
 from wtcore.testing.contract import SwitchableSink
@@ -32,6 +31,7 @@ from wtcore.testing.realistic import realistic_steps
 from wtcore.testing.sources import build_module, zeros_like_state
 from wtcore.worker import WeightSyncWorker
 from wtcore_delta.codec import bits
+from wtcore_kit.inproc import InProcessClient
 
 if TYPE_CHECKING:
     import torch

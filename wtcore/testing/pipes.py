@@ -2,13 +2,13 @@
 
 Engine tests need receivers in *other* processes, but not an HTTP server or a Ray cluster. The
 child runs :func:`serve` (or :func:`serve_worker` for a :class:`~wtcore.worker.WeightSyncWorker`);
-the parent's :class:`PipeClient` is a :class:`~wtcore.fanout.FanOutClient` (one
+the parent's :class:`PipeClient` is a :class:`~wtcore_kit.fanout.FanOutClient` (one
 :class:`~wtcore.errors.ReceiverError` per fanned-out call) whose every wait is bounded, and
 :func:`pipe_fleet` starts the children and always stops them. Messages are JSON, never pickles,
 as on every production control plane. A child's error crosses as its
 :class:`~wtcore.errors.ErrorRecord` (the keys of an HTTP error body, beside the answer's ``id``
 and ``"ok": false``) and is raised again as a :class:`~wtcore.errors.RemoteError`, of the
-remote class when that is one of wtcore's, so :func:`~wtcore.fanout.failure_of` reports it as
+remote class when that is one of wtcore's, so :func:`~wtcore_kit.fanout.failure_of` reports it as
 it reports every other transport's.
 """
 
@@ -36,8 +36,8 @@ from wtcore.errors import (
     TransferTimeoutError,
     UnknownNameError,
 )
-from wtcore.fanout import FanOutClient, receiver_args
 from wtcore.testing.procs import stop_processes
+from wtcore_kit.fanout import FanOutClient, receiver_args
 
 if TYPE_CHECKING:
     import torch

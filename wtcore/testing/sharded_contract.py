@@ -5,7 +5,7 @@ Subclass :class:`ShardedContractSuite` in a test module (named ``Test...``), set
 ranks can find it, returning a trainer init info for a rank, a bucket size and the number of
 receivers)::
 
-    from wtcore.inline import InlineTrainerInitInfo
+    from wtcore_kit.inline import InlineTrainerInitInfo
     from wtcore.testing.sharded_contract import ShardedContractSuite
 
     def inline_info(rank, buffer_size_bytes, receivers):
@@ -37,18 +37,18 @@ import torch
 
 from wtcore.errors import TransferError
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.inproc import InProcessClient
 from wtcore.layout import Layout, Replicate, Shard
 from wtcore.meta import ParamMeta
 from wtcore.plan import PlannedRound
 from wtcore.receiver_layout import TPLayout, receiver_layouts
 from wtcore.sink import ModuleSink
 from wtcore.source import HeldSource, ShardedSource
-from wtcore.synthetic import build_module
 from wtcore.testing.net import on_ranks
 from wtcore.testing.sharded import PartsSource
 from wtcore.trainer import TrainerInitInfo
 from wtcore.worker import WeightSyncWorker
+from wtcore_kit.inproc import InProcessClient
+from wtcore_kit.synthetic import build_module
 
 __all__ = [
     "BUFFER",

@@ -1,4 +1,4 @@
-"""Synthetic models and sources for tests (the builders live in :mod:`wtcore.synthetic`).
+"""Synthetic models and sources for tests (the builders live in :mod:`wtcore_kit.synthetic`).
 
 :func:`make_state` is the one builder of the test models that the process tests of several
 engines share (nccl and tcp, ipc, the Ray client), so that each model is defined once, by what
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from wtcore.errors import PayloadError
 from wtcore.meta import ParamMeta, metas_from_wire, metas_to_wire
 from wtcore.source import WeightSource
-from wtcore.synthetic import build_module, synthetic_state, zeros_like_state
+from wtcore_kit.synthetic import build_module, synthetic_state, zeros_like_state
 
 if TYPE_CHECKING:
     import torch

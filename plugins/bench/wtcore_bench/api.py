@@ -76,7 +76,7 @@ class ModelSpec:
     device: str = "cpu"
 
     def build_state(self, seed: int | None = None) -> dict[str, torch.Tensor]:
-        from wtcore.synthetic import synthetic_state
+        from wtcore_kit.synthetic import synthetic_state
 
         return synthetic_state(
             self.size_bytes, self.num_tensors, self.dtype, self.seed if seed is None else seed
@@ -84,7 +84,7 @@ class ModelSpec:
 
     def build_zeros(self) -> torch.nn.Module:
         """A receiver model: the right names, shapes and dtypes, all zeros."""
-        from wtcore.synthetic import build_module, zeros_like_state
+        from wtcore_kit.synthetic import build_module, zeros_like_state
 
         return build_module(zeros_like_state(self.build_state())).to(self.device)
 

@@ -46,10 +46,10 @@ def _fleet(
 ) -> tuple[list[WeightSyncWorker], Any]:
     import torch
 
-    from wtcore.inproc import InProcessClient
     from wtcore.sink import ModuleSink
-    from wtcore.synthetic import build_module
     from wtcore.worker import WeightSyncWorker
+    from wtcore_kit.inproc import InProcessClient
+    from wtcore_kit.synthetic import build_module
 
     workers = [
         WeightSyncWorker(

@@ -111,7 +111,7 @@ def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
 def file_gbps(state: Mapping[str, torch.Tensor], repeats: int = 2) -> float:
     import torch
 
-    from wtcore.synthetic import zeros_like_state
+    from wtcore_kit.synthetic import zeros_like_state
 
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     model = zeros_like_state(state)

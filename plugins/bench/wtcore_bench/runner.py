@@ -212,8 +212,8 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
     :mod:`wtcore_bench.record`.
     """
     from wtcore.registry import TRAINER_ENGINES
-    from wtcore.synthetic import build_module
     from wtcore_bench.nodes import placement
+    from wtcore_kit.synthetic import build_module
 
     _check_device(opts.device)
     where = placement()  # inside the trainer's node of `wtcore bench --nodes`

@@ -2,7 +2,7 @@
 
 ``M`` trainer processes (a gloo group) hold an FSDP2 model (``fully_shard`` over a CPU mesh
 of every rank: each rank a ``Shard(0)`` of every tensor) of ``size`` bytes in about
-``tensors`` tensors (``wtcore.synthetic``). Two fleets of ``N`` receiver processes, each an
+``tensors`` tensors (``wtcore_kit.synthetic``). Two fleets of ``N`` receiver processes, each an
 HTTP receiver on the same engine, serve the same model:
 
 * **sharded**: every rank sends its own shards (``ShardedModuleSource``) straight to the
@@ -46,7 +46,7 @@ from wtcore_bench.api import BenchNotSupportedError
 __all__ = ["RULES", "ShardedBenchOptions", "print_sharded_table", "run_sharded_bench"]
 
 API_KEY = "bench-sharded-key"
-#: vLLM's TP rules for a Llama-like model (``wtcore.synthetic``'s names).
+#: vLLM's TP rules for a Llama-like model (``wtcore_kit.synthetic``'s names).
 RULES = (
     ("*.q_proj.weight", "column"),
     ("*.k_proj.weight", "column"),
@@ -80,7 +80,7 @@ class ShardedBenchOptions:
 
 
 def _state(args: argparse.Namespace) -> dict[str, Any]:
-    from wtcore.synthetic import synthetic_state
+    from wtcore_kit.synthetic import synthetic_state
 
     return synthetic_state(args.size, args.tensors, dtype=args.dtype, seed=0)
 
@@ -98,9 +98,9 @@ def receiver(args: argparse.Namespace) -> None:
     import torch
 
     from wtcore import ModuleSink, WeightSyncWorker
-    from wtcore.synthetic import build_module
     from wtcore_http_client.routes import ReceiverRoutes
     from wtcore_http_client.server import ReceiverHTTPServer
+    from wtcore_kit.synthetic import build_module
 
     torch.set_num_threads(1)
     lay = _layout(args, args.kind, args.index)
@@ -161,9 +161,9 @@ def trainer(args: argparse.Namespace) -> None:
 
     from wtcore import ModuleSource, WeightTransferTrainerFactory
     from wtcore.source import ShardedModuleSource
-    from wtcore.synthetic import build_module
     from wtcore_bench.memory import PeakTracker
     from wtcore_http_client import HTTPWeightSyncClient
+    from wtcore_kit.synthetic import build_module
 
     torch.set_num_threads(1)
     rank, world = args.rank, args.trainer_ranks

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from wtcore.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 from wtcore.buckets import Bucket, plan_round
 from wtcore.errors import PayloadError
+from wtcore_kit.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 
 if TYPE_CHECKING:
     from wtcore.meta import ParamMeta

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
-from wtcore.concurrency import BackgroundCall
 from wtcore.engine import WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.sink import direct_destination
 from wtcore_channel.frames import HEADER_WORDS, NO_CRC, check_crc, check_header
 from wtcore_channel.options import ChannelSettings, ChannelUpdateInfo, plan
 from wtcore_channel.pipeline import BufferPool, Channel, Slot, wait_work
+from wtcore_kit.concurrency import BackgroundCall
 
 if TYPE_CHECKING:
     import torch

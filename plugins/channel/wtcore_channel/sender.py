@@ -1,6 +1,6 @@
 """The sender of a streamed engine: one announcement per round, frames on a channel, pipelined.
 
-A bucket engine of :mod:`wtcore.bucketed` announces every bucket with an ``update_weights``
+A bucket engine of :mod:`wtcore_kit.bucketed` announces every bucket with an ``update_weights``
 call of its own. An engine whose data plane moves messages by itself (a process group, TCP streams)
 does better announcing the whole round once and then streaming: the sender starts the round's
 single ``update_weights`` (its metadata is the whole round), and while the receivers plan the
@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore.buckets import Bucket, pack_source
-from wtcore.concurrency import BackgroundCall
 from wtcore.errors import MetadataMismatchError, TransferError
 from wtcore.meta import metas_to_wire
 from wtcore.sink import on_device
@@ -28,6 +27,7 @@ from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 from wtcore_channel.frames import make_header
 from wtcore_channel.options import ChannelTrainerInitInfo, plan
 from wtcore_channel.pipeline import BufferPool, Channel, Work, wait_work
+from wtcore_kit.concurrency import BackgroundCall
 
 if TYPE_CHECKING:
     import torch

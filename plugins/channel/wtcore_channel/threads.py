@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from wtcore.concurrency import BackgroundCall
+from wtcore_kit.concurrency import BackgroundCall
 
 __all__ = ["run_all"]
 

@@ -5,7 +5,7 @@ running :mod:`wtcore_http_client.server`. The request bodies are exactly those o
 routes (docs/http.md).
 
 Several base URLs (data-parallel replicas) are called concurrently through the core fan-out
-(:class:`wtcore.fanout.FanOutClient`, shared with the in-process and Ray clients): a call
+(:class:`wtcore_kit.fanout.FanOutClient`, shared with the in-process and Ray clients): a call
 returns when every replica has answered, and a failure raises one
 :class:`~wtcore.errors.ReceiverError` naming each failing URL, its HTTP status and the
 server's message; when every failure is a timeout it is a ``TimeoutError`` too.
@@ -34,10 +34,10 @@ from requests.adapters import HTTPAdapter
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import ErrorRecord, PayloadError, TransferTimeoutError
-from wtcore.fanout import FanOutClient, PerReceiver, Target, receiver_args
 from wtcore.rounds import ROUND_HEADER, new_round_id
 from wtcore_http_client.errors import HTTPConnectionError, HTTPStatusError
 from wtcore_http_client.pause import PAUSE_MODES, check_pause_mode
+from wtcore_kit.fanout import FanOutClient, PerReceiver, Target, receiver_args
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

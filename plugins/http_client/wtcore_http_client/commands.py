@@ -136,7 +136,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
     """The hosted model: from ``--safetensors``, or synthetic of ``--size`` and ``--seed``."""
-    from wtcore.synthetic import build_module, synthetic_state
+    from wtcore_kit.synthetic import build_module, synthetic_state
 
     if args.safetensors:
         from wtcore_http_client.safetensors import load_safetensors
@@ -219,7 +219,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _shutdown_worker(worker: Any) -> None:
     """Release the engine, but never hang the exit on a data plane stuck on a dead peer."""
-    from wtcore.concurrency import BackgroundCall
+    from wtcore_kit.concurrency import BackgroundCall
 
     call = BackgroundCall(worker.shutdown, name="worker-shutdown")
     if not call.wait(_STOP_TIMEOUT_S):

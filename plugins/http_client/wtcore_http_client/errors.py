@@ -1,6 +1,6 @@
 """Errors of the HTTP control plane.
 
-Each one carries what :func:`wtcore.fanout.failure_of` reads (``status``, ``timed_out``, and
+Each one carries what :func:`wtcore_kit.fanout.failure_of` reads (``status``, ``timed_out``, and
 for an error answer the server's :class:`~wtcore.errors.ErrorRecord` as ``record``), so that a
 fanned-out call reports every failing URL with its HTTP status, the server's own error class
 and message, and counts a receiver's timeout as a timeout exactly as the in-process and Ray

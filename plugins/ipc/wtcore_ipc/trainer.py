@@ -1,6 +1,6 @@
 """The trainer half of ``ipc``: pack buckets into reused staging buffers, announce them as JSON.
 
-Built on :class:`wtcore.bucketed.BucketedTrainerEngine` (planning, staging reuse, recovery).
+Built on :class:`wtcore_kit.bucketed.BucketedTrainerEngine` (planning, staging reuse, recovery).
 CPU (``shm``): ONE ``update_weights`` per round announces the ring (segment, slots, first sequence
 number) and the whole plan; the trainer then packs bucket after bucket into the ring while the
 workers copy the previous ones out, with no control call per bucket, so buckets can be small
@@ -22,15 +22,15 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from wtcore.bucketed import BucketedTrainerEngine, BucketUpdateInfo
 from wtcore.buckets import pack_source
-from wtcore.concurrency import BackgroundCall
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.source import WeightSource, iter_checked
 from wtcore_ipc.ring import chunks, wait_until
 from wtcore_ipc.shared import SharedWeights, locate
 from wtcore_ipc.shm import CANCELLED, MAX_RECEIVERS, StagingSegment, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo
+from wtcore_kit.bucketed import BucketedTrainerEngine, BucketUpdateInfo
+from wtcore_kit.concurrency import BackgroundCall
 
 if TYPE_CHECKING:
     import torch

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 from wtcore.buckets import ALIGNMENT, Bucket, align, plan_round
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore_ipc.shm import check_segment_name
+from wtcore_kit.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
@@ -41,7 +41,7 @@ TRANSPORTS = ("shm", "cuda")
 @dataclass
 class IPCTrainerInitInfo(BucketedTrainerInitInfo):
     """Trainer settings of the ``ipc`` engine (see
-    :class:`~wtcore.bucketed.BucketedTrainerInitInfo`).
+    :class:`~wtcore_kit.bucketed.BucketedTrainerInitInfo`).
 
     ``packed_num_buffers`` slots of ``packed_buffer_size_bytes`` form the ring (CPU): the
     trainer packs the next chunks while workers copy out the previous ones.

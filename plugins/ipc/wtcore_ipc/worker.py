@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, ClassVar
 
-from wtcore.bucketed import BucketedWorkerEngine
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.errors import PayloadError, TransferError
 from wtcore.sink import direct_destination
@@ -32,6 +31,7 @@ from wtcore_ipc.shm import (
     trainer_of,
 )
 from wtcore_ipc.wire import IPCInitInfo, IPCUpdateInfo
+from wtcore_kit.bucketed import BucketedWorkerEngine
 
 if TYPE_CHECKING:
     import torch

@@ -4,7 +4,7 @@ Pull, because it fits the protocol's direction: the trainer's transfer engine re
 ``packed_num_buffers`` staging buffers when it announces them (each handshake), and every
 ``update_weights`` names the slot a packed bucket lies in; each worker reads the bucket with
 one ``transfer_sync_read`` and returns from ``update_weights`` once it has it. The kit
-(:class:`~wtcore.bucketed.BucketedTrainerEngine`) packs the next bucket into the other slot
+(:class:`~wtcore_kit.bucketed.BucketedTrainerEngine`) packs the next bucket into the other slot
 meanwhile, and writes a slot again only after the call that announced it returned from every
 worker, so no worker ever reads a slot being rewritten. Push would need each worker's
 registered memory announced back to the trainer, which the four calls have no way to carry.
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from wtcore.bucketed import BucketedTrainerEngine, BucketUpdateInfo
 from wtcore.errors import TransferError
+from wtcore_kit.bucketed import BucketedTrainerEngine, BucketUpdateInfo
 from wtcore_mooncake import te
 from wtcore_mooncake.wire import MooncakeTrainerInitInfo
 

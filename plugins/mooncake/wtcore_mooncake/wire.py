@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from wtcore.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 from wtcore.buckets import Bucket, plan_round
 from wtcore.errors import PayloadError
 from wtcore.meta import ParamMeta
+from wtcore_kit.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 
 __all__ = [
     "DEFAULT_DIRECT_MIN_BYTES",
@@ -58,7 +58,7 @@ class MooncakeTrainerInitInfo(BucketedTrainerInitInfo):
     ``address`` is where this trainer's transfer engine listens, an address of this host every
     worker reaches (loopback by default); ``protocol`` is Mooncake's transport, ``tcp``
     anywhere or ``rdma`` where both ends have HCAs. The bucket options are the kit's
-    (:class:`~wtcore.bucketed.BucketedTrainerInitInfo`); each of the ``packed_num_buffers``
+    (:class:`~wtcore_kit.bucketed.BucketedTrainerInitInfo`); each of the ``packed_num_buffers``
     staging buffers is registered with Mooncake once per handshake. ``direct_min_bytes``
     (packed only; the channel kit's name; 64 MiB): a tensor at least this large travels as
     a bucket of its own, which a worker reads straight into the sink's tensor when the sink

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from wtcore.bucketed import BucketedWorkerEngine
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
-from wtcore.concurrency import BackgroundCall
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore.sink import direct_destination
+from wtcore_kit.bucketed import BucketedWorkerEngine
+from wtcore_kit.concurrency import BackgroundCall
 from wtcore_mooncake import te
 from wtcore_mooncake.wire import MooncakeInitInfo, MooncakeUpdateInfo
 

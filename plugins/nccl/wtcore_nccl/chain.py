@@ -256,9 +256,9 @@ def stream_chain(
     published address, signing its hello with ``token``. Accepting runs on a thread while
     this rank connects, so the chain forms in one pass whatever order the ranks arrive in.
     """
-    from wtcore.concurrency import BackgroundCall
     from wtcore_channel.listen import listen_on
     from wtcore_channel.stream import Stream, accept_lanes, connect_lanes
+    from wtcore_kit.concurrency import BackgroundCall
 
     prev = rank - 1 if rank > 0 else None
     lanes: dict[tuple[int, int], Any] = {}

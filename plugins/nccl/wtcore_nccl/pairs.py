@@ -17,7 +17,7 @@ when a message is longer than the posted receive. A pair ends with an end header
 sender with more buckets than planned is refused too. A sender packs a pair's next bucket
 into one of its ``packed_num_buffers`` shared buffers (no rank holds more, whatever the
 number of receivers); a receiver reads each sender's buckets into one buffer of its own and
-hands each to its :class:`~wtcore.pairs.PairAssembler` (sender, order and size checked).
+hands each to its :class:`~wtcore_kit.pairs.PairAssembler` (sender, order and size checked).
 """
 
 from __future__ import annotations
@@ -30,21 +30,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wtcore.concurrency import BackgroundCall
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore.layout import is_int
-from wtcore.pairs import pack_pair, pair_buckets
 from wtcore_channel.frames import HEADER_WORDS, check_header, make_header
 from wtcore_channel.pipeline import wait_work
 from wtcore_channel.threads import run_all
+from wtcore_kit.concurrency import BackgroundCall
+from wtcore_kit.pairs import pack_pair, pair_buckets
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
-    from wtcore.pairs import PairAssembler
     from wtcore.plan import Chunk, PlannedRound
     from wtcore.stats import TransferStats
+    from wtcore_kit.pairs import PairAssembler
     from wtcore_nccl.group import Group
 
 __all__ = ["GroupUpdate", "receive_pairs", "send_pairs"]

@@ -102,8 +102,8 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
         second update, in the background, as their ``update_weights`` returns only once they
         received everything. The group is released when the round ends, on every rank.
         """
-        from wtcore.concurrency import BackgroundCall
         from wtcore.sharded_round import agree, share
+        from wtcore_kit.concurrency import BackgroundCall
         from wtcore_nccl.group import connect_store
         from wtcore_nccl.pairs import send_pairs
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
-from wtcore.pairs import PairAssembler
 from wtcore.parse import parse_dataclass
 from wtcore_channel import ChannelWorkerEngine
 from wtcore_channel.sharded import ShardedChannelWorker
+from wtcore_kit.pairs import PairAssembler
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group
 from wtcore_nccl.pairs import GroupUpdate

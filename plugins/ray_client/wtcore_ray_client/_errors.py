@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from wtcore.errors import ReceiverFailure
-from wtcore.fanout import failure_of
+from wtcore_kit.fanout import failure_of
 
 __all__ = ["failure_from_ray"]
 

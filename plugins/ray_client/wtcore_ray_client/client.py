@@ -1,7 +1,7 @@
 """``ray``: a :class:`wtcore.WeightSyncClient` that fans every call out to Ray actors.
 
 Each call is submitted to every actor at once and awaited through the core fan-out
-(:class:`wtcore.fanout.FanOutClient`, shared with the HTTP and in-process clients) under one
+(:class:`wtcore_kit.fanout.FanOutClient`, shared with the HTTP and in-process clients) under one
 deadline, so N replicas cost one round trip and a dead or stuck one costs one timeout; calls
 given up on are ``ray.cancel``-ed if still queued. All failures come back in one
 :class:`wtcore.ReceiverError` naming each failing actor: its label carries the rank and actor
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError, ReceiverFailure, WrongTypeError
-from wtcore.fanout import FAIL_FAST_S, FanOutClient, Target, receiver_args
+from wtcore_kit.fanout import FAIL_FAST_S, FanOutClient, Target, receiver_args
 from wtcore_ray_client._errors import failure_from_ray
 from wtcore_ray_client._json import check_json_safe
 

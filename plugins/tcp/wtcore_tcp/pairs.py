@@ -12,7 +12,7 @@ Each pair runs on a thread of its own at both ends, so no pair waits for another
 packs a pair's next bucket into one of its ``packed_num_buffers`` shared buffers (no rank
 holds more than those, whatever the number of receivers), and a receiver reads each
 sender's stream into two buffers of its own and hands every bucket to its
-:class:`~wtcore.pairs.PairAssembler`, which checks sender, order and size. Each message's
+:class:`~wtcore_kit.pairs.PairAssembler`, which checks sender, order and size. Each message's
 length is read, and refused, before its bytes (:mod:`wtcore_channel.stream`).
 """
 
@@ -27,23 +27,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wtcore.concurrency import BackgroundCall
 from wtcore.errors import PayloadError, TransferTimeoutError
 from wtcore.layout import is_int
-from wtcore.pairs import pack_pair, pair_buckets
 from wtcore_channel.listen import listen_on
 from wtcore_channel.pipeline import wait_work
 from wtcore_channel.stream import Stream, accept_lanes, connect_lanes
 from wtcore_channel.threads import run_all
+from wtcore_kit.concurrency import BackgroundCall
+from wtcore_kit.pairs import pack_pair, pair_buckets
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
-    from wtcore.pairs import PairAssembler
     from wtcore.plan import Chunk, PlannedRound
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
+    from wtcore_kit.pairs import PairAssembler
 
 __all__ = ["SendersUpdate", "receive_pairs", "send_pairs"]
 

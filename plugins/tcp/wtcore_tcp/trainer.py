@@ -18,10 +18,10 @@ from wtcore_channel.stream import Stream, accept
 from wtcore_tcp.config import TCPTrainerInitInfo
 
 if TYPE_CHECKING:
-    from wtcore.concurrency import BackgroundCall
     from wtcore.plan import PlannedRound
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
+    from wtcore_kit.concurrency import BackgroundCall
 
 __all__ = ["TCPTrainerEngine"]
 
@@ -57,8 +57,8 @@ class TCPTrainerEngine(ChannelTrainerEngine):
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
         """Stream this rank's pairs of ``planned``, each on a stream of its own; rank 0 first
         tells the receivers where every rank listens (see :mod:`wtcore_tcp.pairs`)."""
-        from wtcore.concurrency import BackgroundCall
         from wtcore.sharded_round import agree, gather
+        from wtcore_kit.concurrency import BackgroundCall
         from wtcore_tcp.pairs import send_pairs
 
         info = self.info

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from wtcore.errors import PayloadError
-from wtcore.pairs import PairAssembler
 from wtcore.parse import parse_dataclass
 from wtcore_channel import ChannelWorkerEngine
 from wtcore_channel.sharded import ShardedChannelWorker
 from wtcore_channel.stream import Stream, connect
+from wtcore_kit.pairs import PairAssembler
 from wtcore_tcp.config import TCPInitInfo, TCPUpdateInfo
 from wtcore_tcp.pairs import SendersUpdate
 

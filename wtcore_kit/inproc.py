@@ -15,8 +15,8 @@ from typing import Any
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
-from wtcore.fanout import FanOutClient, Target, receiver_args
 from wtcore.worker import WeightSyncWorker
+from wtcore_kit.fanout import FanOutClient, Target, receiver_args
 
 __all__ = ["InProcessClient"]
 

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from wtcore.buckets import max_bucket_nbytes, pack_source, plan_round
-from wtcore.concurrency import BackgroundCall
 from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
 from wtcore.engine import WeightTransferEngine
 from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
 from wtcore.meta import ParamMeta, metas_from_wire, metas_to_wire
 from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
+from wtcore_kit.concurrency import BackgroundCall
 
 if TYPE_CHECKING:
     import torch

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from wtcore.concurrency import BackgroundCall
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import ErrorRecord, PayloadError, ReceiverError, ReceiverFailure, WtcoreError
 from wtcore.rounds import new_round_id
+from wtcore_kit.concurrency import BackgroundCall
 
 __all__ = [
     "ABORT_TIMEOUT_S",

@@ -6,7 +6,7 @@ any client (in-process, HTTP, Ray) with no data plane to set up. It is meant for
 and tiny models: every byte is copied through JSON, so it is slow by design. Named ``local``
 before 0.2.0 (that name and ``wtcore.local`` still work, with a warning, until 0.3).
 
-Built on :mod:`wtcore.bucketed`, so this module is only the transport: encode a packed bucket,
+Built on :mod:`wtcore_kit.bucketed`, so this module is only the transport: encode a packed bucket,
 decode it. The worker re-plans each update's metadata with the shared rule and refuses
 anything but exactly one bucket of the advertised size, so a payload cannot make it allocate
 more than the trainer announced at init.
@@ -21,19 +21,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from wtcore.bucketed import (
+from wtcore.buckets import plan_round, unpack_bucket
+from wtcore.errors import PayloadError
+from wtcore.layout import is_int
+from wtcore.parse import parse_dataclass
+from wtcore.plan import PlannedRound
+from wtcore_kit.bucketed import (
     BucketedTrainerEngine,
     BucketedTrainerInitInfo,
     BucketedWorkerEngine,
     BucketUpdateInfo,
     check_bucket_options,
 )
-from wtcore.buckets import plan_round, unpack_bucket
-from wtcore.errors import PayloadError
-from wtcore.layout import is_int
-from wtcore.pairs import PlanReceiver, PlanUpdate
-from wtcore.parse import parse_dataclass
-from wtcore.plan import PlannedRound
+from wtcore_kit.pairs import PlanReceiver, PlanUpdate
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +57,7 @@ DEFAULT_BUFFER_SIZE = 16 << 20
 @dataclass
 class InlineTrainerInitInfo(BucketedTrainerInitInfo):
     """Trainer settings of the ``inline`` engine (see
-    :class:`~wtcore.bucketed.BucketedTrainerInitInfo`).
+    :class:`~wtcore_kit.bucketed.BucketedTrainerInitInfo`).
 
     ``buffer_size_bytes`` is the deprecated name of ``packed_buffer_size_bytes`` (accepted,
     with a ``DeprecationWarning``, until the next release).
@@ -111,7 +111,7 @@ class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, Inli
 
     A sharded round (:mod:`wtcore.sharded_round`) sends the plan first, then buckets of the
     pairs this receiver is in, possibly none per update; each is assembled into this
-    receiver's parts (:class:`~wtcore.pairs.PairAssembler`), and the finish is refused unless
+    receiver's parts (:class:`~wtcore_kit.pairs.PairAssembler`), and the finish is refused unless
     every planned byte landed.
     """
 
@@ -220,8 +220,8 @@ class InlineTrainerEngine(BucketedTrainerEngine):
         sees another's slice, and no rank holds more than a step's buckets. The reference
         for engines that move the same pairs over a data plane of their own.
         """
-        from wtcore.pairs import pair_buckets
         from wtcore.sharded_round import agree, gather
+        from wtcore_kit.pairs import pair_buckets
 
         rank, size = self.init_info.rank, self.info.packed_buffer_size_bytes
         receivers = planned.receivers[0].world_size if planned.receivers else 0
@@ -277,7 +277,7 @@ class InlineTrainerEngine(BucketedTrainerEngine):
         out: torch.Tensor,
     ) -> dict[str, Any]:
         """One bucket of pair (``src``, receiver) as its entry of an update."""
-        from wtcore.pairs import pack_pair
+        from wtcore_kit.pairs import pack_pair
 
         filled = pack_pair(bucket, chunks, local, out)
         data = base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]

@@ -1,5 +1,0 @@
-"""Deprecated: moved to ``wtcore.testing.realistic`` (CHANGELOG, 0.2.0); this alias goes in 0.3."""
-
-from wtcore._moved import moved
-
-__getattr__ = moved(__name__, "wtcore.testing.realistic")
