@@ -16,7 +16,7 @@ A failed round unregisters and frees the staging; the next handshake registers i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore.errors import TransferError
 from wtcore_kit.bucketed import BucketedTrainerEngine, BucketUpdateInfo
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
+    from wtcore.plan import PlannedRound
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
 
 __all__ = ["MooncakeTrainerEngine"]
 
@@ -110,6 +113,45 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
 
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
         return {**BucketUpdateInfo.wire(bucket.metas), "slot": slot, "nbytes": filled.numel()}
+
+    # ------------------------------------------------------------------ sharded rounds
+    executes_plans: ClassVar[bool] = True
+
+    def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
+        """Register this rank's parts of ``planned`` for the receivers to read; rank 0 tells
+        them where every rank's parts lie (see :mod:`wtcore_mooncake.pairs`)."""
+        from wtcore.sharded_round import agree, gather
+        from wtcore_mooncake.pairs import parts_of, register_parts
+
+        rank = self.init_info.rank
+        sizes = parts_of(planned, rank)
+        parts: dict[str, torch.Tensor] = {}
+        error: BaseException | None = None
+        try:
+            engine = self._transfer_engine()
+            parts = register_parts(engine, dict(source), sizes)
+        except BaseException as e:
+            error = e
+        try:
+            agree(error, "registering its parts for the receivers")
+            entry = {
+                "endpoint": self.endpoint,
+                "tensors": {n: [t.data_ptr(), sizes[n]] for n, t in parts.items()},
+            }
+            every = gather(entry)
+            error = None
+            if rank == 0:
+                assert self.client is not None
+                try:
+                    with stats.phase("wire"):
+                        self.client.update_weights({"senders": every})
+                except BaseException as e:
+                    error = e
+            agree(error, "the receivers reading every rank's parts")
+            stats.bytes_sent = planned.plan.nbytes(src=rank)
+        finally:
+            for t in parts.values():
+                self._engine.unregister_memory(t.data_ptr())
 
     def shutdown(self) -> None:
         super().shutdown()  # releases (unregisters) the staging; the transfer engine stays

@@ -24,14 +24,18 @@ still be writing into, which is kept (alive and registered) until that read ends
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore.parse import parse_dataclass
 from wtcore.sink import direct_destination
 from wtcore_kit.bucketed import BucketedWorkerEngine
 from wtcore_kit.concurrency import BackgroundCall
+from wtcore_kit.pairs import PlanReceiver, PlanUpdate
 from wtcore_mooncake import te
+from wtcore_mooncake.pairs import SendersUpdate, byte_runs
 from wtcore_mooncake.wire import MooncakeInitInfo, MooncakeUpdateInfo
 
 if TYPE_CHECKING:
@@ -40,8 +44,12 @@ if TYPE_CHECKING:
 __all__ = ["MooncakeWorkerEngine"]
 
 
-class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdateInfo]):
-    """Pulls buckets from the trainer's registered staging (see the module docstring)."""
+class MooncakeWorkerEngine(
+    PlanReceiver, BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdateInfo]
+):
+    """Pulls buckets from the trainer's registered staging (see the module docstring), and in
+    a sharded round each pair's buckets from the trainer ranks' parts
+    (:mod:`wtcore_mooncake.pairs`)."""
 
     init_info_cls = MooncakeInitInfo
     update_info_cls = MooncakeUpdateInfo
@@ -106,7 +114,76 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
         self._names[name] = ptr
         return held
 
-    def receive_weights(self, update_info: MooncakeUpdateInfo) -> None:
+    # ------------------------------------------------------------------ sharded rounds
+    def parse_update_info(self, data: Mapping[str, Any]) -> Any:
+        plan = self.parse_plan(data)
+        if plan is not None:
+            return plan
+        if isinstance(data, Mapping) and "senders" in data:
+            return parse_dataclass(SendersUpdate, data, what="update_info")
+        return super().parse_update_info(data)
+
+    def plan_buffer_size_bytes(self) -> int:
+        return self.settings.packed_buffer_size_bytes
+
+    def start_weight_update(self) -> None:
+        self.drop_plan()
+
+    def abort(self) -> None:
+        self.drop_plan()
+
+    def finish_weight_update(self) -> None:
+        self.check_planned_round()
+
+    def _read_pairs(self, update: SendersUpdate) -> None:
+        """Read every bucket of this receiver's pairs, one batched read each, into one
+        registered buffer, and assemble it (see :mod:`wtcore_mooncake.pairs`)."""
+        import torch
+
+        assembler = self.planned("update_info.senders")
+        planned, init = assembler.round, self.settings
+        senders = update.checked(planned, assembler.senders())
+        pairs = {s: assembler.buckets_from(s) for s in senders}
+        largest = max((b.nbytes for bs in pairs.values() for b, _ in bs), default=0)
+        if not largest:
+            return
+        buf = torch.empty(largest, dtype=torch.uint8)
+        if self._engine.register_memory(buf.data_ptr(), largest) != 0:
+            raise TransferError(f"Mooncake could not register {largest} bytes to read into")
+        layouts = zip(planned.metas, planned.senders, strict=True)
+        parts = {m.name: (lay, m.dtype.itemsize) for m, lay in layouts}
+        try:
+            for s, (endpoint, addresses) in senders.items():
+                for k, (bucket, chunks) in enumerate(pairs[s]):
+                    local, remote, lengths = [], [], []
+                    for c, offset in zip(chunks, bucket.offsets, strict=True):
+                        lay, itemsize = parts[c.name]
+                        at = buf.data_ptr() + offset
+                        for off, n in byte_runs(lay.local_shape(s), c.src_box, itemsize):
+                            local.append(at)
+                            remote.append(addresses[c.name] + off)
+                            lengths.append(n)
+                            at += n
+                    call = BackgroundCall(
+                        self._engine.batch_transfer_sync_read, endpoint, local, remote, lengths,
+                        name="mooncake-read",
+                    )  # fmt: skip
+                    what = f"bucket {k} ({bucket.nbytes} bytes) from trainer rank {s} at {endpoint}"
+                    self._wait_read(call, buf, what, init.timeout_s)
+                    assembler.take([(s, k, buf[: bucket.nbytes])])
+                    self.staged_bytes += bucket.payload_nbytes
+        finally:
+            if self._engine is not None and all(into is not buf for _, into in self._reading):
+                self._engine.unregister_memory(buf.data_ptr())
+
+    def receive_weights(self, update_info: Any) -> None:
+        if isinstance(update_info, PlanUpdate):
+            self.take_plan(update_info)
+            return
+        if isinstance(update_info, SendersUpdate):
+            self._read_pairs(update_info)
+            return
+        self.refuse_whole_tensors()
         init = self.settings
         buckets = init.plan(update_info.metas)
         expected = buckets[0].nbytes if buckets else 0
@@ -164,22 +241,28 @@ class MooncakeWorkerEngine(BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdate
             n,
             name="mooncake-read",
         )
-        if not call.wait(init.timeout_s):
+        self._wait_read(
+            call, into, f"{n} bytes from the trainer at {init.endpoint}", init.timeout_s
+        )
+
+    def _wait_read(self, call: BackgroundCall[Any], into: Any, what: str, timeout_s: float) -> None:
+        """Wait for ``call``, a read of ``what`` into ``into``; a read that fails or stalls
+        fails the round (see the module docstring)."""
+        if not call.wait(timeout_s):
             self._reading.append((call, into))  # kept alive and registered for the read
             if self._staging is not None and into.data_ptr() == self._staging.data_ptr():
                 self._staging = None
             self._direct.pop(into.data_ptr(), None)
             self._release()
             raise TransferTimeoutError(
-                f"reading {n} bytes from the trainer at {init.endpoint} took over "
-                f"{init.timeout_s:g} s; the round is failed"
+                f"reading {what} took over {timeout_s:g} s; the round is failed"
             )
         rc = call.result(0)
         if rc != 0:
             self._release()
             raise TransferError(
-                f"reading {n} bytes from the trainer at {init.endpoint} failed (Mooncake "
-                f"status {rc}: the trainer is gone, or the region is not registered there)"
+                f"reading {what} failed (Mooncake status {rc}: the trainer is gone, or the "
+                "region is not registered there)"
             )
 
     def _release(self) -> None:
