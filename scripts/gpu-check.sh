@@ -7,7 +7,8 @@
 #   gpu-tests   every gpu-marked test not run by a step below
 #   cuda-ipc    the ipc engine's CUDA IPC round trip between two processes (tests/ipc/test_cuda.py)
 #   nccl-procs  the nccl engine between processes: one GPU (gloo over CUDA tensors), and the
-#               NCCL transport between two GPUs when there are two (tests/integration/test_gpu_processes.py)
+#               NCCL transport between two GPUs when there are two, whole-tensor and sharded
+#               rounds (tests/integration/test_gpu_processes.py)
 #   bench-nccl  wtcore bench --device cuda, nccl engine, HTTP receivers, JSON record
 #   bench-ipc   the same for the ipc engine
 #   bench-tcp   the tcp engine, 128 MiB, the models on the GPU (both ends stage in host memory)
@@ -37,7 +38,7 @@ while [[ $# -gt 0 ]]; do
         --dry-run) DRY=1 ;;
         --force) FORCE=1 ;;
         --out) OUT_DIR=$2; shift ;;
-        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift

@@ -77,8 +77,8 @@ class PairAssembler:
         device: str = "cpu",
     ) -> None:
         self.rank = rank
-        #: The round's plan (what the senders hold, for an engine that reads from them).
-        self.round = planned
+        #: The round's plan, every pair's (an engine may schedule all pairs together).
+        self.planned = planned
         #: How many trainer ranks the plan has.
         self.trainer_ranks = planned.senders[0].world_size if planned.senders else 0
         self.sink = sink

@@ -4,7 +4,9 @@
   per rank) and ipc (CUDA IPC), with real ``wtcore serve`` receiver processes; every round is
   verified against the trainer's digests by the bench.
 * Two GPUs: the NCCL transport itself, trainer on ``cuda:0`` and a receiver process on
-  ``cuda:1``, checked against the trainer's digests after every round.
+  ``cuda:1``, checked against the trainer's digests after every round; the same for a
+  sharded round (one trainer rank, its parts on the GPU, then on the CPU), whose steps go as
+  NCCL groups.
 """
 
 from __future__ import annotations
@@ -82,6 +84,60 @@ def test_nccl_transport_between_processes_on_two_gpus() -> None:
                 want = digest_named(model.named_parameters())
                 (got,) = client.checksums()
                 assert got == want, sorted(n for n in want if got.get(n) != want[n])[:3]
+        client.close()
+    finally:
+        server.stop(timeout_s=10)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
+def test_sharded_round_over_nccl_between_processes_on_two_gpus() -> None:
+    """A sharded round over the NCCL transport (M=1, N=1): trainer rank 0 on ``cuda:0``, a
+    receiver process on ``cuda:1``, one group of 1 + 1 ranks formed for each round, every
+    step one NCCL group (wtcore_nccl.pairs). Round 0 sends parts held on the GPU, round 1
+    parts held on the CPU (staged onto ``cuda:0`` by the packing); after each the receiver's
+    checksums equal the trainer's digests and the trainer sent exactly its planned bytes."""
+    from wtcore.digest import digest_named
+    from wtcore.factory import WeightTransferTrainerFactory
+    from wtcore.layout import Layout
+    from wtcore.testing.net import free_port
+    from wtcore.testing.sharded import PartsSource
+    from wtcore_bench.serve import launch_serve
+    from wtcore_http_client import HTTPWeightSyncClient
+    from wtcore_kit.synthetic import build_module
+    from wtcore_nccl import NCCLTrainerInitInfo
+
+    spec = ModelSpec(4 << 20, 30, "bfloat16", seed=0)
+    server = launch_serve(
+        ["--backend", "nccl", "--device", "cuda:1", "--size", str(spec.size_bytes),
+         "--tensors", str(spec.num_tensors), "--dtype", spec.dtype, "--seed", str(spec.seed)]
+    )  # fmt: skip
+    try:
+        model = build_module(spec.build_state()).to("cuda:0")
+        info = NCCLTrainerInitInfo(
+            master_address="127.0.0.1",
+            master_port=free_port(),
+            world_size=2,
+            packed_buffer_size_bytes=256 << 10,  # several steps of 2 buckets
+            transport="nccl",
+            device="cuda:0",
+            timeout_s=60,
+            rank=0,
+        )
+        client = HTTPWeightSyncClient([server.url], timeout_s=60)
+        with WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
+            for step, held_on in enumerate(["cuda:0", "cpu"]):
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1)
+                full = {n: p.detach().to(held_on) for n, p in model.named_parameters()}
+                layouts = {n: Layout.whole(t.shape, owner=0, world_size=1) for n, t in full.items()}
+                stats = trainer.send_weights(
+                    PartsSource(full, layouts, 0), weight_version=f"sharded-{step}"
+                )
+                assert stats.bytes_sent == stats.num_bytes == sum(t.nbytes for t in full.values())
+                want = digest_named(model.named_parameters())
+                (got,) = client.checksums()
+                assert got == want, (held_on, sorted(n for n in want if got.get(n) != want[n])[:3])
         client.close()
     finally:
         server.stop(timeout_s=10)

@@ -141,7 +141,7 @@ class MooncakeWorkerEngine(
         import torch
 
         assembler = self.planned("update_info.senders")
-        planned, init = assembler.round, self.settings
+        planned, init = assembler.planned, self.settings
         senders = update.checked(planned, assembler.senders())
         pairs = {s: assembler.buckets_from(s) for s in senders}
         largest = max((b.nbytes for bs in pairs.values() for b, _ in bs), default=0)

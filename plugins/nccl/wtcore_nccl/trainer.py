@@ -15,7 +15,6 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from wtcore.errors import PayloadError
 from wtcore_channel import ChannelTrainerEngine
 from wtcore_nccl.config import NCCLTrainerInitInfo
 from wtcore_nccl.group import GENERATION_KEY, host_store, join_group
@@ -78,34 +77,23 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
 
     executes_plans: ClassVar[bool] = True
 
-    def _check_sharded(self, verify: bool) -> None:
-        """Sharded rounds run over gloo only, refused over NCCL before anything moves: each
-        pair sends from a thread of its own, and NCCL does not allow point-to-point calls on
-        one communicator from several threads at once (they can deadlock); no GPU has run
-        this path yet either."""
-        super()._check_sharded(verify)
-        info = self.info
-        assert isinstance(info, NCCLTrainerInitInfo)  # init_info_cls, checked by the base class
-        if info.resolved_transport != "gloo":
-            raise PayloadError(
-                "send_weights: sharded rounds on nccl run over gloo (CPU tensors) for now, not "
-                "over NCCL; send a ModuleSource (rank 0 gathers each tensor whole) or use tcp"
-            )
-
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
         """Send this rank's pairs of ``planned`` in a group of every trainer rank and every
         receiver, formed for this round through rank 0's store (:mod:`wtcore_nccl.pairs`).
 
         Every rank reads its own parts first and the ranks agree on it, so a rank whose source
         breaks fails the round on every rank before any group forms (no rank then waits for
-        it). Rank 0 draws the round's secret and shares it; it tells the receivers in a
-        second update, in the background, as their ``update_weights`` returns only once they
-        received everything. The group is released when the round ends, on every rank.
+        it). Rank 0 draws the round's secret and shares it with its terms (plan digest, bucket
+        size, number of buffers), which every other rank must match (:func:`check_terms`:
+        the receivers post receives of the sizes rank 0's terms give). Rank 0 tells the
+        receivers in a second update, in the background, as their ``update_weights`` returns
+        only once they received everything. The group is released when the round ends, on
+        every rank.
         """
         from wtcore.sharded_round import agree, share
         from wtcore_kit.concurrency import BackgroundCall
         from wtcore_nccl.group import connect_store
-        from wtcore_nccl.pairs import send_pairs
+        from wtcore_nccl.pairs import RoundTerms, check_terms, send_pairs
 
         info = self.info
         assert isinstance(info, NCCLTrainerInitInfo)
@@ -120,14 +108,18 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
         except BaseException as e:
             error = e
         agree(error, "reading the shards")
-        secret = share(secret)
+        terms = RoundTerms(
+            planned.plan.digest(), info.packed_buffer_size_bytes, info.packed_num_buffers
+        )
+        secret, rank0 = share((secret, terms))
         error = None
         try:
+            check_terms(terms, RoundTerms(*rank0), rank)
             if rank != 0:  # the other trainer ranks reach rank 0's store as clients
                 store = connect_store(info.master_address, info.master_port, info.timeout_s)
         except BaseException as e:
             error = e
-        agree(error, "reaching the nccl rendezvous store")
+        agree(error, "agreeing on the round's terms and reaching the nccl rendezvous store")
         rpc: BackgroundCall[Any] | None = None
         if rank == 0:
             assert self.client is not None

@@ -166,7 +166,8 @@ class NCCLWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[NCCLInitInfo, N
         )
         try:
             receive_pairs(
-                assembler, group, rank=self.rank, device=self.channel_device,
+                assembler, group, rank=self.rank, buffers=init.packed_num_buffers,
+                buffer_size_bytes=init.packed_buffer_size_bytes, device=self.channel_device,
                 timeout_s=timeout, poll=self.check_stopped,
             )  # fmt: skip
         finally:
