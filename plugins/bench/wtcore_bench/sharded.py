@@ -60,7 +60,7 @@ RULES = (
 )
 #: Engines this bench runs sharded rounds on: those that execute plans over a data plane of
 #: their own (``inline`` does too, but its bytes go base64 through the control plane).
-BACKENDS = ("tcp",)
+BACKENDS = ("tcp", "mooncake")
 
 
 @dataclass
@@ -139,15 +139,14 @@ def _expected(args: argparse.Namespace, kind: str) -> list[dict[str, str]]:
 
 
 def _trainer_info(args: argparse.Namespace, rank: int) -> Any:
+    common = dict(rank=rank, timeout_s=args.timeout, packed_buffer_size_bytes=args.buffer_size)
+    if args.backend == "mooncake":
+        from wtcore_mooncake import MooncakeTrainerInitInfo
+
+        return MooncakeTrainerInitInfo(address=args.address, **common)
     from wtcore_tcp import TCPTrainerInitInfo
 
-    return TCPTrainerInitInfo(
-        address=args.address,
-        world_size=1 + args.receivers,
-        rank=rank,
-        timeout_s=args.timeout,
-        packed_buffer_size_bytes=args.buffer_size,
-    )
+    return TCPTrainerInitInfo(address=args.address, world_size=1 + args.receivers, **common)
 
 
 def trainer(args: argparse.Namespace) -> None:

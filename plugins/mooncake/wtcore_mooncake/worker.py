@@ -41,7 +41,11 @@ from wtcore_mooncake.wire import MooncakeInitInfo, MooncakeUpdateInfo
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MooncakeWorkerEngine"]
+__all__ = ["MAX_BATCH", "MooncakeWorkerEngine"]
+
+#: The most entries one batched read has: Mooncake 0.3.13 fails a batch of 3,000 over TCP
+#: (2,049 pass), so a bucket of more row runs than this is read in several batches.
+MAX_BATCH = 1024
 
 
 class MooncakeWorkerEngine(
@@ -164,12 +168,14 @@ class MooncakeWorkerEngine(
                             remote.append(addresses[c.name] + off)
                             lengths.append(n)
                             at += n
-                    call = BackgroundCall(
-                        self._engine.batch_transfer_sync_read, endpoint, local, remote, lengths,
-                        name="mooncake-read",
-                    )  # fmt: skip
                     what = f"bucket {k} ({bucket.nbytes} bytes) from trainer rank {s} at {endpoint}"
-                    self._wait_read(call, buf, what, init.timeout_s)
+                    for i in range(0, len(lengths), MAX_BATCH):  # Mooncake's batches are bounded
+                        call = BackgroundCall(
+                            self._engine.batch_transfer_sync_read, endpoint,
+                            local[i : i + MAX_BATCH], remote[i : i + MAX_BATCH],
+                            lengths[i : i + MAX_BATCH], name="mooncake-read",
+                        )  # fmt: skip
+                        self._wait_read(call, buf, what, init.timeout_s)
                     assembler.take([(s, k, buf[: bucket.nbytes])])
                     self.staged_bytes += bucket.payload_nbytes
         finally:
