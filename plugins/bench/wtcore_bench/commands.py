@@ -111,8 +111,9 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=None,
         metavar="M",
         help="sharded rounds from M trainer processes (FSDP2) against gather-then-broadcast, "
-        "in turns (wtcore_bench.sharded); uses --backend (tcp or mooncake), --receivers, --layout, --size, "
-        "--tensors, --dtype, --rounds, --buffer-size, --nodes, --link-rate, --timeout, --json",
+        "in turns (wtcore_bench.sharded); uses --backend (tcp or mooncake), --receivers, "
+        "--layout, --size, --tensors, --dtype, --rounds, --buffer-size, --nodes, --link-rate, "
+        "--timeout, --json",
     )
     b.add_argument(
         "--layout",
