@@ -74,7 +74,6 @@ PROCESSES: dict[str, bool] = {
     "nccl": True,
     "nccl/test_buffer_pool.py": False,
     "nccl/test_config_nccl.py": False,
-    "nccl/test_pair_schedule.py": False,  # a pure function (in-process plans)
     "nccl/test_config_nccl.py::test_import_does_not_import_torch": True,
     "nccl/test_gloo_devices.py": False,
     # ---- ray_client: a local Ray cluster

@@ -43,8 +43,8 @@ def _planned(
     [
         ("tcp", 2, 2, "tp", SIZE, TENSORS),
         ("tcp", 2, 1, "replica", SIZE, TENSORS),
-        # small rows in 8 MiB buckets: a bucket's row-split regions are 3,402 row runs, more
-        # than one of Mooncake's batched reads takes (it fails a batch of 3,000)
+        # many small tensors in 8 MiB buckets: regions cut by columns (thousands of short
+        # rows) packed by the trainer ranks, in several steps
         ("mooncake", 2, 2, "tp", 8 << 20, 300),
     ],
 )

@@ -55,6 +55,7 @@ KIT = {
     "wtcore_kit.concurrency": "a blocking call with a timeout",
     "wtcore_kit.fanout": "the one fan-out",
     "wtcore_kit.pairs": "a plan's pairs as buckets, packed and assembled",
+    "wtcore_kit.schedule": "a round's pairs in steps every rank computes alike",
     "wtcore_kit.synthetic": "synthetic models",
 }
 CORE_ENGINES_AND_CLIENTS = {

@@ -118,40 +118,101 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
     executes_plans: ClassVar[bool] = True
 
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
-        """Register this rank's parts of ``planned`` for the receivers to read; rank 0 tells
-        them where every rank's parts lie (see :mod:`wtcore_mooncake.pairs`)."""
+        """Pack this rank's buckets of ``planned`` into its slots, step by step, for the
+        receivers to read; rank 0 tells them where (see :mod:`wtcore_mooncake.pairs`)."""
         from wtcore.sharded_round import agree, gather
-        from wtcore_mooncake.pairs import parts_of, register_parts
+        from wtcore_kit.bucketed import SETTLE_GRACE_S
+        from wtcore_kit.concurrency import BackgroundCall
+        from wtcore_kit.pairs import pack_pair
+        from wtcore_kit.schedule import pair_cuts, schedule_pairs
 
-        rank = self.init_info.rank
-        sizes = parts_of(planned, rank)
-        parts: dict[str, torch.Tensor] = {}
+        info, rank = self.mc_info, self.init_info.rank
+        cuts = pair_cuts(planned, info.packed_buffer_size_bytes)
+        counts = [(s, d, len(cuts[(s, d)])) for s, d in planned.plan.pairs()]
+        # Two halves of the slots, when there are two: one packed while the other is read.
+        half = max(1, info.packed_num_buffers // 2)
+        overlap = info.packed_num_buffers >= 2
+        steps = schedule_pairs(counts, half)
+        receivers = planned.receivers[0].world_size if planned.receivers else 0
+        largest = max((b.nbytes for bs in cuts.values() for b, _ in bs), default=0)
         error: BaseException | None = None
+        local: dict[str, torch.Tensor] = {}
+        slots: list[torch.Tensor] = []
         try:
-            engine = self._transfer_engine()
-            parts = register_parts(engine, dict(source), sizes)
+            self._transfer_engine()
+            grown = bool(self._slots) and self._capacity < largest
+            slots = BucketedTrainerEngine.staging(self, max(largest, 1))  # registered, unannounced
+            self.needs_handshake = self.needs_handshake or grown  # rank 0's workers: new slots
+            local = dict(source)
         except BaseException as e:
             error = e
-        try:
-            agree(error, "registering its parts for the receivers")
-            entry = {
-                "endpoint": self.endpoint,
-                "tensors": {n: [t.data_ptr(), sizes[n]] for n, t in parts.items()},
-            }
-            every = gather(entry)
+        agree(error, "reading its parts and registering its slots")
+        every = gather(
+            {"endpoint": self.endpoint, "slots": [[t.data_ptr(), t.numel()] for t in slots]}
+        )
+        self._to_receivers(rank, {"senders": every}, stats, "announcing the slots")
+        stats.bytes_sent = 0
+        pending: list[BackgroundCall[Any]] = []  # rank 0: the last step's update, in flight
+
+        def settle(t: int) -> None:
+            """Every rank learns together that step ``t`` was read (its slots free again)."""
             error = None
-            if rank == 0:
-                assert self.client is not None
+            for call in pending:
                 try:
                     with stats.phase("wire"):
-                        self.client.update_weights({"senders": every})
+                        call.result(info.timeout_s + SETTLE_GRACE_S)
                 except BaseException as e:
                     error = e
-            agree(error, "the receivers reading every rank's parts")
-            stats.bytes_sent = planned.plan.nbytes(src=rank)
-        finally:
-            for t in parts.values():
-                self._engine.unregister_memory(t.data_ptr())
+            pending.clear()
+            agree(error, f"the receivers reading step {t}")
+
+        for t, step in enumerate(steps):
+            if t and not overlap:
+                settle(t - 1)
+            base = (t % 2) * half if overlap else 0
+            reads: dict[int, list[dict[str, int]]] = {}
+            error = None
+            try:
+                with stats.phase("pack"):
+                    for i, op in enumerate(o for o in step if o.src == rank):
+                        bucket, chunks = cuts[(op.src, op.dst)][op.bucket]
+                        pack_pair(bucket, chunks, local, slots[base + i])
+                        reads.setdefault(op.dst, []).append(
+                            {"src": rank, "bucket": op.bucket, "slot": base + i}
+                        )
+                        stats.num_buckets += 1
+                        stats.bytes_sent += bucket.payload_nbytes
+            except BaseException as e:
+                error = e
+            agree(error, f"packing step {t}")
+            got = gather(reads)
+            if t and overlap:
+                settle(t - 1)  # before its update goes, and before its half is packed again
+            if rank == 0:
+                entries: list[dict[str, Any]] = [{"reads": []} for _ in range(receivers)]
+                for part in got:
+                    for d, items in part.items():
+                        entries[d]["reads"].extend(items)
+                assert self.client is not None
+                pending.append(
+                    BackgroundCall(self.client.update_weights, entries, name="update_weights")
+                )
+        if steps:
+            settle(len(steps) - 1)
+
+    def _to_receivers(self, rank: int, update: Any, stats: TransferStats, what: str) -> None:
+        """Rank 0 sends ``update``; every rank learns together whether it landed."""
+        from wtcore.sharded_round import agree
+
+        error: BaseException | None = None
+        if rank == 0:
+            assert self.client is not None
+            try:
+                with stats.phase("wire"):
+                    self.client.update_weights(update)
+            except BaseException as e:
+                error = e
+        agree(error, what)
 
     def shutdown(self) -> None:
         super().shutdown()  # releases (unregisters) the staging; the transfer engine stays

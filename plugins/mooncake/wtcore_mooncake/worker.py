@@ -35,17 +35,13 @@ from wtcore_kit.bucketed import BucketedWorkerEngine
 from wtcore_kit.concurrency import BackgroundCall
 from wtcore_kit.pairs import PlanReceiver, PlanUpdate
 from wtcore_mooncake import te
-from wtcore_mooncake.pairs import SendersUpdate, byte_runs
+from wtcore_mooncake.pairs import ReadsUpdate, SendersUpdate
 from wtcore_mooncake.wire import MooncakeInitInfo, MooncakeUpdateInfo
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MAX_BATCH", "MooncakeWorkerEngine"]
-
-#: The most entries one batched read has: Mooncake 0.3.13 fails a batch of 3,000 over TCP
-#: (2,049 pass), so a bucket of more row runs than this is read in several batches.
-MAX_BATCH = 1024
+__all__ = ["MooncakeWorkerEngine"]
 
 
 class MooncakeWorkerEngine(
@@ -75,6 +71,9 @@ class MooncakeWorkerEngine(
         self._reading = []
         self._direct = {}
         self._names: dict[str, int] = {}  # each in-place tensor's registered address
+        #: A sharded round's senders (endpoint and slots per trainer rank) and read buffer.
+        self._senders: list[tuple[str, list[tuple[int, int]]]] | None = None
+        self._round_buf: torch.Tensor | None = None
 
     @classmethod
     def host_status(cls) -> str:
@@ -125,6 +124,8 @@ class MooncakeWorkerEngine(
             return plan
         if isinstance(data, Mapping) and "senders" in data:
             return parse_dataclass(SendersUpdate, data, what="update_info")
+        if isinstance(data, Mapping) and "reads" in data:
+            return parse_dataclass(ReadsUpdate, data, what="update_info")
         return super().parse_update_info(data)
 
     def plan_buffer_size_bytes(self) -> int:
@@ -132,62 +133,80 @@ class MooncakeWorkerEngine(
 
     def start_weight_update(self) -> None:
         self.drop_plan()
+        self._drop_round()
 
     def abort(self) -> None:
-        self.drop_plan()
+        self.drop_plan()  # the round's buffer stays until the next round: a read may be on
 
     def finish_weight_update(self) -> None:
+        self._drop_round()
         self.check_planned_round()
 
-    def _read_pairs(self, update: SendersUpdate) -> None:
-        """Read every bucket of this receiver's pairs, one batched read each, into one
-        registered buffer, and assemble it (see :mod:`wtcore_mooncake.pairs`)."""
+    def _take_senders(self, update: SendersUpdate) -> None:
+        """A sharded round's senders: every trainer rank's endpoint and slots, checked, and a
+        registered buffer for this receiver's largest planned bucket."""
         import torch
 
         assembler = self.planned("update_info.senders")
-        planned, init = assembler.planned, self.settings
-        senders = update.checked(planned, assembler.senders())
-        pairs = {s: assembler.buckets_from(s) for s in senders}
-        largest = max((b.nbytes for bs in pairs.values() for b, _ in bs), default=0)
-        if not largest:
-            return
-        buf = torch.empty(largest, dtype=torch.uint8)
-        if self._engine.register_memory(buf.data_ptr(), largest) != 0:
-            raise TransferError(f"Mooncake could not register {largest} bytes to read into")
-        layouts = zip(planned.metas, planned.senders, strict=True)
-        parts = {m.name: (lay, m.dtype.itemsize) for m, lay in layouts}
-        try:
-            for s, (endpoint, addresses) in senders.items():
-                for k, (bucket, chunks) in enumerate(pairs[s]):
-                    local, remote, lengths = [], [], []
-                    for c, offset in zip(chunks, bucket.offsets, strict=True):
-                        lay, itemsize = parts[c.name]
-                        at = buf.data_ptr() + offset
-                        for off, n in byte_runs(lay.local_shape(s), c.src_box, itemsize):
-                            local.append(at)
-                            remote.append(addresses[c.name] + off)
-                            lengths.append(n)
-                            at += n
-                    what = f"bucket {k} ({bucket.nbytes} bytes) from trainer rank {s} at {endpoint}"
-                    for i in range(0, len(lengths), MAX_BATCH):  # Mooncake's batches are bounded
-                        call = BackgroundCall(
-                            self._engine.batch_transfer_sync_read, endpoint,
-                            local[i : i + MAX_BATCH], remote[i : i + MAX_BATCH],
-                            lengths[i : i + MAX_BATCH], name="mooncake-read",
-                        )  # fmt: skip
-                        self._wait_read(call, buf, what, init.timeout_s)
-                    assembler.take([(s, k, buf[: bucket.nbytes])])
-                    self.staged_bytes += bucket.payload_nbytes
-        finally:
-            if self._engine is not None and all(into is not buf for _, into in self._reading):
-                self._engine.unregister_memory(buf.data_ptr())
+        if self._senders is not None:
+            raise PayloadError("update_info.senders: this round already has its senders")
+        senders = update.checked(assembler.trainer_ranks)
+        largest = max(
+            (b.nbytes for s in assembler.senders() for b, _ in assembler.buckets_from(s)), default=0
+        )
+        buf = torch.empty(max(largest, 1), dtype=torch.uint8)
+        if self._engine.register_memory(buf.data_ptr(), buf.numel()) != 0:
+            raise TransferError(f"Mooncake could not register {buf.numel()} bytes to read into")
+        self._senders, self._round_buf = senders, buf
+
+    def _read_step(self, update: ReadsUpdate) -> None:
+        """Read this step's buckets, each checked against the plan and the announced slots
+        before a byte moves, and assemble them (see :mod:`wtcore_mooncake.pairs`)."""
+        assembler = self.planned("update_info.reads")
+        senders, buf = self._senders, self._round_buf
+        if senders is None or buf is None:
+            raise PayloadError("update_info.reads: no senders were announced in this round")
+        for i, r in enumerate(update.checked()):
+            where = f"update_info.reads[{i}]"
+            if r.src not in assembler.senders():
+                raise PayloadError(f"{where}.src: trainer rank {r.src} sends nothing here")
+            buckets = assembler.buckets_from(r.src)
+            endpoint, slots = senders[r.src]
+            if r.bucket >= len(buckets) or r.slot >= len(slots):
+                raise PayloadError(
+                    f"{where}: bucket {r.bucket} of {len(buckets)} planned, slot {r.slot} of "
+                    f"{len(slots)} announced by trainer rank {r.src}"
+                )
+            n = buckets[r.bucket][0].nbytes
+            if n > slots[r.slot][1]:
+                raise PayloadError(
+                    f"{where}: bucket {r.bucket} ({n} bytes) does not fit slot {r.slot} "
+                    f"({slots[r.slot][1]} bytes) of trainer rank {r.src}"
+                )
+            call = BackgroundCall(
+                self._engine.transfer_sync_read, endpoint, buf.data_ptr(), slots[r.slot][0], n,
+                name="mooncake-read",
+            )  # fmt: skip
+            what = f"bucket {r.bucket} ({n} bytes) from trainer rank {r.src} at {endpoint}"
+            self._wait_read(call, buf, what, self.settings.timeout_s)
+            assembler.take([(r.src, r.bucket, buf[:n])])
+            self.staged_bytes += buckets[r.bucket][0].payload_nbytes
+
+    def _drop_round(self) -> None:
+        """Forget the round's senders; unregister its buffer unless a read may still write."""
+        buf, self._round_buf, self._senders = self._round_buf, None, None
+        if buf is not None and all(into is not buf for _, into in self._reading):
+            self._engine.unregister_memory(buf.data_ptr())
 
     def receive_weights(self, update_info: Any) -> None:
         if isinstance(update_info, PlanUpdate):
             self.take_plan(update_info)
             return
         if isinstance(update_info, SendersUpdate):
-            self._read_pairs(update_info)
+            self._take_senders(update_info)
+            return
+        if isinstance(update_info, ReadsUpdate):
+            self._read_step(update_info)
             return
         self.refuse_whole_tensors()
         init = self.settings
@@ -279,6 +298,7 @@ class MooncakeWorkerEngine(
             if done:
                 self._engine.unregister_memory(stale.data_ptr())
         self._reading = [r for r, done in zip(self._reading, ended, strict=True) if not done]
+        self._drop_round()
         staging, self._staging = self._staging, None
         direct, self._direct, self._names = self._direct, {}, {}
         if self._engine is not None:

@@ -16,7 +16,7 @@ round would otherwise never join it.
 Why one thread, in steps: NCCL does not allow point-to-point calls on one communicator from
 several threads, so each rank issues every one of its pairs' sends (a trainer rank) or
 receives (a receiver) from the calling thread, following one schedule that every rank
-computes from the same plan (:func:`wtcore_nccl.schedule.schedule_pairs`, where the reason it
+computes from the same plan (:func:`wtcore_kit.schedule.schedule_pairs`, where the reason it
 cannot deadlock is). A rank posts its operations of a step as one batch (:func:`post_batch`),
 waits for them, and goes on to its next step; it skips the steps it takes no part in. No rank
 has more than ``packed_num_buffers`` buckets in a step, so a trainer rank packs them into at
@@ -74,7 +74,7 @@ from wtcore.errors import PayloadError
 from wtcore.layout import is_int, region
 from wtcore_channel.pipeline import wait_work
 from wtcore_kit.pairs import pack_pair
-from wtcore_nccl.schedule import pair_cuts, schedule_pairs
+from wtcore_kit.schedule import pair_cuts, schedule_pairs
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from wtcore.stats import TransferStats
     from wtcore_kit.pairs import PairAssembler
     from wtcore_nccl.group import Group
-    from wtcore_nccl.schedule import Op
+    from wtcore_kit.schedule import Op
 
 __all__ = [
     "BatchOp",

@@ -1,15 +1,17 @@
-"""One schedule for a sharded round's buckets, computed identically on every rank of the group.
+"""One schedule for a sharded round's buckets, computed identically on every rank.
 
-Why a schedule: every rank of the round's group (M trainer ranks, N receivers) issues all of
-its pairs' sends or receives from one thread, in batches (:mod:`wtcore_nccl.pairs`). A batch
-may only wait for operations that its peers post in their own batch of the same step:
-otherwise rank A's batch could wait for a receive that B posts only after its own batch,
-which waits for C, which waits for A (on NCCL a batch is one grouped kernel, so nothing of a
-later batch starts before it ends). So the steps come from the plan alone, by a pure
-function of what every rank knows the same way (each pair's number of buckets, in plan
-order, and ``packed_num_buffers``); then, step by step, every operation of step ``t`` is
-matched by one of step ``t`` on its peer, and once every step before ``t`` is done every rank
-of step ``t`` has posted its part of it: by induction every step completes.
+Why a schedule: an engine that moves every pair of a round in steps (nccl posts each rank's
+sends or receives of a step as one batch, :mod:`wtcore_nccl.pairs`; mooncake packs each
+trainer rank's buckets of a step into its slots for the receivers to read,
+:mod:`wtcore_mooncake.trainer`) needs the steps to agree on every rank, and no rank to hold
+more buffers than it has. A batch may only wait for operations that its peers post in their
+own batch of the same step: otherwise rank A's batch could wait for a receive that B posts
+only after its own batch, which waits for C, which waits for A (on NCCL a batch is one grouped
+kernel, so nothing of a later batch starts before it ends). So the steps come from the plan
+alone, by a pure function of what every rank knows the same way (each pair's number of
+buckets, in plan order, and ``packed_num_buffers``); then, step by step, every operation of
+step ``t`` is matched by one of step ``t`` on its peer, and once every step before ``t`` is
+done every rank of step ``t`` has posted its part of it: by induction every step completes.
 
 Each step holds at most ``per_rank`` buckets per trainer rank and per receiver, so a rank
 never needs more than ``per_rank`` buffers. A pair's buckets keep their order (bucket ``k``
