@@ -14,7 +14,8 @@ process group's timeout.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from wtcore.errors import PayloadError, TransferError, WrongTypeError
 from wtcore.plan import PlannedRound
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
     from wtcore.source import ShardedSource
     from wtcore.stats import TransferStats
 
-__all__ = ["agree", "gather", "run_sharded_round", "share"]
+__all__ = ["agree", "gather", "run_sharded_round", "share", "together"]
+
+T = TypeVar("T")
 
 
 def share(value: Any) -> Any:
@@ -78,6 +81,19 @@ def agree(error: BaseException | None, what: str) -> None:
     raise TransferError(f"{what} failed on another trainer rank ({shown})")
 
 
+def together(what: str, call: Callable[[], T] | None) -> T | None:
+    """Run ``call`` on this rank (``None``: this rank has no part in ``what``), then
+    :func:`agree` on how it went; returns what ``call`` returned."""
+    out, error = None, None
+    if call is not None:
+        try:
+            out = call()
+        except BaseException as e:
+            error = e
+    agree(error, what)
+    return out
+
+
 def run_sharded_round(
     engine: Any,
     source: ShardedSource,
@@ -98,57 +114,40 @@ def run_sharded_round(
             f"rank is {rank}"
         )
     metas = source.metadata()
-    reports: Any = None
-    error: BaseException | None = None
-    if rank == 0:
-        try:
-            if not isinstance(engine.client, InspectableClient):
-                raise WrongTypeError(
-                    "a sharded round reads the receivers' layouts: the client must be an "
-                    "InspectableClient (InProcessClient, the HTTP or the Ray client)"
-                )
-            reports = [info.get("layout") for info in engine.client.weight_info()]
-        except BaseException as e:
-            error = e
-    agree(error, "reading the receivers' layouts")
-    reports = share(reports)
-    error = None
-    planned: PlannedRound | None = None
-    try:
+    client = engine.client
+
+    def read_layouts() -> list[Any]:
+        if not isinstance(client, InspectableClient):
+            raise WrongTypeError(
+                "a sharded round reads the receivers' layouts: the client must be an "
+                "InspectableClient (InProcessClient, the HTTP or the Ray client)"
+            )
+        return [info.get("layout") for info in client.weight_info()]
+
+    reports = share(together("reading the receivers' layouts", read_layouts if rank == 0 else None))
+
+    def plan() -> PlannedRound:
         layouts = source.layouts()
         if any(lay.world_size != world for lay in layouts.values()):
             raise PayloadError(
                 f"layouts: the source lays tensors out over other than the {world} trainer ranks"
             )
-        planned = PlannedRound.make(metas, layouts, receiver_layouts(reports, metas))
-    except BaseException as e:
-        error = e
-    agree(error, "planning")
+        return PlannedRound.make(metas, layouts, receiver_layouts(reports, metas))
+
+    planned = together("planning", plan)
     assert planned is not None
     stats.num_tensors = len(metas)
     stats.num_bytes = planned.plan.nbytes(src=rank)
-    error = None
-    if rank == 0:
-        assert engine.client is not None
-        try:
-            with stats.phase("control"):
-                engine.client.start_weight_update()
-                engine.client.update_weights({"plan": planned.to_wire()})
-        except BaseException as e:
-            error = e
-    agree(error, "opening the round")
-    error = None
-    try:
-        engine.send_pairs(planned, source, stats)
-    except BaseException as e:
-        error = e
-    agree(error, "sending the shards")
-    error = None
-    if rank == 0:
-        assert engine.client is not None
-        try:
-            with stats.phase("control"):
-                engine.client.finish_weight_update(weight_version)
-        except BaseException as e:
-            error = e
-    agree(error, "finishing the round")
+
+    def open_round() -> None:
+        with stats.phase("control"):
+            client.start_weight_update()
+            client.update_weights({"plan": planned.to_wire()})
+
+    def finish() -> None:
+        with stats.phase("control"):
+            client.finish_weight_update(weight_version)
+
+    together("opening the round", open_round if rank == 0 else None)
+    together("sending the shards", lambda: engine.send_pairs(planned, source, stats))
+    together("finishing the round", finish if rank == 0 else None)

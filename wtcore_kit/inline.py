@@ -220,7 +220,7 @@ class InlineTrainerEngine(BucketedTrainerEngine):
         sees another's slice, and no rank holds more than a step's buckets. The reference
         for engines that move the same pairs over a data plane of their own.
         """
-        from wtcore.sharded_round import agree, gather
+        from wtcore.sharded_round import gather, together
         from wtcore_kit.pairs import pair_buckets
 
         rank, size = self.init_info.rank, self.info.packed_buffer_size_bytes
@@ -229,19 +229,14 @@ class InlineTrainerEngine(BucketedTrainerEngine):
         for s, d in planned.plan.pairs():
             for k, (bucket, chunks) in enumerate(pair_buckets(planned, s, d, size)):
                 queues[d].append((s, k, (bucket, chunks)))
-        error: BaseException | None = None
-        local: dict[str, Any] = {}
-        try:  # every rank takes part in each step's collectives, so a broken source is agreed on
-            local = dict(source)
-        except BaseException as e:
-            error = e
-        agree(error, "reading the shards")
+        # every rank takes part in each step's collectives, so a broken source is agreed on
+        local = together("reading the shards", lambda: dict(source)) or {}
         stats.bytes_sent = 0
         staging = self.staging(max((b.nbytes for q in queues for _, _, (b, _) in q), default=0))
         for step in range(max((len(q) for q in queues), default=0)):
-            mine: dict[int, dict[str, Any]] = {}
-            error = None
-            try:
+
+            def pack(step: int = step) -> dict[int, dict[str, Any]]:
+                mine = {}
                 with stats.phase("pack"):
                     for d, q in enumerate(queues):
                         if step < len(q) and q[step][0] == rank:
@@ -249,23 +244,19 @@ class InlineTrainerEngine(BucketedTrainerEngine):
                             mine[d] = self.pack_step(s, k, bucket, chunks, local, staging[0])
                             stats.num_buckets += 1
                             stats.bytes_sent += bucket.payload_nbytes
-            except BaseException as e:
-                error = e
-            agree(error, f"packing step {step}")
-            got = gather(mine)
-            error = None
-            if rank == 0:
+                return mine
+
+            entries: list[dict[str, Any]] = [{"buckets": []} for _ in range(receivers)]
+            for part in gather(together(f"packing step {step}", pack)):  # [] but on rank 0
+                for d, item in part.items():
+                    entries[d]["buckets"].append(item)
+
+            def send(entries: list[dict[str, Any]] = entries) -> None:
                 assert self.client is not None
-                entries: list[dict[str, Any]] = [{"buckets": []} for _ in range(receivers)]
-                for part in got:
-                    for d, item in part.items():
-                        entries[d]["buckets"].append(item)
-                try:
-                    with stats.phase("wire"):
-                        self.client.update_weights(entries)
-                except BaseException as e:
-                    error = e
-            agree(error, f"sending step {step}")
+                with stats.phase("wire"):
+                    self.client.update_weights(entries)
+
+            together(f"sending step {step}", send if rank == 0 else None)
 
     def pack_step(
         self,

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from wtcore.plan import PlannedRound
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
+    from wtcore_kit.schedule import Op
 
 __all__ = ["MooncakeTrainerEngine"]
 
@@ -120,7 +121,7 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
         """Pack this rank's buckets of ``planned`` into its slots, step by step, for the
         receivers to read; rank 0 tells them where (see :mod:`wtcore_mooncake.pairs`)."""
-        from wtcore.sharded_round import agree, gather
+        from wtcore.sharded_round import gather, together
         from wtcore_kit.bucketed import SETTLE_GRACE_S
         from wtcore_kit.concurrency import BackgroundCall
         from wtcore_kit.pairs import pack_pair
@@ -135,44 +136,50 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         steps = schedule_pairs(counts, half)
         receivers = planned.receivers[0].world_size if planned.receivers else 0
         largest = max((b.nbytes for bs in cuts.values() for b, _ in bs), default=0)
-        error: BaseException | None = None
-        local: dict[str, torch.Tensor] = {}
-        slots: list[torch.Tensor] = []
-        try:
+
+        def prepare() -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
             self._transfer_engine()
             grown = bool(self._slots) and self._capacity < largest
             slots = BucketedTrainerEngine.staging(self, max(largest, 1))  # registered, unannounced
             self.needs_handshake = self.needs_handshake or grown  # rank 0's workers: new slots
-            local = dict(source)
-        except BaseException as e:
-            error = e
-        agree(error, "reading its parts and registering its slots")
+            return slots, dict(source)
+
+        got = together("reading its parts and registering its slots", prepare)
+        assert got is not None
+        slots, local = got
         every = gather(
             {"endpoint": self.endpoint, "slots": [[t.data_ptr(), t.numel()] for t in slots]}
         )
-        self._to_receivers(rank, {"senders": every}, stats, "announcing the slots")
+        client = self.client
+
+        def announce() -> None:
+            assert client is not None
+            with stats.phase("wire"):
+                client.update_weights({"senders": every})
+
+        together("announcing the slots", announce if rank == 0 else None)
         stats.bytes_sent = 0
         pending: list[BackgroundCall[Any]] = []  # rank 0: the last step's update, in flight
 
         def settle(t: int) -> None:
             """Every rank learns together that step ``t`` was read (its slots free again)."""
-            error = None
-            for call in pending:
-                try:
-                    with stats.phase("wire"):
-                        call.result(info.timeout_s + SETTLE_GRACE_S)
-                except BaseException as e:
-                    error = e
+            calls = pending[:]
             pending.clear()
-            agree(error, f"the receivers reading step {t}")
+
+            def wait() -> None:
+                with stats.phase("wire"):
+                    for call in calls:
+                        call.result(info.timeout_s + SETTLE_GRACE_S)
+
+            together(f"the receivers reading step {t}", wait)
 
         for t, step in enumerate(steps):
             if t and not overlap:
                 settle(t - 1)
             base = (t % 2) * half if overlap else 0
-            reads: dict[int, list[dict[str, int]]] = {}
-            error = None
-            try:
+
+            def pack(step: list[Op] = step, base: int = base) -> dict[int, list[dict[str, int]]]:
+                reads: dict[int, list[dict[str, int]]] = {}
                 with stats.phase("pack"):
                     for i, op in enumerate(o for o in step if o.src == rank):
                         bucket, chunks = cuts[(op.src, op.dst)][op.bucket]
@@ -181,38 +188,22 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
                             {"src": rank, "bucket": op.bucket, "slot": base + i}
                         )
                         stats.num_buckets += 1
-                        stats.bytes_sent += bucket.payload_nbytes
-            except BaseException as e:
-                error = e
-            agree(error, f"packing step {t}")
-            got = gather(reads)
+                        stats.bytes_sent = (stats.bytes_sent or 0) + bucket.payload_nbytes
+                return reads
+
+            entries: list[dict[str, Any]] = [{"reads": []} for _ in range(receivers)]
+            for part in gather(together(f"packing step {t}", pack)):  # [] but on rank 0
+                for d, items in part.items():
+                    entries[d]["reads"].extend(items)
             if t and overlap:
                 settle(t - 1)  # before its update goes, and before its half is packed again
             if rank == 0:
-                entries: list[dict[str, Any]] = [{"reads": []} for _ in range(receivers)]
-                for part in got:
-                    for d, items in part.items():
-                        entries[d]["reads"].extend(items)
-                assert self.client is not None
+                assert client is not None
                 pending.append(
-                    BackgroundCall(self.client.update_weights, entries, name="update_weights")
+                    BackgroundCall(client.update_weights, entries, name="update_weights")
                 )
         if steps:
             settle(len(steps) - 1)
-
-    def _to_receivers(self, rank: int, update: Any, stats: TransferStats, what: str) -> None:
-        """Rank 0 sends ``update``; every rank learns together whether it landed."""
-        from wtcore.sharded_round import agree
-
-        error: BaseException | None = None
-        if rank == 0:
-            assert self.client is not None
-            try:
-                with stats.phase("wire"):
-                    self.client.update_weights(update)
-            except BaseException as e:
-                error = e
-        agree(error, what)
 
     def shutdown(self) -> None:
         super().shutdown()  # releases (unregisters) the staging; the transfer engine stays

@@ -83,8 +83,8 @@ if TYPE_CHECKING:
     from wtcore.plan import Chunk, PlannedRound
     from wtcore.stats import TransferStats
     from wtcore_kit.pairs import PairAssembler
-    from wtcore_nccl.group import Group
     from wtcore_kit.schedule import Op
+    from wtcore_nccl.group import Group
 
 __all__ = [
     "BatchOp",

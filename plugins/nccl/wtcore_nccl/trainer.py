@@ -90,7 +90,7 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
         only once they received everything. The group is released when the round ends, on
         every rank.
         """
-        from wtcore.sharded_round import agree, share
+        from wtcore.sharded_round import share, together
         from wtcore_kit.concurrency import BackgroundCall
         from wtcore_nccl.group import connect_store
         from wtcore_nccl.pairs import RoundTerms, check_terms, send_pairs
@@ -99,27 +99,23 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
         assert isinstance(info, NCCLTrainerInitInfo)
         rank = info.rank
         trainer_ranks = planned.senders[0].world_size if planned.senders else 1
-        error: BaseException | None = None
-        local: dict[str, Any] = {}
-        store = self._store if rank == 0 else None
         secret = secrets.token_hex(16) if rank == 0 else None
-        try:
-            local = dict(source)
-        except BaseException as e:
-            error = e
-        agree(error, "reading the shards")
+        local = together("reading the shards", lambda: dict(source)) or {}
         terms = RoundTerms(
             planned.plan.digest(), info.packed_buffer_size_bytes, info.packed_num_buffers
         )
         secret, rank0 = share((secret, terms))
-        error = None
-        try:
+
+        def reach() -> Any:
             check_terms(terms, RoundTerms(*rank0), rank)
-            if rank != 0:  # the other trainer ranks reach rank 0's store as clients
-                store = connect_store(info.master_address, info.master_port, info.timeout_s)
-        except BaseException as e:
-            error = e
-        agree(error, "agreeing on the round's terms and reaching the nccl rendezvous store")
+            if rank == 0:
+                return self._store
+            # the other trainer ranks reach rank 0's store as clients
+            return connect_store(info.master_address, info.master_port, info.timeout_s)
+
+        store = together(
+            "agreeing on the round's terms and reaching the nccl rendezvous store", reach
+        )
         rpc: BackgroundCall[Any] | None = None
         if rank == 0:
             assert self.client is not None
