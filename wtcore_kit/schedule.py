@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from wtcore.errors import PayloadError
 from wtcore_kit.pairs import pair_buckets
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def schedule_pairs(counts: Sequence[tuple[int, int, int]], per_rank: int) -> lis
     docstring): every bucket exactly once, each pair's in order, at most ``per_rank``
     operations per trainer rank and per receiver in any step, no step empty."""
     if per_rank < 1:
-        raise ValueError(f"per_rank must be at least 1, got {per_rank}")
+        raise PayloadError(f"packed_num_buffers: at least 1 buffer per rank, got {per_rank}")
     pairs = [(s, d, n) for s, d, n in counts if n > 0]
     nxt = [0] * len(pairs)
     left = sum(n for _, _, n in pairs)
