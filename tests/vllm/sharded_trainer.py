@@ -5,7 +5,9 @@ Runs with the MAIN venv (no vLLM), once per rank (``RANK``, ``WORLD_SIZE``, ``MA
 ``MASTER_PORT`` as torchrun sets them): the state becomes a module, ``fully_shard`` spreads it
 over a CPU mesh of every rank, and each rank sends its own shards with ``ShardedModuleSource``
 (``DTensor.full_tensor`` is made to fail, so a gather anywhere fails the round). Rank 0 alone
-holds an HTTP client. Prints one JSON line per rank: its bytes sent and planned.
+holds an HTTP client (with ``--tp N`` > 1, :class:`wtcore_vllm.client.VLLMWeightSyncClient`,
+which reads each TP worker's layout). Prints one JSON line per rank: its bytes sent and
+planned.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from wtcore.source import ShardedModuleSource
 from wtcore.synthetic import build_module
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_tcp import TCPTrainerEngine, TCPTrainerInitInfo
+from wtcore_vllm.client import VLLMWeightSyncClient
 
 
 def _no_gather(self: Any) -> Any:
@@ -38,6 +41,7 @@ def main() -> None:
     p.add_argument("--state", required=True, help="torch.save'd {name: tensor}")
     p.add_argument("--version", required=True)
     p.add_argument("--buffer-bytes", type=int, default=64 << 10)
+    p.add_argument("--tp", type=int, default=1, help="the server's tensor_parallel_size")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
@@ -46,10 +50,11 @@ def main() -> None:
         fully_shard(model, mesh=mesh)
         DTensor.full_tensor = _no_gather  # type: ignore[method-assign]
         rank = dist.get_rank()
-        client = HTTPWeightSyncClient(args.url, timeout_s=120) if rank == 0 else None
+        client_cls = HTTPWeightSyncClient if args.tp == 1 else VLLMWeightSyncClient
+        client = client_cls(args.url, timeout_s=120) if rank == 0 else None
         info = TCPTrainerInitInfo(
             address="127.0.0.1",  # where this rank listens for the server's worker
-            world_size=2,  # rank 0 plus the server's one worker (TP=1)
+            world_size=1 + args.tp,  # rank 0 plus the server's workers
             rank=rank,
             packed_buffer_size_bytes=args.buffer_bytes,
             timeout_s=120.0,

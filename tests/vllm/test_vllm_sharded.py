@@ -1,5 +1,5 @@
-"""A sharded trainer into a real vLLM server (CPU, TP=1): FSDP2 over two trainer processes, no
-all-gather anywhere (M -> 1).
+"""A sharded trainer into a real vLLM server: FSDP2 over two trainer processes, no all-gather
+anywhere, into TP=1 (M -> 1) and TP=2 (M -> 2).
 
 Server A serves checkpoint A with ``wtcore_tcp``: each trainer rank streams its own shards to it.
 Two trainer processes (``sharded_trainer.py``) each hold a ``Shard(0)`` of every tensor of
@@ -7,25 +7,47 @@ checkpoint B (``fully_shard`` over a gloo mesh) and send only their own shards; 
 assembles whole tensors. Generation must equal the reference server of B exactly (token ids
 and logprobs), and every weight must be bit-equal to it; then the same back to A. Each rank
 must have sent exactly its planned bytes, and the ranks together the model once.
+
+M -> 2: server A serves checkpoint A with ``tensor_parallel_size=2`` (vLLM CPU, each worker
+bound to a core of its own by ``VLLM_CPU_OMP_THREADS_BIND``), and the reference serves B with
+TP=2 too (TP=1 and TP=2 differ in the last bits of the logits). Each TP worker reports the
+layout derived from its own model (through ``/collective_rpc``, :mod:`wtcore_vllm.extension`)
+and gets only its slice: the bytes each receiver planned and landed equal its slice of the
+checkpoint, computed here from the layout it reported, and each trainer rank sent exactly
+its FSDP shard's overlap with every receiver's slice. Generation and weights must equal the
+reference exactly. It needs 2 CPU cores (one per TP worker; vLLM's CPU backend binds each
+worker's threads to its own cores) and runs wherever there are.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.vllm.conftest import Checkpoint
 from tests.vllm.vllm_kit import HERE, MAIN_PYTHON, VLLMServer, generate
+from wtcore.layout import Layout, Shard, volume
+from wtcore.receiver_layout import TPLayout
 from wtcore.testing import torchrun
+from wtcore_vllm.client import VLLMWeightSyncClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def sharded_sync(server: VLLMServer, state: Path, version: str) -> list[dict[str, int]]:
+#: vLLM's CPU backend binds each TP worker's OpenMP threads to cores of its own.
+TP2_CORES = 2
+
+
+def sharded_sync(
+    server: VLLMServer, state: Path, version: str, *, tp: int = 1
+) -> list[dict[str, int]]:
     cmd = [MAIN_PYTHON, str(HERE / "sharded_trainer.py"), "--url", server.url]
-    cmd += ["--state", str(state), "--version", version]
+    cmd += ["--state", str(state), "--version", version, "--tp", str(tp)]
     server.post("/pause")
     try:
         ranks = torchrun(cmd, 2, timeout_s=300)
@@ -51,3 +73,118 @@ def test_fsdp2_trainer_syncs_vllm_without_a_gather(vllm_servers) -> None:  # typ
 
     sharded_sync(s.tcp, s.ckpt_a.state, "sharded-2")
     assert generate(s.tcp) == s.original
+
+
+@pytest.fixture(scope="module")
+def tp2_servers(
+    checkpoints: tuple[Checkpoint, Checkpoint], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[VLLMServer, VLLMServer]]:
+    """A (``wtcore_tcp``, the worker extension) and the reference B, both TP=2."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < TP2_CORES:
+        pytest.skip(
+            f"vLLM CPU with tensor_parallel_size=2 binds each worker to its own core: needs "
+            f"{TP2_CORES} CPU cores, this machine gives {cores}"
+        )
+    a, b = checkpoints
+    logs = tmp_path_factory.mktemp("vllm-tp2-logs")
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": "|".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
+    }
+    tp = ["--tensor-parallel-size", "2"]
+    ext = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
+    started: list[VLLMServer] = []
+    try:
+        started.append(
+            VLLMServer.start(
+                a.dir, logs / "a-tp2.log", backend="wtcore_tcp", extra=tp + ext, env=env
+            )
+        )
+        started.append(
+            VLLMServer.start(b.dir, logs / "ref-tp2.log", backend=None, extra=tp, env=env)
+        )
+        for server in started:
+            server.wait_ready()
+        yield started[0], started[1]
+    finally:
+        for server in started:
+            server.stop()
+
+
+def _overlap(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> int:
+    return volume(
+        tuple(
+            (max(x0, y0), max(max(x0, y0), min(x1, y1)))
+            for (x0, x1), (y0, y1) in zip(a, b, strict=True)
+        )
+    )
+
+
+def test_fsdp2_trainer_syncs_vllm_tp2_each_worker_its_slice(  # type: ignore[no-untyped-def]
+    tp2_servers, checkpoints
+) -> None:
+    server, ref = tp2_servers
+    ckpt_a, ckpt_b = checkpoints
+    client = VLLMWeightSyncClient(server.url, timeout_s=60)
+    try:
+        reports = client.weight_info()
+        assert [(r["rank"], r["world_size"]) for r in reports] == [(0, 2), (1, 2)]
+        layouts = [TPLayout.from_wire(r["layout"]) for r in reports]
+        assert [(lay.tp_rank, lay.tp_size) for lay in layouts] == [(0, 2), (1, 2)]
+        kinds = {
+            n: layouts[0].kind(n)
+            for n in (
+                "model.embed_tokens.weight",
+                "lm_head.weight",
+                "model.layers.1.self_attn.q_proj.weight",
+                "model.layers.1.self_attn.k_proj.weight",  # 1 KV head: each worker holds it
+                "model.layers.1.self_attn.o_proj.weight",
+                "model.layers.0.mlp.up_proj.weight",
+                "model.layers.0.mlp.down_proj.weight",
+                "model.norm.weight",
+            )
+        }
+        assert list(kinds.values()) == [
+            "vocab",
+            "vocab",
+            "column",
+            "replicated",
+            "row",
+            "column",
+            "row",
+            "replicated",
+        ]
+
+        state = torch.load(ckpt_b.state, weights_only=True)
+        model_bytes = sum(t.nbytes for t in state.values())
+        slices = [sum(lay.local(n, t).nbytes for n, t in state.items()) for lay in layouts]
+        assert all(0 < s < model_bytes for s in slices)
+        # each trainer rank's FSDP shard (Shard(0) over 2 ranks) against each receiver's box
+        planned = [0, 0]
+        for name, t in state.items():
+            fsdp = Layout.placed(t.shape, (2,), (Shard(0),))
+            for rank in (0, 1):
+                src = fsdp.boxes[rank]
+                assert src is not None
+                for lay in layouts:
+                    planned[rank] += _overlap(src, lay.box(name, tuple(t.shape))) * t.element_size()
+
+        original = generate(server)
+        reference = generate(ref)
+        assert original != reference
+        stats = sorted(sharded_sync(server, ckpt_b.state, "tp2-1", tp=2), key=lambda r: r["rank"])
+        assert [r["rank"] for r in stats] == [0, 1]
+        for r in stats:
+            assert r["sent"] == r["planned"] == planned[r["rank"]], (r, planned)
+        assert sum(r["sent"] for r in stats) == sum(slices)  # every receiver its slice, once
+        after = client.weight_info()
+        for r, want in zip(after, slices, strict=True):
+            assert r["round_bytes"] == {"planned": want, "landed": want}, (r, slices)
+        assert server.weight_version() == "tp2-1"
+        assert generate(server) == reference  # token ids and logprobs, exactly
+        assert server.checksums() == ref.checksums()  # every weight of both workers
+
+        sharded_sync(server, ckpt_a.state, "tp2-2", tp=2)
+        assert generate(server) == original
+    finally:
+        client.close()

@@ -83,7 +83,13 @@ class VLLMServer:
 
     @classmethod
     def start(
-        cls, model_dir: Path, log_path: Path, *, backend: str | None, extra: Sequence[str] = ()
+        cls,
+        model_dir: Path,
+        log_path: Path,
+        *,
+        backend: str | None,
+        extra: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> VLLMServer:
         port = free_port()
         cmd = [str(VLLM_PYTHON), "-m", "wtcore_vllm.serve", str(model_dir)]
@@ -98,7 +104,7 @@ class VLLMServer:
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=server_env(),
+                env={**server_env(), **(env or {})},
                 start_new_session=True,
             )
         finally:

@@ -25,6 +25,11 @@ Three things differ from a plain wtcore worker:
   layer that is the input embedding) exact when the shared tensor arrives once
   (:func:`wtcore_vllm.reload.check_layerwise_reload`). A failed finish publishes nothing and
   ends vLLM's session, so the server takes the next round.
+- With tensor parallelism (TP > 1) each worker is a sharded receiver
+  (:mod:`wtcore_vllm.tp`): the wtcore engine checks every plan against the layout derived
+  from the worker's model, and a sharded round's slices are copied into their parameters;
+  :meth:`WtcoreVLLMEngine.worker_info` is what the worker reports
+  (:mod:`wtcore_vllm.extension`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import torch
 
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import ProtocolStateError
+from wtcore.pairs import PlanUpdate
 from wtcore.registry import ENGINES
 from wtcore.rounds import ROUND_KEY, drop_round, round_stamp
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
@@ -52,6 +58,7 @@ from wtcore_vllm.reload import (
     finalize_layerwise_reload,
     initialize_layerwise_reload,
 )
+from wtcore_vllm.tp import TPModelSink, derive_layout
 
 #: vLLM's engine base class, from wherever this vLLM keeps it (:mod:`wtcore_vllm.paths`).
 VLLMEngine: Any = weight_transfer("base").WeightTransferEngine
@@ -137,13 +144,23 @@ class WtcoreVLLMEngine(VLLMEngine):
         name = self.wtcore_engine or wtcore_engine_name(str(config.backend))
         rank, world_size = worker_place(self.parallel_config)
         engine_cls = ENGINES.load(name)
+        self.tp_sink: TPModelSink | None = None
+        sink: ModelSink | TPModelSink = ModelSink(self)
+        tp_size = int(getattr(self.parallel_config, "tensor_parallel_size", 1) or 1)
+        if tp_size > 1:
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            derived = derive_layout(model, int(get_tensor_model_parallel_rank()), tp_size)
+            sink = self.tp_sink = TPModelSink(self, derived)
         self.inner: WtcoreEngine[Any, Any] = engine_cls(
             WeightTransferConfig(name),
-            sink=ModelSink(self),
+            sink=sink,
             device=str(device),
             rank=rank,
             world_size=world_size,
         )
+        if self.tp_sink is not None:
+            self.inner.receiver_layout = self.tp_sink.receiver_layout()
         self.init_info_cls = engine_cls.init_info_cls
         self.update_info_cls = engine_cls.update_info_cls
         self._reloading = False
@@ -160,9 +177,28 @@ class WtcoreVLLMEngine(VLLMEngine):
     def init_transfer_engine(self, init_info: Any) -> None:
         self.inner.init_transfer_engine(init_info)
 
+    def worker_info(self) -> dict[str, Any]:
+        """What this worker reports to a trainer (vLLM's ``/weight_info`` has no per-worker
+        part; :mod:`wtcore_vllm.extension` serves this through ``/collective_rpc``): its rank
+        among every inference worker, its layout (``None``: whole tensors, TP = 1), and at
+        TP > 1 the bytes of its last sharded round (``planned``: its slices, ``landed``:
+        what was copied into its parameters)."""
+        layout = self.inner.receiver_layout
+        out: dict[str, Any] = {
+            "rank": self.inner.rank,
+            "world_size": self.inner.world_size,
+            "layout": None if layout is None else layout.to_wire(),
+        }
+        if self.tp_sink is not None:
+            planned, landed = self.tp_sink.planned_bytes, self.tp_sink.landed_bytes
+            out["round_bytes"] = {"planned": planned, "landed": landed}
+        return out
+
     def start_weight_update(self) -> None:
         self._abort_reload()  # a round vLLM gave up on without telling the engine
         self.inner.start_weight_update()
+        if self.tp_sink is not None:
+            self.tp_sink.start()
         self._owner = _UNBOUND
         initialize_layerwise_reload(self.model)
         self._reloading = True
@@ -196,12 +232,17 @@ class WtcoreVLLMEngine(VLLMEngine):
         )
 
     def receive_weights(self, update_info: Any) -> None:
+        if self.tp_sink is not None and isinstance(update_info, PlanUpdate):
+            # this round's slices go straight into parameters
+            self.tp_sink.take_plan(sum(m.nbytes for m in update_info.metas))
         with _no_mtp_completeness_check():
             self.inner.receive_weights(update_info)
 
     def finish_weight_update(self) -> None:
         try:
             self.inner.finish_weight_update()
+            if self.tp_sink is not None and self.tp_sink.sharded:
+                self.tp_sink.check_complete()
             if self._reloading:
                 tied = check_layerwise_reload(self.model, self.model_config)  # nothing: raises
                 self._reloading = False
