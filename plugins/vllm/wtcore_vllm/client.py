@@ -22,6 +22,7 @@ from wtcore_vllm.extension import RPC_METHOD
 __all__ = ["VLLMWeightSyncClient", "worker_reports"]
 
 _REQUIRED = {"rank", "world_size", "layout"}
+_OPTIONAL = {"round_bytes", "layout_error"}
 #: The most workers one server may report.
 MAX_WORKERS = 4096
 
@@ -33,11 +34,11 @@ def worker_reports(answer: object, *, where: str) -> list[dict[str, Any]]:
         raise PayloadError(f"{where}.results: expected a list of 1 to {MAX_WORKERS} reports")
     out: list[dict[str, Any]] = []
     for i, r in enumerate(results):
-        ok = isinstance(r, dict) and _REQUIRED <= set(r) <= _REQUIRED | {"round_bytes"}
+        ok = isinstance(r, dict) and _REQUIRED <= set(r) <= _REQUIRED | _OPTIONAL
         if not ok or not is_int(r["rank"]) or not is_int(r["world_size"]):
             raise PayloadError(
-                f"{where}.results[{i}]: expected {{rank, world_size, layout[, round_bytes]}}, "
-                f"got {r!r:.200}"
+                f"{where}.results[{i}]: expected rank, world_size and layout (and optionally "
+                f"{', '.join(sorted(_OPTIONAL))}), got {r!r:.200}"
             )
         out.append(r)
     out.sort(key=lambda r: int(r["rank"]))

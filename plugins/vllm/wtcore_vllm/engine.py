@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from wtcore.engine import WeightTransferConfig
-from wtcore.errors import ProtocolStateError
+from wtcore.errors import PayloadError, ProtocolStateError
 from wtcore.pairs import PlanUpdate
 from wtcore.registry import ENGINES
 from wtcore.rounds import ROUND_KEY, drop_round, round_stamp
@@ -145,13 +145,22 @@ class WtcoreVLLMEngine(VLLMEngine):
         rank, world_size = worker_place(self.parallel_config)
         engine_cls = ENGINES.load(name)
         self.tp_sink: TPModelSink | None = None
+        #: Why this TP worker cannot take sharded rounds (``None``: it can, or TP = 1).
+        self.layout_error: str | None = None
         sink: ModelSink | TPModelSink = ModelSink(self)
         tp_size = int(getattr(self.parallel_config, "tensor_parallel_size", 1) or 1)
         if tp_size > 1:
             from vllm.distributed import get_tensor_model_parallel_rank
 
-            derived = derive_layout(model, int(get_tensor_model_parallel_rank()), tp_size)
-            sink = self.tp_sink = TPModelSink(self, derived)
+            try:
+                derived = derive_layout(model, int(get_tensor_model_parallel_rank()), tp_size)
+            except PayloadError as e:
+                # Whole-tensor rounds still work (vLLM's loaders narrow them); sharded rounds
+                # are refused with this reason, which the worker reports too.
+                self.layout_error = str(e)
+                log.warning("this TP worker refuses sharded rounds: %s", e)
+            else:
+                sink = self.tp_sink = TPModelSink(self, derived)
         self.inner: WtcoreEngine[Any, Any] = engine_cls(
             WeightTransferConfig(name),
             sink=sink,
@@ -192,6 +201,8 @@ class WtcoreVLLMEngine(VLLMEngine):
         if self.tp_sink is not None:
             planned, landed = self.tp_sink.planned_bytes, self.tp_sink.landed_bytes
             out["round_bytes"] = {"planned": planned, "landed": landed}
+        if self.layout_error is not None:
+            out["layout_error"] = self.layout_error
         return out
 
     def start_weight_update(self) -> None:
@@ -232,6 +243,12 @@ class WtcoreVLLMEngine(VLLMEngine):
         )
 
     def receive_weights(self, update_info: Any) -> None:
+        if self.layout_error is not None and isinstance(update_info, PlanUpdate):
+            raise PayloadError(
+                f"update_info.plan: this vLLM worker (TP rank of a group of "
+                f"{self.parallel_config.tensor_parallel_size}) takes no sharded rounds: "
+                f"{self.layout_error}"
+            )
         if self.tp_sink is not None and isinstance(update_info, PlanUpdate):
             # this round's slices go straight into parameters
             self.tp_sink.take_plan(sum(m.nbytes for m in update_info.metas))
