@@ -5,7 +5,7 @@ Runs with the MAIN venv (no vLLM), once per rank (``RANK``, ``WORLD_SIZE``, ``MA
 ``MASTER_PORT`` as torchrun sets them): the state becomes a module, ``fully_shard`` spreads it
 over a CPU mesh of every rank, and each rank sends its own shards with ``ShardedModuleSource``
 (``DTensor.full_tensor`` is made to fail, so a gather anywhere fails the round). Rank 0 alone
-holds an HTTP client (with ``--tp N`` > 1, :class:`wtcore_vllm.client.VLLMWeightSyncClient`,
+holds an HTTP client (with ``--tp N`` > 1, :class:`wtcore_http_client.VLLMWeightSyncClient`,
 which reads each TP worker's layout). Prints one JSON line per rank: its bytes sent and
 planned.
 """
@@ -26,9 +26,8 @@ from torch.distributed.tensor import DTensor
 
 from wtcore.source import ShardedModuleSource
 from wtcore.synthetic import build_module
-from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_http_client import HTTPWeightSyncClient, VLLMWeightSyncClient
 from wtcore_tcp import TCPTrainerEngine, TCPTrainerInitInfo
-from wtcore_vllm.client import VLLMWeightSyncClient
 
 
 def _no_gather(self: Any) -> Any:

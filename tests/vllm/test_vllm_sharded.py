@@ -34,7 +34,7 @@ from tests.vllm.vllm_kit import HERE, MAIN_PYTHON, VLLMServer, generate
 from wtcore.layout import Layout, Shard, volume
 from wtcore.receiver_layout import TPLayout
 from wtcore.testing import torchrun
-from wtcore_vllm.client import VLLMWeightSyncClient
+from wtcore_http_client import VLLMWeightSyncClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -79,3 +79,12 @@ def test_a_padded_vocabulary_is_refused_naming_the_layer(ranks) -> None:  # type
         assert "'embed_tokens' (VocabParallelEmbedding)" in message, message
         assert "pads the vocabulary of 200 rows to 256" in message, message
         assert f"TP rank {rank}" in message, message
+
+
+def test_the_worker_method_has_one_name_in_both_distributions() -> None:
+    # wtcore-http-client and wtcore-vllm import neither the other (docs/writing-an-engine.md)
+    from wtcore_http_client.vllm_workers import WORKER_INFO_METHOD
+    from wtcore_vllm.extension import RPC_METHOD, WtcoreWorkerExtension
+
+    assert WORKER_INFO_METHOD == RPC_METHOD
+    assert callable(getattr(WtcoreWorkerExtension, RPC_METHOD))

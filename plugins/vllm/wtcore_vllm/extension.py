@@ -6,7 +6,7 @@ a trainer planning a sharded round needs every worker's layout (one receiver per
 reaches every worker with ``POST /collective_rpc`` (on with ``VLLM_SERVER_DEV_MODE=1``, which
 the RL routes need anyway), calling a method of the worker by name; this class gives the
 worker that method, :meth:`WtcoreWorkerExtension.wtcore_weight_info`, and
-:class:`wtcore_vllm.client.VLLMWeightSyncClient` calls it. A server that runs an extension of
+:class:`wtcore_http_client.VLLMWeightSyncClient` calls it. A server that runs an extension of
 its own subclasses this one. Importing this module imports neither vLLM nor torch.
 """
 
@@ -18,7 +18,8 @@ from wtcore.errors import PluginLoadError
 
 __all__ = ["RPC_METHOD", "WtcoreWorkerExtension"]
 
-#: The worker method's name, as ``/collective_rpc`` calls it.
+#: The worker method's name, as ``/collective_rpc`` calls it (the HTTP client spells it too:
+#: ``wtcore_http_client.vllm_workers.WORKER_INFO_METHOD``).
 RPC_METHOD = "wtcore_weight_info"
 
 

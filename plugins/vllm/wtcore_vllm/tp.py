@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -37,8 +37,13 @@ from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.layout import split
 from wtcore.receiver_layout import MAX_RULES, TPLayout
 
-if TYPE_CHECKING:
-    from wtcore_vllm.engine import WtcoreVLLMEngine
+
+class _Adapter(Protocol):
+    """What the sink reads of the adapter (the engine, not imported: it imports this)."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+
 
 __all__ = ["TPModelSink", "Target", "VLLMLayout", "derive_layout"]
 
@@ -209,7 +214,7 @@ class TPModelSink:
 
     accepts_patches = False
 
-    def __init__(self, adapter: WtcoreVLLMEngine, derived: VLLMLayout) -> None:
+    def __init__(self, adapter: _Adapter, derived: VLLMLayout) -> None:
         self._adapter = adapter
         self._model = adapter.model
         self.derived = derived

@@ -5,9 +5,11 @@ Why a client of its own: a sharded round plans for every receiver's layout, read
 ``tensor_parallel_size=N`` is N receivers behind one URL whose ``/weight_info`` says nothing of
 them. :class:`VLLMWeightSyncClient` is :class:`~wtcore_http_client.HTTPWeightSyncClient` with
 ``weight_info()`` answering one entry per worker: the server's own answer joined with what the
-worker reports through ``POST /collective_rpc`` (:mod:`wtcore_vllm.extension`; the server runs
-with ``--worker-extension-cls wtcore_vllm.extension.WtcoreWorkerExtension``). Every other call
-is the HTTP client's. It runs in the trainer: no vLLM, no torch.
+worker reports through ``POST /collective_rpc``: the worker method :data:`WORKER_INFO_METHOD`,
+which wtcore-vllm's worker extension adds (the server runs with ``--worker-extension-cls
+wtcore_vllm.extension.WtcoreWorkerExtension``; the name is spelled in both distributions,
+which import neither the other, and a test checks they agree). Every other call is the HTTP
+client's. It runs in the trainer: no vLLM, no torch.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 
 from wtcore.errors import PayloadError
 from wtcore.layout import is_int
-from wtcore_http_client import HTTPWeightSyncClient
-from wtcore_vllm.extension import RPC_METHOD
+from wtcore_http_client.client import HTTPWeightSyncClient
 
-__all__ = ["VLLMWeightSyncClient", "worker_reports"]
+__all__ = ["WORKER_INFO_METHOD", "VLLMWeightSyncClient", "worker_reports"]
+
+#: The vLLM worker method that answers a worker's report (``wtcore_vllm.extension``).
+WORKER_INFO_METHOD = "wtcore_weight_info"
 
 _REQUIRED = {"rank", "world_size", "layout"}
 _OPTIONAL = {"round_bytes", "layout_error"}
@@ -56,12 +60,12 @@ class VLLMWeightSyncClient(HTTPWeightSyncClient):
         """Per worker, server by server in ``base_urls`` order and by rank within each: the
         server's ``/weight_info`` with the worker's ``rank``, ``world_size`` and ``layout``."""
         servers = super().weight_info()
-        workers = self._each(RPC_METHOD)
+        workers = self._each(WORKER_INFO_METHOD)
         return [{**info, **w} for info, ws in zip(servers, workers, strict=True) for w in ws]
 
     def _call(self, url: str, call: str, *args: Any, round_id: str | None = None) -> Any:
-        if call == RPC_METHOD:
-            body = {"method": RPC_METHOD, "timeout": self.timeout_s}
+        if call == WORKER_INFO_METHOD:
+            body = {"method": WORKER_INFO_METHOD, "timeout": self.timeout_s}
             answer = self._request(url, "POST", "/collective_rpc", body)
             return worker_reports(answer, where=f"POST {url}/collective_rpc")
         return super()._call(url, call, *args, round_id=round_id)
