@@ -41,11 +41,13 @@ def main() -> None:
     p.add_argument("--version", required=True)
     p.add_argument("--buffer-bytes", type=int, default=64 << 10)
     p.add_argument("--tp", type=int, default=1, help="the server's tensor_parallel_size")
+    p.add_argument("--omit", action="append", default=[], help="leave this tensor out")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        model = build_module(torch.load(args.state, weights_only=True))
+        state = torch.load(args.state, weights_only=True)
+        model = build_module({n: t for n, t in state.items() if n not in args.omit})
         fully_shard(model, mesh=mesh)
         DTensor.full_tensor = _no_gather  # type: ignore[method-assign]
         rank = dist.get_rank()
