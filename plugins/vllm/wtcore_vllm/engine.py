@@ -46,13 +46,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from wtcore.engine import WeightTransferConfig
-from wtcore.errors import PayloadError, ProtocolStateError
+from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.pairs import PlanUpdate
 from wtcore.registry import ENGINES
 from wtcore.rounds import ROUND_KEY, drop_round, round_stamp
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
 from wtcore_vllm.paths import weight_transfer
 from wtcore_vllm.reload import (
+    TiedLayers,
     abort_layerwise_reload,
     check_layerwise_reload,
     finalize_layerwise_reload,
@@ -149,6 +150,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         self.layout_error: str | None = None
         sink: ModelSink | TPModelSink = ModelSink(self)
         tp_size = int(getattr(self.parallel_config, "tensor_parallel_size", 1) or 1)
+        self._tp_size = tp_size
         if tp_size > 1:
             from vllm.distributed import get_tensor_model_parallel_rank
 
@@ -215,15 +217,25 @@ class WtcoreVLLMEngine(VLLMEngine):
         self._reloading = True
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
+        error: BaseException | None = None
         try:
             self._check_owner(round_stamp(update_info))
             self.receive_weights(self.parse_update_info(drop_round(update_info)))
             if self.device.type != "cpu":
                 # Like vLLM's base class: the next step must see the new weights.
                 torch.accelerator.synchronize()
-        except BaseException:
-            self._abort_reload()
-            raise
+        except BaseException as e:
+            error = e
+        failed, raise_here = self._agree(error, "update_weights")
+        if not failed:
+            return
+        self._abort_reload()
+        if raise_here is None:
+            # Another worker of the TP group raises for all (_agree); vLLM closes the session
+            # only on the worker that raises, so close it here.
+            self._end_vllm_session()
+            return
+        raise raise_here
 
     def _check_owner(self, stamped: str | None) -> None:
         """Bind the round to its first update's id; refuse any later update of another."""
@@ -256,18 +268,66 @@ class WtcoreVLLMEngine(VLLMEngine):
             self.inner.receive_weights(update_info)
 
     def finish_weight_update(self) -> None:
+        error: BaseException | None = None
+        tied = TiedLayers()
         try:
             self.inner.finish_weight_update()
             if self.tp_sink is not None and self.tp_sink.sharded:
                 self.tp_sink.check_complete()
             if self._reloading:
                 tied = check_layerwise_reload(self.model, self.model_config)  # nothing: raises
+        except BaseException as e:
+            error = e
+        # Every worker of the TP group commits, or none does.
+        failed, raise_here = self._agree(error, "finish_weight_update")
+        if failed:
+            self._abort_reload()
+            if raise_here is None:
+                return  # another worker raises for all; vLLM closes this worker's session
+            self._end_vllm_session()
+            raise raise_here
+        try:
+            if self._reloading:
                 self._reloading = False
                 finalize_layerwise_reload(self.model, self.model_config, tied)
         except BaseException:
             self._abort_reload()
             self._end_vllm_session()
             raise
+
+    def _agree(self, error: BaseException | None, step: str) -> tuple[bool, BaseException | None]:
+        """Whether ``step`` failed on any worker of this TP group, and what this worker raises.
+
+        Why only one worker raises: vLLM 0.32's ``MultiprocExecutor`` reads the workers'
+        replies to a call in rank order and raises at the first failed one, leaving the other
+        workers' replies queued, so every later call to every worker would read a stale reply
+        (the server could never take another round). So the workers exchange their outcomes
+        over the TP group's CPU group, and the last worker, whose reply is read last, raises
+        for all (this worker's own error when it alone failed, else one naming each failing
+        rank); the others abort the round and return. At TP = 1: ``(error is not None,
+        error)``.
+        """
+        if self._tp_size == 1:
+            return error is not None, error
+        import torch.distributed as dist
+        from vllm.distributed import get_tp_group
+
+        group = get_tp_group()
+        mine = None if error is None else f"{type(error).__name__}: {error}"
+        outcomes: list[str | None] = [None] * group.world_size
+        dist.all_gather_object(outcomes, mine, group=group.cpu_group)
+        failures = [(r, m) for r, m in enumerate(outcomes) if m is not None]
+        if not failures:
+            return False, None
+        if group.rank_in_group != group.world_size - 1:
+            return True, None
+        if error is not None and len(failures) == 1:
+            return True, error
+        listed = "; ".join(f"TP rank {r}: {m}" for r, m in failures)
+        return True, TransferError(
+            f"{step} failed on {len(failures)} of {group.world_size} workers of this vLLM "
+            f"server ({listed})"
+        )
 
     def shutdown(self) -> None:
         self._abort_reload()
