@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from tests.vllm.conftest import Checkpoint
-from tests.vllm.vllm_kit import HERE, MAIN_PYTHON, VLLMServer, generate
+from tests.vllm.vllm_kit import HERE, MAIN_PYTHON, VLLMServer, generate, servers
 from wtcore.layout import Layout, Shard, volume
 from wtcore.receiver_layout import TPLayout
 from wtcore.testing import torchrun
@@ -96,27 +96,16 @@ def tp2_servers(
     env = {
         "VLLM_CPU_OMP_THREADS_BIND": "|".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
     }
-    tp = ["--tensor-parallel-size", "2"]
-    ext = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
-    started: list[VLLMServer] = []
-    try:
-        started.append(
-            VLLMServer.start(
-                a.dir, logs / "a-tp2.log", backend="wtcore_tcp", extra=tp + ext, env=env
-            )
-        )
-        started.append(
-            VLLMServer.start(b.dir, logs / "ref-tp2.log", backend=None, extra=tp, env=env)
-        )
-        for server in started:
-            server.wait_ready()
+    # the reference runs the extension too (unused there): one set of options for both
+    extra = ["--tensor-parallel-size", "2"]
+    extra += ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
+    specs = [(a.dir, logs / "a-tp2.log", "wtcore_tcp"), (b.dir, logs / "ref-tp2.log", None)]
+    with servers(specs, extra=extra, env=env) as started:
         yield started[0], started[1]
-    finally:
-        for server in started:
-            server.stop()
 
 
 def _overlap(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> int:
+    """Elements in the intersection of boxes ``a`` and ``b``."""
     return volume(
         tuple(
             (max(x0, y0), max(max(x0, y0), min(x1, y1)))
