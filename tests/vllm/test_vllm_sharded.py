@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.vllm.conftest import Checkpoint
+from tests.vllm.conftest import Checkpoint, make_checkpoints
 from tests.vllm.vllm_kit import HERE, MAIN_PYTHON, VLLMServer, generate, servers
 from wtcore.layout import Layout, Shard, volume
 from wtcore.receiver_layout import TPLayout
@@ -80,25 +80,29 @@ def test_fsdp2_trainer_syncs_vllm_without_a_gather(vllm_servers) -> None:  # typ
     assert generate(s.tcp) == s.original
 
 
+def _tp2_options() -> tuple[list[str], dict[str, str]]:
+    """vLLM's options and env for a TP=2 server with the worker extension; skips the test
+    where the machine has too few cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < TP2_CORES:
+        pytest.skip(
+            f"vLLM CPU with tensor_parallel_size=2 binds each worker to its own core: needs "
+            f"{TP2_CORES} CPU cores, this machine gives {len(cores)}"
+        )
+    extra = ["--tensor-parallel-size", "2"]
+    extra += ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
+    return extra, {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(c) for c in cores[:TP2_CORES])}
+
+
 @pytest.fixture(scope="module")
 def tp2_servers(
     checkpoints: tuple[Checkpoint, Checkpoint], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[VLLMServer, VLLMServer]]:
-    """A (``wtcore_tcp``, the worker extension) and the reference B, both TP=2."""
-    cores = len(os.sched_getaffinity(0))
-    if cores < TP2_CORES:
-        pytest.skip(
-            f"vLLM CPU with tensor_parallel_size=2 binds each worker to its own core: needs "
-            f"{TP2_CORES} CPU cores, this machine gives {cores}"
-        )
+    """A (``wtcore_tcp``, the worker extension) and the reference B, both TP=2 (the
+    reference runs the extension too, unused: one set of options for both)."""
+    extra, env = _tp2_options()
     a, b = checkpoints
     logs = tmp_path_factory.mktemp("vllm-tp2-logs")
-    env = {
-        "VLLM_CPU_OMP_THREADS_BIND": "|".join(str(c) for c in sorted(os.sched_getaffinity(0))[:2])
-    }
-    # the reference runs the extension too (unused there): one set of options for both
-    extra = ["--tensor-parallel-size", "2"]
-    extra += ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
     specs = [(a.dir, logs / "a-tp2.log", "wtcore_tcp"), (b.dir, logs / "ref-tp2.log", None)]
     with servers(specs, extra=extra, env=env) as started:
         yield started[0], started[1]
@@ -209,3 +213,42 @@ def test_fsdp2_trainer_syncs_vllm_tp2_each_worker_its_slice(  # type: ignore[no-
         assert generate(server) == reference
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def padded_tp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMServer, Checkpoint]]:
+    """A TP=2 server (``wtcore_tcp``) of a model whose vocabulary of 200 rows vLLM pads to
+    256 before splitting it 128 + 128, and a second checkpoint of that model."""
+    extra, env = _tp2_options()
+    a, b = make_checkpoints(
+        tmp_path_factory.mktemp("ckpt-padded"), ("5", "6"), tied=False, vocab200=True
+    )
+    logs = tmp_path_factory.mktemp("vllm-padded-logs")
+    with servers([(a.dir, logs / "padded.log", "wtcore_tcp")], extra=extra, env=env) as started:
+        yield started[0], b
+
+
+def test_a_padded_vocabulary_refuses_sharded_rounds_and_takes_whole_ones(padded_tp2) -> None:  # type: ignore[no-untyped-def]
+    server, ckpt = padded_tp2
+    client = VLLMWeightSyncClient(server.url, timeout_s=60)
+    try:
+        reports = client.weight_info()
+    finally:
+        client.close()
+    layer = "'model.embed_tokens' (VocabParallelEmbedding)"
+    for r in reports:  # the server started; each worker says why it takes no sharded rounds
+        assert r["layout"] is None, r
+        assert f"{layer}: vLLM pads the vocabulary of 200 rows to 256" in r["layout_error"], r
+    ranks = _sharded_round(server, ckpt.state, "sharded", tp=2)
+    assert any(r.returncode != 0 for r in ranks)
+    out = "".join(r.stdout + r.stderr for r in ranks)
+    assert "update_weights failed on 2 of 2 workers" in out, out[-3000:]
+    assert "takes no sharded rounds" in out and layer in out, out[-3000:]
+    assert server.weight_version() != "sharded"
+
+    before = server.checksums()
+    sharded_sync(server, ckpt.state, "whole", "--whole", tp=2)  # vLLM's loaders narrow them
+    assert server.weight_version() == "whole"
+    after = server.checksums()
+    embeds = [k for k in after if k.endswith(":model.embed_tokens.weight")]
+    assert len(embeds) == 2 and all(after[k] != before[k] for k in embeds), (before, after)
