@@ -10,13 +10,18 @@ must have sent exactly its planned bytes, and the ranks together the model once.
 
 M -> 2: server A serves checkpoint A with ``tensor_parallel_size=2`` (vLLM CPU, each worker
 bound to a core of its own by ``VLLM_CPU_OMP_THREADS_BIND``), and the reference serves B with
-TP=2 too (TP=1 and TP=2 differ in the last bits of the logits). Each TP worker reports the
+TP=2 too, so that both run the same arithmetic (TP=2 sums partial products across the
+workers, which need not round as TP=1 does). Each TP worker reports the
 layout derived from its own model (through ``/collective_rpc``, :mod:`wtcore_vllm.extension`)
 and gets only its slice: the bytes each receiver planned and landed equal its slice of the
 checkpoint, computed here from the layout it reported, and each trainer rank sent exactly
 its FSDP shard's overlap with every receiver's slice. Generation and weights must equal the
 reference exactly. It needs 2 CPU cores (one per TP worker; vLLM's CPU backend binds each
 worker's threads to its own cores) and runs wherever there are.
+
+A model whose vocabulary vLLM pads before splitting it (200 rows, 128 + 128 at TP=2) is
+served all the same: each worker reports why it takes no sharded rounds, a sharded round is
+refused naming the layer, and a whole-tensor round loads.
 """
 
 from __future__ import annotations
