@@ -35,15 +35,17 @@ class Checkpoint:
 
 
 def make_checkpoints(
-    root: Path, seeds: tuple[str, str], *, tied: bool, qwen2: bool = False
+    root: Path, seeds: tuple[str, str], *, tied: bool, qwen2: bool = False, vocab200: bool = False
 ) -> list[Checkpoint]:
-    """Two checkpoints of one architecture (different seeds), written concurrently."""
+    """Two checkpoints of one architecture (different seeds), written concurrently
+    (``vocab200``: a vocabulary of 200 rows, which vLLM pads to 256 before splitting it)."""
     made = [Checkpoint(root / name, root / f"{name}.pt") for name in ("A", "B")]
     procs = [
         subprocess.Popen(
             [str(VLLM_PYTHON), str(HERE / "make_checkpoint.py"), str(c.dir), str(c.state), seed]
             + (["tied"] if tied else [])
-            + (["qwen2"] if qwen2 else []),
+            + (["qwen2"] if qwen2 else [])
+            + (["vocab200"] if vocab200 else []),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )

@@ -1,7 +1,7 @@
 """Write a tiny Llama or Qwen2 checkpoint (safetensors + a local tokenizer) and its state dict.
 
 Run with the vLLM venv's Python (it has transformers):
-``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED [tied] [qwen2]``. With ``tied`` the input
+``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED [tied] [qwen2] [vocab200]``. With ``tied`` the input
 embedding and the output layer share one tensor (``tie_word_embeddings=True``); ``qwen2`` is the
 Qwen2 family (q/k/v biases), the architecture of Qwen2.5-0.5B and 1.5B, which are tied. Nothing is downloaded: the tokenizer
 is a word-level one built here. Heads are 32 wide (vLLM's CPU attention rejects narrower ones).
@@ -28,16 +28,24 @@ VOCAB = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(253)]
 
 
 def main(
-    out_dir: str, state_path: str, seed: int, *, tied: bool = False, qwen2: bool = False
+    out_dir: str,
+    state_path: str,
+    seed: int,
+    *,
+    tied: bool = False,
+    qwen2: bool = False,
+    vocab: int = len(VOCAB),
 ) -> None:
+    """``vocab``: the first words only (200: a vocabulary vLLM pads before splitting it)."""
     out = Path(out_dir)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    words = VOCAB[:vocab]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
     config = (Qwen2Config if qwen2 else LlamaConfig)(
-        vocab_size=len(VOCAB),
+        vocab_size=len(words),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -65,4 +73,11 @@ def main(
 
 if __name__ == "__main__":
     flags = set(sys.argv[4:])
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), tied="tied" in flags, qwen2="qwen2" in flags)
+    main(
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]),
+        tied="tied" in flags,
+        qwen2="qwen2" in flags,
+        vocab=200 if "vocab200" in flags else len(VOCAB),
+    )

@@ -83,7 +83,13 @@ class VLLMServer:
 
     @classmethod
     def start(
-        cls, model_dir: Path, log_path: Path, *, backend: str | None, extra: Sequence[str] = ()
+        cls,
+        model_dir: Path,
+        log_path: Path,
+        *,
+        backend: str | None,
+        extra: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> VLLMServer:
         port = free_port()
         cmd = [str(VLLM_PYTHON), "-m", "wtcore_vllm.serve", str(model_dir)]
@@ -98,7 +104,7 @@ class VLLMServer:
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=server_env(),
+                env={**server_env(), **(env or {})},
                 start_new_session=True,
             )
         finally:
@@ -142,12 +148,20 @@ class VLLMServer:
 
 
 @contextlib.contextmanager
-def servers(specs: Sequence[tuple[Path, Path, str | None]]) -> Iterator[list[VLLMServer]]:
-    """Start every server at once (startup is the slow part), wait for all, always stop all."""
+def servers(
+    specs: Sequence[tuple[Path, Path, str | None]],
+    *,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> Iterator[list[VLLMServer]]:
+    """Start every server at once (startup is the slow part), wait for all, always stop all;
+    ``extra`` options and ``env`` apply to each."""
     started: list[VLLMServer] = []
     try:
         for model_dir, log_path, backend in specs:
-            started.append(VLLMServer.start(model_dir, log_path, backend=backend))
+            started.append(
+                VLLMServer.start(model_dir, log_path, backend=backend, extra=extra, env=env)
+            )
         for server in started:
             server.wait_ready()
         yield started

@@ -1,7 +1,9 @@
 """wtcore-http-client: the HTTP control plane of wtcore.
 
 * :class:`HTTPWeightSyncClient` (registered as ``http`` in ``wtcore.clients``) speaks vLLM's
-  RL routes to one or more receivers;
+  RL routes to one or more receivers; :class:`VLLMWeightSyncClient` is the same with one
+  ``weight_info()`` entry per vLLM worker (sharded rounds into TP > 1,
+  :mod:`wtcore_http_client.vllm_workers`);
 * :mod:`wtcore_http_client.routes` and :mod:`wtcore_http_client.server` are the reference
   receiver: a :class:`wtcore.WeightSyncWorker` behind the same routes;
 * ``wtcore serve`` (:mod:`wtcore_http_client.commands`) runs that receiver hosting a model.
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     )
     from wtcore_http_client.routes import ReceiverRoutes, Response
     from wtcore_http_client.server import ReceiverHTTPServer, ServerLimits
+    from wtcore_http_client.vllm_workers import VLLMWeightSyncClient
 
 __all__ = [
     "HTTPConnectionError",
@@ -34,6 +37,7 @@ __all__ = [
     "ReceiverTimeoutError",
     "Response",
     "ServerLimits",
+    "VLLMWeightSyncClient",
 ]
 
 _WHERE = {
@@ -45,6 +49,7 @@ _WHERE = {
     "Response": "routes",
     "ReceiverHTTPServer": "server",
     "ServerLimits": "server",
+    "VLLMWeightSyncClient": "vllm_workers",
 }
 
 

@@ -6,6 +6,9 @@ factory as ``wtcore_<name>``, so ``--weight-transfer-config '{"backend": "wtcore
 selects wtcore's ``nccl`` engine. The trainer side needs no vLLM: it is plain wtcore (e.g.
 ``wtcore_nccl.NCCLTrainerInitInfo`` with ``wtcore_http_client.HTTPWeightSyncClient``).
 
+With tensor parallelism each worker is a sharded receiver of its own (:mod:`wtcore_vllm.tp`,
+reported through :mod:`wtcore_vllm.extension`).
+
 Importing this package imports neither vLLM nor torch.
 """
 

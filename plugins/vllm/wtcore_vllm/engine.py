@@ -25,6 +25,11 @@ Three things differ from a plain wtcore worker:
   layer that is the input embedding) exact when the shared tensor arrives once
   (:func:`wtcore_vllm.reload.check_layerwise_reload`). A failed finish publishes nothing and
   ends vLLM's session, so the server takes the next round.
+- With tensor parallelism (TP > 1) each worker is a sharded receiver
+  (:mod:`wtcore_vllm.tp`): the wtcore engine checks every plan against the layout derived
+  from the worker's model, and a sharded round's slices are copied into their parameters;
+  :meth:`WtcoreVLLMEngine.worker_info` is what the worker reports
+  (:mod:`wtcore_vllm.extension`).
 """
 
 from __future__ import annotations
@@ -41,17 +46,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from wtcore.engine import WeightTransferConfig
-from wtcore.errors import ProtocolStateError
+from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.registry import ENGINES
 from wtcore.rounds import ROUND_KEY, drop_round, round_stamp
+from wtcore_kit.pairs import PlanUpdate
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
 from wtcore_vllm.paths import weight_transfer
 from wtcore_vllm.reload import (
+    TiedLayers,
     abort_layerwise_reload,
     check_layerwise_reload,
     finalize_layerwise_reload,
     initialize_layerwise_reload,
 )
+from wtcore_vllm.tp import TPModelSink, derive_layout
 
 #: vLLM's engine base class, from wherever this vLLM keeps it (:mod:`wtcore_vllm.paths`).
 VLLMEngine: Any = weight_transfer("base").WeightTransferEngine
@@ -137,13 +145,33 @@ class WtcoreVLLMEngine(VLLMEngine):
         name = self.wtcore_engine or wtcore_engine_name(str(config.backend))
         rank, world_size = worker_place(self.parallel_config)
         engine_cls = ENGINES.load(name)
+        self.tp_sink: TPModelSink | None = None
+        #: Why this TP worker cannot take sharded rounds (``None``: it can, or TP = 1).
+        self.layout_error: str | None = None
+        sink: ModelSink | TPModelSink = ModelSink(self)
+        tp_size = int(getattr(self.parallel_config, "tensor_parallel_size", 1) or 1)
+        self._tp_size = tp_size
+        if tp_size > 1:
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            try:
+                derived = derive_layout(model, int(get_tensor_model_parallel_rank()), tp_size)
+            except PayloadError as e:
+                # Whole-tensor rounds still work (vLLM's loaders narrow them); sharded rounds
+                # are refused with this reason, which the worker reports too.
+                self.layout_error = str(e)
+                log.warning("this TP worker refuses sharded rounds: %s", e)
+            else:
+                sink = self.tp_sink = TPModelSink(self, derived)
         self.inner: WtcoreEngine[Any, Any] = engine_cls(
             WeightTransferConfig(name),
-            sink=ModelSink(self),
+            sink=sink,
             device=str(device),
             rank=rank,
             world_size=world_size,
         )
+        if self.tp_sink is not None:
+            self.inner.receiver_layout = self.tp_sink.receiver_layout()
         self.init_info_cls = engine_cls.init_info_cls
         self.update_info_cls = engine_cls.update_info_cls
         self._reloading = False
@@ -160,23 +188,54 @@ class WtcoreVLLMEngine(VLLMEngine):
     def init_transfer_engine(self, init_info: Any) -> None:
         self.inner.init_transfer_engine(init_info)
 
+    def worker_info(self) -> dict[str, Any]:
+        """What this worker reports to a trainer (vLLM's ``/weight_info`` has no per-worker
+        part; :mod:`wtcore_vllm.extension` serves this through ``/collective_rpc``): its rank
+        among every inference worker, its layout (``None``: whole tensors, TP = 1), and at
+        TP > 1 the bytes of its last sharded round (``planned``: its slices, ``landed``:
+        what was copied into its parameters)."""
+        layout = self.inner.receiver_layout
+        out: dict[str, Any] = {
+            "rank": self.inner.rank,
+            "world_size": self.inner.world_size,
+            "layout": None if layout is None else layout.to_wire(),
+        }
+        if self.tp_sink is not None:
+            planned, landed = self.tp_sink.planned_bytes, self.tp_sink.landed_bytes
+            out["round_bytes"] = {"planned": planned, "landed": landed}
+        if self.layout_error is not None:
+            out["layout_error"] = self.layout_error
+        return out
+
     def start_weight_update(self) -> None:
         self._abort_reload()  # a round vLLM gave up on without telling the engine
         self.inner.start_weight_update()
+        if self.tp_sink is not None:
+            self.tp_sink.start()
         self._owner = _UNBOUND
         initialize_layerwise_reload(self.model)
         self._reloading = True
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
+        error: BaseException | None = None
         try:
             self._check_owner(round_stamp(update_info))
             self.receive_weights(self.parse_update_info(drop_round(update_info)))
             if self.device.type != "cpu":
                 # Like vLLM's base class: the next step must see the new weights.
                 torch.accelerator.synchronize()
-        except BaseException:
-            self._abort_reload()
-            raise
+        except BaseException as e:
+            error = e
+        failed, raise_here = self._agree(error, "update_weights")
+        if not failed:
+            return
+        self._abort_reload()
+        if raise_here is None:
+            # Another worker of the TP group raises for all (_agree); vLLM closes the session
+            # only on the worker that raises, so close it here.
+            self._end_vllm_session()
+            return
+        raise raise_here
 
     def _check_owner(self, stamped: str | None) -> None:
         """Bind the round to its first update's id; refuse any later update of another."""
@@ -196,20 +255,79 @@ class WtcoreVLLMEngine(VLLMEngine):
         )
 
     def receive_weights(self, update_info: Any) -> None:
+        if self.layout_error is not None and isinstance(update_info, PlanUpdate):
+            raise PayloadError(
+                f"update_info.plan: this vLLM worker (TP rank of a group of "
+                f"{self.parallel_config.tensor_parallel_size}) takes no sharded rounds: "
+                f"{self.layout_error}"
+            )
+        if self.tp_sink is not None and isinstance(update_info, PlanUpdate):
+            # this round's slices go straight into parameters
+            self.tp_sink.take_plan(sum(m.nbytes for m in update_info.metas))
         with _no_mtp_completeness_check():
             self.inner.receive_weights(update_info)
 
     def finish_weight_update(self) -> None:
+        error: BaseException | None = None
+        tied = TiedLayers()
         try:
             self.inner.finish_weight_update()
+            if self.tp_sink is not None and self.tp_sink.sharded:
+                self.tp_sink.check_complete()
             if self._reloading:
                 tied = check_layerwise_reload(self.model, self.model_config)  # nothing: raises
+        except BaseException as e:
+            error = e
+        # Every worker of the TP group commits, or none does.
+        failed, raise_here = self._agree(error, "finish_weight_update")
+        if failed:
+            self._abort_reload()
+            if raise_here is None:
+                return  # another worker raises for all; vLLM closes this worker's session
+            self._end_vllm_session()
+            raise raise_here
+        try:
+            if self._reloading:
                 self._reloading = False
                 finalize_layerwise_reload(self.model, self.model_config, tied)
         except BaseException:
             self._abort_reload()
             self._end_vllm_session()
             raise
+
+    def _agree(self, error: BaseException | None, step: str) -> tuple[bool, BaseException | None]:
+        """Whether ``step`` failed on any worker of this TP group, and what this worker raises.
+
+        Why only one worker raises: vLLM 0.32's ``MultiprocExecutor`` reads the workers'
+        replies to a call in rank order and raises at the first failed one, leaving the other
+        workers' replies queued, so every later call to every worker would read a stale reply
+        (the server could never take another round). So the workers exchange their outcomes
+        over the TP group's CPU group, and the last worker, whose reply is read last, raises
+        for all (this worker's own error when it alone failed, else one naming each failing
+        rank); the others abort the round and return. At TP = 1: ``(error is not None,
+        error)``.
+        """
+        if self._tp_size == 1:
+            return error is not None, error
+        import torch.distributed as dist
+        from vllm.distributed import get_tp_group
+
+        group = get_tp_group()
+        mine = None if error is None else f"{type(error).__name__}: {error}"
+        outcomes: list[str | None] = [None] * group.world_size
+        dist.all_gather_object(outcomes, mine, group=group.cpu_group)
+        failures = [(r, m) for r, m in enumerate(outcomes) if m is not None]
+        if not failures:
+            return False, None
+        if group.rank_in_group != group.world_size - 1:
+            return True, None
+        if error is not None and len(failures) == 1:
+            return True, error
+        listed = "; ".join(f"TP rank {r}: {m}" for r, m in failures)
+        return True, TransferError(
+            f"{step} failed on {len(failures)} of {group.world_size} workers of this vLLM "
+            f"server ({listed})"
+        )
 
     def shutdown(self) -> None:
         self._abort_reload()
