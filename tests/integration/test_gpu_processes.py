@@ -11,6 +11,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 import torch
 
@@ -44,18 +48,16 @@ def test_engine_between_processes_on_one_gpu(backend: str) -> None:
     assert all(r["mismatched_tensors"] == [0, 0] for r in record["runs"][0]["rounds"])
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
-def test_nccl_transport_between_processes_on_two_gpus() -> None:
-    from wtcore.digest import digest_named
-    from wtcore.factory import WeightTransferTrainerFactory
-    from wtcore.source import ModuleSource
+@contextlib.contextmanager
+def _on_two_gpus(spec: ModelSpec, buffer_size_bytes: int) -> Iterator[tuple[Any, Any, Any]]:
+    """A ``wtcore serve`` receiver process on ``cuda:1`` holding ``spec``'s model, and the
+    trainer's copy on ``cuda:0``: yields that model, an NCCL init info and an HTTP client."""
     from wtcore.testing.net import free_port
     from wtcore_bench.serve import launch_serve
     from wtcore_http_client import HTTPWeightSyncClient
     from wtcore_kit.synthetic import build_module
     from wtcore_nccl import NCCLTrainerInitInfo
 
-    spec = ModelSpec(8 << 20, 40, "bfloat16", seed=0)
     server = launch_serve(
         ["--backend", "nccl", "--device", "cuda:1", "--size", str(spec.size_bytes),
          "--tensors", str(spec.num_tensors), "--dtype", spec.dtype, "--seed", str(spec.seed)]
@@ -66,27 +68,42 @@ def test_nccl_transport_between_processes_on_two_gpus() -> None:
             master_address="127.0.0.1",
             master_port=free_port(),
             world_size=2,
-            packed_buffer_size_bytes=1 << 20,
+            packed_buffer_size_bytes=buffer_size_bytes,
             transport="nccl",
             device="cuda:0",
             timeout_s=60,
             rank=0,
         )
         client = HTTPWeightSyncClient([server.url], timeout_s=60)
-        with WeightTransferTrainerFactory.trainer_init(
-            info, client=client, source=ModuleSource(model)
-        ) as trainer:
-            for step in range(2):
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.add_(1)
-                trainer.send_weights(weight_version=f"s{step}")
-                want = digest_named(model.named_parameters())
-                (got,) = client.checksums()
-                assert got == want, sorted(n for n in want if got.get(n) != want[n])[:3]
-        client.close()
+        try:
+            yield model, info, client
+        finally:
+            client.close()
     finally:
         server.stop(timeout_s=10)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
+def test_nccl_transport_between_processes_on_two_gpus() -> None:
+    from wtcore.digest import digest_named
+    from wtcore.factory import WeightTransferTrainerFactory
+    from wtcore.source import ModuleSource
+
+    spec = ModelSpec(8 << 20, 40, "bfloat16", seed=0)
+    with (
+        _on_two_gpus(spec, 1 << 20) as (model, info, client),
+        WeightTransferTrainerFactory.trainer_init(
+            info, client=client, source=ModuleSource(model)
+        ) as trainer,
+    ):
+        for step in range(2):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1)
+            trainer.send_weights(weight_version=f"s{step}")
+            want = digest_named(model.named_parameters())
+            (got,) = client.checksums()
+            assert got == want, sorted(n for n in want if got.get(n) != want[n])[:3]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
@@ -99,45 +116,24 @@ def test_sharded_round_over_nccl_between_processes_on_two_gpus() -> None:
     from wtcore.digest import digest_named
     from wtcore.factory import WeightTransferTrainerFactory
     from wtcore.layout import Layout
-    from wtcore.testing.net import free_port
     from wtcore.testing.sharded import PartsSource
-    from wtcore_bench.serve import launch_serve
-    from wtcore_http_client import HTTPWeightSyncClient
-    from wtcore_kit.synthetic import build_module
-    from wtcore_nccl import NCCLTrainerInitInfo
 
     spec = ModelSpec(4 << 20, 30, "bfloat16", seed=0)
-    server = launch_serve(
-        ["--backend", "nccl", "--device", "cuda:1", "--size", str(spec.size_bytes),
-         "--tensors", str(spec.num_tensors), "--dtype", spec.dtype, "--seed", str(spec.seed)]
-    )  # fmt: skip
-    try:
-        model = build_module(spec.build_state()).to("cuda:0")
-        info = NCCLTrainerInitInfo(
-            master_address="127.0.0.1",
-            master_port=free_port(),
-            world_size=2,
-            packed_buffer_size_bytes=256 << 10,  # several steps of 2 buckets
-            transport="nccl",
-            device="cuda:0",
-            timeout_s=60,
-            rank=0,
-        )
-        client = HTTPWeightSyncClient([server.url], timeout_s=60)
-        with WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
-            for step, held_on in enumerate(["cuda:0", "cpu"]):
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.add_(1)
-                full = {n: p.detach().to(held_on) for n, p in model.named_parameters()}
-                layouts = {n: Layout.whole(t.shape, owner=0, world_size=1) for n, t in full.items()}
-                stats = trainer.send_weights(
-                    PartsSource(full, layouts, 0), weight_version=f"sharded-{step}"
-                )
-                assert stats.bytes_sent == stats.num_bytes == sum(t.nbytes for t in full.values())
-                want = digest_named(model.named_parameters())
-                (got,) = client.checksums()
-                assert got == want, (held_on, sorted(n for n in want if got.get(n) != want[n])[:3])
-        client.close()
-    finally:
-        server.stop(timeout_s=10)
+    # 256 KiB buckets: several steps of 2 buckets
+    with (
+        _on_two_gpus(spec, 256 << 10) as (model, info, client),
+        WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer,
+    ):
+        for step, held_on in enumerate(["cuda:0", "cpu"]):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1)
+            full = {n: p.detach().to(held_on) for n, p in model.named_parameters()}
+            layouts = {n: Layout.whole(t.shape, owner=0, world_size=1) for n, t in full.items()}
+            stats = trainer.send_weights(
+                PartsSource(full, layouts, 0), weight_version=f"sharded-{step}"
+            )
+            assert stats.bytes_sent == stats.num_bytes == sum(t.nbytes for t in full.values())
+            want = digest_named(model.named_parameters())
+            (got,) = client.checksums()
+            assert got == want, (held_on, sorted(n for n in want if got.get(n) != want[n])[:3])
