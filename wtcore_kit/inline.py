@@ -132,15 +132,6 @@ class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, Inli
     def plan_buffer_size_bytes(self) -> int:
         return self.settings.packed_buffer_size_bytes
 
-    def start_weight_update(self) -> None:
-        self.drop_plan()
-
-    def abort(self) -> None:
-        self.drop_plan()
-
-    def finish_weight_update(self) -> None:
-        self.check_planned_round()
-
     def _receive_pairs(self, update_info: InlinePairsInfo) -> None:
         assembler = self.planned("update_info.buckets")
         items = []

@@ -288,3 +288,16 @@ class PlanReceiver:
         assembler, self._assembler = self._assembler, None
         if assembler is not None:
             assembler.check_complete()
+
+    # A round's start and abort forget its plan; its finish refuses it short of the plan.
+    def start_weight_update(self) -> None:
+        self.drop_plan()
+        super().start_weight_update()  # type: ignore[misc]
+
+    def abort(self) -> None:
+        self.drop_plan()
+        super().abort()  # type: ignore[misc]
+
+    def finish_weight_update(self) -> None:
+        self.check_planned_round()
+        super().finish_weight_update()  # type: ignore[misc]

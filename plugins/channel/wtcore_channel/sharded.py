@@ -53,17 +53,6 @@ class ShardedChannelWorker(PlanReceiver):
             return self.parse_pairs(data)
         return super().parse_update_info(data)  # type: ignore[misc]
 
-    def start_weight_update(self) -> None:
-        self.drop_plan()
-        super().start_weight_update()  # type: ignore[misc]
-
-    def abort(self) -> None:
-        self.drop_plan()
-        super().abort()  # type: ignore[misc]
-
-    def finish_weight_update(self) -> None:
-        self.check_planned_round()
-
     def receive_weights(self, update_info: Any) -> None:
         if isinstance(update_info, PlanUpdate):
             self.take_plan(update_info)

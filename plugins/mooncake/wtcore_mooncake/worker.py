@@ -131,16 +131,14 @@ class MooncakeWorkerEngine(
     def plan_buffer_size_bytes(self) -> int:
         return self.settings.packed_buffer_size_bytes
 
+    # abort keeps the round's buffer until the next round: a read may still be writing it
     def start_weight_update(self) -> None:
-        self.drop_plan()
         self._drop_round()
-
-    def abort(self) -> None:
-        self.drop_plan()  # the round's buffer stays until the next round: a read may be on
+        super().start_weight_update()
 
     def finish_weight_update(self) -> None:
         self._drop_round()
-        self.check_planned_round()
+        super().finish_weight_update()
 
     def _take_senders(self, update: SendersUpdate) -> None:
         """A sharded round's senders: every trainer rank's endpoint and slots, checked, and a
