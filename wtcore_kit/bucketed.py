@@ -24,7 +24,7 @@ Engines that announce a round once and stream its bytes (nccl, tcp) use :mod:`wt
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -191,6 +191,23 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         """Free the staging buffers (after a failure, at shutdown, before growing them)."""
         self._slots, self._capacity = [], -1
 
+    def fill(
+        self,
+        source: WeightSource,
+        metas: list[ParamMeta],
+        buckets: list[Bucket],
+        slots: list[torch.Tensor],
+        stats: TransferStats,
+    ) -> Iterator[tuple[Bucket, Any]]:
+        """Each bucket of the round, ready to go, in order: by default packed into ``slots``
+        (:func:`~wtcore.buckets.pack_source`). An engine whose receivers can read tensors where
+        they lie yields them instead; whatever is yielded reaches :meth:`send_bucket` as
+        ``filled``. The next bucket is asked for while this one's call is in flight; when the
+        one after it is asked for, this one's call has returned (what it lent is free again).
+        """
+        nbuf = len(slots)
+        return pack_source(source, metas, buckets, lambda b: slots[b.index % nbuf], stats)
+
     def begin_round(self, metas: list[ParamMeta], buckets: list[Bucket]) -> None:
         """Called after ``start_weight_update``, before the first bucket."""
 
@@ -226,8 +243,7 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
             self.client.start_weight_update()
         try:
             self.begin_round(metas, buckets)
-            it = pack_source(source, metas, buckets, lambda b: slots[b.index % nbuf], stats)
-            for bucket, filled in it:
+            for bucket, filled in self.fill(source, metas, buckets, slots, stats):
                 payload = self.send_bucket(bucket, filled, bucket.index % nbuf)
                 stats.num_buckets += 1
                 if payload is None:

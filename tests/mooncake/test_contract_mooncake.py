@@ -1,6 +1,6 @@
 """The wtcore contract and delta suites on the mooncake pair: in-process receivers, each with
-a real Mooncake transfer engine (TCP on loopback), pulling from the trainer's registered
-staging."""
+a real Mooncake transfer engine (TCP on loopback), reading the trainer's tensors where they
+lie (source reads, the default) or pulling from its registered staging slots."""
 
 from __future__ import annotations
 
@@ -29,10 +29,16 @@ class TestMooncakeContract(MooncakeInfo, EngineContractSuite):
     pass
 
 
+class TestMooncakeContractSlots(TestMooncakeContract):
+    """Every bucket packed into the trainer's two slots, each read out of its slot."""
+
+    options: ClassVar[dict[str, Any]] = {"source_reads": False}
+
+
 class TestMooncakeContractSingleBuffer(TestMooncakeContract):
     """One staging slot: every read is waited for before the slot is packed again."""
 
-    options: ClassVar[dict[str, Any]] = {"packed_num_buffers": 1}
+    options: ClassVar[dict[str, Any]] = {"packed_num_buffers": 1, "source_reads": False}
 
 
 class TestMooncakeContractUnpacked(TestMooncakeContract):
@@ -42,9 +48,10 @@ class TestMooncakeContractUnpacked(TestMooncakeContract):
 
 
 class TestMooncakeContractInPlace(TestMooncakeContract):
-    """Every tensor of 64 bytes or more read straight into the sink's tensor, the rest packed."""
+    """Slots, and every tensor of 64 bytes or more a bucket of its own, read straight into the
+    sink's tensor, the rest packed."""
 
-    options: ClassVar[dict[str, Any]] = {"direct_min_bytes": 64}
+    options: ClassVar[dict[str, Any]] = {"direct_min_bytes": 64, "source_reads": False}
 
 
 class TestMooncakeDelta(MooncakeInfo, DeltaContractSuite):
@@ -52,4 +59,4 @@ class TestMooncakeDelta(MooncakeInfo, DeltaContractSuite):
 
 
 class TestMooncakeDeltaInPlace(TestMooncakeDelta):
-    options: ClassVar[dict[str, Any]] = {"direct_min_bytes": 64}
+    options: ClassVar[dict[str, Any]] = {"direct_min_bytes": 64, "source_reads": False}

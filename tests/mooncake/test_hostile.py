@@ -57,6 +57,13 @@ def _synced_worker() -> tuple[WeightSyncWorker, Any, torch.nn.Module, dict[str, 
         ({"nbytes": 1 << 20}, "update_info.nbytes: 1048576 bytes announced"),
         ({"nbytes": -1}, r"update_info.nbytes: expected an int"),
         ({"shapes": [[64, 8], [1000]]}, "update_info.nbytes: 2448 bytes announced"),
+        # source reads: each region is exactly its tensor's bytes, one per tensor, no slot
+        ({"regions": [[4096, 2047], [8192, 400]]}, r"regions\[0\]: 2047 bytes, 'a' has 2048"),
+        ({"regions": [[4096, 2048]]}, r"expected one \[address, bytes\] per tensor \(2\)"),
+        ({"regions": [[0, 2048], [8192, 400]]}, r"regions\[0\] address: expected an int"),
+        ({"regions": [[4096, 2048], 7]}, r"regions\[1\]: expected \[address, bytes\]"),
+        ({"regions": "everything"}, "update_info.regions"),
+        ({"slot": 0, "regions": [[4096, 2048], [8192, 400]]}, "read from regions has no slot"),
     ],
 )
 def test_a_forged_update_is_refused_before_anything_moves(
@@ -66,6 +73,8 @@ def test_a_forged_update_is_refused_before_anything_moves(
     try:
         metas = [ParamMeta("a", torch.float32, (64, 8)), ParamMeta("b", torch.float32, (100,))]
         good = {**metas_to_wire(metas), "slot": 0, "nbytes": 2448}
+        if "regions" in forge:
+            del good["slot"]
         worker.start_weight_update()
         with pytest.raises(PayloadError, match=fragment):
             worker.update_weights({**good, **forge})
@@ -108,10 +117,17 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("fault", ["killed", "stopped"])
-def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(fault: str) -> None:
+@pytest.mark.parametrize(
+    ("fault", "form"),
+    [(f, w) for f in ("killed", "stopped") for w in ("slot", "regions")] + [("unlent", "regions")],
+)
+def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(
+    fault: str, form: str
+) -> None:
     """A trainer process SIGKILLed, or SIGSTOPped, before the worker reads: the read fails, or
-    is bounded by ``timeout_s``; the error names the trainer's endpoint either way."""
+    is bounded by ``timeout_s``; the error names the trainer's endpoint either way. A region
+    the trainer never registered (``unlent``: past its buffer) is refused by the trainer's
+    transfer engine (a slot there is refused before, as in the forged updates above)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", STALLING_TRAINER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
@@ -119,7 +135,8 @@ def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(fault: 
     try:
         assert proc.stdout is not None
         peer = json.loads(proc.stdout.readline())
-        os.kill(proc.pid, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        if fault != "unlent":
+            os.kill(proc.pid, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
         if fault == "killed":
             proc.wait(30)
         worker.init_weight_transfer_engine(
@@ -131,7 +148,9 @@ def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(fault: 
             }
         )
         worker.start_weight_update()
-        update = {**metas_to_wire([ParamMeta("w", torch.float32, (256,))]), "slot": 0}
+        address = peer["address"] + (1 << 20 if fault == "unlent" else 0)
+        where = {"slot": 0} if form == "slot" else {"regions": [[address, 1024]]}
+        update = {**metas_to_wire([ParamMeta("w", torch.float32, (256,))]), **where}
         t0 = time.monotonic()
         with pytest.raises((TransferTimeoutError, TransferError), match=peer["endpoint"]):
             worker.update_weights({**update, "nbytes": 1024})

@@ -1,4 +1,4 @@
-"""The mooncake worker reads a large tensor straight into the sink's own tensor.
+"""The mooncake worker reads a large tensor straight into the sink's own tensor (slots' path).
 
 Real transfer engines (TCP on loopback), a real module sink: rounds that mix in-place tensors
 (at least ``direct_min_bytes``, a bucket each) and packed ones are bit-exact, the in-place
@@ -46,7 +46,13 @@ def _pair(
     model = build_module(zeros_like_state(state))
     worker = WeightSyncWorker("mooncake", ModuleSink(model))
     source_state = {k: v.clone() for k, v in state.items()}
-    options = {"packed_buffer_size_bytes": 2048, "direct_min_bytes": DIRECT, **options}
+    # the slots' path (test_source_reads has the other): packed buckets, large tensors alone
+    options = {
+        "packed_buffer_size_bytes": 2048,
+        "direct_min_bytes": DIRECT,
+        "source_reads": False,
+        **options,
+    }
     info = MooncakeTrainerInitInfo(timeout_s=30, rank=0, **options)
     trainer = WeightTransferTrainerFactory.trainer_init(
         info, client=InProcessClient(worker, timeout_s=30), source=TensorSource(source_state)

@@ -1,21 +1,26 @@
 """The worker half of ``mooncake``: read each announced bucket, in place or into staging.
 
 Each ``update_weights`` names a slot of the trainer's registered staging and the bucket's
-length. Before a byte moves the worker checks them against what the init announced and what
-the metadata plans (one bucket, exactly its bytes, inside the slot and inside the memory it
-lands in); then one ``transfer_sync_read``, bounded by ``timeout_s``, brings the bucket over.
+length, or, with the trainer's source reads (:mod:`wtcore_mooncake.trainer`), each tensor's
+region of the trainer's own memory. Before a byte moves the worker checks them against what
+the init announced and what the metadata plans (one bucket, exactly its bytes, inside the slot
+and inside the memory it lands in; a region exactly its tensor's bytes); then one
+``transfer_sync_read`` (a slot) or one ``batch_transfer_sync_read`` (the regions), bounded by
+``timeout_s``, brings the bucket over.
 
 Where it lands: a bucket of one tensor (the trainer's ``direct_min_bytes`` makes every large
 tensor one) is read straight into the tensor the sink offers for it
 (:func:`~wtcore.sink.direct_destination`: same dtype and shape, contiguous, on the CPU), which
 saves a copy of every byte out of staging; any other bucket is read into this worker's
-registered staging and the sink loads it. Mooncake reads only into registered memory, so each
-sink tensor is registered once per handshake, the first time it is offered (the worker's sink
-chain offers its tensors only inside a round: a delta round must decode, never land in place)
-and kept until the next init, a failed round or shutdown. A tensor at a new address (a sink
-whose tensors changed, as vLLM's layerwise reload does) is registered when it is first
-offered, and the one it replaced is unregistered then, so registrations never pile up. A
-tensor that cannot be registered (it overlaps registered memory, say) is read through staging.
+registered staging and the sink loads it. A bucket read from regions lands tensor by tensor:
+each straight into the sink's tensor where it offers one, the rest into staging. Mooncake reads
+only into registered memory, so each sink tensor is registered once per handshake, the first
+time it is offered (the worker's sink chain offers its tensors only inside a round: a delta
+round must decode, never land in place) and kept until the next init, a failed round or
+shutdown. A tensor at a new address (a sink whose tensors changed, as vLLM's layerwise reload
+does) is registered when it is first offered, and the one it replaced is unregistered then, so
+registrations never pile up. A tensor that cannot be registered (it overlaps registered memory,
+say) is read through staging.
 
 A read that fails or stalls fails the round naming the trainer's endpoint; every region is
 then unregistered (the next init registers them again), except memory a timed-out read may
@@ -64,7 +69,7 @@ class MooncakeWorkerEngine(
     #: Reads that outlived their timeout, each with the memory it may still write into (kept
     #: alive, and registered, until the read ends: freeing it would let Mooncake write freed
     #: memory, and a later buffer at the same address could not be registered).
-    _reading: list[tuple[BackgroundCall[Any], Any]]
+    _reading: list[tuple[BackgroundCall[Any], list[Any]]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -186,14 +191,14 @@ class MooncakeWorkerEngine(
                 name="mooncake-read",
             )  # fmt: skip
             what = f"bucket {r.bucket} ({n} bytes) from trainer rank {r.src} at {endpoint}"
-            self._wait_read(call, buf, what, self.settings.timeout_s)
+            self._wait_read(call, [buf], what, self.settings.timeout_s)
             assembler.take([(r.src, r.bucket, buf[:n])])
             self.staged_bytes += buckets[r.bucket][0].payload_nbytes
 
     def _drop_round(self) -> None:
         """Forget the round's senders; unregister its buffer unless a read may still write."""
         buf, self._round_buf, self._senders = self._round_buf, None, None
-        if buf is not None and all(into is not buf for _, into in self._reading):
+        if buf is not None and all(t is not buf for _, into in self._reading for t in into):
             self._engine.unregister_memory(buf.data_ptr())
 
     def receive_weights(self, update_info: Any) -> None:
@@ -215,16 +220,25 @@ class MooncakeWorkerEngine(
                 f"update_info.nbytes: {update_info.nbytes} bytes announced, the listed tensors "
                 f"are {len(buckets)} bucket(s) of {expected} bytes"
             )
-        if update_info.slot >= len(init.slots):
-            raise PayloadError(
-                f"update_info.slot: {update_info.slot}, the init announced {len(init.slots)}"
-            )
-        remote, capacity = init.slots[update_info.slot]
         staging = self._staging
         if staging is None:
             raise TransferError(
                 "mooncake: the staging was released after a failed read; init again"
             )
+        if update_info.regions is not None:
+            if expected > staging.numel():
+                raise PayloadError(
+                    f"update_info.nbytes: {expected} bytes do not fit this worker's staging "
+                    f"({staging.numel()} bytes)"
+                )
+            if buckets:
+                self._read_regions(init, buckets[0], update_info.regions, staging)
+            return
+        if update_info.slot >= len(init.slots):
+            raise PayloadError(
+                f"update_info.slot: {update_info.slot}, the init announced {len(init.slots)}"
+            )
+        remote, capacity = init.slots[update_info.slot]
         if expected > capacity or expected > staging.numel():
             raise PayloadError(
                 f"update_info.nbytes: {expected} bytes do not fit slot {update_info.slot} "
@@ -242,6 +256,47 @@ class MooncakeWorkerEngine(
         self._read(init, staging, remote, expected)
         self.staged_bytes += expected
         self.sink.load_weights(list(unpack_bucket(buckets[0], staging[:expected])))
+
+    def _read_regions(
+        self, init: MooncakeInitInfo, bucket: Bucket, regions: list[Any], staging: torch.Tensor
+    ) -> None:
+        """Read each tensor of ``bucket`` from its region of the trainer's memory (checked
+        against its metadata on arrival), all in one batch: into the sink's own tensor where it
+        offers one, else into the tensor's place in staging, which the sink then loads."""
+        local: list[int] = []
+        remote: list[int] = []
+        lengths: list[int] = []
+        into = [staging]
+        staged: set[str] = set()
+        for m, off, (address, n) in zip(bucket.metas, bucket.offsets, regions, strict=True):
+            dest = self._destination(m.name, m.dtype, m.shape) if n else None
+            if dest is not None and dest.numel() == n:
+                local.append(dest.data_ptr())
+                into.append(dest)
+                self.in_place_bytes += n
+            else:
+                local.append(staging.data_ptr() + off)
+                staged.add(m.name)
+                self.staged_bytes += n
+            remote.append(address)
+            lengths.append(n)
+        reads = [i for i, n in enumerate(lengths) if n]
+        if not reads:
+            self.sink.load_weights(list(unpack_bucket(bucket, staging[:0])))
+            return
+        call = BackgroundCall(
+            self._engine.batch_transfer_sync_read,
+            init.endpoint,
+            [local[i] for i in reads],
+            [remote[i] for i in reads],
+            [lengths[i] for i in reads],
+            name="mooncake-read",
+        )
+        what = f"{len(reads)} tensors ({bucket.nbytes} bytes) from the trainer at {init.endpoint}"
+        self._wait_read(call, into, what, init.timeout_s)
+        if staged:
+            views = unpack_bucket(bucket, staging[: bucket.nbytes])
+            self.sink.load_weights([(name, t) for name, t in views if name in staged])
 
     def _in_place(self, init: MooncakeInitInfo, bucket: Bucket) -> torch.Tensor | None:
         """The registered sink tensor ``bucket`` is read into, if it is one such tensor."""
@@ -265,17 +320,20 @@ class MooncakeWorkerEngine(
             name="mooncake-read",
         )
         self._wait_read(
-            call, into, f"{n} bytes from the trainer at {init.endpoint}", init.timeout_s
+            call, [into], f"{n} bytes from the trainer at {init.endpoint}", init.timeout_s
         )
 
-    def _wait_read(self, call: BackgroundCall[Any], into: Any, what: str, timeout_s: float) -> None:
-        """Wait for ``call``, a read of ``what`` into ``into``; a read that fails or stalls
-        fails the round (see the module docstring)."""
+    def _wait_read(
+        self, call: BackgroundCall[Any], into: list[Any], what: str, timeout_s: float
+    ) -> None:
+        """Wait for ``call``, a read of ``what`` into the buffers ``into``; a read that fails
+        or stalls fails the round (see the module docstring)."""
         if not call.wait(timeout_s):
             self._reading.append((call, into))  # kept alive and registered for the read
-            if self._staging is not None and into.data_ptr() == self._staging.data_ptr():
-                self._staging = None
-            self._direct.pop(into.data_ptr(), None)
+            for t in into:
+                if self._staging is not None and t.data_ptr() == self._staging.data_ptr():
+                    self._staging = None
+                self._direct.pop(t.data_ptr(), None)
             self._release()
             raise TransferTimeoutError(
                 f"reading {what} took over {timeout_s:g} s; the round is failed"
@@ -293,8 +351,8 @@ class MooncakeWorkerEngine(
         read has ended."""
         ended = [r[0].wait(0) for r in self._reading]
         for (_, stale), done in zip(self._reading, ended, strict=True):
-            if done:
-                self._engine.unregister_memory(stale.data_ptr())
+            for t in stale if done else ():
+                self._engine.unregister_memory(t.data_ptr())
         self._reading = [r for r, done in zip(self._reading, ended, strict=True) if not done]
         self._drop_round()
         staging, self._staging = self._staging, None
