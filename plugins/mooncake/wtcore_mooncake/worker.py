@@ -273,27 +273,23 @@ class MooncakeWorkerEngine(
             if dest is not None and dest.numel() == n:
                 local.append(dest.data_ptr())
                 into.append(dest)
-                self.in_place_bytes += n
             else:
+                staged.add(m.name)  # an empty tensor too: loaded from no bytes
+                if not n:
+                    continue
                 local.append(staging.data_ptr() + off)
-                staged.add(m.name)
-                self.staged_bytes += n
             remote.append(address)
             lengths.append(n)
-        reads = [i for i, n in enumerate(lengths) if n]
-        if not reads:
-            self.sink.load_weights(list(unpack_bucket(bucket, staging[:0])))
-            return
-        call = BackgroundCall(
-            self._engine.batch_transfer_sync_read,
-            init.endpoint,
-            [local[i] for i in reads],
-            [remote[i] for i in reads],
-            [lengths[i] for i in reads],
-            name="mooncake-read",
-        )
-        what = f"{len(reads)} tensors ({bucket.nbytes} bytes) from the trainer at {init.endpoint}"
-        self._wait_read(call, into, what, init.timeout_s)
+        if lengths:
+            call = BackgroundCall(
+                self._engine.batch_transfer_sync_read, init.endpoint, local, remote, lengths,
+                name="mooncake-read",
+            )  # fmt: skip
+            what = f"{len(lengths)} tensors ({sum(lengths)} bytes) from the trainer"
+            self._wait_read(call, into, f"{what} at {init.endpoint}", init.timeout_s)
+        in_place = sum(t.numel() for t in into[1:])
+        self.in_place_bytes += in_place
+        self.staged_bytes += sum(lengths) - in_place
         if staged:
             views = unpack_bucket(bucket, staging[: bucket.nbytes])
             self.sink.load_weights([(name, t) for name, t in views if name in staged])
