@@ -19,7 +19,6 @@ from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
 from wtcore_kit.inproc import InProcessClient
 from wtcore_mooncake import MooncakeTrainerInitInfo, te
-from wtcore_mooncake.trainer import MooncakeTrainerEngine
 from wtcore_mooncake.wire import MAX_REGIONS
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -62,7 +61,8 @@ def _run(
                 source_state[k].copy_(v)
             trainer.send_weights(weight_version=f"v{i}")
             assert_state_equal(model, fresh)
-            assert trainer._lent == [] and trainer._lent_count == {}
+            lender = te.lender("127.0.0.1", "tcp")
+            assert lender.loans == lender.failed == [] and lender.count == {}
     finally:
         trainer.shutdown()
         worker.shutdown()
@@ -92,26 +92,21 @@ def test_views_of_one_storage_share_one_registration() -> None:
     views = [flat[:1024].view(32, 32), flat[1024:1536], flat[:1024]]
     source_state = {"a": views[0], "b": views[1], "tied": views[2]}
     _run(source_state, [{k: v.clone() for k, v in source_state.items()}])
-    worker = WeightSyncWorker("mooncake", ModuleSink(build_module({"a": torch.zeros(1)})))
-    client = InProcessClient(worker, timeout_s=30)
-    engine = MooncakeTrainerEngine(MooncakeTrainerInitInfo(rank=0), client=client, source=None)
-    try:
-        regions = engine._lend(views)
-        assert regions == [[t.data_ptr(), t.nbytes] for t in views]
-        assert engine._lent_count == {flat.data_ptr(): 1}
-        assert engine._lend([views[1]]) == [[views[1].data_ptr(), views[1].nbytes]]
-        assert engine._lent_count == {flat.data_ptr(): 2}  # lent by two buckets, registered once
-        engine._give_back(keep=1)
-        assert engine._lent_count == {flat.data_ptr(): 1}
-        engine._give_back(keep=0)
-        assert engine._lent_count == {}
-        # unregistered: registering it again works (Mooncake refuses overlapping regions)
-        te_engine, _ = te.start("127.0.0.1", "tcp")
-        assert te_engine.register_memory(flat.data_ptr(), flat.nbytes) == 0
-        assert te_engine.unregister_memory(flat.data_ptr()) == 0
-    finally:
-        engine.shutdown()
-        worker.shutdown()
+    lender = te.lender("127.0.0.1", "tcp")
+    regions = lender.lend(views)
+    assert regions == [[t.data_ptr(), t.nbytes] for t in views]
+    assert lender.count == {flat.data_ptr(): 1}
+    assert lender.lend([views[1]]) == [[views[1].data_ptr(), views[1].nbytes]]
+    assert lender.count == {flat.data_ptr(): 2}  # lent by two buckets, registered once
+    lender.give_back(keep=1)
+    assert lender.count == {flat.data_ptr(): 1}
+    lender.round_failed()  # kept until the next round has ended
+    assert lender.count == {flat.data_ptr(): 1} and lender.loans == []
+    lender.round_ended()
+    assert lender.count == {} and lender.failed == []
+    # unregistered: registering it again works (Mooncake refuses overlapping regions)
+    assert lender.engine.register_memory(flat.data_ptr(), flat.nbytes) == 0
+    assert lender.engine.unregister_memory(flat.data_ptr()) == 0
 
 
 def test_what_cannot_be_read_where_it_lies_is_packed_in_the_same_round() -> None:

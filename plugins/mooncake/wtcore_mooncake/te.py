@@ -12,8 +12,9 @@ import threading
 from typing import Any
 
 from wtcore.errors import PluginLoadError, TransferError
+from wtcore_mooncake.lending import Lender
 
-__all__ = ["INSTALL_HINT", "host_status", "load", "local_address", "start"]
+__all__ = ["INSTALL_HINT", "host_status", "lender", "load", "local_address", "start"]
 
 INSTALL_HINT = (
     "pip install mooncake-transfer-engine-non-cuda (or the -cuda13, -efa, -rocm build, or "
@@ -41,6 +42,7 @@ def host_status() -> str:
 
 
 _ENGINES: dict[tuple[str, str], tuple[Any, str]] = {}
+_LENDERS: dict[tuple[str, str], Lender] = {}
 _LOCK = threading.Lock()
 
 
@@ -65,6 +67,14 @@ def start(address: str, protocol: str) -> tuple[Any, str]:
                 )
             _ENGINES[key] = (engine, f"{address}:{engine.get_rpc_port()}")
         return _ENGINES[key]
+
+
+def lender(address: str, protocol: str) -> Lender:
+    """The :class:`~wtcore_mooncake.lending.Lender` of this process's transfer engine on
+    ``address`` (started if need be): source reads' loans are the engine's, not a trainer's."""
+    engine, _ = start(address, protocol)
+    with _LOCK:
+        return _LENDERS.setdefault((address, protocol), Lender(engine))
 
 
 def local_address(peer_host: str) -> str:

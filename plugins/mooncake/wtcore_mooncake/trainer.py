@@ -19,7 +19,8 @@ it lies (a tensor off the CPU, memory Mooncake will not register, more than
 :data:`~wtcore_mooncake.wire.MAX_REGIONS` tensors) is packed as before. Per bucket, not once
 per handshake, because a source may hand out fresh tensors every round (a gathered shard),
 and memory freed while registered is exactly what registration must never outlive; it costs
-about 20 µs a tensor over TCP.
+about 20 µs a tensor over TCP. A failed round's loans stay registered and alive until the next
+round has ended (:mod:`wtcore_mooncake.lending` says why).
 
 A round whose largest bucket (a tensor larger than ``packed_buffer_size_bytes``) does not fit
 the announced slots grows them and announces them again (a fresh handshake) before it starts.
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
     from wtcore_kit.schedule import Op
+    from wtcore_mooncake.lending import Lender
 
 __all__ = ["MooncakeTrainerEngine"]
 
@@ -62,10 +64,6 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         self.endpoint = ""
         self._registered: list[int] = []
         self._announced = -1  # the slot size the workers were last told (-1: none yet)
-        #: Source reads: each bucket in flight or just read, with the storages it registered
-        #: and the tensors that keep them alive; and how many of those buckets hold each one.
-        self._lent: list[tuple[list[int], list[torch.Tensor]]] = []
-        self._lent_count: dict[int, int] = {}
 
     @classmethod
     def host_status(cls) -> str:
@@ -98,7 +96,8 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
                 self._engine.unregister_memory(t.data_ptr())
 
     def release_staging(self) -> None:
-        self._give_back(keep=0)
+        if self._engine is not None:  # a failed round or shutdown: its loans wait for the next
+            self._lender().round_failed()
         if self._slots:
             self.release_staging_of(self._slots)
         self._announced = -1
@@ -154,15 +153,16 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         from wtcore.buckets import pack_bucket
         from wtcore.source import iter_checked
 
+        lender = self._lender()
         it = iter_checked(source, metas)
         for i, bucket in enumerate(buckets):
-            self._give_back(keep=1)  # the bucket before last was read (BucketedTrainerEngine.fill)
+            lender.give_back(keep=1)  # the bucket before last was read (see the kit's fill)
             with stats.phase("materialize"):
                 tensors = [next(it)[1] for _ in bucket.metas]
             if i == len(buckets) - 1:
                 for _ in it:  # iter_checked refuses a source longer than its metadata
                     pass
-            regions = self._lend(tensors) if len(tensors) <= MAX_REGIONS else None
+            regions = lender.lend(tensors) if len(tensors) <= MAX_REGIONS else None
             if regions is not None:
                 yield bucket, regions
                 continue
@@ -173,49 +173,11 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         for _ in it:
             pass
 
-    def _lend(self, tensors: list[torch.Tensor]) -> list[list[int]] | None:
-        """Register the storages ``tensors`` lie in for one bucket; each tensor's ``[address,
-        bytes]``, or ``None`` (nothing kept registered) if one cannot be read where it lies."""
-        engine = self._transfer_engine()
-        bases: list[int] = []
-        regions: list[list[int]] = []
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            if not n:
-                regions.append([0, 0])
-                continue
-            if t.device.type != "cpu":
-                break
-            storage = t.untyped_storage()
-            base = storage.data_ptr()
-            if base not in bases:
-                lent = base in self._lent_count  # by the bucket still in flight
-                if not lent and engine.register_memory(base, storage.nbytes()) != 0:
-                    break  # it overlaps memory registered already, say
-                bases.append(base)
-                self._lent_count[base] = self._lent_count.get(base, 0) + 1
-            regions.append([t.data_ptr(), n])
-        if len(regions) < len(tensors):
-            self._unlend(bases)
-            return None
-        self._lent.append((bases, tensors))
-        return regions
-
-    def _unlend(self, bases: list[int]) -> None:
-        """Unregister each of ``bases`` that no other bucket still lends."""
-        for base in bases:
-            self._lent_count[base] -= 1
-            if not self._lent_count[base]:
-                del self._lent_count[base]
-                self._engine.unregister_memory(base)
-
-    def _give_back(self, keep: int) -> None:
-        """Unregister what the buckets lent, all but the ``keep`` newest."""
-        while len(self._lent) > keep:
-            self._unlend(self._lent.pop(0)[0])
+    def _lender(self) -> Lender:
+        return te.lender(self.mc_info.address, self.mc_info.protocol)
 
     def end_round(self, stats: TransferStats) -> None:
-        self._give_back(keep=0)  # every call returned
+        self._lender().round_ended()  # every call returned
         super().end_round(stats)
 
     # ------------------------------------------------------------------ sharded rounds
