@@ -12,7 +12,7 @@ tensor before it is applied.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
 
 from wtcore.errors import PayloadError
 from wtcore.meta import dtype_name
@@ -77,6 +77,8 @@ class LaidOutSink(WeightSink, Protocol):
 
 def on_device(t: torch.Tensor, device: str) -> bool:
     """Whether ``t`` lives on ``device`` (``"cuda"`` means the current CUDA device)."""
+    if device == "cpu":  # the common case, without building a torch.device per tensor
+        return t.device.type == "cpu"
     import torch
 
     want = torch.device(device)
@@ -85,6 +87,16 @@ def on_device(t: torch.Tensor, device: str) -> bool:
     if want.index is None and want.type == "cuda":
         return t.device.index == torch.cuda.current_device()
     return want.index is None or t.device.index == want.index
+
+
+def _offers_destinations(sink: WeightSink) -> TypeGuard[DirectSink]:
+    """``isinstance(sink, DirectSink)``, without the protocol check's cost on every tensor
+    (a runtime protocol re-collects its members on each check: tens of microseconds, a fifth
+    of an ipc round of 300 tensors at memory speed). The same test: every member present."""
+    return all(getattr(sink, m, None) is not None for m in _DIRECT_MEMBERS)
+
+
+_DIRECT_MEMBERS = ("load_weights", "destination")
 
 
 def direct_destination(
@@ -98,7 +110,7 @@ def direct_destination(
     """
     import torch
 
-    if not isinstance(sink, DirectSink):
+    if not _offers_destinations(sink):
         return None
     t = sink.destination(name, dtype, shape)
     if (

@@ -10,7 +10,7 @@ the test process relays (and can interfere). Imported by the tests (by path) for
 
 Workers are started as scripts (not ``multiprocessing`` children) because this module is
 loaded by path, which a ``spawn`` child could not import, and because the test needs their
-PIDs for the ``/dev/shm`` leak check.
+PIDs for the leak check (which process still holds which segment).
 """
 
 from __future__ import annotations
@@ -40,19 +40,69 @@ from wtcore.testing.pipes import PipeClient as _FanOutClient
 from wtcore.testing.procs import stop_processes
 
 HERE = os.path.abspath(__file__)
-#: PIDs of every process started here (for the /dev/shm leak check).
+#: PIDs of every process started here (for the leak check).
 STARTED_PIDS: list[int] = [os.getpid()]
+_MEMFD = "/memfd:"
+
+
+def memfds_of(pid: int) -> set[str]:
+    """The names of the wtcore memfds process ``pid`` holds, by descriptor or by mapping
+    (nothing for a process that is gone: the kernel freed what it held)."""
+    names: set[str] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+        with open(f"/proc/{pid}/maps") as f:
+            maps = f.read().splitlines()
+    except OSError:
+        return names
+    links = []
+    for fd in fds:
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    links += [line[line.index(_MEMFD) :] for line in maps if _MEMFD in line]
+    for link in links:
+        if link.startswith(_MEMFD + "wtcore_ipc_"):
+            names.add(link[len(_MEMFD) :].removesuffix(" (deleted)").strip())
+    return names
+
+
+def reachable(name: str | None, fd: int | None = None) -> bool:
+    """Whether a worker could still open segment ``name``: its creator (the pid its name
+    carries) still holds a descriptor of it (``fd``, the announced one, or any: Python's
+    ``mmap`` keeps a duplicate of the descriptor for as long as the mapping lives)."""
+    if name is None:
+        return False
+    from wtcore_ipc.shm import segment_pid
+
+    pid = segment_pid(name)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd") if fd is None else [str(fd)]
+    except OSError:
+        return False
+    for n in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{n}") == f"{_MEMFD}{name} (deleted)":
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def our_segments(pids: list[int] | None = None) -> list[str]:
-    """Segments in /dev/shm created by any of ``pids`` (names carry the creator's PID).
+    """Segments created by any of ``pids`` (names carry the creator's PID) that a process
+    started here (this one included) still holds, by descriptor or mapping: memory not freed.
 
     Only names with these PIDs are checked, so parallel test runs never see each other.
     """
-    from wtcore_ipc.shm import SHM_DIR, segment_prefix
+    from wtcore_ipc.shm import segment_prefix
 
     prefixes = tuple(segment_prefix(p) for p in (STARTED_PIDS if pids is None else pids))
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefixes))
+    held: set[str] = set()
+    for pid in STARTED_PIDS:
+        held |= memfds_of(pid)
+    return sorted(n for n in held if n.startswith(prefixes))
 
 
 # ---------------------------------------------------------------------- shared state
@@ -84,23 +134,36 @@ def worker_main(argv: list[str]) -> None:
     )
     conn = Connection(int(argv[argv.index("--conn-fd") + 1]))
     held: dict[str, Any] = {"worker": None, "module": None, "updates": 0, "segment": None}
+    held.update(segment_fd=None, truncation=None)
 
     class TruncatingSink(ModuleSink):
-        """Has another process truncate the round's segment when the copy reaches tensor
-        ``cut_at`` (it keeps the control area and the first slot header): what a hostile or
-        broken peer can do to shared memory at any moment."""
+        """Has another process try to truncate the round's segment when the copy reaches
+        tensor ``cut_at`` (keeping the control area and the first slot header): what a hostile
+        or broken peer could do to shared memory at any moment. What that process got (0, or
+        the errno of its refusal) is kept for the ``truncation`` call."""
 
         offered = 0
 
         def _count(self) -> None:
             """One more tensor reaches this sink; at ``cut_at``, before it is copied, cut."""
             if self.offered == cut_at:
-                from wtcore_ipc.shm import CONTROL_BYTES, HEADER_BYTES, SHM_DIR
+                from wtcore_ipc.shm import CONTROL_BYTES, HEADER_BYTES, segment_pid
 
-                path = os.path.join(SHM_DIR, held["segment"])
-                cut = "import os, sys; os.truncate(sys.argv[1], int(sys.argv[2]))"
+                path = f"/proc/{segment_pid(held['segment'])}/fd/{held['segment_fd']}"
+                cut = (
+                    "import os, sys\n"
+                    "try:\n    os.truncate(sys.argv[1], int(sys.argv[2]))\n"
+                    "except OSError as e:\n    print(e.errno)\nelse:\n    print(0)"
+                )
                 keep = str(CONTROL_BYTES + HEADER_BYTES)
-                subprocess.run([sys.executable, "-c", cut, path, keep], check=True, timeout=60)
+                done = subprocess.run(
+                    [sys.executable, "-c", cut, path, keep],
+                    check=True,
+                    timeout=60,
+                    capture_output=True,
+                    text=True,
+                )
+                held["truncation"] = int(done.stdout.strip())
             self.offered += 1
 
         def destination(self, name: str, dtype: Any, shape: tuple[int, ...]) -> Any:
@@ -144,6 +207,7 @@ def worker_main(argv: list[str]) -> None:
             time.sleep(600)
         if isinstance(update_info, dict):
             held["segment"] = update_info.get("segment")
+            held["segment_fd"] = update_info.get("segment_fd")
         current().update_weights(update_info, round_id=round_id)
 
     def shutdown() -> None:
@@ -157,6 +221,7 @@ def worker_main(argv: list[str]) -> None:
         cuda_memory=torch.cuda.memory_allocated,
         dump=lambda: encode_state(held["module"].named_parameters()),
         abort=lambda: current().abort_weight_update(),
+        truncation=lambda: held["truncation"],
         shutdown=shutdown,
     )
     try:
@@ -169,13 +234,24 @@ def worker_main(argv: list[str]) -> None:
 class PipeWorker:
     """A worker subprocess and its channel; every call waits for its answer with a timeout."""
 
-    def __init__(self, *flags: str, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self, *flags: str, rank: int = 0, world_size: int = 1, prefix: tuple[str, ...] = ()
+    ) -> None:
+        """``prefix``: a command the worker runs under (``unshare ...``: another namespace)."""
         self.rank = rank
         self.world_size = world_size
         ours, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, HERE, "worker", "--conn-fd", str(theirs.fileno()), *flags],
+                [
+                    *prefix,
+                    sys.executable,
+                    HERE,
+                    "worker",
+                    "--conn-fd",
+                    str(theirs.fileno()),
+                    *flags,
+                ],
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
             )
@@ -435,7 +511,7 @@ def trainer_main(argv: list[str]) -> None:
     for r in range(rounds):
         engine.send_weights(weight_version=f"r{r}")
         out.write(json.dumps({"event": "segment", "name": engine.segment_name}) + "\n")  # type: ignore[attr-defined]
-    sys.stdin.readline()  # the test says when to go on (it inspects /dev/shm meanwhile)
+    sys.stdin.readline()  # the test says when to go on (it inspects the segment meanwhile)
     if "--no-shutdown" in argv:
         _KEEP.append(engine)  # alive until exit: the exit-time finalizer must unlink
         return

@@ -12,13 +12,8 @@ import torch
 
 from wtcore import ReceiverError, TensorSource
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore_ipc.shm import SHM_DIR
 
 pytestmark = [pytest.mark.timeout(120)]
-
-
-def exists(name: str | None) -> bool:
-    return name is not None and os.path.exists(os.path.join(SHM_DIR, name))
 
 
 # ---------------------------------------------------------------------- happy paths
@@ -50,10 +45,11 @@ def test_rounds_bit_exact_two_workers(two_workers: list[Any], procs: Any) -> Non
             assert u["slot_bytes"] == buffer, "slots are the bucket size: big tensors stream"
         assert [u["seq"] for u in updates] == sorted({u["seq"] for u in updates})
         name = trainer.segment_name
-        assert exists(name)
+        assert procs.reachable(name)
     finally:
         trainer.shutdown()
-    assert not exists(name), "shutdown unlinks the segment"
+    assert not procs.reachable(name), "shutdown closes the segment"
+    assert name not in procs.memfds_of(os.getpid()), "and unmaps it (the workers' maps keep it)"
 
 
 def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
@@ -69,7 +65,7 @@ def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
     try:
         trainer.send_weights(weight_version="small")
         first = trainer.segment_name
-        size = os.path.getsize(os.path.join(SHM_DIR, first))
+        size = os.fstat(trainer._memory.fd).st_size
         assert size == 4096 + 4 * (64 + (256 << 10)), "control page + 4 slots, nothing more"
         trainer.send_weights(TensorSource(full), weight_version="full")
         assert trainer.segment_name == first, "a bigger tensor does not grow the ring"
@@ -82,14 +78,23 @@ def test_tensors_larger_than_a_slot_stream_through_a_fixed_ring(
             procs.assert_bit_exact(w.dump(), full)
     finally:
         trainer.shutdown()
-    assert not exists(first)
+    assert not procs.reachable(first)
 
 
 # ---------------------------------------------------------------------- bad payloads
 BAD_PAYLOADS = {
     "missing_segment": (
-        lambda u: {**u, "segment": "wtcore_ipc_0_doesnotexist"},
-        "no shared-memory segment",
+        lambda u: {**u, "segment_fd": 1 << 30},
+        "segment_fd: .* holds no descriptor",
+    ),
+    "other_segment": (
+        lambda u: {**u, "segment": u["segment"][:-16] + "0123456789abcdef"},
+        "not to the announced memfd",
+    ),
+    "fd_out_of_range": (lambda u: {**u, "segment_fd": -1}, "segment_fd: expected"),
+    "fd_missing": (
+        lambda u: {k: v for k, v in u.items() if k != "segment_fd"},
+        "needs 'segment_fd'",
     ),
     "path_in_name": (
         lambda u: {**u, "segment": "../../etc/passwd"},
@@ -165,6 +170,7 @@ def test_worker_fails_mid_round_trainer_errors_and_cleans_up(procs: Any, flag: s
     and unlinks its segment at once, before anyone calls shutdown."""
     state = procs.make_state(4)
     worker = procs.PipeWorker(flag, "1")
+    held = procs.memfds_of(os.getpid())  # what earlier tests' garbage may still map
     timeout_s = 3.0
     trainer = None
     try:
@@ -183,7 +189,7 @@ def test_worker_fails_mid_round_trainer_errors_and_cleans_up(procs: Any, flag: s
         if flag == "--hang-at-update":
             assert isinstance(first_error, TransferTimeoutError)
         assert trainer.segment_name is None, "the segment was dropped on the error"
-        assert not procs.our_segments([os.getpid()])
+        assert procs.memfds_of(os.getpid()) <= held, "the trainer let go of its segment"
     finally:
         if trainer is not None:
             trainer.shutdown()
@@ -194,6 +200,7 @@ def test_worker_error_is_fast_and_bounded(procs: Any) -> None:
     """The hung worker's error arrives within the trainer's timeout (plus slack)."""
     state = procs.make_state(5)
     worker = procs.PipeWorker("--hang-at-update", "1")
+    held = procs.memfds_of(os.getpid())  # what earlier tests' garbage may still map
     trainer = None
     try:
         worker.setup(state)
@@ -202,7 +209,7 @@ def test_worker_error_is_fast_and_bounded(procs: Any) -> None:
         with pytest.raises(TransferTimeoutError, match="within 2 s"):
             trainer.send_weights(weight_version="v")
         assert time.monotonic() - t0 < 2 + 20  # never the client's 60 s
-        assert not procs.our_segments([os.getpid()])
+        assert procs.memfds_of(os.getpid()) <= held, "the trainer let go of its segment"
     finally:
         if trainer is not None:
             trainer.shutdown()
@@ -229,7 +236,7 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str)
         try:
             announce = procs.relay_until_update(trainer, worker)
             segment = announce["segment"]
-            assert exists(segment)
+            assert procs.reachable(segment)
             before = worker.dump()
             if then != "mid_stream":
                 trainer.proc.kill()  # SIGKILL: no atexit, no finalizer, nothing runs
@@ -257,7 +264,7 @@ def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str)
             info = worker.call("weight_info")
             # silence: no update ever arrived, nothing was touched, so the model is still whole
             assert info["consistent"] is (then == "silence") and info["weight_version"] is None
-            assert not exists(segment), "the worker unlinked the orphaned segment"
+            assert not procs.reachable(segment), "gone with its trainer"
             assert not procs.our_segments([trainer.proc.pid])
             # the worker survived: a new trainer's round is bit-exact
             procs.bump(state)
@@ -290,14 +297,19 @@ def test_trainer_process_exit_unlinks(two_workers: list[Any], procs: Any, shutdo
                 msg = trainer.next_message()
                 if msg.get("event") == "segment":
                     rounds += 1
-                    assert exists(msg["name"]), "alive and reused between rounds"
+                    assert procs.reachable(msg["name"]), "alive and reused between rounds"
                     continue
                 procs.relay(trainer, worker, msg)
             procs.assert_bit_exact(worker.dump(), state)
             trainer.answer({})  # go on: exit (with or without shutdown)
             assert trainer.proc.wait(30) == 0
-            assert not exists(msg["name"])
-            assert not procs.our_segments([trainer.proc.pid])
+            assert not procs.reachable(msg["name"])
+            # The worker still maps it (it keeps its map between rounds) until it learns the
+            # trainer is gone: an aborted round is where it looks.
+            assert procs.our_segments([trainer.proc.pid]) == [msg["name"]]
+            worker.call("start_weight_update")
+            worker.call("abort")
+            assert not procs.our_segments([trainer.proc.pid]), "the kernel freed it"
         finally:
             trainer.close()
     finally:

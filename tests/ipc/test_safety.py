@@ -16,9 +16,10 @@ from wtcore.testing import build_module
 from wtcore_ipc.shm import (
     _MAGIC,
     HEADER_BYTES,
-    SHM_DIR,
+    SEALS,
     SegmentReader,
     StagingSegment,
+    check_segment_fd,
     check_segment_name,
 )
 from wtcore_ipc.worker import slot_ready
@@ -45,34 +46,62 @@ def test_no_module_of_the_plugin_imports_pickle() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["../etc/passwd", "wtcore_a/b", "wtcore_abc\n", "other_prefix", "wtcore_", "wtcore_a.b", "", 7],
+    [
+        "../etc/passwd",
+        "wtcore_a/b",
+        "wtcore_abc\n",
+        "other_prefix",
+        "wtcore_",
+        "wtcore_a.b",
+        "",
+        7,
+        "wtcore_ipc_12_0123456789abcdef\n",
+        "wtcore_ipc_0_0123456789abcdef",  # pid 0
+        "wtcore_ipc_9999999_0123456789abcdef",  # beyond Linux's largest pid
+        "wtcore_ipc_12_0123456789ABCDEF",  # the token is lowercase hex
+        "wtcore_ipc_12_0123456789abcde",  # too short
+        "wtcore_ipc_12_../../etc/passwd",
+    ],
 )
 def test_segment_names_are_validated(name: object) -> None:
     with pytest.raises(PayloadError, match="segment: expected a segment name"):
         check_segment_name(name)
 
 
-def test_worker_refuses_symlinks(tmp_path: Path) -> None:
-    target = tmp_path / "secret"
-    target.write_bytes(b"x" * 4096)
-    name = f"wtcore_ipc_{os.getpid()}_symlinktest"
-    link = Path(SHM_DIR) / name
-    link.symlink_to(target)
+@pytest.mark.parametrize("fd", [-1, 1 << 31, True, 3.0, "3", None])
+def test_segment_fds_are_validated(fd: object) -> None:
+    with pytest.raises(PayloadError, match="segment_fd: expected a descriptor number"):
+        check_segment_fd(fd)
+
+
+def test_a_segment_is_a_sealed_memfd_outside_dev_shm() -> None:
+    """Sealed before anyone can learn of it: shrink, grow and seal are refused by the kernel,
+    and nothing appears in /dev/shm."""
+    import fcntl
+
+    seg = StagingSegment(4096, 2)
     try:
-        with pytest.raises(PayloadError, match="cannot open"):
-            SegmentReader(name)
+        assert seg.fd is not None
+        assert fcntl.fcntl(seg.fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+        assert os.readlink(seg.path) == f"/memfd:{seg.name} (deleted)"
+        assert os.stat(seg.path).st_mode & 0o777 == 0o600
+        assert not [n for n in os.listdir("/dev/shm") if seg.name in n]
+        for length in (0, seg.size - 8, seg.size + 8):
+            with pytest.raises(PermissionError):
+                os.ftruncate(seg.fd, length)
     finally:
-        link.unlink()
+        seg.close()
 
 
 def test_segment_lifecycle_and_orphan_detection() -> None:
     seg = StagingSegment(1000, 2)
-    path = Path(SHM_DIR) / seg.name
+    path = Path(seg.path)
     try:
         assert path.exists() and seg.capacity >= 1000 and seg.num_slots == 2
         seg.slot(1)[:5].copy_(torch.arange(5, dtype=torch.uint8))
         seg.publish(1, seq=9, length=5)
-        reader = SegmentReader(seg.name)
+        assert seg.fd is not None
+        reader = SegmentReader(seg.name, seg.fd)
         try:
             assert reader.owner_alive(), "the trainer's lock is held"
             head = reader.header(seg.data_offset(1))
@@ -81,8 +110,9 @@ def test_segment_lifecycle_and_orphan_detection() -> None:
                 reader.view(seg.data_offset(1), 5), torch.arange(5, dtype=torch.uint8)
             )
             seg.close()
-            assert not path.exists()
+            assert not path.exists() or os.readlink(path) != f"/memfd:{seg.name} (deleted)"
             assert not reader.owner_alive(), "closing released the lock"
+            assert reader.close_if_orphaned() and reader.closed
         finally:
             reader.close()
     finally:
@@ -103,7 +133,8 @@ def test_a_header_caught_mid_stamp_reads_as_not_yet(reused: bool) -> None:
             seg.publish(0, old_seq, 300)
         at = seg.data_offset(0) - HEADER_BYTES
         old_magic, old_length = bytes(seg._mm[at : at + 8]), 300 if reused else 0
-        reader = SegmentReader(seg.name)
+        assert seg.fd is not None
+        reader = SegmentReader(seg.name, seg.fd)
         try:
             for magic in (old_magic, _MAGIC):
                 for n in (old_length, length):
@@ -163,11 +194,12 @@ def test_update_info_must_name_one_transport() -> None:
 
 def test_a_reader_closed_under_a_read_never_reads_another_files_bytes() -> None:
     """A worker's init (or shutdown) closes its segment reader while an abandoned round's
-    thread may still read from it; a descriptor closed under that read could be reused at once
-    by another ``open`` of this process (the init's orphan sweep opens segments), and the read
-    would copy that file's bytes, or fail with EBADF inside the init (seen once in CI, in the
-    ipc contract suite's recovery case). Every read must instead either complete with the
-    segment's bytes or fail as "closed"; 300 close/reopen races, bounded in time."""
+    thread may still read from it. When reads went through the descriptor, its number could be
+    reused at once by another ``open`` of this process, and the read would copy that file's
+    bytes, or fail with EBADF inside the init (seen once in CI, in the ipc contract suite's
+    recovery case); through the mapping, a read after the unmap would crash the process.
+    Every read must instead either complete with the segment's bytes or fail as "closed";
+    300 close/reopen races, bounded in time."""
     import tempfile
     import time
 
@@ -181,7 +213,8 @@ def test_a_reader_closed_under_a_read_never_reads_another_files_bytes() -> None:
             for _ in range(300):
                 if time.monotonic() > deadline:
                     break
-                reader = SegmentReader(seg.name)
+                assert seg.fd is not None
+                reader = SegmentReader(seg.name, seg.fd)
                 errors = _race_close(reader, seg.data_offset(0), other.fileno())
                 reader.close()  # idempotent
                 assert errors == [], errors

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import warnings
-from os.path import exists
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 
 from wtcore.errors import PayloadError, ReceiverError, TransferError
 from wtcore_ipc import share_weights
-from wtcore_ipc.shm import CANCELLED, SHM_DIR
+from wtcore_ipc.shm import CANCELLED
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -47,8 +46,10 @@ def test_rounds_copy_straight_out_of_shared_weights(two_workers: list[Any], proc
             assert trainer.segment_name is None, "no ring was ever allocated"
         finally:
             trainer.shutdown()
-    assert not exists(f"{SHM_DIR}/{shared.name}"), "close() unlinked the segment"
-    procs.bump(state)  # the tensors outlive the segment's name: still usable memory
+    assert shared.name is None and shared.segment is None
+    last = updates[-1]
+    assert not procs.reachable(last["segment"], last["segment_fd"]), "closed to new workers"
+    procs.bump(state)  # the tensors outlive the segment's descriptor: still usable memory
     assert all(torch.isfinite(t.float()).all() for t in state.values())
 
 
@@ -152,12 +153,12 @@ def test_a_round_the_trainer_abandoned_mid_copy_is_not_published(procs: Any) -> 
         shared.close()
 
 
-def test_a_killed_trainer_s_shared_weights_are_refused_and_unlinked(
+def test_a_killed_trainer_s_shared_weights_are_refused_and_released(
     two_workers: list[Any], procs: Any
 ) -> None:
     """The trainer (shared weights) is SIGKILLed after announcing its round, before the
-    worker read it: the worker refuses weights whose owner is gone, unlinks the orphaned
-    segment, and takes a new trainer's round bit-exact."""
+    worker read it: the worker refuses weights whose owner is gone (no process holds the
+    segment any more: the kernel freed it), and takes a new trainer's round bit-exact."""
     state = procs.make_state(7)
     worker = two_workers[0]
     worker.world_size = 1
@@ -173,7 +174,7 @@ def test_a_killed_trainer_s_shared_weights_are_refused_and_unlinked(
             with pytest.raises(TransferError, match=r"trainer process that owned it"):
                 worker.call("update_weights", announce, timeout_s=60)
             procs.assert_bit_exact(worker.dump(), before)
-            assert not exists(f"{SHM_DIR}/{announce['segment']}"), "the orphan was unlinked"
+            assert not procs.our_segments([trainer.proc.pid]), "the kernel freed it"
             procs.bump(state)
             fresh, _ = procs.trainer_for([worker], state, packed_buffer_size_bytes=4096)
             try:

@@ -9,10 +9,12 @@ optimizer built before or after keeps working). From then on a round announces t
 each tensor's offset in ONE ``update_weights`` call, and every worker copies straight out of the
 trainer's tensors into its model.
 
-The segment is a :class:`~wtcore_ipc.shm.StagingSegment` with a single slot holding every
-tensor at an aligned offset, so it has the same lifetime rules (locked while the trainer lives,
-unlinked at :meth:`SharedWeights.close`, at exit and by :func:`~wtcore_ipc.shm.reclaim_orphans`
-after a crash) and the same checks on the worker's side. The slot header carries the round's
+The segment is a :class:`~wtcore_ipc.shm.StagingSegment` (a sealed memfd) with a single slot
+holding every tensor at an aligned offset, so it has the same lifetime rules (locked while the
+trainer lives, closed to new workers at :meth:`SharedWeights.close`, freed by the kernel once
+the trainer's tensors and every worker's mapping are gone, a crash included) and the same checks
+on the worker's side, which copies through its mapping: the seals keep the trainer's tensors
+from shrinking under it. The slot header carries the round's
 sequence number, stamped before the announcement, so a stale or replayed announcement is
 refused. The trainer must not change the weights while ``send_weights`` runs; it is a blocking
 call, so a training loop cannot.
@@ -43,8 +45,8 @@ class SharedWeights:
     """A module's weights, moved into one shared-memory segment owned by this process.
 
     Build it with :func:`share_weights`. Keep it alive for as long as rounds should use it;
-    :meth:`close` unlinks the segment (the module keeps working on the mapping, and later
-    rounds go through the ring again).
+    :meth:`close` closes the segment to workers (the module keeps working on the mapping, and
+    later rounds go through the ring again).
     """
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
@@ -87,7 +89,8 @@ class SharedWeights:
         return None
 
     def close(self) -> None:
-        """Unlink the segment; tensors stay valid (the mapping lives as long as they do)."""
+        """Close the segment to workers; tensors stay valid (the mapping lives as long as they
+        do, and the kernel frees the memory with the last of them)."""
         with _LOCK:
             _LIVE.discard(self)
         if self.segment is not None:
@@ -107,8 +110,9 @@ def share_weights(
     """Move a module's parameters (and buffers), or a mapping's tensors, into one shared-memory
     segment, in place: every tensor keeps its identity, only its storage moves.
 
-    Call it once, after the model is built and on the CPU. Needs ``/dev/shm`` room for the
-    whole model (Docker's default is 64 MiB: ``docker run --shm-size``). Tied parameters stay
+    Call it once, after the model is built and on the CPU. The segment is a memfd: it counts
+    against the process's memory (a container's memory limit), not against ``/dev/shm``, whose
+    size does not matter (Docker's default 64 MiB included). Tied parameters stay
     tied (each tensor moves once). Raises :class:`~wtcore.errors.PayloadError` naming the
     first tensor that is not on the CPU.
     """

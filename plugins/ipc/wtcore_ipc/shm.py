@@ -1,26 +1,34 @@
-"""POSIX shared-memory segments: the trainer's staging buffers and the worker's read-only maps.
+"""Shared-memory segments as sealed memfds: the trainer's staging buffers, the workers' maps.
 
-Why not :class:`multiprocessing.shared_memory.SharedMemory`: on Python 3.10-3.12 it registers
-even an *attached* segment with the resource tracker, which then unlinks it (and warns about a
-"leak") when the attaching process exits, and a worker that unregisters again also removes the
-trainer's own registration when both share one tracker. We open ``/dev/shm/<name>`` ourselves
-with :func:`os.open` and :mod:`mmap` instead: no tracker, no hidden unlink, and full control of
-the open flags. The trainer builds a segment as an unnamed ``O_TMPFILE`` in ``/dev/shm``, locks
-it, reserves its pages (:func:`os.posix_fallocate`: a full ``/dev/shm`` is an error naming the
-size, not a ``SIGBUS`` on first write) and only then links it under its name, so no segment is
-ever visible unlocked, half-sized or unreserved. The worker opens with ``O_NOFOLLOW |
-O_NONBLOCK`` (a FIFO cannot block it) and checks type, owner and size before mapping, and the
-size again before every read (a segment truncated under the mapping would be a ``SIGBUS``).
+A segment is a ``memfd`` (:func:`os.memfd_create`), not a file in ``/dev/shm``. The trainer
+creates it, locks it (liveness, below), reserves its pages (:func:`os.posix_fallocate`: memory
+the kernel will not give is an error naming the size, never a ``SIGBUS`` on first write) and
+then *seals* it: ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``. From then on nobody, the
+trainer included, can change its size: ``ftruncate`` fails with ``EPERM`` in every process.
+That is what makes reading through the mapping safe: a read through a mapping past the end of
+a file that shrank is a ``SIGBUS`` that kills the reader, and a sealed file cannot shrink.
+(Segments used to live in ``/dev/shm``, where any process of the user could truncate them, so
+workers had to copy with ``preadv`` at a third of the mapping's speed; see docs/benchmarks.md.)
 
-Lifetime and liveness: the trainer takes an exclusive :func:`fcntl.flock` on its segment for as
-long as it owns it. The kernel drops that lock when the trainer exits, however it exits
-(SIGKILL included), so a worker can tell an *orphaned* segment from a live one without trusting
-PIDs (which PID namespaces and PID reuse make unreliable): if it can take the lock, the owner is
-gone, the contents are not to be trusted, and the worker unlinks the segment itself. The trainer
-unlinks its segments at shutdown, on errors, and at interpreter exit (a :func:`weakref.finalize`,
-which also runs at exit). A trainer killed before any worker saw its segment leaves it to
-:func:`reclaim_orphans`, which every new segment and every worker init runs: it unlinks each
-``wtcore_ipc_*`` segment of this user whose lock nobody holds.
+How a worker finds it: the announcement carries the memfd's name (``wtcore_ipc_<pid>_<random
+token>``, the trainer's pid and 64 random bits) and the descriptor number in the trainer
+(``segment_fd``); the worker opens ``/proc/<pid>/fd/<fd>``. ``O_NOFOLLOW`` cannot apply to that
+magic link (it *is* a link, so the open would always fail); instead the worker checks what it
+opened, on its own descriptor, before mapping a byte: a regular file of its own uid, the
+same file it stat-ed, whose link reads exactly ``/memfd:<announced name> (deleted)`` (so
+neither a file of the trainer's choosing nor a descriptor reused since the announcement), with
+the three seals set and a size that holds the announced layout. Any failure is a
+:class:`~wtcore.errors.PayloadError` naming the field, before anything is applied. The
+trainer and its workers must share one PID namespace (and one host): a worker that cannot see
+the trainer's ``/proc/<pid>`` fails at once with a :class:`~wtcore.errors.TransferError`
+saying so. ``O_NONBLOCK`` keeps a FIFO behind the descriptor from blocking the open.
+
+Lifetime and liveness: the kernel frees a memfd when the last descriptor and the last mapping
+of it go, however the processes holding them end (SIGKILL included), so there is no name to
+unlink and nothing to reclaim after a crash. The trainer holds an exclusive
+:func:`fcntl.flock` on its segment for as long as it owns it; the worker's descriptor opens the
+same file, so a worker tells a live owner from a dead one without trusting PIDs: if it can take
+a shared lock, the owner is gone and the worker drops its mapping (which frees the memory).
 
 Layout: a control area of :data:`CONTROL_BYTES` (one 64-byte acknowledgement entry per
 receiver rank, the only bytes a worker writes), then ``num_slots`` slots, each a 64-byte header
@@ -28,7 +36,8 @@ followed by ``capacity`` data bytes. The header holds a magic tag, the sequence 
 bucket the slot holds and its length; the trainer writes it after the data, the worker checks
 it before and after copying, so a stale, replayed or forged slot is an error instead of
 silently loading the wrong bytes. Every field either side reads from the segment is checked
-before use: the other process is not trusted.
+before use: the other process is not trusted (its bytes may be anything; only its size is
+guaranteed, by the seals).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import re
 import secrets
 import stat
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -56,25 +66,42 @@ __all__ = [
     "CANCELLED",
     "CONTROL_BYTES",
     "HEADER_BYTES",
+    "MAX_FD",
     "MAX_RECEIVERS",
+    "SEALS",
     "SEGMENT_NAME_RE",
     "SHM_DIR",
     "Ack",
     "SegmentReader",
     "SlotHeader",
     "StagingSegment",
+    "check_segment_fd",
     "check_segment_name",
     "host_status",
     "reclaim_orphans",
+    "segment_pid",
     "segment_prefix",
     "trainer_of",
 ]
 
-#: Where Linux exposes POSIX shared memory.
+#: Where Linux exposes POSIX shared memory. Segments no longer live there (they are memfds),
+#: but the bench's ``shm_copy`` limit still copies out of a file there.
 SHM_DIR = "/dev/shm"
-#: Every name a payload may carry; no slash, so a payload cannot point at another file.
-#: Matched with :meth:`re.Pattern.fullmatch` (``$`` alone would accept a trailing newline).
-SEGMENT_NAME_RE = re.compile(r"wtcore_[A-Za-z0-9_]{1,200}")
+#: Every segment name a payload may carry: the creator's pid and a random token, nothing else
+#: (no slash: a name can only be compared, never point anywhere). Matched with
+#: :meth:`re.Pattern.fullmatch` (``$`` alone would accept a trailing newline).
+SEGMENT_NAME_RE = re.compile(r"wtcore_ipc_(?P<pid>[1-9][0-9]{0,6})_(?P<token>[0-9a-f]{16})")
+#: Linux's largest pid (``PID_MAX_LIMIT``); a name claiming a bigger one is forged.
+_PID_MAX = 1 << 22
+#: Descriptor numbers a payload may name: an ``int`` in ``[0, MAX_FD]``.
+MAX_FD = (1 << 31) - 1
+#: The seals every segment carries before any worker can learn of it, and a worker requires:
+#: its size can never change again, and neither can its seals.
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+#: ``MFD_NOEXEC_SEAL`` (Linux 6.3): data, never code; older kernels refuse the flag.
+_MFD_NOEXEC_SEAL = 0x0008
+#: ``MADV_POPULATE_READ`` (Linux 5.14): map every page up front, so that no round faults.
+_MADV_POPULATE_READ = 22
 #: Bytes of the header in front of each slot (one alignment unit keeps data aligned).
 HEADER_BYTES = ALIGNMENT
 #: One acknowledgement entry per receiver rank, each on its own cache line.
@@ -89,12 +116,19 @@ _SEQ_AT = 8  # the header's commit word: written last by the trainer, read first
 _LENGTH_AT = 16
 #: A header ``length`` meaning "the trainer abandoned the round at this bucket".
 CANCELLED = (1 << 64) - 1
+#: Where a trainer's segments are reachable by a worker, and what its link must read.
+_PROC_FD = "/proc/{pid}/fd/{fd}"
+_LINK = "/memfd:{name} (deleted)"
 
 
 def host_status() -> str:
     """One line for ``wtcore plugins``, shared by both halves of the engine."""
-    shm = "shm ok" if os.path.isdir(SHM_DIR) else f"shm unavailable (no {SHM_DIR})"
-    return f"{shm}; cuda ipc untested"
+    memfd = "sealed memfd ok" if _memfd_supported() else "sealed memfd unavailable (not Linux?)"
+    return f"{memfd}; cuda ipc untested"
+
+
+def _memfd_supported() -> bool:
+    return hasattr(os, "memfd_create") and hasattr(fcntl, "F_ADD_SEALS") and os.path.isdir("/proc")
 
 
 def segment_prefix(pid: int | None = None) -> str:
@@ -109,15 +143,30 @@ def trainer_of(name: str) -> str:
 
 
 def check_segment_name(name: object, *, field: str = "segment") -> str:
-    if not isinstance(name, str) or not SEGMENT_NAME_RE.fullmatch(name):
+    if (
+        not isinstance(name, str)
+        or not (m := SEGMENT_NAME_RE.fullmatch(name))
+        or int(m["pid"]) > _PID_MAX
+    ):
         raise PayloadError(
-            f"{field}: expected a segment name matching {SEGMENT_NAME_RE.pattern}, got {name!r}"
+            f"{field}: expected a segment name matching {SEGMENT_NAME_RE.pattern} (a pid up "
+            f"to {_PID_MAX}), got {name!r}"
         )
     return name
 
 
-def _path(name: str) -> str:
-    return os.path.join(SHM_DIR, name)
+def check_segment_fd(fd: object, *, field: str = "segment_fd") -> int:
+    """A descriptor number from the wire: an ``int`` (not a bool) in ``[0, MAX_FD]``."""
+    if not isinstance(fd, int) or isinstance(fd, bool) or not 0 <= fd <= MAX_FD:
+        raise PayloadError(f"{field}: expected a descriptor number in 0..{MAX_FD}, got {fd!r}")
+    return fd
+
+
+def segment_pid(name: str) -> int:
+    """The pid of the trainer that created segment ``name`` (checked: a valid name)."""
+    m = SEGMENT_NAME_RE.fullmatch(check_segment_name(name))
+    assert m is not None
+    return int(m["pid"])
 
 
 class _Words:
@@ -144,44 +193,6 @@ class _Words:
             self._view = None
 
 
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _open_checked(name: str, *, write: bool = False) -> tuple[int, os.stat_result]:
-    """Open ``/dev/shm/<name>`` without following links or blocking on a FIFO, and check it is
-    a non-empty regular file of this user before anything reads it."""
-    path = _path(name)
-    mode = os.O_RDWR if write else os.O_RDONLY
-    try:
-        fd = os.open(path, mode | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise PayloadError(
-            f"segment: no shared-memory segment named {name!r} in {SHM_DIR} (it was "
-            "unlinked, or the trainer runs on another host or in another /dev/shm)"
-        ) from None
-    except OSError as e:
-        raise PayloadError(f"segment: cannot open {name!r}: {e}") from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PayloadError(f"segment: {name!r} is not a regular shared-memory file")
-        if st.st_uid != os.geteuid():
-            raise PayloadError(
-                f"segment: {name!r} belongs to uid {st.st_uid}, not to this worker's uid "
-                f"{os.geteuid()}"
-            )
-        if st.st_size <= 0:
-            raise PayloadError(f"segment: {name!r} is empty")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
 def _unlocked(fd: int) -> bool:
     """True when no process holds an exclusive lock on ``fd``'s file (its owner is gone)."""
     try:
@@ -194,53 +205,40 @@ def _unlocked(fd: int) -> bool:
     return True
 
 
-def reclaim_orphans() -> list[str]:
-    """Unlink every ``wtcore_ipc_*`` segment of this user whose trainer is gone; their names.
-
-    A trainer killed before any worker mapped its segment (before its first update arrived)
-    leaves it behind, and no worker would ever look at it. The trainer's lock tells: a live
-    trainer holds it, and the kernel drops it when the trainer dies, so nothing here depends
-    on PIDs. Runs whenever a trainer creates a segment and whenever a worker inits.
-    """
-    reclaimed = []
+def _close_quietly(fd: int) -> None:
     try:
-        names = os.listdir(SHM_DIR)
+        os.close(fd)
     except OSError:
-        return []
-    for name in names:
-        if not name.startswith("wtcore_ipc_") or not SEGMENT_NAME_RE.fullmatch(name):
-            continue
-        try:
-            fd, st = _open_checked(name)
-        except PayloadError:
-            continue  # gone meanwhile, not ours, not a segment: none of our business
-        try:
-            if _unlocked(fd):
-                here = os.stat(_path(name), follow_symlinks=False)
-                if (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino):
-                    _unlink_quietly(_path(name))
-                    reclaimed.append(name)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return reclaimed
+        pass
 
 
-def _link_tmpfile(fd: int, path: str) -> None:
-    """Give the ``O_TMPFILE`` behind ``fd`` the name ``path`` (``linkat`` through /proc).
+def reclaim_orphans() -> list[str]:
+    """Deprecated, does nothing and returns ``[]``; removed in 0.3.
 
-    A relative source with ``src_dir_fd`` makes :func:`os.link` call ``linkat`` with
-    ``AT_SYMLINK_FOLLOW``; plain ``link`` would not follow /proc's link to the open file.
+    Segments were files in ``/dev/shm`` that a killed trainer left behind, and this unlinked
+    them. They are memfds now, which the kernel frees with the last process holding one.
     """
-    procfd = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    warnings.warn(
+        "wtcore_ipc.shm.reclaim_orphans is deprecated and does nothing: segments are memfds "
+        "now, which the kernel frees when their last holder exits; it will be removed in 0.3",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return []
+
+
+def _memfd(name: str) -> int:
+    """A fresh memfd that accepts seals: never executable where the kernel can say so."""
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
     try:
-        os.link(str(fd), path, src_dir_fd=procfd, follow_symlinks=True)
-    finally:
-        os.close(procfd)
+        return os.memfd_create(name, flags | _MFD_NOEXEC_SEAL)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: a kernel before 6.3, without the flag
+            raise
+    return os.memfd_create(name, flags)
 
 
-#: What a staging ring needs in ``/dev/shm``, and how to need less (for the "full" error).
+#: What a staging ring needs in shared memory, and how to need less (for the "full" error).
 RING_NEEDS = (
     "the ipc engine needs packed_num_buffers x (packed_buffer_size_bytes or the largest tensor)",
     " or lower packed_buffer_size_bytes / packed_num_buffers",
@@ -249,11 +247,20 @@ RING_NEEDS = (
 
 def _shm_full(size: int, e: OSError, needs: tuple[str, str]) -> TransferError:
     return TransferError(
-        f"{SHM_DIR} has no room for a {size}-byte segment ({e.strerror}): {needs[0]} "
-        f"in {SHM_DIR}. Give it more (Docker: `docker run --shm-size=<at least {size} bytes "
-        "plus headroom>`; Kubernetes: an emptyDir with medium: Memory mounted at /dev/shm)"
-        f"{needs[1]}"
+        f"the kernel refused to reserve a {size}-byte shared-memory segment ({e.strerror}): "
+        f"{needs[0]}. Segments are memfds: they count against the process's memory (a "
+        "container's or cgroup's memory limit, RLIMIT_FSIZE), not against /dev/shm; raise the "
+        f"limit{needs[1]}"
     )
+
+
+def _populate(mm: mmap.mmap) -> None:
+    """Map every page of ``mm`` now (``MADV_POPULATE_READ``), so that no copy faults later;
+    a kernel without it (before 5.14) faults them in during the first round instead."""
+    try:
+        mm.madvise(_MADV_POPULATE_READ)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -282,16 +289,18 @@ class Ack:
 
 
 class StagingSegment:
-    """A trainer-owned segment of ``num_slots`` reusable staging buffers.
+    """A trainer-owned segment of ``num_slots`` reusable staging buffers: a sealed memfd.
 
     Created once per engine (and again only when a bigger bucket needs more room), reused for
-    every bucket of every round.
+    every bucket of every round. Workers reach it at :attr:`path` (``/proc/<pid>/fd/<fd>``)
+    and check it by :attr:`name`; both travel in the announcement (``segment``,
+    ``segment_fd``).
     """
 
     def __init__(
         self, capacity: int, num_slots: int, *, needs: tuple[str, str] = RING_NEEDS
     ) -> None:
-        """``needs``: what the segment is for and how to shrink it, for a full ``/dev/shm``."""
+        """``needs``: what the segment is for and how to shrink it, for a refused reservation."""
         import torch
 
         if capacity < 0 or num_slots < 1:
@@ -300,30 +309,34 @@ class StagingSegment:
         self.num_slots = num_slots
         self.stride = HEADER_BYTES + self.capacity
         self.size = CONTROL_BYTES + self.stride * num_slots
-        self.name = f"{segment_prefix()}{secrets.token_hex(6)}"
-        self.path = _path(self.name)
-        reclaim_orphans()
-        # Unnamed until it is locked and its pages are reserved: if anything below fails (or
-        # the process dies), closing the fd frees it and nothing is left in /dev/shm.
-        fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        self.name = f"{segment_prefix()}{secrets.token_hex(8)}"
+        # Nobody can reach the memfd before its number is announced, so it is locked, sized,
+        # reserved and sealed before any worker can see it.
+        fd = _memfd(self.name)
         try:
+            os.fchmod(fd, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until close or process exit
             try:
                 os.posix_fallocate(fd, 0, self.size)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
                     raise _shm_full(self.size, e, needs) from None
-                raise TransferError(f"{SHM_DIR}: reserving {self.size} bytes failed: {e}") from e
+                raise TransferError(f"memfd: reserving {self.size} bytes failed: {e}") from e
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
             self._mm: mmap.mmap | None = mmap.mmap(fd, self.size)
-            _link_tmpfile(fd, self.path)
         except BaseException:
             os.close(fd)
             raise
-        # From here on the name exists: make sure it goes away whatever happens next.
-        self._finalizer = weakref.finalize(self, _unlink_quietly, self.path)
+        self._finalizer = weakref.finalize(self, _close_quietly, fd)
         self._fd: int | None = fd
+        self.path = _PROC_FD.format(pid=os.getpid(), fd=fd)
         self._buf: torch.Tensor | None = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._words = _Words(self._mm)
+
+    @property
+    def fd(self) -> int | None:
+        """The memfd's descriptor number in this process (``segment_fd``); ``None`` once closed."""
+        return self._fd
 
     @property
     def closed(self) -> bool:
@@ -360,45 +373,124 @@ class StagingSegment:
         return Ack(token, self._words[at + 8], self._words[at + 16])
 
     def close(self, *, unmap: bool = True) -> None:
-        """Unlink and unmap. Idempotent; safe while a worker still maps the segment.
+        """Close the descriptor (no worker can open the segment any more) and unmap.
+        Idempotent; safe while a worker still maps the segment (its mapping keeps the memory
+        until it lets go).
 
         ``unmap=False`` leaves the mapping to the garbage collector, for tensors that live on
         in it (shared weights): unmapping under them would crash the process on next use.
         """
-        self._finalizer()  # unlink first: nothing new can attach
+        self._finalizer()  # close the descriptor first: nothing new can attach
+        self._fd = None
         self._buf = None
         self._words.release()
         if self._mm is not None and not unmap:
             self._mm = None  # torch.frombuffer's tensors hold the mmap object until they die
         if self._mm is not None:
             try:
-                self._mm.close()
+                self._mm.close()  # with the descriptor closed too, this releases the lock
             except BufferError:  # a view escaped; the GC unmaps it with the last view
                 pass
             self._mm = None
-        if self._fd is not None:
-            os.close(self._fd)  # releases the lock
-            self._fd = None
+
+
+def _open_segment(name: str, fd_number: int) -> tuple[int, os.stat_result]:
+    """Open the trainer's memfd ``name`` through ``/proc/<pid>/fd/<fd_number>`` and check,
+    on the descriptor opened, everything that makes mapping it safe (module docstring)."""
+    pid = segment_pid(name)
+    fd_number = check_segment_fd(fd_number)
+    path = _PROC_FD.format(pid=pid, fd=fd_number)
+    want = _LINK.format(name=name)
+    where = f"segment {name!r} (fd {fd_number} of {trainer_of(name)})"
+    # What the link names, before opening anything: never open a device or a file of the
+    # trainer's choosing. Checked again below on the descriptor itself (the trainer may have
+    # replaced the descriptor meanwhile).
+    try:
+        link = os.readlink(path)
+        st = os.stat(path)  # follows the magic link: the file itself
+    except FileNotFoundError:
+        if not os.path.isdir(f"/proc/{pid}"):
+            raise TransferError(
+                f"{where}: no process {pid} is visible from this worker: the trainer process "
+                f"that owned it ({trainer_of(name)}) has exited, or it runs in another PID "
+                "namespace or on another host (the ipc engine needs the trainer and its "
+                "workers in one PID namespace on one host)"
+            ) from None
+        raise PayloadError(
+            f"segment_fd: {where}: the trainer holds no descriptor {fd_number}: no "
+            "shared-memory segment there (it was closed, or the announcement is stale or forged)"
+        ) from None
+    except OSError as e:
+        raise PayloadError(
+            f"segment: cannot open {where} at {path}: {e} (the worker needs the trainer's uid, "
+            "and a trainer that is not marked undumpable)"
+        ) from e
+    if link != want:
+        raise PayloadError(
+            f"segment: {path} links to {link!r}, not to the announced memfd {want!r}: "
+            "not this segment (a stale or forged announcement)"
+        )
+    _check_stat(st, where)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        raise PayloadError(f"segment: cannot open {where} at {path}: {e}") from e
+    try:
+        here = os.fstat(fd)
+        _check_stat(here, where)
+        if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
+            raise PayloadError(f"segment: {where} was replaced while it was opened")
+        link = os.readlink(f"/proc/self/fd/{fd}")
+        if link != want:
+            raise PayloadError(
+                f"segment: {where} opened as {link!r}, not as the announced memfd {want!r}"
+            )
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError as e:
+            raise PayloadError(f"segment: {where} takes no seals ({e}): not a memfd") from e
+        if seals & SEALS != SEALS:
+            raise PayloadError(
+                f"segment: {where} has seals {seals:#x}; a segment must carry "
+                f"F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL ({SEALS:#x}), or another process "
+                "could shrink it under this worker's mapping"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, here
+
+
+def _check_stat(st: os.stat_result, where: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise PayloadError(f"segment: {where} is not a regular shared-memory file")
+    if st.st_uid != os.geteuid():
+        raise PayloadError(
+            f"segment: {where} belongs to uid {st.st_uid}, not to this worker's uid {os.geteuid()}"
+        )
+    if st.st_size <= 0:
+        raise PayloadError(f"segment: {where} is empty")
 
 
 class SegmentReader:
-    """A worker's map of one trainer segment, kept across buckets and rounds.
+    """A worker's map of one trainer segment (a sealed memfd), kept across buckets and rounds.
 
     Shared and writable, because the worker acknowledges what it consumed in its entry of the
-    control area; it writes nothing else.
+    control area; it writes nothing else. Reads go through the mapping: the seals guarantee
+    the file keeps the size checked at open, so no read of the mapping can fault past its end.
 
-    One lock covers every use of the descriptor and the mapping and :meth:`close`: a worker's
-    init (or shutdown) may close the reader while an abandoned round's thread still reads
-    from it, and a descriptor closed under a read could be reused by the next ``open`` of
-    this process, so that read would copy another file's bytes. Under the lock a late
-    reader finds the segment closed (a ``TransferError``) instead.
+    One lock covers every use of the mapping and :meth:`close`: a worker's init (or shutdown)
+    may close the reader while an abandoned round's thread still reads from it, and a
+    read from an unmapped range would crash the process. Under the lock a late reader finds
+    the segment closed (a ``TransferError``) instead.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, fd: int) -> None:
         import torch
 
         self.name = check_segment_name(name)
-        fd, st = _open_checked(name, write=True)
+        self.fd_number = check_segment_fd(fd)
+        own, st = _open_segment(name, fd)
         try:
             self.size = st.st_size
             if self.size < CONTROL_BYTES + HEADER_BYTES:
@@ -408,11 +500,12 @@ class SegmentReader:
                 )
             if self.size % 8:
                 raise PayloadError(f"segment: {name!r} has {self.size} bytes, not whole words")
-            self._mm: mmap.mmap | None = mmap.mmap(fd, self.size)
+            self._mm: mmap.mmap | None = mmap.mmap(own, self.size)
         except BaseException:
-            os.close(fd)
+            os.close(own)
             raise
-        self._fd: int | None = fd
+        _populate(self._mm)
+        self._fd: int | None = own
         self._buf: torch.Tensor | None = torch.frombuffer(self._mm, dtype=torch.uint8)
         self._words = _Words(self._mm)
         self._lock = threading.RLock()
@@ -423,29 +516,34 @@ class SegmentReader:
             raise TransferError(f"segment {self.name} is closed")
         return self._fd
 
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
     def owner_alive(self) -> bool:
         """False when no process holds the trainer's lock any more (an orphaned segment)."""
         with self._lock:
             return not _unlocked(self._open_fd())
 
     def check_size(self) -> None:
-        """Refuse to touch the mapping if the file shrank under it (that read would SIGBUS).
+        """Refuse a segment whose size changed since it was opened.
 
-        Called before every read: the mapping outlives the size check made at open.
+        The seals make that impossible (``ftruncate`` fails with ``EPERM``), so this never
+        fires; it is kept, once per round, as a cheap guard of that assumption.
         """
         with self._lock:
             now = os.fstat(self._open_fd()).st_size
-        if now < self.size:
+        if now != self.size:
             raise TransferError(
-                f"segment {self.name!r}: truncated to {now} bytes while mapped ({self.size} "
-                "bytes at open); refusing to read it (the trainer must stage the round again)"
+                f"segment {self.name!r}: {now} bytes while mapped ({self.size} bytes at open) "
+                "although it is sealed; refusing to read it"
             )
 
     def ack(self, rank: int, token: int, consumed: int, world_size: int) -> None:
         """Tell the trainer this rank has consumed ``consumed`` buckets of round ``token``."""
         assert 0 <= rank < MAX_RECEIVERS
         with self._lock:
-            self.check_size()
+            self._open_fd()
             at = rank * ACK_BYTES
             self._words[at + 16] = world_size
             self._words[at + 8] = consumed
@@ -454,51 +552,50 @@ class SegmentReader:
     def header(self, data_offset: int) -> SlotHeader:
         """The slot's header, commit word first (see :meth:`StagingSegment.publish`)."""
         with self._lock:
-            self.check_size()
+            self._open_fd()
             assert self._mm is not None
             at = data_offset - HEADER_BYTES
             seq = self._words[at + _SEQ_AT]
             return SlotHeader(bytes(self._mm[at : at + 8]), seq, self._words[at + _LENGTH_AT])
 
     def view(self, offset: int, length: int) -> torch.Tensor:
+        """``length`` bytes at ``offset``, in the mapping (for tests and diagnostics: a copy
+        made from it outside :meth:`read_into` is not protected from :meth:`close`)."""
         if self._buf is None:
             raise TransferError(f"segment {self.name} is closed")
-        self.check_size()
         return self._buf[offset : offset + length]
 
     def read_into(self, offset: int, out: torch.Tensor) -> None:
-        """Copy ``out.numel()`` bytes at ``offset`` into the flat ``uint8`` CPU tensor ``out``.
-
-        Through the file descriptor (``os.preadv``), not the mapping: a peer that truncates the
-        file meanwhile makes the read come back short, which is refused here, where a read
-        through the mapping would kill this process with SIGBUS. The copy is the kernel's, one
-        per byte, as the mapping's would be.
-        """
+        """Copy ``out.numel()`` bytes at ``offset`` into the flat ``uint8`` CPU tensor ``out``,
+        through the mapping (one copy, no system call, no page fault once mapped)."""
         want = out.numel()
         if offset < 0 or offset + want > self.size:
             raise PayloadError(
                 f"segment {self.name!r}: {want} bytes at {offset} end past its {self.size} bytes"
             )
-        done = 0
-        view = memoryview(out.numpy()).cast("B") if want else memoryview(b"")  # type: ignore[arg-type]
         with self._lock:
-            fd = self._open_fd()
-            while done < want:
-                got = os.preadv(fd, [view[done:]], offset + done)
-                if got <= 0:
-                    now = os.fstat(fd).st_size
-                    raise TransferError(
-                        f"segment {self.name!r}: truncated to {now} bytes while {want} bytes "
-                        f"at {offset} were read out of it ({self.size} bytes at open); the "
-                        "round is refused (the trainer must stage it again)"
-                    )
-                done += got
+            self._open_fd()
+            assert self._buf is not None
+            out.copy_(self._buf[offset : offset + want])
+
+    def close_if_orphaned(self) -> bool:
+        """Close (unmap) the segment if its owner is gone (the trainer was killed): the
+        kernel frees it with its last mapping. Whether it was closed."""
+        with self._lock:
+            if self._fd is None or self.owner_alive():
+                return False
+            self.close()
+            return True
 
     def unlink_orphan(self) -> None:
-        """Unlink the segment if its owner is gone (the trainer was killed)."""
-        with self._lock:
-            if self._fd is not None and not self.owner_alive():
-                _unlink_quietly(_path(self.name))
+        """Deprecated: :meth:`close_if_orphaned` (a memfd has no name to unlink); until 0.3."""
+        warnings.warn(
+            "SegmentReader.unlink_orphan is deprecated: use close_if_orphaned (segments are "
+            "memfds, with no name to unlink); it will be removed in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.close_if_orphaned()
 
     def close(self) -> None:
         """Unmap and close; idempotent, and never under a read of another thread."""

@@ -167,12 +167,16 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         return [self._memory.slot(i) for i in range(count)]
 
     def release_staging(self) -> None:
-        """Unlink the segment (or free the exported buffers): errors never leak segments."""
-        if self._memory is not None:
-            self._memory.close()
-            self._memory = None
+        """Close the segment (or free the exported buffers): errors never leak segments.
+
+        The kit's slot tensors (views of the mapping) go first, so that the mapping can be
+        unmapped at once and the kernel frees the memfd with the workers' last mappings.
+        """
+        memory, self._memory = self._memory, None
         self._big = None
         super().release_staging()
+        if memory is not None:
+            memory.close()
 
     def _oversized(self, nbytes: int) -> torch.Tensor:
         """Where a tensor larger than a slot is packed before it is streamed in chunks: one
@@ -263,6 +267,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             payload = {
                 **BucketUpdateInfo.wire(metas),
                 "segment": segment.name,
+                "segment_fd": segment.fd,
                 "seq": seq,
                 "offsets": offsets,
             }
@@ -323,6 +328,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             payload = {
                 **BucketUpdateInfo.wire(metas),
                 "segment": memory.name,
+                "segment_fd": memory.fd,
                 "seq": first,
                 "num_slots": nslots,
                 "slot_bytes": slot_bytes,

@@ -3,8 +3,8 @@
 * :class:`IPCTrainerInitInfo`: the trainer's settings (the only place they live).
 * :class:`IPCInitInfo`: what the trainer ships to every worker at init.
 * :class:`IPCUpdateInfo`: the kit's bucket metadata plus where the bytes are: on CPU the whole
-  round's ring of shared-memory slots (one call per round), on GPU one bucket in an encoded
-  CUDA IPC buffer; validated on arrival.
+  round's ring of shared-memory slots (one call per round) in a sealed memfd of the trainer,
+  on GPU one bucket in an encoded CUDA IPC buffer; validated on arrival.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from wtcore.buckets import ALIGNMENT, Bucket, align, plan_round
 from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
-from wtcore_ipc.shm import check_segment_name
+from wtcore_ipc.shm import check_segment_fd, check_segment_name
 from wtcore_kit.bucketed import BucketedTrainerInitInfo, BucketUpdateInfo, check_bucket_options
 
 __all__ = [
@@ -104,7 +104,7 @@ def _require(info: object, kind: str, *names: str) -> None:
 
 @dataclass
 class IPCUpdateInfo(BucketUpdateInfo):
-    """One ``update_weights`` call. Two shapes, one per transport:
+    """One ``update_weights`` call. Three shapes:
 
     * ``shm`` (CPU): the whole round in ONE call. The metadata lists every tensor of the round;
       ``segment`` names the trainer's ring of ``num_slots`` slots of ``slot_bytes`` each (the
@@ -115,12 +115,17 @@ class IPCUpdateInfo(BucketUpdateInfo):
     * ``shm`` with shared weights (:func:`wtcore_ipc.share_weights`): the whole round in ONE
       call, no ring: ``segment`` holds the trainer's tensors themselves, the i-th listed tensor
       at byte ``offsets[i]`` of its data area, and its header carries ``seq``.
+    * Both ``shm`` shapes: ``segment`` is the name of the trainer's memfd
+      (``wtcore_ipc_<pid>_<token>``, the trainer's pid and a random token) and ``segment_fd``
+      its descriptor number in the trainer: the worker opens ``/proc/<pid>/fd/<segment_fd>``
+      and checks that it is that memfd, sealed (:mod:`wtcore_ipc.shm`).
     * ``cuda`` (GPU): one bucket per call, at ``offset``/``length`` of the exported buffer
       ``cuda``; ``sizes`` are the tensors' byte sizes, checked against the metadata.
     """
 
     seq: int
     segment: str | None = None
+    segment_fd: int | None = None
     num_slots: int | None = None
     slot_bytes: int | None = None
     cuda: dict[str, Any] | None = None
@@ -140,6 +145,8 @@ class IPCUpdateInfo(BucketUpdateInfo):
             )
         if self.segment is not None:
             check_segment_name(self.segment)
+            _require(self, "a 'segment' update", "segment_fd")
+            check_segment_fd(self.segment_fd)
             if self.offsets is not None:
                 self._check_offsets(self.offsets)
                 return

@@ -1,9 +1,11 @@
 """The worker half of ``ipc``: map the trainer's staging buffer and copy each tensor out once.
 
-CPU: the segment is opened once and kept across buckets and rounds; each tensor is read out
-of it through the file descriptor straight into the tensor the sink offers (or into a fresh
-one the sink then loads), so every byte is copied once on this side, and a segment another
-process truncates mid-copy makes a short read, a refused round, never a SIGBUS. Before
+CPU: the segment (a sealed memfd of the trainer, :mod:`wtcore_ipc.shm`) is opened, checked
+and mapped once and kept across buckets and rounds; each tensor is copied out of the mapping
+straight into the tensor the sink offers (or into a fresh one the sink then loads), so every
+byte is copied once on this side, at memcpy speed, with no page fault after the first round.
+The seals make that safe: nobody can shrink the file under the mapping, so no read of it can
+end in a SIGBUS. Before
 anything is applied the worker checks that the payload is one bucket of the advertised size
 (the shared rule), that it lies inside the segment, that the slot header matches (magic,
 sequence number, length) and that the trainer still holds the segment; a failed check is an
@@ -27,7 +29,6 @@ from wtcore_ipc.shm import (
     SegmentReader,
     SlotHeader,
     host_status,
-    reclaim_orphans,
     trainer_of,
 )
 from wtcore_ipc.wire import IPCInitInfo, IPCUpdateInfo
@@ -62,7 +63,6 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     def init_transfer_engine(self, init_info: IPCInitInfo) -> None:
         self._release()
-        reclaim_orphans()  # segments of trainers killed before any worker mapped them
         if init_info.transport == "cuda":
             import torch
 
@@ -81,28 +81,33 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         if init.transport == "shm":
             if update_info.segment is None:
                 raise PayloadError("segment: required by the 'shm' transport negotiated at init")
+            assert update_info.segment_fd is not None  # checked by IPCUpdateInfo
+            r = self._mapped(update_info.segment, update_info.segment_fd)
             if update_info.offsets is not None:
-                self._receive_shared(update_info, update_info.segment, update_info.offsets)
+                self._receive_shared(update_info, r, update_info.offsets)
             else:
-                self._receive_ring(update_info, update_info.segment)
+                self._receive_ring(update_info, r)
         else:
             if update_info.cuda is None:
                 raise PayloadError("cuda: required by the 'cuda' transport negotiated at init")
             self._receive_cuda(update_info, update_info.bucket(init))
 
     # ------------------------------------------------------------------ CPU
-    def _segment(self, name: str) -> SegmentReader:
-        if self._reader is not None and self._reader.name == name:
-            return self._reader
-        reader = SegmentReader(name)  # PayloadError if it does not exist
+    def _segment(self, name: str, fd: int) -> SegmentReader:
+        """The reader of segment ``name`` (descriptor ``fd`` in its trainer): the one kept from
+        earlier rounds (its mapping already faulted in), else a new one, opened and checked."""
+        r = self._reader
+        if r is not None and not r.closed and (r.name, r.fd_number) == (name, fd):
+            return r
+        reader = SegmentReader(name, fd)  # PayloadError/TransferError naming what is wrong
         self._release()
         self._reader = reader
         return reader
 
-    def _mapped(self, name: str) -> SegmentReader:
-        """The segment's reader, its size re-checked (a shrunk one is dropped, to be re-opened
-        and re-checked by the next update)."""
-        r = self._segment(name)
+    def _mapped(self, name: str, fd: int) -> SegmentReader:
+        """The segment's reader, its size re-checked once per round (sealed: it cannot have
+        changed; a reader that finds otherwise is dropped)."""
+        r = self._segment(name, fd)
         try:
             r.check_size()
         except TransferError:
@@ -110,7 +115,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             raise
         return r
 
-    def _receive_ring(self, u: IPCUpdateInfo, name: str) -> None:
+    def _receive_ring(self, u: IPCUpdateInfo, r: SegmentReader) -> None:
         """Consume the round's chunks slot by slot as the trainer stamps them."""
         import torch
 
@@ -119,12 +124,13 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         if self.rank >= MAX_RECEIVERS:
             raise PayloadError(f"rank: the ipc ring serves ranks below {MAX_RECEIVERS}")
         aborted = self._aborted = threading.Event()
-        r = self._mapped(name)
+        name = r.name
         stride = HEADER_BYTES + u.slot_bytes
-        if CONTROL_BYTES + u.num_slots * stride > r.size:
+        if CONTROL_BYTES + u.num_slots * stride != r.size:
             raise PayloadError(
-                f"num_slots/slot_bytes: {u.num_slots} slots of {u.slot_bytes} bytes do not fit "
-                f"segment {name!r} of {r.size} bytes"
+                f"num_slots/slot_bytes: a ring of {u.num_slots} slots of {u.slot_bytes} bytes "
+                f"takes {CONTROL_BYTES + u.num_slots * stride} bytes; segment {name!r} has "
+                f"{r.size}"
             )
         self._check_owner(r)
         r.ack(self.rank, u.seq, 0, self.world_size)  # tells the trainer the world size
@@ -161,7 +167,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                 self.sink.load_weights(list(unpack_bucket(bucket, whole)))
             del whole, dest
 
-    def _receive_shared(self, u: IPCUpdateInfo, name: str, offsets: list[int]) -> None:
+    def _receive_shared(self, u: IPCUpdateInfo, r: SegmentReader, offsets: list[int]) -> None:
         """Copy each tensor straight out of the trainer's shared weights (one copy in all).
 
         The slot header must carry this round's ``seq`` before the copy and still carry it
@@ -169,7 +175,6 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         anything is applied, and a trainer that gave up on the round (and may be changing its
         weights again) makes the round fail instead of publishing mixed weights.
         """
-        r = self._mapped(name)
         self._check_owner(r)
         where = f"segment {r.name!r} of {trainer_of(r.name)}"
         base = CONTROL_BYTES + HEADER_BYTES
@@ -215,8 +220,8 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         """Read tensor ``m`` at byte ``at`` of the segment: into the tensor the sink offers
         (then ``None``: nothing left to load), else into a fresh one that is returned.
 
-        Reads go through the file, never through the mapping, so a segment truncated by
-        another process mid-copy is a refused round, not a SIGBUS (:meth:`SegmentReader.read_into`).
+        Reads go through the mapping, which the segment's seals keep whole
+        (:meth:`SegmentReader.read_into`).
         """
         import torch
 
@@ -237,10 +242,10 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     def _check_owner(self, r: SegmentReader) -> None:
         if not r.owner_alive():
-            self._release()  # unlinks the orphan
+            self._release()  # the last mapping of the orphan: the kernel frees it
             raise TransferError(
                 f"segment {r.name!r}: the trainer process that owned it ({trainer_of(r.name)}) "
-                "has exited; the round is abandoned and the orphaned segment was unlinked"
+                "has exited; the round is abandoned and the orphaned segment was released"
             )
 
     def _wait_slot(
@@ -286,24 +291,23 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     # ------------------------------------------------------------------ lifetime
     def abort(self) -> None:
-        """An abandoned round: stop waiting on the ring, unlink the segment if its trainer died.
+        """An abandoned round: stop waiting on the ring, drop the mapping if its trainer died.
 
-        A live trainer keeps (and reuses) its segment; a killed one leaves it in ``/dev/shm``
-        until someone unlinks it. Safe while a copy runs: the mapping stays valid.
+        A live trainer keeps (and reuses) its segment, and so does this worker; a killed
+        one's memory is freed by the kernel once this worker's mapping goes too. Safe while a
+        copy runs: the reader's lock lets the copy finish and fails the next read as closed.
         """
         if self._aborted is not None:
             self._aborted.set()
-        reclaim_orphans()  # a trainer that died before this worker mapped its segment
         reader = self._reader
         if reader is not None:
-            reader.unlink_orphan()
+            reader.close_if_orphaned()
 
     def _release(self) -> None:
         # An init or a shutdown may release while an abandoned round's thread still reads:
         # the reader's own lock makes that read fail cleanly, and its close idempotent.
         reader, self._reader = self._reader, None
         if reader is not None:
-            reader.unlink_orphan()
             reader.close()
         if self._importer is not None:
             self._importer.close()
