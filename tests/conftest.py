@@ -69,7 +69,6 @@ PROCESSES: dict[str, bool] = {
     "ipc/test_processes.py": True,
     "ipc/test_shared_weights.py": True,
     "ipc/test_shm_hostile.py": True,
-    "ipc/test_shm_hostile.py::test_reclaiming_never_touches_a_live_segment": False,
     # ---- nccl: real gloo groups and TCP stores (ranks on threads or processes)
     "nccl": True,
     "nccl/test_buffer_pool.py": False,

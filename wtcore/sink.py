@@ -89,14 +89,14 @@ def on_device(t: torch.Tensor, device: str) -> bool:
     return want.index is None or t.device.index == want.index
 
 
+_DIRECT_MEMBERS = ("load_weights", "destination")
+
+
 def _offers_destinations(sink: WeightSink) -> TypeGuard[DirectSink]:
     """``isinstance(sink, DirectSink)``, without the protocol check's cost on every tensor
     (a runtime protocol re-collects its members on each check: tens of microseconds, a fifth
     of an ipc round of 300 tensors at memory speed). The same test: every member present."""
     return all(getattr(sink, m, None) is not None for m in _DIRECT_MEMBERS)
-
-
-_DIRECT_MEMBERS = ("load_weights", "destination")
 
 
 def direct_destination(

@@ -370,7 +370,13 @@ def test_engine_without_init_is_the_same_protocol_error(backend: str) -> None:
     meta = {"names": ["a.w"], "dtype_names": ["float32"], "shapes": [[1]]}
     extra = {
         "inline": {"data": "AAAAAA=="},
-        "ipc": {"seq": 1, "segment": "wtcore_x", "num_slots": 4, "slot_bytes": 4096},
+        "ipc": {
+            "seq": 1,
+            "segment": "wtcore_ipc_123_0123456789abcdef",
+            "segment_fd": 5,
+            "num_slots": 4,
+            "slot_bytes": 4096,
+        },
         "nccl": {},
     }[backend]
     with pytest.raises(ProtocolStateError, match="init_transfer_engine was not called"):
