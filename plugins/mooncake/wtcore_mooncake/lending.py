@@ -10,7 +10,8 @@ timed-out read, a link that comes back); with the memory still registered and al
 completes, instead of reading freed memory or being refused by the trainer's transfer engine,
 which over TCP held up the worker's connection long enough to fail the next round's reads too
 (seen over a link that went down and back). So a failed round's loans are given back once the
-next round has ended, on any trainer engine of the process.
+next round has ended, on any trainer engine of the process; if none comes, they stay (at most
+the two buckets that were in flight) until the process ends.
 """
 
 from __future__ import annotations
