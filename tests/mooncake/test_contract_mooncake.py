@@ -26,7 +26,9 @@ class MooncakeInfo:
 
 
 class TestMooncakeContract(MooncakeInfo, EngineContractSuite):
-    pass
+    """Source reads: the workers read the trainer's tensors where they lie."""
+
+    options: ClassVar[dict[str, Any]] = {"source_reads": True}
 
 
 class TestMooncakeContractSlots(TestMooncakeContract):

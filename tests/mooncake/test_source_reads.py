@@ -50,7 +50,7 @@ def _run(
     model = build_module(zeros_like_state(rounds[0]))
     worker = WeightSyncWorker("mooncake", ModuleSink(model))
     client = RecordingClient(worker, timeout_s=30)
-    options = {"packed_buffer_size_bytes": 4096, **options}
+    options = {"packed_buffer_size_bytes": 4096, "source_reads": True, **options}
     info = MooncakeTrainerInitInfo(timeout_s=30, rank=0, **options)
     trainer = WeightTransferTrainerFactory.trainer_init(
         info, client=client, source=TensorSource(source_state)
