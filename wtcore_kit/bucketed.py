@@ -208,6 +208,12 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         nbuf = len(slots)
         return pack_source(source, metas, buckets, lambda b: slots[b.index % nbuf], stats)
 
+    def round_failed(self) -> None:
+        """Called once a round failed, before its error propagates: frees the staging, so a
+        failure never leaks buffers. An engine whose transfers may outlive the round ends them
+        here too."""
+        self.release_staging()
+
     def begin_round(self, metas: list[ParamMeta], buckets: list[Bucket]) -> None:
         """Called after ``start_weight_update``, before the first bucket."""
 
@@ -262,7 +268,7 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
             call, self._inflight = self._inflight, None
             if call is not None and not isinstance(e, TransferTimeoutError):
                 call.wait(self.info.timeout_s)
-            self.release_staging()
+            self.round_failed()
             raise
         with stats.phase("control"):
             self.client.finish_weight_update(stats.weight_version)

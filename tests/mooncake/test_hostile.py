@@ -163,3 +163,59 @@ def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(
         if proc.stdout is not None:
             proc.stdout.close()
         worker.shutdown()
+
+
+def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> None:
+    """A read into the model's own tensor, stalled by a SIGSTOPped trainer, times out and fails
+    its round; Mooncake cannot cancel it, and it lands once the trainer runs again. The next
+    round cannot start while it may still land (it could do so over that round's bytes, after
+    publication); once it has, the next round starts and rewrites the tensor."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALLING_TRAINER.replace("torch.zeros", "torch.ones")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    model = build_module({"a": torch.zeros(64), "w": torch.zeros(64)})
+    landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
+    worker = WeightSyncWorker("mooncake", ModuleSink(model))
+    try:
+        assert proc.stdout is not None
+        peer = json.loads(proc.stdout.readline())
+        init = {
+            "endpoint": peer["endpoint"],
+            "slots": [[peer["address"], 1 << 20]],
+            "packed_buffer_size_bytes": 1 << 20,
+            "timeout_s": 3.0,
+        }
+
+        def update(name: str, offset: int) -> dict[str, Any]:
+            return {
+                **metas_to_wire([ParamMeta(name, torch.float32, (64,))]),
+                "regions": [[peer["address"] + offset, 256]],
+                "nbytes": 256,
+            }
+
+        worker.init_weight_transfer_engine(init)
+        worker.start_weight_update()
+        worker.update_weights(update("a", 0))  # a round's first bucket goes through staging
+        os.kill(proc.pid, signal.SIGSTOP)
+        with pytest.raises(TransferTimeoutError, match=peer["endpoint"]):
+            worker.update_weights(update("w", 256))  # read in place, into the model's own tensor
+        worker.init_weight_transfer_engine(init)  # the trainer's next handshake
+        with pytest.raises(TransferTimeoutError, match="1 of the model's tensors"):
+            worker.start_weight_update()
+        assert worker.weight_info()["consistent"] is False
+        os.kill(proc.pid, signal.SIGCONT)
+        worker.start_weight_update()  # waits for the stale read, which now ends
+        assert torch.equal(model.w, landed)  # it landed, before this round
+        worker.update_weights(update("a", 512))
+        worker.update_weights(update("w", 768))
+        worker.finish_weight_update()
+        assert torch.equal(model.w, landed)
+        assert worker.weight_info()["consistent"] is True
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+        stop_processes([proc], 10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        worker.shutdown()

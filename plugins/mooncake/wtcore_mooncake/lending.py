@@ -5,13 +5,14 @@ tensors lie in, announce their regions, and unregister them once the bucket was 
 registrations are the process's transfer engine's (:func:`wtcore_mooncake.te.start`: one per
 process, address and protocol), so what they lend is kept here, one :class:`Lender` per
 transfer engine, not on one trainer engine: a failed round's loans outlive the trainer engine
-that made them. Why keep them at all: a worker's read may outlive the round that failed (a
-timed-out read, a link that comes back); with the memory still registered and alive it
-completes, instead of reading freed memory or being refused by the trainer's transfer engine,
-which over TCP held up the worker's connection long enough to fail the next round's reads too
-(seen over a link that went down and back). So a failed round's loans are given back once the
-next round has ended, on any trainer engine of the process; if none comes, they stay (at most
-the two buckets that were in flight) until the process ends.
+that made them. A worker's read may outlive the round that failed (a timed-out read, a link
+that comes back), so the memory it reads must stay alive while it may run. After a failed
+round the trainer closes the transfer engine (:func:`wtcore_mooncake.te.close`), which ends
+every such read; the lender is retired then, and its loans stay alive until the engine is gone.
+Where the engine stays open (something else in the process holds it) or a trainer shuts down
+mid-round, a failed round's loans stay registered and alive until the next round has ended, on
+any trainer engine of the process; if none comes, they stay (at most the two buckets that were
+in flight) until the process ends.
 """
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ class Lender:
             for bases, _ in [*self.failed, *self.loans]:
                 self._unregister(bases)
             self.failed, self.loans = [], []
+
+    def retire(self) -> list[Loan]:
+        """The engine is being closed (:func:`wtcore_mooncake.te.close`): forget it, and return
+        every loan, whose tensors the caller keeps alive until the engine is gone."""
+        with self._lock:
+            loans, self.failed, self.loans, self.count = [*self.failed, *self.loans], [], [], {}
+            self.engine = None
+            return loans
 
     def _unregister(self, bases: list[int]) -> None:
         """Unregister each of ``bases`` that no other loan still holds."""

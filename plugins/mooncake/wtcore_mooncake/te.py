@@ -8,13 +8,14 @@ protocol, so nothing imports it until an engine is built; ``wtcore plugins`` ask
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from typing import Any
 
 from wtcore.errors import PluginLoadError, TransferError
 from wtcore_mooncake.lending import Lender
 
-__all__ = ["INSTALL_HINT", "host_status", "lender", "load", "local_address", "start"]
+__all__ = ["INSTALL_HINT", "close", "host_status", "lender", "load", "local_address", "start"]
 
 INSTALL_HINT = (
     "pip install mooncake-transfer-engine-non-cuda (or the -cuda13, -efa, -rocm build, or "
@@ -75,6 +76,34 @@ def lender(address: str, protocol: str) -> Lender:
     engine, _ = start(address, protocol)
     with _LOCK:
         return _LENDERS.setdefault((address, protocol), Lender(engine))
+
+
+def close(address: str, protocol: str) -> None:
+    """Close this process's transfer engine on ``address``, unless something else in this
+    process still holds it (a worker engine on the same address).
+
+    Closing is the only way to end the reads peers still run against it: Mooncake has no call
+    to cancel a transfer, and over TCP a read the worker gave up on goes on (up to Mooncake's
+    own 30 s) sharing the link with the next round. It takes about a second, during which
+    Mooncake holds the GIL. What the engine's lender lent stays alive until the engine is gone,
+    as its connections may read it until then; so must anything else it had registered, which
+    the caller holds through this call. The next :func:`start` makes a fresh engine, on a new
+    port.
+    """
+    key = (address, protocol)
+    with _LOCK:
+        if key not in _ENGINES:
+            return
+        engine, held = _ENGINES[key][0], _LENDERS.get(key)
+        # Its references: the table, the lender, this name and getrefcount's argument.
+        if sys.getrefcount(engine) > 3 + (held is not None):
+            return  # shared: it stays open; the lender keeps its loans as before
+        del _ENGINES[key]
+        _LENDERS.pop(key, None)
+    loans = held.retire() if held is not None else []
+    del held
+    del engine  # the last reference: Mooncake stops its listener and closes every connection
+    del loans  # only now may what it lent go
 
 
 def local_address(peer_host: str) -> str:

@@ -19,12 +19,19 @@ it lies (a tensor off the CPU, memory Mooncake will not register, more than
 :data:`~wtcore_mooncake.wire.MAX_REGIONS` tensors) is packed as before. Per bucket, not once
 per handshake, because a source may hand out fresh tensors every round (a gathered shard),
 and memory freed while registered is exactly what registration must never outlive; it costs
-about 20 µs a tensor over TCP. A failed round's loans stay registered and alive until the next
-round has ended (:mod:`wtcore_mooncake.lending` says why).
+about 20 µs a tensor over TCP.
 
 A round whose largest bucket (a tensor larger than ``packed_buffer_size_bytes``) does not fit
 the announced slots grows them and announces them again (a fresh handshake) before it starts.
-A failed round unregisters and frees the staging; the next handshake registers it again.
+
+A failed round closes the process's transfer engine (about a second,
+:meth:`MooncakeTrainerEngine.round_failed`) and frees the staging once it is closed; the next
+handshake starts a fresh engine, on a new port. Mooncake cannot cancel a transfer, and a
+worker's read that outlived the round (a link that stalled, or went down and came back) would
+otherwise go on, for up to Mooncake's own 30 s, sharing the link with the next round's reads:
+over a link that came back, that failed the next round too. Closing ends every such read at
+once, on both ends. What the failed round lent stays alive until then
+(:mod:`wtcore_mooncake.lending`).
 """
 
 from __future__ import annotations
@@ -102,6 +109,19 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
             self.release_staging_of(self._slots)
         self._announced = -1
         super().release_staging()
+
+    def round_failed(self) -> None:
+        """Free the staging, then close this process's transfer engine (:func:`te.close`): a
+        worker's read of the failed round may still be under way, over a link that stalled
+        or came back, and would share the link with the next round's reads. The failure
+        already asks the next round for a fresh handshake, which starts a fresh engine and
+        announces its endpoint."""
+        slots = self._slots  # freed only once the engine that may read them is gone
+        super().round_failed()
+        if self._engine is not None:
+            self._engine, self.endpoint = None, ""
+            te.close(self.mc_info.address, self.mc_info.protocol)
+        del slots
 
     # ------------------------------------------------------------------ the protocol
     def worker_init_info(self) -> dict[str, Any]:
@@ -272,3 +292,4 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
 
     def shutdown(self) -> None:
         super().shutdown()  # releases (unregisters) the staging; the transfer engine stays
+        self._engine = None  # the process's, but no longer held here (see round_failed)

@@ -67,11 +67,11 @@ class MooncakeTrainerInitInfo(BucketedTrainerInitInfo):
     staging buffers is registered with Mooncake once per handshake. ``direct_min_bytes``
     (packed only; the channel kit's name; 64 MiB): a tensor at least this large travels as
     a bucket of its own, which a worker reads straight into the sink's tensor when the sink
-    offers it (registered once per handshake); 0 packs everything. ``source_reads`` (off by
-    default until a stall after a link flap is fixed, docs/mooncake.md): a bucket of CPU
-    tensors (at most :data:`MAX_REGIONS` of them) is not packed at
+    offers it (registered once per handshake); 0 packs everything. ``source_reads`` (on by
+    default): a bucket of CPU tensors (at most :data:`MAX_REGIONS` of them) is not packed at
     all; the trainer registers the memory its tensors lie in for as long as the bucket is
-    read, and the workers read each tensor from there (the pack was a third of a round).
+    read, and the workers read each tensor from there (the pack was a third of a round);
+    off, every bucket is packed into a slot.
     """
 
     backend: ClassVar[str] = "mooncake"
@@ -82,7 +82,7 @@ class MooncakeTrainerInitInfo(BucketedTrainerInitInfo):
     #: nothing for it, and 1 GiB to 2 workers went from 0.71x to 0.89x the bare read.
     packed_buffer_size_bytes: int = field(default=128 << 20, kw_only=True)
     direct_min_bytes: int = field(default=DEFAULT_DIRECT_MIN_BYTES, kw_only=True)
-    source_reads: bool = field(default=False, kw_only=True)
+    source_reads: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -24,7 +24,9 @@ say) is read through staging.
 
 A read that fails or stalls fails the round naming the trainer's endpoint; every region is
 then unregistered (the next init registers them again), except memory a timed-out read may
-still be writing into, which is kept (alive and registered) until that read ends.
+still be writing into, which is kept (alive and registered) until that read ends. While such a
+read may still write into the sink's own tensors, the next round does not start
+(:meth:`MooncakeWorkerEngine._await_stale_reads`).
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ class MooncakeWorkerEngine(
     staged_bytes: int = 0
     #: Reads that outlived their timeout, each with the memory it may still write into (kept
     #: alive, and registered, until the read ends: freeing it would let Mooncake write freed
-    #: memory, and a later buffer at the same address could not be registered).
-    _reading: list[tuple[BackgroundCall[Any], list[Any]]]
+    #: memory, and a later buffer at the same address could not be registered), and how many
+    #: of those are the sink's own tensors, which the next round waits for (up to ``timeout_s``).
+    _reading: list[tuple[BackgroundCall[Any], list[Any], int, float]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -138,8 +141,27 @@ class MooncakeWorkerEngine(
 
     # abort keeps the round's buffer until the next round: a read may still be writing it
     def start_weight_update(self) -> None:
+        self._await_stale_reads()
         self._drop_round()
         super().start_weight_update()
+
+    def _await_stale_reads(self) -> None:
+        """Wait for every read that outlived its round and may still write into the sink's
+        own tensors, up to its ``timeout_s``; one still running fails this round's start.
+
+        Mooncake cannot cancel a read: one that timed out lands whatever reaches it later (a
+        link that comes back delivers what the trainer had sent), and in a tensor read in place
+        that could be after this round wrote it, and was published. It ends once the trainer,
+        which closes its transfer engine after a failed round, resets its connection.
+        """
+        for call, _, sinks, wait_s in self._reading:
+            if sinks and not call.wait(wait_s):
+                raise TransferTimeoutError(
+                    f"a read of a failed round may still write into {sinks} of the model's "
+                    f"tensors: it has not ended {wait_s:g} s later, and this round would race "
+                    "with it"
+                )
+        self._forget_ended_reads()  # their sink tensors can be registered again
 
     def finish_weight_update(self) -> None:
         self._drop_round()
@@ -198,7 +220,7 @@ class MooncakeWorkerEngine(
     def _drop_round(self) -> None:
         """Forget the round's senders; unregister its buffer unless a read may still write."""
         buf, self._round_buf, self._senders = self._round_buf, None, None
-        if buf is not None and all(t is not buf for _, into in self._reading for t in into):
+        if buf is not None and all(t is not buf for r in self._reading for t in r[1]):
             self._engine.unregister_memory(buf.data_ptr())
 
     def receive_weights(self, update_info: Any) -> None:
@@ -325,7 +347,8 @@ class MooncakeWorkerEngine(
         """Wait for ``call``, a read of ``what`` into the buffers ``into``; a read that fails
         or stalls fails the round (see the module docstring)."""
         if not call.wait(timeout_s):
-            self._reading.append((call, into))  # kept alive and registered for the read
+            sinks = sum(t.data_ptr() in self._direct for t in into)
+            self._reading.append((call, into, sinks, timeout_s))  # kept alive, registered
             for t in into:
                 if self._staging is not None and t.data_ptr() == self._staging.data_ptr():
                     self._staging = None
@@ -342,14 +365,18 @@ class MooncakeWorkerEngine(
                 "region is not registered there)"
             )
 
+    def _forget_ended_reads(self) -> None:
+        """Unregister the memory of every timed-out read that has ended since."""
+        ended = [r[0].wait(0) for r in self._reading]
+        for r, done in zip(self._reading, ended, strict=True):
+            for t in r[1] if done else ():
+                self._engine.unregister_memory(t.data_ptr())
+        self._reading = [r for r, done in zip(self._reading, ended, strict=True) if not done]
+
     def _release(self) -> None:
         """Unregister staging and the sink's tensors; a timed-out read's memory only once that
         read has ended."""
-        ended = [r[0].wait(0) for r in self._reading]
-        for (_, stale), done in zip(self._reading, ended, strict=True):
-            for t in stale if done else ():
-                self._engine.unregister_memory(t.data_ptr())
-        self._reading = [r for r, done in zip(self._reading, ended, strict=True) if not done]
+        self._forget_ended_reads()
         self._drop_round()
         staging, self._staging = self._staging, None
         direct, self._direct, self._names = self._direct, {}, {}
