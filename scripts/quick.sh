@@ -23,8 +23,9 @@ trap 'rm -f "$log"' EXIT
 "$BIN/python" -m pytest -q -m "$MARKERS" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 
-# pytest's last line: "5 failed, 599 passed, 451 deselected in 47.21s"
-summary=$(tail -n 1 "$log")
+# pytest's summary line: "5 failed, 599 passed, 451 deselected in 47.21s" (the last one: a
+# library may still log at exit, as Mooncake's transfer engines do)
+summary=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s" "$log" | tail -n 1)
 count() { grep -Eo "[0-9]+ ($1)\b" <<<"$summary" | awk '{n += $1} END {print n + 0}'; }
 ran=$(count "passed|failed|skipped|xfailed|xpassed")
 left_out=$(count deselected)
