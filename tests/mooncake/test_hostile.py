@@ -7,12 +7,14 @@ or stalls fails the round within the timeout, naming its endpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -110,11 +112,30 @@ STALLING_TRAINER = """
 import json, sys, time, torch
 from wtcore_mooncake import te
 engine, endpoint = te.start("127.0.0.1", "tcp")
-buf = torch.zeros(1 << 20, dtype=torch.uint8)
+buf = torch.full((1 << 20,), int(sys.argv[1]), dtype=torch.uint8)
 assert engine.register_memory(buf.data_ptr(), buf.numel()) == 0
 print(json.dumps({"endpoint": endpoint, "address": buf.data_ptr()}), flush=True)
 time.sleep(600)
 """
+
+
+@contextlib.contextmanager
+def stalling_trainer(fill: int = 0) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
+    """A trainer process whose transfer engine lends 1 MiB of ``fill`` bytes; yields it and
+    its endpoint and buffer address, and stops it (resumed first if it was stopped)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALLING_TRAINER, str(fill)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        yield proc, json.loads(proc.stdout.readline())
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+        stop_processes([proc], 10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @pytest.mark.parametrize(
@@ -128,13 +149,9 @@ def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(
     is bounded by ``timeout_s``; the error names the trainer's endpoint either way. A region
     the trainer never registered (``unlent``: past its buffer) is refused by the trainer's
     transfer engine (a slot there is refused before, as in the forged updates above)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", STALLING_TRAINER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
     worker = WeightSyncWorker("mooncake", ModuleSink(build_module({"w": torch.zeros(256)})))
-    try:
-        assert proc.stdout is not None
-        peer = json.loads(proc.stdout.readline())
+    with stalling_trainer() as (proc, peer), contextlib.ExitStack() as done:
+        done.callback(worker.shutdown)
         if fault != "unlent":
             os.kill(proc.pid, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
         if fault == "killed":
@@ -156,13 +173,6 @@ def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(
             worker.update_weights({**update, "nbytes": 1024})
         assert time.monotonic() - t0 < 30  # the timeout (3 s), with a wide margin
         assert worker.weight_info()["consistent"] is False  # failed, nothing published
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-        stop_processes([proc], 10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        worker.shutdown()
 
 
 def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> None:
@@ -170,16 +180,11 @@ def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> 
     its round; Mooncake cannot cancel it, and it lands once the trainer runs again. The next
     round cannot start while it may still land (it could do so over that round's bytes, after
     publication); once it has, the next round starts and rewrites the tensor."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", STALLING_TRAINER.replace("torch.zeros", "torch.ones")],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     model = build_module({"a": torch.zeros(64), "w": torch.zeros(64)})
     landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
     worker = WeightSyncWorker("mooncake", ModuleSink(model))
-    try:
-        assert proc.stdout is not None
-        peer = json.loads(proc.stdout.readline())
+    with stalling_trainer(fill=1) as (proc, peer), contextlib.ExitStack() as done:
+        done.callback(worker.shutdown)
         init = {
             "endpoint": peer["endpoint"],
             "slots": [[peer["address"], 1 << 20]],
@@ -212,10 +217,3 @@ def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> 
         worker.finish_weight_update()
         assert torch.equal(model.w, landed)
         assert worker.weight_info()["consistent"] is True
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-        stop_processes([proc], 10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        worker.shutdown()
