@@ -46,13 +46,11 @@ def main() -> None:
         cfg: dict[str, Any] = json.load(f)
     rank, timeout = cfg["rank"], cfg["timeout"]
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{cfg['group_address']}:{cfg['group_port']}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=timeout),
-    )
+    wait = datetime.timedelta(seconds=timeout)
+    # The group's store, ours: it outlives the group, so that rank 0 (its host) can stay up
+    # until rank 1 has torn the group down (see the end of main).
+    store = dist.TCPStore(cfg["group_address"], cfg["group_port"], 2, rank == 0, wait)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=wait)
     mesh = init_device_mesh("cpu", (2,))
     model = build_module(model_state(cfg["size"], cfg["tensors"], seed=0))
     fully_shard(model, mesh=mesh)
@@ -95,10 +93,15 @@ def main() -> None:
             print(json.dumps(line), flush=True)
     if client is not None:
         client.close()
-    # Both ranks leave together: rank 0 hosts the group's store, and a rank still tearing the
-    # group down after it exited can abort in gloo's teardown (seen once under CI load).
+    # Rank 0 hosts the store, and a rank still tearing the group down after the host exited
+    # can abort in gloo's teardown (seen twice under CI load, after a barrier here): so rank 1
+    # says when it is done, and rank 0 waits for that before it exits.
     dist.barrier()
     dist.destroy_process_group()
+    if rank == 1:
+        store.set("rank1-left", "1")
+    else:
+        store.wait(["rank1-left"], wait)
 
 
 if __name__ == "__main__":
