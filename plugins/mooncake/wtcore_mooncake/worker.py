@@ -32,7 +32,7 @@ read may still write into the sink's own tensors, the next round does not start
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
@@ -49,6 +49,18 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["MooncakeWorkerEngine"]
+
+
+class _StaleRead(NamedTuple):
+    """A read that outlived its timeout: the memory it may still write into (kept alive, and
+    registered, until it ends: freeing it would let Mooncake write freed memory, and a later
+    buffer at the same address could not be registered), how many of those are the sink's own
+    tensors, and how long the next round waits for it if any are (its ``timeout_s``)."""
+
+    call: BackgroundCall[Any]
+    into: list[Any]
+    sinks: int
+    wait_s: float
 
 
 class MooncakeWorkerEngine(
@@ -68,11 +80,8 @@ class MooncakeWorkerEngine(
     #: Bytes read since init: straight into the sink's tensors, and through staging.
     in_place_bytes: int = 0
     staged_bytes: int = 0
-    #: Reads that outlived their timeout, each with the memory it may still write into (kept
-    #: alive, and registered, until the read ends: freeing it would let Mooncake write freed
-    #: memory, and a later buffer at the same address could not be registered), and how many
-    #: of those are the sink's own tensors, which the next round waits for (up to ``timeout_s``).
-    _reading: list[tuple[BackgroundCall[Any], list[Any], int, float]]
+    #: Reads that outlived their timeout, until they end.
+    _reading: list[_StaleRead]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -220,7 +229,7 @@ class MooncakeWorkerEngine(
     def _drop_round(self) -> None:
         """Forget the round's senders; unregister its buffer unless a read may still write."""
         buf, self._round_buf, self._senders = self._round_buf, None, None
-        if buf is not None and all(t is not buf for r in self._reading for t in r[1]):
+        if buf is not None and all(t is not buf for r in self._reading for t in r.into):
             self._engine.unregister_memory(buf.data_ptr())
 
     def receive_weights(self, update_info: Any) -> None:
@@ -348,7 +357,7 @@ class MooncakeWorkerEngine(
         or stalls fails the round (see the module docstring)."""
         if not call.wait(timeout_s):
             sinks = sum(t.data_ptr() in self._direct for t in into)
-            self._reading.append((call, into, sinks, timeout_s))  # kept alive, registered
+            self._reading.append(_StaleRead(call, into, sinks, timeout_s))
             for t in into:
                 if self._staging is not None and t.data_ptr() == self._staging.data_ptr():
                     self._staging = None
@@ -367,11 +376,14 @@ class MooncakeWorkerEngine(
 
     def _forget_ended_reads(self) -> None:
         """Unregister the memory of every timed-out read that has ended since."""
-        ended = [r[0].wait(0) for r in self._reading]
-        for r, done in zip(self._reading, ended, strict=True):
-            for t in r[1] if done else ():
+        running: list[_StaleRead] = []
+        for r in self._reading:
+            if not r.call.wait(0):
+                running.append(r)
+                continue
+            for t in r.into:
                 self._engine.unregister_memory(t.data_ptr())
-        self._reading = [r for r, done in zip(self._reading, ended, strict=True) if not done]
+        self._reading = running
 
     def _release(self) -> None:
         """Unregister staging and the sink's tensors; a timed-out read's memory only once that
