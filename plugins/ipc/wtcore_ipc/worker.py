@@ -40,7 +40,13 @@ if TYPE_CHECKING:
     from wtcore.meta import ParamMeta
     from wtcore_ipc.cuda import CudaImporter
 
-__all__ = ["IPCWorkerEngine", "slot_ready"]
+__all__ = ["SHARED_COPY_THREADS", "IPCWorkerEngine", "slot_ready"]
+
+#: Threads a worker copies shared weights with. The trainer only waits while its workers
+#: copy (nothing is packed), so a second core is free; two threads moved a round about 1.5x
+#: faster than one on a 2-core host (docs/benchmarks.md, "ipc"). The ring keeps one: the
+#: trainer's packing holds the other core there.
+SHARED_COPY_THREADS = 2
 
 
 class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
@@ -135,6 +141,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         self._check_owner(r)
         r.ack(self.rank, u.seq, 0, self.world_size)  # tells the trainer the world size
         f = 0  # chunks consumed
+        loaded = False  # whether the sink has loaded a batch this round (_read_bucket)
         for bucket in buckets:
             pieces = chunks(bucket.nbytes, u.slot_bytes)
             # A bucket bigger than a slot (one big tensor) is gathered chunk by chunk into the
@@ -153,7 +160,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                 seq = u.seq + f
                 self._wait_slot(r, offset, seq, length, bucket, aborted)
                 if whole is None:
-                    self._read_bucket(r, offset, bucket)
+                    loaded = self._read_bucket(r, offset, bucket, loaded)
                 else:
                     r.read_into(offset, whole[start : start + length])
                 if r.header(offset).seq != seq:
@@ -165,6 +172,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                 r.ack(self.rank, u.seq, f, self.world_size)
             if whole is not None and dest is None:
                 self.sink.load_weights(list(unpack_bucket(bucket, whole)))
+                loaded = True
             del whole, dest
 
     def _receive_shared(self, u: IPCUpdateInfo, r: SegmentReader, offsets: list[int]) -> None:
@@ -195,20 +203,26 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                     f"offsets[{i}]: {m.name!r} ({m.nbytes} bytes at {off}) ends past the "
                     f"{head.length} bytes of shared weights in {where}"
                 )
+        # Reads into the sink's own tensors are made together, on SHARED_COPY_THREADS, but
+        # always before the sink loads a later tensor: what lands, lands in the listed order.
+        direct: list[tuple[int, torch.Tensor]] = []
         group: list[tuple[str, torch.Tensor]] = []
         size = 0
+        loaded = False
         for m, off in zip(u.metas, offsets, strict=True):
-            staged = self._read_tensor(r, base + off, m)
-            if staged is None:  # read straight into the sink's tensor
+            staged = self._read_tensor(r, base + off, m, direct)
+            if staged is None:
                 continue
             group.append((m.name, staged))
             size += m.nbytes
-            if size >= self.settings.packed_buffer_size_bytes:
-                self.sink.load_weights(group)
-                group, size = [], 0
+            if size >= self.settings.packed_buffer_size_bytes or not loaded:
+                r.read_many(direct, threads=SHARED_COPY_THREADS)
+                self.sink.load_weights(group)  # the first at once: see _read_bucket
+                direct, group, size, loaded = [], [], 0, True
+        r.read_many(direct, threads=SHARED_COPY_THREADS)
         if group:
             self.sink.load_weights(group)
-        del group
+        del direct, group
         if r.header(base) != head or not r.owner_alive():
             self._check_owner(r)
             raise TransferError(
@@ -216,9 +230,16 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                 "the loaded weights may be mixed"
             )
 
-    def _read_tensor(self, r: SegmentReader, at: int, m: ParamMeta) -> torch.Tensor | None:
+    def _read_tensor(
+        self,
+        r: SegmentReader,
+        at: int,
+        m: ParamMeta,
+        later: list[tuple[int, torch.Tensor]] | None = None,
+    ) -> torch.Tensor | None:
         """Read tensor ``m`` at byte ``at`` of the segment: into the tensor the sink offers
-        (then ``None``: nothing left to load), else into a fresh one that is returned.
+        (then ``None``: nothing left to load; with ``later``, that read is appended there for
+        the caller to make instead), else into a fresh one that is returned.
 
         Reads go through the mapping, which the segment's seals keep whole
         (:meth:`SegmentReader.read_into`).
@@ -226,19 +247,35 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         import torch
 
         dest = direct_destination(self.sink, m.name, m.dtype, m.shape, "cpu")
+        if dest is not None and later is not None:
+            later.append((at, as_bytes(dest)))
+            return None
         out = dest if dest is not None else torch.empty(m.shape, dtype=m.dtype)
         r.read_into(at, as_bytes(out))
         return None if dest is not None else out
 
-    def _read_bucket(self, r: SegmentReader, at: int, bucket: Bucket) -> None:
-        """Read every tensor of a packed bucket that starts at byte ``at`` and load it."""
+    def _read_bucket(self, r: SegmentReader, at: int, bucket: Bucket, loaded: bool) -> bool:
+        """Read every tensor of a packed bucket that starts at byte ``at`` and load it; whether
+        the sink has loaded a batch this round, ``loaded`` saying so before this bucket.
+
+        Until it has, a tensor the sink offers no place for is loaded at once, alone. Why: a
+        sink may offer its tensors only once the round's first batch told it what kind of
+        round this is (a delta sink does), and the rest of the round is then read in place
+        instead of staged in fresh memory (16 MiB a round before, page faults included).
+        """
         group = []
         for m, off in zip(bucket.metas, bucket.offsets, strict=True):
             staged = self._read_tensor(r, at + off, m)
-            if staged is not None:
-                group.append((m.name, staged))
+            if staged is None:
+                continue
+            if not loaded:
+                self.sink.load_weights([(m.name, staged)])
+                loaded = True
+                continue
+            group.append((m.name, staged))
         if group:
             self.sink.load_weights(group)
+        return loaded
 
     def _check_owner(self, r: SegmentReader) -> None:
         if not r.owner_alive():
