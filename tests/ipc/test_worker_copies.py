@@ -173,3 +173,19 @@ def test_only_the_first_tensor_is_staged_when_the_sink_offers_after_a_load(
             assert sink.offered == [f"w{i}" for i in range(1, 8)]
             for name, want in state.items():
                 assert torch.equal(sink._targets[name], want), name
+
+
+@pytest.mark.parametrize(
+    ("cores", "world_size", "threads"),
+    [(1, 1, 1), (2, 1, 2), (2, 2, 1), (4, 2, 2), (4, 3, 1), (64, 8, 2), (2, 0, 2)],
+)
+def test_a_worker_copies_on_two_threads_only_where_every_worker_can(
+    monkeypatch: pytest.MonkeyPatch, cores: int, world_size: int, threads: int
+) -> None:
+    """Two workers with two threads each on two cores were slower than with one each."""
+    import os
+
+    from wtcore_ipc.worker import copy_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert copy_threads(world_size) == threads

@@ -14,6 +14,7 @@ error naming the field, with the model untouched.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING, ClassVar
 
@@ -40,13 +41,22 @@ if TYPE_CHECKING:
     from wtcore.meta import ParamMeta
     from wtcore_ipc.cuda import CudaImporter
 
-__all__ = ["SHARED_COPY_THREADS", "IPCWorkerEngine", "slot_ready"]
+__all__ = ["SHARED_COPY_THREADS", "IPCWorkerEngine", "copy_threads", "slot_ready"]
 
-#: Threads a worker copies shared weights with. The trainer only waits while its workers
-#: copy (nothing is packed), so a second core is free; two threads moved a round about 1.5x
-#: faster than one on a 2-core host (docs/benchmarks.md, "ipc"). The ring keeps one: the
-#: trainer's packing holds the other core there.
+#: Most threads a worker copies shared weights with. The trainer only waits while its
+#: workers copy (nothing is packed), so cores are free: on a 2-core host two threads moved a
+#: round of one worker about 1.3x faster than one (docs/benchmarks.md, "ipc"), while two
+#: workers with two threads each were slower than with one. So a worker takes two only where
+#: every worker of the group can (:func:`copy_threads`). The ring keeps one: the trainer's
+#: packing holds a core there.
 SHARED_COPY_THREADS = 2
+
+
+def copy_threads(world_size: int) -> int:
+    """Threads for one worker's copy of shared weights, ``world_size`` workers copying at once
+    on the cores this process may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    return max(1, min(SHARED_COPY_THREADS, cores // max(1, world_size)))
 
 
 class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
@@ -203,8 +213,9 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                     f"offsets[{i}]: {m.name!r} ({m.nbytes} bytes at {off}) ends past the "
                     f"{head.length} bytes of shared weights in {where}"
                 )
-        # Reads into the sink's own tensors are made together, on SHARED_COPY_THREADS, but
+        # Reads into the sink's own tensors are made together, on copy_threads(), but
         # always before the sink loads a later tensor: what lands, lands in the listed order.
+        threads = copy_threads(self.world_size)
         direct: list[tuple[int, torch.Tensor]] = []
         group: list[tuple[str, torch.Tensor]] = []
         size = 0
@@ -216,10 +227,10 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             group.append((m.name, staged))
             size += m.nbytes
             if size >= self.settings.packed_buffer_size_bytes or not loaded:
-                r.read_many(direct, threads=SHARED_COPY_THREADS)
+                r.read_many(direct, threads=threads)
                 self.sink.load_weights(group)  # the first at once: see _read_bucket
                 direct, group, size, loaded = [], [], 0, True
-        r.read_many(direct, threads=SHARED_COPY_THREADS)
+        r.read_many(direct, threads=threads)
         if group:
             self.sink.load_weights(group)
         del direct, group
