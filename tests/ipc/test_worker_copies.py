@@ -189,3 +189,21 @@ def test_a_worker_copies_on_two_threads_only_where_every_worker_can(
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert copy_threads(world_size) == threads
+
+
+def test_an_error_on_a_helper_thread_fails_the_read() -> None:
+    """A copy that fails on the second thread must not leave the round looking complete."""
+    seg = StagingSegment(1 << 20, 1)
+    try:
+        assert seg.fd is not None
+        reader = SegmentReader(seg.name, seg.fd)
+        try:
+            good = torch.zeros(100, dtype=torch.uint8)
+            refuses = torch.zeros(100, requires_grad=True)  # in-place copy into it raises
+            at = seg.data_offset(0)
+            with pytest.raises(RuntimeError, match="requires grad"):
+                reader.read_many([(at, good), (at + 100, refuses)], threads=2)
+        finally:
+            reader.close()
+    finally:
+        seg.close()

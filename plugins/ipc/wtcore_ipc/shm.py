@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 from wtcore.buckets import ALIGNMENT, align
 from wtcore.errors import PayloadError, TransferError
+from wtcore_kit.concurrency import BackgroundCall
 
 if TYPE_CHECKING:
     import torch
@@ -481,8 +482,9 @@ def _copy_out(buf: torch.Tensor, reads: Sequence[tuple[int, torch.Tensor]]) -> N
 def _split_bytes(
     reads: Sequence[tuple[int, torch.Tensor]], parts: int
 ) -> list[list[tuple[int, torch.Tensor]]]:
-    """``reads`` cut into ``parts`` lists of about equal bytes, in order, a read that
-    straddles a cut cut in two (one large tensor is shared out too); never an empty list."""
+    """``reads`` cut into at most ``parts`` lists of about equal bytes, in order, a read that
+    straddles a cut cut in two (one large tensor is shared out too). No list is empty, but
+    the only one when there is nothing to read."""
     total = sum(out.numel() for _, out in reads)
     if parts <= 1 or total == 0:
         return [list(reads)]
@@ -606,11 +608,11 @@ class SegmentReader:
         ``threads`` threads (this one included).
 
         Why threads: one thread copies at one core's memcpy speed, and where the trainer only
-        waits (shared weights) a second core copying too moves a round about 1.5x faster
-        (docs/benchmarks.md, "ipc"). Every range is checked before anything is copied. The
-        helpers are joined without a timeout, on purpose: each copies a bounded range of
-        this process's own memory and ends, and the lock must not be let go (so that
-        :meth:`close` could unmap) while one still reads.
+        waits (shared weights) a second core copying too moved 1.3-1.5x as much on 2 cores
+        (docs/benchmarks.md, "ipc"). Every range is checked before anything is copied, and a
+        helper's error is raised here. The helpers are waited for without a timeout, on
+        purpose: each copies a bounded range of this process's own memory and ends, and the
+        lock must not be let go (so that :meth:`close` could unmap) while one still reads.
         """
         for offset, out in reads:
             want = out.numel()
@@ -624,17 +626,15 @@ class SegmentReader:
             self._open_fd()
             buf = self._buf
             assert buf is not None
-            helpers = [
-                threading.Thread(target=_copy_out, args=(buf, part), daemon=True)
-                for part in parts[1:]
-            ]
-            for h in helpers:
-                h.start()
+            helpers = [BackgroundCall(_copy_out, buf, part, name="ipc-copy") for part in parts[1:]]
             try:
                 _copy_out(buf, parts[0])
             finally:
                 for h in helpers:
-                    h.join()
+                    h.wait(None)
+            for h in helpers:
+                if h.error is not None:
+                    raise h.error
 
     def close_if_orphaned(self) -> bool:
         """Close (unmap) the segment if its owner is gone (the trainer was killed): the
