@@ -15,9 +15,13 @@
 #   bench-mooncake  the mooncake engine with the model on the GPU (CPU staging, TCP), 128 MiB,
 #               against its bare read
 #
-# Usage: scripts/gpu-check.sh [--dry-run | --force] [--out DIR]
+# Usage: scripts/gpu-check.sh [--dry-run | --force] [--out DIR] [--wheels DIR]
 #   --out DIR   where logs, JSON records and summary.txt go (default: $OUT if set, else
 #               gpu-check-out)
+#   --wheels DIR  install DIR's wheels (scripts/gpu-wheels.sh makes them) into a temporary
+#               folder first, without the network: on a GPU machine whose Python has a CUDA
+#               torch but not wtcore, they bring the engines' entry points and their binary
+#               needs (Mooncake, pybase64); the checkout's own code still goes first
 #   --dry-run   list the steps and exit 0 (also what happens when this torch sees no CUDA)
 #   --force     run the steps even without CUDA (to check the script itself: the GPU tests
 #               then skip and the benches fail with their one-line error)
@@ -32,17 +36,24 @@ cd "$ROOT"
 
 DRY=0
 FORCE=0
+WHEELS=
 OUT_DIR=${OUT:-gpu-check-out}
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --dry-run) DRY=1 ;;
         --force) FORCE=1 ;;
         --out) OUT_DIR=$2; shift ;;
-        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --wheels) WHEELS=$2; shift ;;
+        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
 done
+
+if [[ -n "$WHEELS" ]] && ! compgen -G "$WHEELS/*.whl" >/dev/null; then
+    echo "gpu-check: --wheels $WHEELS: no .whl files there (scripts/gpu-wheels.sh makes them)" >&2
+    exit 2
+fi
 
 if [[ -x .venv/bin/python ]] && .venv/bin/python -c '' 2>/dev/null; then
     PY=.venv/bin/python
@@ -97,6 +108,10 @@ if [[ $DRY -eq 1 || ($FORCE -eq 0 && "$TORCH_LINE" != *"CUDA available: True"*) 
     fi
     echo "gpu-check: dry run ($why); on a CUDA machine it would run, each step bounded by timeout,"
     echo "${TOTAL}s at most in all, writing logs, JSON and summary.txt to $OUT_DIR/:"
+    if [[ -n "$WHEELS" ]]; then
+        n=$(compgen -G "$WHEELS/*.whl" | wc -l)
+        echo "  first: install the $n wheel(s) in $WHEELS into a temporary folder (no network)"
+    fi
     printf '  %-14s %5s  %s\n' step limit command
     for s in "${STEPS[@]}"; do
         IFS='|' read -r name secs cmd <<<"$s"
@@ -117,6 +132,18 @@ peers = ["%s %.2fx" % (n, r["ratios"][n]) for n in r.get("peers", []) if n in r[
 print(line + ("; vs " + ", ".join(peers) if peers else ""))
 EOF
 }
+
+if [[ -n "$WHEELS" ]]; then
+    SITE=$(mktemp -d)
+    trap 'rm -rf "$SITE"' EXIT
+    if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
+            "$WHEELS"/*.whl; then
+        echo "gpu-check: could not install the wheels in $WHEELS with $PY (see above)" >&2
+        exit 1
+    fi
+    export PYTHONPATH="$PYTHONPATH:$SITE"
+    echo "gpu-check: installed $(compgen -G "$WHEELS/*.whl" | wc -l) wheel(s) from $WHEELS"
+fi
 
 mkdir -p "$OUT_DIR"
 ROWS=()

@@ -67,3 +67,51 @@ def test_every_gpu_marked_test_file_is_in_some_step(dry_run: tuple[str, Path]) -
     assert "tests/core/test_gpu_check.py" not in marked  # names the marker, does not use it
     missing = [f for f in sorted(marked) if f not in out]
     assert not missing, f"gpu-marked tests the GPU check would not run: {missing}"
+
+
+def test_a_dry_run_with_wheels_says_it_would_install_them_first(tmp_path: Path) -> None:
+    """``--wheels DIR``: on a GPU machine whose Python has torch but not wtcore, the engines'
+    entry points come from the wheels (without them only ``inline`` is registered)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("wtcore-0.2.0-py3-none-any.whl", "wtcore_ipc-0.2.0-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"")  # a dry run installs nothing
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", "--wheels", str(wheels), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"first: install the 2 wheel(s) in {wheels} into a temporary folder" in proc.stdout
+    assert not (tmp_path / "o").exists()
+
+
+def test_wheels_from_a_folder_without_any_is_refused_at_once(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--wheels", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert f"--wheels {tmp_path}: no .whl files there" in proc.stderr
+
+
+def test_the_wheel_maker_says_what_it_makes() -> None:
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-wheels.sh"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and "--python-version X.Y" in proc.stdout, proc.stderr
+    missing = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-wheels.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "name the folder for the wheels" in missing.stderr
