@@ -485,8 +485,10 @@ def _split_bytes(
     """``reads`` cut into at most ``parts`` lists of about equal bytes, in order, a read that
     straddles a cut cut in two (one large tensor is shared out too). No list is empty, but
     the only one when there is nothing to read."""
+    if parts <= 1:  # every ring read (read_into): no sum, no cut
+        return [list(reads)]
     total = sum(out.numel() for _, out in reads)
-    if parts <= 1 or total == 0:
+    if total == 0:
         return [list(reads)]
     share = -(-total // parts)
     out_parts: list[list[tuple[int, torch.Tensor]]] = [[]]
