@@ -45,6 +45,7 @@ from wtcore.testing.pipes import (
     pipe_fleet,
     serve,
 )
+from wtcore.testing.procs import freeze
 from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -131,7 +132,7 @@ def test_killed_child_is_an_error_within_the_timeout(two: PipeFleet) -> None:
 def test_stopped_child_times_out_then_recovers(two: PipeFleet) -> None:
     pid = two.procs[0].pid
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)  # alive but silent: only the timeout can end the wait
+    freeze(pid)  # alive but silent: only the timeout can end the wait
     try:
         t0 = time.monotonic()
         with pytest.raises(TransferTimeoutError, match="no answer within 1 s"):

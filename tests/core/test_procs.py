@@ -1,4 +1,4 @@
-"""``stop_processes``: real children (subprocess and multiprocessing), stopped by PID."""
+"""``stop_processes`` and ``freeze``: real children (subprocess and multiprocessing), by PID."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import subprocess
 import sys
 import time
 
-from wtcore.testing.procs import stop_processes
+import pytest
+
+from wtcore.testing import wait_until
+from wtcore.testing.procs import freeze, stop_processes
 
 IGNORES_SIGTERM = (
     "import signal, time\n"
@@ -90,3 +93,51 @@ def _state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
+
+
+BUSY_THREADS = (
+    "import threading, time\n"
+    "def spin():\n"
+    "    while True: pass\n"
+    "for _ in range(3): threading.Thread(target=spin, daemon=True).start()\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_freeze_returns_once_every_thread_is_stopped() -> None:
+    """Three spinning threads and a sleeping one: after ``freeze`` none runs, so the process
+    uses no more CPU time; ``SIGCONT`` runs them again."""
+    with _python(BUSY_THREADS) as proc:
+        try:
+            freeze(proc.pid)
+            tasks = os.listdir(f"/proc/{proc.pid}/task")
+            assert len(tasks) == 4
+            for tid in tasks:
+                with open(f"/proc/{proc.pid}/task/{tid}/stat") as f:
+                    assert f.read().rsplit(")", 1)[1].split()[0] == "T"
+            before = _cpu_ticks(proc.pid)
+            time.sleep(0.2)
+            assert _cpu_ticks(proc.pid) == before
+            os.kill(proc.pid, signal.SIGCONT)
+        finally:
+            stop_processes([proc], 30.0, sig=signal.SIGTERM)
+
+
+def test_freeze_of_a_process_that_cannot_stop_fails_naming_it() -> None:
+    """An exited, unreaped child (a zombie) never reaches the stopped state."""
+    with _python("print('ready', flush=True)\n") as proc:
+        wait_until(lambda: _state(proc.pid) == "Z", 30, "the child exited", poll_s=0.01)
+        with pytest.raises(TimeoutError, match=f"process {proc.pid} not stopped after 0.2 s"):
+            freeze(proc.pid, timeout_s=0.2)
+        proc.wait(30)
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = _stat(pid)  # utime and stime are fields 14 and 15 of stat, 12 and 13 here
+    return int(fields[11]) + int(fields[12])

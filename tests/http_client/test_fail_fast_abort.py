@@ -19,6 +19,7 @@ import torch
 from wtcore import ReceiverError, WeightTransferTrainerFactory
 from wtcore.buckets import plan_buckets
 from wtcore.source import TensorSource
+from wtcore.testing.procs import freeze
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.fanout import ABORT_TIMEOUT_S, FAIL_FAST_S
@@ -42,7 +43,7 @@ class StoppingClient(HTTPWeightSyncClient):
     def update_weights(self, update_info: Any) -> None:
         self.updates += 1
         if self.updates == self.last_update:
-            os.kill(self.victim.proc.pid, signal.SIGSTOP)
+            freeze(self.victim.proc.pid)
         super().update_weights(update_info)
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from wtcore import ReceiverError, TensorSource, TransferTimeoutError, WeightTransferTrainerFactory
 from wtcore.testing import KillingSource, free_port
+from wtcore.testing.procs import freeze
 from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverTimeoutError
 from wtcore_kit.inline import InlineTrainerInitInfo
@@ -59,7 +60,7 @@ def test_hung_server_times_out(start_server: Any) -> None:
     alive, frozen = _pair(start_server)
     with HTTPWeightSyncClient([alive.url, frozen.url], timeout_s=TIMEOUT_S) as client:
         client.init_weight_transfer_engine({"packed_buffer_size_bytes": 8 << 10})
-        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        freeze(frozen.proc.pid)
         try:
             t0 = time.monotonic()
             with pytest.raises(ReceiverTimeoutError) as err:

@@ -25,7 +25,7 @@ from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore.meta import ParamMeta, metas_to_wire
 from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
-from wtcore.testing.procs import stop_processes
+from wtcore.testing.procs import freeze, stop_processes
 from wtcore_kit.inproc import InProcessClient
 from wtcore_mooncake import MooncakeTrainerInitInfo
 
@@ -153,7 +153,10 @@ def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(
     with stalling_trainer() as (proc, peer), contextlib.ExitStack() as done:
         done.callback(worker.shutdown)
         if fault != "unlent":
-            os.kill(proc.pid, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+            if fault == "killed":
+                os.kill(proc.pid, signal.SIGKILL)
+            else:
+                freeze(proc.pid)
         if fault == "killed":
             proc.wait(30)
         worker.init_weight_transfer_engine(
@@ -202,7 +205,7 @@ def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> 
         worker.init_weight_transfer_engine(init)
         worker.start_weight_update()
         worker.update_weights(update("a", 0))  # a round's first bucket goes through staging
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)  # every thread stopped: none can still answer the read
         with pytest.raises(TransferTimeoutError, match=peer["endpoint"]):
             worker.update_weights(update("w", 256))  # read in place, into the model's own tensor
         worker.init_weight_transfer_engine(init)  # the trainer's next handshake

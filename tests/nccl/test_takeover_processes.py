@@ -27,6 +27,7 @@ from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTra
 from wtcore.source import WeightSource
 from wtcore.testing import build_module, wait_until, zeros_like_state
 from wtcore.testing.pipes import PipeClient, serve, worker_handlers
+from wtcore.testing.procs import freeze
 from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
@@ -97,7 +98,7 @@ def test_new_trainer_takes_over_a_receive_stuck_on_a_dead_or_hung_trainer(how: s
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(10)
         else:
-            os.kill(proc.pid, signal.SIGSTOP)
+            freeze(proc.pid)
         time.sleep(1.0)  # a receive on a live-but-silent (or just-closed) peer still waits
         # What the receiver state machine does when a new init arrives mid-call:
         t0 = time.monotonic()

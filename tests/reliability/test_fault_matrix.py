@@ -40,7 +40,7 @@ from wtcore.digest import digest_named
 from wtcore.meta import ParamMeta
 from wtcore.source import WeightSource
 from wtcore.testing import MismatchedSource, free_port, wait_until
-from wtcore.testing.procs import stop_processes
+from wtcore.testing.procs import freeze, stop_processes
 from wtcore.testing.sources import synthetic_state
 from wtcore_bench.serve import ServeProcess, launch_serve
 from wtcore_http_client import HTTPWeightSyncClient
@@ -151,7 +151,7 @@ class SabotagingClient:
 
     def _maybe_sabotage(self, call: str) -> None:
         if call == self.phase and self.killer is None:
-            os.kill(self.victim.pid, signal.SIGSTOP)
+            freeze(self.victim.pid)
             self.killer = threading.Timer(0.5, self._kill)
             self.killer.start()
 

@@ -24,7 +24,7 @@ from tests.nccl.nccl_e2e_kit import fleet, make_state, spec_of
 from wtcore import ModuleSink, PayloadError, TensorSource, WeightTransferTrainerFactory
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.testing import build_module
+from wtcore.testing import build_module, wait_until
 from wtcore_channel.listen import listen_on
 from wtcore_channel.pipeline import wait_work
 from wtcore_channel.stream import HELLO_S, LANES, RELAY_CHUNK, Stream, accept, connect
@@ -263,6 +263,44 @@ def test_a_relay_whose_next_rank_fails_ends_its_receive_only_once_its_bytes_are_
         with pytest.raises(TransferError, match="to rank 2 \\(the next rank of the chain\\)"):
             wait_work(work, what="the relay's receive", timeout_s=30)
         assert torch.equal(got, sent)  # it ended once every byte was in
+    finally:
+        relay.release()
+        for a, b in [*up.values(), *down.values()]:
+            a.close()
+            b.close()
+
+
+def test_a_relay_that_refuses_a_message_says_why_on_the_message_it_was_still_handing_on() -> None:
+    """A relay still writing message 0 on to rank 2 (which does not read, so the write waits)
+    when message 1 arrives with another size than planned: it refuses message 1 and cuts its
+    onward streams, and message 0's receive fails with that reason, not with the broken pipe
+    its own cut caused (a worker records the first error of its round: here, message 0's)."""
+    up = {(0, lane): pair for lane, pair in enumerate(_tcp_pairs(LANES))}
+    down = {(2, lane): pair for lane, pair in enumerate(_tcp_pairs(LANES))}
+    for a, _ in down.values():
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
+    for _, far in down.values():
+        far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    lanes = {key: pair[1] for key, pair in up.items()} | {
+        key: pair[0] for key, pair in down.items()
+    }
+    roles = ("the previous rank of the chain", "the next rank of the chain")
+    relay = Stream(1, lanes, 30.0, up=0, roles=roles)
+    n = 8 * RELAY_CHUNK  # far more than the socket buffers between the relay and rank 2
+    sent = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    first, second = torch.zeros(n, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)
+    magic = int.from_bytes(b"wtcstrm1", "big")
+    try:
+        works = [relay.broadcast(first), relay.broadcast(second)]  # lanes 0 and 1
+        up[(0, 0)][0].sendall(struct.pack("<QQ", magic, n) + sent.numpy().tobytes())
+        wait_until(lambda: works[0].recvs_left == 0, 30, "message 0 to land in the relay")
+        assert works[0].sends_left  # rank 2 reads nothing: the relay's write of it waits
+        up[(0, 1)][0].sendall(struct.pack("<QQ", magic, 17))  # one byte more than planned
+        for work in works:
+            with pytest.raises(TransferError) as exc:
+                wait_work(work, what="the relay's receive", timeout_s=30)
+            assert "sent 17 bytes where this receiver planned 16" in str(exc.value)
+        assert torch.equal(first, sent)  # message 0 itself had landed whole
     finally:
         relay.release()
         for a, b in [*up.values(), *down.values()]:

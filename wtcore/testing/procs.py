@@ -4,6 +4,10 @@ A ``multiprocessing`` process and a ``subprocess.Popen`` are stopped the same wa
 signal it (``SIGCONT`` first, so a stopped process can act on the signal), wait for it with one
 deadline shared by all of them, then ``SIGKILL`` whatever still runs and reap it. Only the
 processes passed in are touched, never anything found by name.
+
+``freeze`` stops a process (``SIGSTOP``) and returns only once every thread of it is stopped:
+the kernel stops the threads one after another, so a thread woken by a peer's request can
+still answer it after ``kill`` returned, and a test of a stalled peer would race it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["stop_processes"]
+__all__ = ["freeze", "stop_processes"]
 
 #: Seconds to wait for a process to be reaped after ``SIGKILL``.
 KILL_WAIT_S = 5.0
@@ -59,6 +63,34 @@ def stop_processes(
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
     return killed
+
+
+def freeze(pid: int, timeout_s: float = 30.0) -> None:
+    """``SIGSTOP`` the process ``pid`` (one we started) and wait until all its threads are
+    stopped; ``TimeoutError`` naming it if they are not within ``timeout_s`` (a wide margin:
+    it takes microseconds on an idle machine, longer on a loaded one)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = _thread_states(pid)
+        if states and all(s in "Tt" for s in states):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} not stopped after {timeout_s:g} s: {states}")
+        time.sleep(0.001)
+
+
+def _thread_states(pid: int) -> str:
+    """The one-letter state of each thread of ``pid`` (``/proc``), in one string."""
+    states = []
+    with contextlib.suppress(FileNotFoundError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with (
+                contextlib.suppress(FileNotFoundError, ProcessLookupError),
+                open(f"/proc/{pid}/task/{tid}/stat") as f,
+            ):
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return "".join(states)
 
 
 def _signal(pid: int, sig: int, group: bool) -> None:

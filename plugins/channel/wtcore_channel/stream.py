@@ -389,6 +389,8 @@ class Stream:
         self._down = sorted({peer for peer, _ in lanes if peer != self.up})
         self._next = 0  # the next message's number: it travels on lane _next % LANES
         self._broken: dict[int, str] = {}  # per peer: one broken lane breaks them all
+        #: Why this relay cut its onward connections (:meth:`_break_down`), once it did.
+        self._cut: str | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._where: dict[_Lane, str] = {}
@@ -462,6 +464,8 @@ class Stream:
         """A relay that cannot hand a message on whole: cut its onward connections, so the
         receivers behind it fail now, naming it, instead of at their timeout."""
         with self._lock:
+            if self._cut is None:
+                self._cut = why
             for peer in self._down:
                 self._broken.setdefault(peer, why)
         for (peer, _), sock in self._lanes.items():
@@ -501,6 +505,9 @@ class Stream:
                 else:
                     sock.sendall(view)
             except OSError as e:
+                if self._cut is not None:  # this relay cut it: say why, not "Broken pipe"
+                    self._fail(key, work, TransferError(f"cut by this relay: {self._cut}"))
+                    continue
                 why = "timed out" if isinstance(e, BlockingIOError) else str(e)
                 peer = "the worker" if not self.roles[1] else f"rank {key[0]}"
                 self._fail(key, work, TransferError(f"{why} (is {peer} still running?)"))
