@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from wtcore.errors import TransferTimeoutError
 from wtcore.testing import wait_until
 from wtcore.testing.procs import freeze, stop_processes
 
@@ -128,7 +129,9 @@ def test_freeze_of_a_process_that_cannot_stop_fails_naming_it() -> None:
     """An exited, unreaped child (a zombie) never reaches the stopped state."""
     with _python("print('ready', flush=True)\n") as proc:
         wait_until(lambda: _state(proc.pid) == "Z", 30, "the child exited", poll_s=0.01)
-        with pytest.raises(TimeoutError, match=f"process {proc.pid} not stopped after 0.2 s"):
+        with pytest.raises(
+            TransferTimeoutError, match=f"process {proc.pid} not stopped after 0.2 s"
+        ):
             freeze(proc.pid, timeout_s=0.2)
         proc.wait(30)
 

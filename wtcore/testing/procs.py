@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from wtcore.errors import TransferTimeoutError
+
 __all__ = ["freeze", "stop_processes"]
 
 #: Seconds to wait for a process to be reaped after ``SIGKILL``.
@@ -67,8 +69,8 @@ def stop_processes(
 
 def freeze(pid: int, timeout_s: float = 30.0) -> None:
     """``SIGSTOP`` the process ``pid`` (one we started) and wait until all its threads are
-    stopped; ``TimeoutError`` naming it if they are not within ``timeout_s`` (a wide margin:
-    it takes microseconds on an idle machine, longer on a loaded one)."""
+    stopped; :class:`~wtcore.errors.TransferTimeoutError` naming it if they are not within
+    ``timeout_s`` (a wide margin: microseconds on an idle machine, longer on a loaded one)."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -76,7 +78,9 @@ def freeze(pid: int, timeout_s: float = 30.0) -> None:
         if states and all(s in "Tt" for s in states):
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"process {pid} not stopped after {timeout_s:g} s: {states}")
+            raise TransferTimeoutError(
+                f"process {pid} not stopped after {timeout_s:g} s (thread states {states!r})"
+            )
         time.sleep(0.001)
 
 
