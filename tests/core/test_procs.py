@@ -90,8 +90,7 @@ def test_a_group_is_signalled_and_its_leftover_children_killed() -> None:
 
 def _state(pid: int) -> str | None:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+        return _stat(pid)[0]
     except OSError:
         return None
 
@@ -114,9 +113,7 @@ def test_freeze_returns_once_every_thread_is_stopped() -> None:
             freeze(proc.pid)
             tasks = os.listdir(f"/proc/{proc.pid}/task")
             assert len(tasks) == 4
-            for tid in tasks:
-                with open(f"/proc/{proc.pid}/task/{tid}/stat") as f:
-                    assert f.read().rsplit(")", 1)[1].split()[0] == "T"
+            assert [_stat(proc.pid, tid)[0] for tid in tasks] == ["T"] * 4
             before = _cpu_ticks(proc.pid)
             time.sleep(0.2)
             assert _cpu_ticks(proc.pid) == before
@@ -136,8 +133,10 @@ def test_freeze_of_a_process_that_cannot_stop_fails_naming_it() -> None:
         proc.wait(30)
 
 
-def _stat(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as f:
+def _stat(pid: int, tid: str | None = None) -> list[str]:
+    """The fields of ``/proc``'s stat of ``pid`` (or of its thread ``tid``) after the name."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    with open(path) as f:
         return f.read().rsplit(")", 1)[1].split()
 
 
