@@ -50,7 +50,9 @@ while [[ $# -gt 0 ]]; do
     shift
 done
 
-if [[ -n "$WHEELS" ]] && ! compgen -G "$WHEELS/*.whl" >/dev/null; then
+NWHEELS=0
+[[ -z "$WHEELS" ]] || NWHEELS=$(compgen -G "$WHEELS/*.whl" | wc -l)
+if [[ -n "$WHEELS" && $NWHEELS -eq 0 ]]; then
     echo "gpu-check: --wheels $WHEELS: no .whl files there (scripts/gpu-wheels.sh makes them)" >&2
     exit 2
 fi
@@ -109,8 +111,7 @@ if [[ $DRY -eq 1 || ($FORCE -eq 0 && "$TORCH_LINE" != *"CUDA available: True"*) 
     echo "gpu-check: dry run ($why); on a CUDA machine it would run, each step bounded by timeout,"
     echo "${TOTAL}s at most in all, writing logs, JSON and summary.txt to $OUT_DIR/:"
     if [[ -n "$WHEELS" ]]; then
-        n=$(compgen -G "$WHEELS/*.whl" | wc -l)
-        echo "  first: install the $n wheel(s) in $WHEELS into a temporary folder (no network)"
+        echo "  first: install the $NWHEELS wheel(s) in $WHEELS into a temporary folder (no network)"
     fi
     printf '  %-14s %5s  %s\n' step limit command
     for s in "${STEPS[@]}"; do
@@ -142,7 +143,7 @@ if [[ -n "$WHEELS" ]]; then
         exit 1
     fi
     export PYTHONPATH="$PYTHONPATH:$SITE"
-    echo "gpu-check: installed $(compgen -G "$WHEELS/*.whl" | wc -l) wheel(s) from $WHEELS"
+    echo "gpu-check: installed $NWHEELS wheel(s) from $WHEELS"
 fi
 
 mkdir -p "$OUT_DIR"

@@ -152,13 +152,11 @@ def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(
     worker = WeightSyncWorker("mooncake", ModuleSink(build_module({"w": torch.zeros(256)})))
     with stalling_trainer() as (proc, peer), contextlib.ExitStack() as done:
         done.callback(worker.shutdown)
-        if fault != "unlent":
-            if fault == "killed":
-                os.kill(proc.pid, signal.SIGKILL)
-            else:
-                freeze(proc.pid)
         if fault == "killed":
+            os.kill(proc.pid, signal.SIGKILL)
             proc.wait(30)
+        elif fault == "stopped":
+            freeze(proc.pid)
         worker.init_weight_transfer_engine(
             {
                 "endpoint": peer["endpoint"],
