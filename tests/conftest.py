@@ -28,6 +28,7 @@ PROCESSES: dict[str, bool] = {
     "core/test_cli_plugins.py": True,  # `wtcore plugins` as a subprocess, fake plugins on a path
     "core/test_cli_errors.py::test_console_script_unknown_backend_is_one_line": True,
     "core/test_dtensor_source.py": True,  # two spawned ranks, a gloo process group
+    "core/test_on_ranks.py": True,  # spawned ranks, a gloo rendezvous
     "core/test_gpu_check.py": True,  # scripts/gpu-check.sh
     "core/test_held_source.py::test_pipeline_stages_plan_alike_and_send_only_what_they_hold": True,
     "core/test_receiver_layout.py::test_trainer_plans_from_reports_read_over_http_and_each_receiver_gets_only_its_slices": True,

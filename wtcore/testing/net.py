@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
+import queue
+import signal
 import socket
 import subprocess
+import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing.procs import stop_processes
 
 __all__ = ["free_port", "on_ranks", "spawned", "torchrun"]
@@ -46,18 +52,101 @@ def spawned(
 
 
 def on_ranks(
-    target: Callable[..., Any], world: int, *args: Any, timeout_s: float = 90.0
+    target: Callable[..., Any],
+    world: int,
+    *args: Any,
+    timeout_s: float = 90.0,
+    attempts: int = 3,
 ) -> list[Any]:
     """Run ``target(rank, port, results, *args)`` in ``world`` spawned processes at once: the
     ranks of one process group, ``port`` a free rendezvous port, ``results`` a queue on which
     each puts one item. Returns the ``world`` items in arrival order; every process is
-    stopped, even when one never answers (a ``queue.Empty`` after ``timeout_s``)."""
+    stopped, even when one never answers.
+
+    The port is picked here and bound later by a rank, so another socket can take it in
+    between: a round whose rank fails with ``EADDRINUSE`` (as torch's store reports it) is
+    run again on a fresh port, at most ``attempts`` times. A rank that fails otherwise (or
+    dies) fails the call at once, naming the rank and its error, instead of leaving the
+    others to wait out ``timeout_s`` for a rendezvous that cannot happen.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return _one_try(target, world, args, timeout_s)
+        except _PortTaken:
+            if attempt == attempts:
+                raise TransferError(
+                    f"on_ranks: the rendezvous port was taken {attempts} times in a row"
+                ) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _PortTaken(Exception):
+    """A rank could not bind the rendezvous port (another socket took it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankFailed:
+    """What a rank whose ``target`` raised puts on the results queue instead of its item."""
+
+    rank: int
+    error: str
+
+
+def _run_rank(target: Callable[..., Any], rank: int, port: int, results: Any, *args: Any) -> None:
+    """A rank's body: ``target``, its exception put on ``results`` for the parent to see."""
+    try:
+        target(rank, port, results, *args)
+    except Exception:
+        results.put(_RankFailed(rank, traceback.format_exc()))
+        raise
+
+
+def _next(results: Any, procs: list[Any], deadline: float, timeout_s: float, missing: int) -> Any:
+    """The next item on ``results``; fails as soon as no item can come any more (every rank
+    ended, or one was killed by a signal) or at ``deadline``."""
+    while True:
+        try:
+            return results.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+        except queue.Empty:
+            codes = [p.exitcode for p in procs]
+            if all(c is not None for c in codes) or any(c is not None and c < 0 for c in codes):
+                try:  # what a rank put just before it ended may still be on its way
+                    return results.get(timeout=1.0)
+                except queue.Empty:
+                    raise TransferError(
+                        f"on_ranks: {missing} result(s) missing and the ranks ended with "
+                        f"exit codes {codes} (by rank; negative: killed by that signal)"
+                    ) from None
+            if time.monotonic() >= deadline:
+                alive = [r for r, c in enumerate(codes) if c is None]
+                raise TransferTimeoutError(
+                    f"on_ranks: {missing} result(s) missing after {timeout_s} s "
+                    f"(ranks still running: {alive})"
+                ) from None
+
+
+def _one_try(target: Callable[..., Any], world: int, args: Any, timeout_s: float) -> list[Any]:
     results = mp.get_context("spawn").Queue()
     port = free_port()
+    got: list[Any] = []
     with contextlib.ExitStack() as stack:
-        for rank in range(world):
-            stack.enter_context(spawned(target, rank, port, results, *args))
-        return [results.get(timeout=timeout_s) for _ in range(world)]
+        procs = [
+            stack.enter_context(spawned(_run_rank, target, rank, port, results, *args))
+            for rank in range(world)
+        ]
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(got) < world:
+                item = _next(results, procs, deadline, timeout_s, world - len(got))
+                if isinstance(item, _RankFailed):
+                    if "EADDRINUSE" in item.error:
+                        raise _PortTaken
+                    raise TransferError(f"on_ranks: rank {item.rank} failed:\n{item.error}")
+                got.append(item)
+        except BaseException:  # the others wait for a rank that is gone: stop them all at once
+            stop_processes(procs, 5.0, sig=signal.SIGTERM)
+            raise
+    return got
 
 
 def torchrun(
