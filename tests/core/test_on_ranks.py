@@ -1,5 +1,5 @@
-"""``on_ranks``: real spawned ranks and a real gloo rendezvous; the port race and the ranks
-that fail, die or hang come back as clear errors, without waiting out the timeout."""
+"""``on_ranks`` and ``torchrun``: real spawned ranks and a real gloo rendezvous; the port race
+and the ranks that fail, die or hang come back as clear errors, without waiting out the timeout."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import datetime
 import os
 import signal
 import socket
+import sys
 import time
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 import wtcore.testing.net as net
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.testing import on_ranks
+from wtcore.testing import on_ranks, torchrun
 
 
 def _gloo_rank(rank: int, port: int, results: Any) -> None:
@@ -96,3 +97,39 @@ def test_a_rank_killed_by_a_signal_fails_the_call_naming_its_exit_code() -> None
 def test_a_rank_that_never_answers_times_out_naming_it() -> None:
     with pytest.raises(TransferTimeoutError, match=r"1 result\(s\) missing after 5 s .*\[0, 1\]"):
         on_ranks(_rank_one_hangs, 2, timeout_s=5)
+
+
+GLOO_SCRIPT = """
+import datetime, os, torch, torch.distributed as dist
+if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
+    raise SystemExit("rank " + os.environ["RANK"] + " gave up")
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+t = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(t)
+print(os.environ["MASTER_PORT"], float(t))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_retries_a_taken_port_on_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = iter([port])
+        real = net.free_port
+        monkeypatch.setattr(net, "free_port", lambda: next(ports, None) or real())
+        ranks = torchrun([sys.executable, "-c", GLOO_SCRIPT], 2, timeout_s=200)
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr for r in ranks]
+    outs = {r.stdout.split()[0] for r in ranks}, {r.stdout.split()[1] for r in ranks}
+    assert outs == ({outs[0].copy().pop()}, {"3.0"}) and str(port) not in outs[0]
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_stops_the_others_soon_after_a_rank_failed() -> None:
+    start = time.monotonic()
+    ranks = torchrun([sys.executable, "-c", GLOO_SCRIPT], 2, env={"FAIL_RANK": "1"}, timeout_s=200)
+    assert ranks[1].returncode == 1 and "rank 1 gave up" in ranks[1].stderr
+    assert ranks[0].returncode == -signal.SIGKILL  # it waited for rank 1 in the rendezvous
+    assert time.monotonic() - start < 150  # not its 120 s rendezvous, nor the 200 s timeout

@@ -10,6 +10,7 @@ import queue
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,6 +20,9 @@ from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing.procs import stop_processes
 
 __all__ = ["free_port", "on_ranks", "spawned", "torchrun"]
+
+RANK_GRACE_S = 10.0
+"""How long ``torchrun``'s other ranks may still run once one failed."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -155,40 +159,74 @@ def torchrun(
     *,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 240.0,
+    attempts: int = 3,
 ) -> list[subprocess.CompletedProcess[str]]:
     """Run ``argv`` as ``world`` ranks at once, with the variables torchrun sets (``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) plus ``env``: each
     rank's exit status and output, in rank order. Every process is killed by PID if it has
-    not ended in ``timeout_s`` (or when the caller fails meanwhile)."""
+    not ended in ``timeout_s`` (or when the caller fails meanwhile). A run in which a rank
+    reports ``EADDRINUSE`` (another socket took ``MASTER_PORT`` after it was picked) is run
+    again on a fresh port, at most ``attempts`` times in all."""
+    for attempt in range(1, attempts + 1):
+        ranks = _torchrun_once(argv, world, env, timeout_s)
+        if attempt == attempts or not any("EADDRINUSE" in r.stderr for r in ranks):
+            return ranks
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _torchrun_once(
+    argv: Sequence[str], world: int, env: Mapping[str, str] | None, timeout_s: float
+) -> list[subprocess.CompletedProcess[str]]:
     port = free_port()
     procs: list[subprocess.Popen[str]] = []
-    try:
-        for rank in range(world):
-            rank_env = {
-                **os.environ,
-                **(env or {}),
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            }
-            procs.append(
-                subprocess.Popen(
-                    list(argv),
-                    env=rank_env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
+    with contextlib.ExitStack() as files:
+        outs = [
+            (
+                files.enter_context(tempfile.TemporaryFile("w+")),
+                files.enter_context(tempfile.TemporaryFile("w+")),
             )
-        outs = [p.communicate(timeout=timeout_s) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate(timeout=30)
+            for _ in range(world)
+        ]
+        try:
+            for rank, (out, err) in enumerate(outs):
+                rank_env = {
+                    **os.environ,
+                    **(env or {}),
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_RANK": str(rank),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                }
+                procs.append(
+                    subprocess.Popen(list(argv), env=rank_env, stdout=out, stderr=err, text=True)
+                )
+            _wait_ranks(procs, timeout_s)
+        finally:
+            stop_processes(procs, 0.0)  # kills, by PID, whatever still runs
+        texts = []
+        for out, err in outs:
+            out.seek(0)
+            err.seek(0)
+            texts.append((out.read(), err.read()))
     return [
         subprocess.CompletedProcess(list(argv), p.returncode, out, err)
-        for p, (out, err) in zip(procs, outs, strict=True)
+        for p, (out, err) in zip(procs, texts, strict=True)
     ]
+
+
+def _wait_ranks(procs: list[subprocess.Popen[str]], timeout_s: float) -> None:
+    """Wait until every rank ended; once one failed, the others get ``RANK_GRACE_S`` to end
+    too (they may wait on it in a rendezvous). Raises after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while [p.poll() for p in procs].count(None):  # polls them all (any() would stop early)
+        if any(p.returncode for p in procs):
+            deadline = min(deadline, time.monotonic() + RANK_GRACE_S)
+        if time.monotonic() >= deadline:
+            running = [r for r, p in enumerate(procs) if p.returncode is None]
+            if any(p.returncode for p in procs):
+                return  # the failed rank's output says why; the others are killed
+            raise TransferTimeoutError(
+                f"torchrun: ranks {running} still running after {timeout_s} s"
+            )
+        time.sleep(0.1)
