@@ -80,3 +80,36 @@ def test_make_state_is_one_builder_of_the_shared_test_models(
 def test_make_state_names_its_kinds() -> None:
     with pytest.raises(PayloadError, match=r"kind must be one of \('edges', 'layers', 'wide'\)"):
         make_state(0, "tiny")
+
+
+def test_free_port_draws_below_the_kernels_ephemeral_range_and_never_twice() -> None:
+    import socket
+
+    from wtcore.testing import free_port
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(x) for x in f.read().split())
+    ports = [free_port() for _ in range(100)]
+    assert len(set(ports)) == 100  # a test may pick several before it binds any
+    # where no outgoing connection's source port, nor bind(0), can take it meanwhile
+    assert all(p < low or p > high for p in ports), (low, high, ports)
+    with socket.socket() as s:  # and it is free
+        s.bind(("127.0.0.1", ports[-1]))
+
+
+def test_free_port_skips_a_port_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+    import socket
+
+    import wtcore.testing.net as net
+
+    with socket.socket() as busy, socket.socket() as probe:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        probe.bind(("127.0.0.1", 0))
+        taken, free = busy.getsockname()[1], probe.getsockname()[1]
+        probe.close()
+        draws = iter([taken, taken, free])
+        monkeypatch.setattr(net, "_ephemeral_range", lambda: (60000, 60999))
+        monkeypatch.setattr(random, "choice", lambda pool: next(draws))
+        assert net.free_port() == free  # the port in use was drawn twice and passed over

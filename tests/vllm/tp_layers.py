@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from typing import Any
 
@@ -115,9 +114,9 @@ def _run(rank: int, port: int, out: Any) -> None:
 
 
 def main() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from wtcore.testing import free_port
+
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_run, args=(r, port, out)) for r in range(2)]

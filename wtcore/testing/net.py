@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -26,14 +28,49 @@ RANK_GRACE_S = 10.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago.
+    """A TCP port that is free on ``host`` now, outside the kernel's ephemeral range.
 
-    Another process can take it before the caller binds it; that race is acceptable for
-    benchmarks and tests on one host, never for production rendezvous with fixed ports.
+    The caller (or a child) binds it later, and until then another socket can take it. The
+    likeliest taker is any connection the host opens meanwhile: the kernel gives each one a
+    source port from ``ip_local_port_range``, as it gives ``bind(0)``. So the port is drawn
+    below that range (where neither ever lands), checked free by binding it, and not handed
+    out again by this process for a while. Fine for benchmarks and tests on one host, never
+    for production rendezvous with fixed ports.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    low, high = _ephemeral_range()
+    pool = range(PORTS_FROM, low) if low - PORTS_FROM >= 1000 else range(high + 1, 65536)
+    for _ in range(200):
+        port = random.choice(pool)
+        if port in _given:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # in use (or lingering in TIME_WAIT): draw another
+        _given.append(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded host: any port
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+PORTS_FROM = 20000
+"""The lowest port :func:`free_port` draws (clear of the well-known and registered ports
+that local services most often use)."""
+
+#: The ports this process handed out lately (a test may pick several before binding any).
+_given: collections.deque[int] = collections.deque(maxlen=512)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for source ports and ``bind(0)`` (Linux's default if unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
 
 
 @contextlib.contextmanager
