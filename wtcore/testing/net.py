@@ -110,15 +110,15 @@ def on_ranks(
     dies) fails the call at once, naming the rank and its error, instead of leaving the
     others to wait out ``timeout_s`` for a rendezvous that cannot happen.
     """
-    for attempt in range(1, attempts + 1):
-        try:
+    for _ in range(attempts - 1):
+        with contextlib.suppress(_PortTaken):
             return _one_try(target, world, args, timeout_s)
-        except _PortTaken:
-            if attempt == attempts:
-                raise TransferError(
-                    f"on_ranks: the rendezvous port was taken {attempts} times in a row"
-                ) from None
-    raise AssertionError("unreachable")  # pragma: no cover
+    try:
+        return _one_try(target, world, args, timeout_s)
+    except _PortTaken:
+        raise TransferError(
+            f"on_ranks: the rendezvous port was taken {attempts} times in a row"
+        ) from None
 
 
 class _PortTaken(Exception):
@@ -204,11 +204,12 @@ def torchrun(
     not ended in ``timeout_s`` (or when the caller fails meanwhile). A run in which a rank
     reports ``EADDRINUSE`` (another socket took ``MASTER_PORT`` after it was picked) is run
     again on a fresh port, at most ``attempts`` times in all."""
-    for attempt in range(1, attempts + 1):
+    ranks = _torchrun_once(argv, world, env, timeout_s)
+    for _ in range(attempts - 1):
+        if not any("EADDRINUSE" in r.stderr for r in ranks):
+            break
         ranks = _torchrun_once(argv, world, env, timeout_s)
-        if attempt == attempts or not any("EADDRINUSE" in r.stderr for r in ranks):
-            return ranks
-    raise AssertionError("unreachable")  # pragma: no cover
+    return ranks
 
 
 def _torchrun_once(
