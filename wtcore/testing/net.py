@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import multiprocessing as mp
 import os
 import queue
@@ -25,6 +26,10 @@ __all__ = ["free_port", "on_ranks", "spawned", "torchrun"]
 
 RANK_GRACE_S = 10.0
 """How long ``torchrun``'s other ranks may still run once one failed."""
+
+PORT_TAKEN = "EADDRINUSE"
+"""What a rank's error says when the rendezvous port was taken (torch's store names the errno);
+``on_ranks`` and ``torchrun`` run such a round again on a fresh port."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -63,8 +68,10 @@ that local services most often use)."""
 _given: collections.deque[int] = collections.deque(maxlen=512)
 
 
+@functools.cache
 def _ephemeral_range() -> tuple[int, int]:
-    """The kernel's range for source ports and ``bind(0)`` (Linux's default if unreadable)."""
+    """The kernel's range for source ports and ``bind(0)`` (Linux's default if unreadable),
+    read once per process."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low, high = (int(x) for x in f.read().split())
@@ -146,27 +153,27 @@ def _next(results: Any, procs: list[Any], deadline: float, timeout_s: float, mis
     """The next item on ``results``; fails as soon as no item can come any more (every rank
     ended, or one was killed by a signal) or at ``deadline``."""
     while True:
-        try:
+        with contextlib.suppress(queue.Empty):
             return results.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
-        except queue.Empty:
-            codes = [p.exitcode for p in procs]
-            if all(c is not None for c in codes) or any(c is not None and c < 0 for c in codes):
-                try:  # what a rank put just before it ended may still be on its way
-                    return results.get(timeout=1.0)
-                except queue.Empty:
-                    raise TransferError(
-                        f"on_ranks: {missing} result(s) missing and the ranks ended with "
-                        f"exit codes {codes} (by rank; negative: killed by that signal)"
-                    ) from None
-            if time.monotonic() >= deadline:
-                alive = [r for r, c in enumerate(codes) if c is None]
-                raise TransferTimeoutError(
-                    f"on_ranks: {missing} result(s) missing after {timeout_s} s "
-                    f"(ranks still running: {alive})"
-                ) from None
+        codes = [p.exitcode for p in procs]
+        if all(c is not None for c in codes) or any(c is not None and c < 0 for c in codes):
+            with contextlib.suppress(queue.Empty):  # what a rank put as it ended may still come
+                return results.get(timeout=1.0)
+            raise TransferError(
+                f"on_ranks: {missing} result(s) missing and the ranks ended with "
+                f"exit codes {codes} (by rank; negative: killed by that signal)"
+            )
+        if time.monotonic() >= deadline:
+            alive = [r for r, c in enumerate(codes) if c is None]
+            raise TransferTimeoutError(
+                f"on_ranks: {missing} result(s) missing after {timeout_s} s "
+                f"(ranks still running: {alive})"
+            )
 
 
-def _one_try(target: Callable[..., Any], world: int, args: Any, timeout_s: float) -> list[Any]:
+def _one_try(
+    target: Callable[..., Any], world: int, args: tuple[Any, ...], timeout_s: float
+) -> list[Any]:
     results = mp.get_context("spawn").Queue()
     port = free_port()
     got: list[Any] = []
@@ -180,7 +187,7 @@ def _one_try(target: Callable[..., Any], world: int, args: Any, timeout_s: float
             while len(got) < world:
                 item = _next(results, procs, deadline, timeout_s, world - len(got))
                 if isinstance(item, _RankFailed):
-                    if "EADDRINUSE" in item.error:
+                    if PORT_TAKEN in item.error:
                         raise _PortTaken
                     raise TransferError(f"on_ranks: rank {item.rank} failed:\n{item.error}")
                 got.append(item)
@@ -206,7 +213,7 @@ def torchrun(
     again on a fresh port, at most ``attempts`` times in all."""
     ranks = _torchrun_once(argv, world, env, timeout_s)
     for _ in range(attempts - 1):
-        if not any("EADDRINUSE" in r.stderr for r in ranks):
+        if not any(PORT_TAKEN in r.stderr for r in ranks):
             break
         ranks = _torchrun_once(argv, world, env, timeout_s)
     return ranks
@@ -258,12 +265,13 @@ def _wait_ranks(procs: list[subprocess.Popen[str]], timeout_s: float) -> None:
     too (they may wait on it in a rendezvous). Raises after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while [p.poll() for p in procs].count(None):  # polls them all (any() would stop early)
-        if any(p.returncode for p in procs):
+        failed = any(p.returncode for p in procs)
+        if failed:
             deadline = min(deadline, time.monotonic() + RANK_GRACE_S)
         if time.monotonic() >= deadline:
-            running = [r for r, p in enumerate(procs) if p.returncode is None]
-            if any(p.returncode for p in procs):
+            if failed:
                 return  # the failed rank's output says why; the others are killed
+            running = [r for r, p in enumerate(procs) if p.returncode is None]
             raise TransferTimeoutError(
                 f"torchrun: ranks {running} still running after {timeout_s} s"
             )
