@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,7 @@ from wtcore.testing.contract import assert_state_equal
 from wtcore.testing.procs import freeze, stop_processes
 from wtcore_kit.inproc import InProcessClient
 from wtcore_mooncake import MooncakeTrainerInitInfo
+from wtcore_mooncake.worker import MooncakeWorkerEngine
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -176,6 +178,25 @@ def test_a_trainer_that_dies_or_stalls_fails_the_round_in_time_naming_it(
         assert worker.weight_info()["consistent"] is False  # failed, nothing published
 
 
+def _init(peer: dict[str, Any]) -> dict[str, Any]:
+    """The handshake of a :func:`stalling_trainer`: its 1 MiB buffer as the one slot."""
+    return {
+        "endpoint": peer["endpoint"],
+        "slots": [[peer["address"], 1 << 20]],
+        "packed_buffer_size_bytes": 1 << 20,
+        "timeout_s": 3.0,
+    }
+
+
+def _read(peer: dict[str, Any], name: str, offset: int) -> dict[str, Any]:
+    """An update reading 64 float32s, ``name``, from ``offset`` in the trainer's buffer."""
+    return {
+        **metas_to_wire([ParamMeta(name, torch.float32, (64,))]),
+        "regions": [[peer["address"] + offset, 256]],
+        "nbytes": 256,
+    }
+
+
 def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> None:
     """A read into the model's own tensor, stalled by a SIGSTOPped trainer, times out and fails
     its round; Mooncake cannot cancel it, and it lands once the trainer runs again. The next
@@ -186,26 +207,13 @@ def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> 
     worker = WeightSyncWorker("mooncake", ModuleSink(model))
     with stalling_trainer(fill=1) as (proc, peer), contextlib.ExitStack() as done:
         done.callback(worker.shutdown)
-        init = {
-            "endpoint": peer["endpoint"],
-            "slots": [[peer["address"], 1 << 20]],
-            "packed_buffer_size_bytes": 1 << 20,
-            "timeout_s": 3.0,
-        }
-
-        def update(name: str, offset: int) -> dict[str, Any]:
-            return {
-                **metas_to_wire([ParamMeta(name, torch.float32, (64,))]),
-                "regions": [[peer["address"] + offset, 256]],
-                "nbytes": 256,
-            }
-
+        init = _init(peer)
         worker.init_weight_transfer_engine(init)
         worker.start_weight_update()
-        worker.update_weights(update("a", 0))  # a round's first bucket goes through staging
+        worker.update_weights(_read(peer, "a", 0))  # a round's first bucket goes through staging
         freeze(proc.pid)  # every thread stopped: none can still answer the read
         with pytest.raises(TransferTimeoutError, match=peer["endpoint"]):
-            worker.update_weights(update("w", 256))  # read in place, into the model's own tensor
+            worker.update_weights(_read(peer, "w", 256))  # in place: the model's own tensor
         worker.init_weight_transfer_engine(init)  # the trainer's next handshake
         with pytest.raises(TransferTimeoutError, match="1 of the model's tensors"):
             worker.start_weight_update()
@@ -213,8 +221,42 @@ def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> 
         os.kill(proc.pid, signal.SIGCONT)
         worker.start_weight_update()  # waits for the stale read, which now ends
         assert torch.equal(model.w, landed)  # it landed, before this round
-        worker.update_weights(update("a", 512))
-        worker.update_weights(update("w", 768))
+        worker.update_weights(_read(peer, "a", 512))
+        worker.update_weights(_read(peer, "w", 768))
         worker.finish_weight_update()
         assert torch.equal(model.w, landed)
+        assert worker.weight_info()["consistent"] is True
+
+
+def test_a_round_that_did_not_finish_leaves_the_worker_a_fresh_transfer_engine() -> None:
+    """A round that read and did not finish (here its trainer gave up after the first bucket)
+    makes the worker close this process's transfer engine before its next round and start a
+    fresh one, as the trainer does: after a round cut off mid-read, Mooncake's connections
+    once mixed the next round's bytes with another round's. A finished round keeps the engine
+    (closing one costs about a second)."""
+    model = build_module({"a": torch.zeros(64)})
+    landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
+    worker = WeightSyncWorker("mooncake", ModuleSink(model))
+    with stalling_trainer(fill=1) as (_proc, peer), contextlib.ExitStack() as done:
+        done.callback(worker.shutdown)
+        worker.init_weight_transfer_engine(_init(peer))
+        engine = worker.engine
+        assert isinstance(engine, MooncakeWorkerEngine)
+        worker.start_weight_update()
+        worker.update_weights(_read(peer, "a", 0))
+        worker.finish_weight_update()
+        first = engine.endpoint
+        worker.start_weight_update()  # after a finished round: the same transfer engine
+        assert engine.endpoint == first
+        worker.update_weights(_read(peer, "a", 256))
+        worker.abort_weight_update("the trainer gave up")
+        assert worker.weight_info()["consistent"] is False
+        old = weakref.ref(engine._engine)
+        worker.start_weight_update()  # closes it, and starts a fresh one
+        assert engine.endpoint != first
+        assert old() is None, "the failed round's transfer engine is still open"
+        model.a.zero_()
+        worker.update_weights(_read(peer, "a", 512))
+        worker.finish_weight_update()
+        assert torch.equal(model.a, landed)
         assert worker.weight_info()["consistent"] is True

@@ -27,6 +27,16 @@ then unregistered (the next init registers them again), except memory a timed-ou
 still be writing into, which is kept (alive and registered) until that read ends. While such a
 read may still write into the sink's own tensors, the next round does not start
 (:meth:`MooncakeWorkerEngine._await_stale_reads`).
+
+A round that read and did not finish (a read failed or stalled, another receiver failed, the
+trainer gave up) leaves this process's transfer engine suspect: after such a round, the next
+one's bytes came out mixed with others' on a surviving worker (tests/multinode/test_faults.py,
+about 1 run in 10), and Mooncake gives no way to tell when an engine whose round was cut off
+has stopped writing. So before this worker's next round starts it closes the engine
+(:func:`wtcore_mooncake.te.close`, once every read of the failed round has ended) and starts a
+fresh one (:meth:`MooncakeWorkerEngine._renew_engine`), as the trainer does on its side:
+nothing of the failed round survives on either end. Where the engine is shared (another engine
+of this process holds it) it stays, as before.
 """
 
 from __future__ import annotations
@@ -82,6 +92,11 @@ class MooncakeWorkerEngine(
     staged_bytes: int = 0
     #: Reads that outlived their timeout, until they end.
     _reading: list[_StaleRead]
+    #: This worker's transfer engine, ``host:port`` (a fresh one after a round that failed).
+    endpoint: str = ""
+    #: Whether a read ran in a round that has not finished (see the module docstring).
+    _suspect: bool = False
+    _engine_key: tuple[str, str] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -97,12 +112,18 @@ class MooncakeWorkerEngine(
         return te.host_status()
 
     def init_transfer_engine(self, init_info: MooncakeInitInfo) -> None:
-        import torch
-
         self._release()
         if self._engine is None:
-            self._engine, _ = te.start(te.local_address(init_info.host), init_info.protocol)
-        size = max(n for _, n in init_info.slots)
+            self._engine_key = (te.local_address(init_info.host), init_info.protocol)
+            self._engine, self.endpoint = te.start(*self._engine_key)
+        self._stage(max(n for _, n in init_info.slots))
+        self.in_place_bytes = self.staged_bytes = 0
+        super().init_transfer_engine(init_info)
+
+    def _stage(self, size: int) -> None:
+        """Allocate and register ``size`` bytes of staging."""
+        import torch
+
         staging = torch.empty(size, dtype=torch.uint8, device="cpu")
         rc = self._engine.register_memory(staging.data_ptr(), size)
         if rc != 0:
@@ -110,8 +131,23 @@ class MooncakeWorkerEngine(
                 f"Mooncake could not register {size} bytes of staging (status {rc})"
             )
         self._staging = staging
-        self.in_place_bytes = self.staged_bytes = 0
-        super().init_transfer_engine(init_info)
+
+    def _renew_engine(self) -> None:
+        """Close this process's transfer engine and start a fresh one, once every read of the
+        round that did not finish has ended (see the module docstring); the staging is
+        registered again, the sink's tensors as they are next offered."""
+        self._await_stale_reads(every=True)
+        size = None if self._staging is None else self._staging.numel()
+        self._release()  # unregisters everything, the ended reads' memory included
+        self._engine = None  # te.close refuses an engine something still holds
+        key, self._engine_key = self._engine_key, None
+        if key is not None:
+            te.close(*key)
+            self._engine, self.endpoint = te.start(*key)
+            self._engine_key = key
+            if size is not None:
+                self._stage(size)
+        self._suspect = False
 
     def _destination(self, name: str, dtype: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
         """The sink's tensor for ``name`` as registered bytes; ``None``: read through staging."""
@@ -150,31 +186,37 @@ class MooncakeWorkerEngine(
 
     # abort keeps the round's buffer until the next round: a read may still be writing it
     def start_weight_update(self) -> None:
-        self._await_stale_reads()
+        if self._suspect:
+            self._renew_engine()
+        else:
+            self._await_stale_reads()
         self._drop_round()
         super().start_weight_update()
 
-    def _await_stale_reads(self) -> None:
+    def _await_stale_reads(self, *, every: bool = False) -> None:
         """Wait for every read that outlived its round and may still write into the sink's
-        own tensors, up to its ``timeout_s``; one still running fails this round's start.
+        own tensors (``every``: any read), up to its ``timeout_s``; one still running fails
+        this round's start.
 
         Mooncake cannot cancel a read: one that timed out lands whatever reaches it later (a
         link that comes back delivers what the trainer had sent), and in a tensor read in place
         that could be after this round wrote it, and was published. It ends once the trainer,
-        which closes its transfer engine after a failed round, resets its connection.
+        which closes its transfer engine after a failed round, resets its connection. A
+        transfer engine that a read still runs on cannot be closed either (``every``).
         """
         for call, _, sinks, wait_s in self._reading:
-            if sinks and not call.wait(wait_s):
+            if (sinks or every) and not call.wait(wait_s):
+                where = f"{sinks} of the model's tensors" if sinks else "this worker's staging"
                 raise TransferTimeoutError(
-                    f"a read of a failed round may still write into {sinks} of the model's "
-                    f"tensors: it has not ended {wait_s:g} s later, and this round would race "
-                    "with it"
+                    f"a read of a failed round may still write into {where}: it has not ended "
+                    f"{wait_s:g} s later, and this round would race with it"
                 )
         self._forget_ended_reads()  # their sink tensors can be registered again
 
     def finish_weight_update(self) -> None:
         self._drop_round()
         super().finish_weight_update()
+        self._suspect = False  # every read of the round ended, and the round did
 
     def _take_senders(self, update: SendersUpdate) -> None:
         """A sharded round's senders: every trainer rank's endpoint and slots, checked, and a
@@ -355,6 +397,7 @@ class MooncakeWorkerEngine(
     ) -> None:
         """Wait for ``call``, a read of ``what`` into the buffers ``into``; a read that fails
         or stalls fails the round (see the module docstring)."""
+        self._suspect = True  # until the round finishes
         if not call.wait(timeout_s):
             sinks = sum(t.data_ptr() in self._direct for t in into)
             self._reading.append(_StaleRead(call, into, sinks, timeout_s))
@@ -400,4 +443,5 @@ class MooncakeWorkerEngine(
 
     def shutdown(self) -> None:
         self._release()  # the transfer engine is the process's (te.start), and stays
+        self._engine = None  # not held here any more: te.close may end it
         super().shutdown()
