@@ -231,9 +231,9 @@ def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> 
 def test_a_round_that_did_not_finish_leaves_the_worker_a_fresh_transfer_engine() -> None:
     """A round that read and did not finish (here its trainer gave up after the first bucket)
     makes the worker close this process's transfer engine before its next round and start a
-    fresh one, as the trainer does: after a round cut off mid-read, Mooncake's connections
-    once mixed the next round's bytes with another round's. A finished round keeps the engine
-    (closing one costs about a second)."""
+    fresh one, as the trainer does: after a round cut off mid-read, the next round once came
+    out mixed on a surviving worker (tests/multinode/test_faults.py). A finished round keeps
+    the engine (closing one costs about a second)."""
     model = build_module({"a": torch.zeros(64)})
     landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
     worker = WeightSyncWorker("mooncake", ModuleSink(model))

@@ -31,7 +31,7 @@ read may still write into the sink's own tensors, the next round does not start
 A round that read and did not finish (a read failed or stalled, another receiver failed, the
 trainer gave up) leaves this process's transfer engine suspect: after such a round, the next
 one's bytes came out mixed with others' on a surviving worker (tests/multinode/test_faults.py,
-about 1 run in 10), and Mooncake gives no way to tell when an engine whose round was cut off
+1 run in 15), and Mooncake gives no way to tell when an engine whose round was cut off
 has stopped writing. So before this worker's next round starts it closes the engine
 (:func:`wtcore_mooncake.te.close`, once every read of the failed round has ended) and starts a
 fresh one (:meth:`MooncakeWorkerEngine._renew_engine`), as the trainer does on its side:
