@@ -32,6 +32,14 @@ PORT_TAKEN = "EADDRINUSE"
 ``on_ranks`` and ``torchrun`` run such a round again on a fresh port."""
 
 
+PORTS_FROM = 20000
+"""The lowest port :func:`free_port` draws (clear of the well-known and registered ports
+that local services most often use)."""
+
+#: The ports this process handed out lately (a test may pick several before binding any).
+_given: collections.deque[int] = collections.deque(maxlen=512)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` now, outside the kernel's ephemeral range.
 
@@ -58,14 +66,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded host: any port
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-PORTS_FROM = 20000
-"""The lowest port :func:`free_port` draws (clear of the well-known and registered ports
-that local services most often use)."""
-
-#: The ports this process handed out lately (a test may pick several before binding any).
-_given: collections.deque[int] = collections.deque(maxlen=512)
 
 
 @functools.cache

@@ -140,11 +140,10 @@ class MooncakeWorkerEngine(
         size = None if self._staging is None else self._staging.numel()
         self._release()  # unregisters everything, the ended reads' memory included
         self._engine = None  # te.close refuses an engine something still holds
-        key, self._engine_key = self._engine_key, None
+        key = self._engine_key
         if key is not None:
             te.close(*key)
             self._engine, self.endpoint = te.start(*key)
-            self._engine_key = key
             if size is not None:
                 self._stage(size)
         self._suspect = False
