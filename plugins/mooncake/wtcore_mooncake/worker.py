@@ -33,7 +33,8 @@ trainer gave up) leaves this process's transfer engine suspect: after such a rou
 one's bytes came out mixed with others' on a surviving worker (tests/multinode/test_faults.py,
 1 run in 15), and Mooncake gives no way to tell when an engine whose round was cut off
 has stopped writing. So before this worker's next round starts it closes the engine
-(:func:`wtcore_mooncake.te.close`, once every read of the failed round has ended) and starts a
+(:func:`wtcore_mooncake.te.close`, once every read of the failed round has ended; while one
+into staging still runs, at a later round) and starts a
 fresh one (:meth:`MooncakeWorkerEngine._renew_engine`), as the trainer does on its side:
 nothing of the failed round survives on either end. Where the engine is shared (another engine
 of this process holds it) it stays, as before.
@@ -136,7 +137,9 @@ class MooncakeWorkerEngine(
         """Close this process's transfer engine and start a fresh one, once every read of the
         round that did not finish has ended (see the module docstring); the staging is
         registered again, the sink's tensors as they are next offered."""
-        self._await_stale_reads(every=True)
+        self._await_stale_reads()
+        if self._reading:  # a read into staging still runs on the engine: renewed later
+            return
         size = None if self._staging is None else self._staging.numel()
         self._release()  # unregisters everything, the ended reads' memory included
         self._engine = None  # te.close refuses an engine something still holds
@@ -192,23 +195,21 @@ class MooncakeWorkerEngine(
         self._drop_round()
         super().start_weight_update()
 
-    def _await_stale_reads(self, *, every: bool = False) -> None:
+    def _await_stale_reads(self) -> None:
         """Wait for every read that outlived its round and may still write into the sink's
-        own tensors (``every``: any read), up to its ``timeout_s``; one still running fails
-        this round's start.
+        own tensors, up to its ``timeout_s``; one still running fails this round's start.
 
         Mooncake cannot cancel a read: one that timed out lands whatever reaches it later (a
         link that comes back delivers what the trainer had sent), and in a tensor read in place
         that could be after this round wrote it, and was published. It ends once the trainer,
-        which closes its transfer engine after a failed round, resets its connection. A
-        transfer engine that a read still runs on cannot be closed either (``every``).
+        which closes its transfer engine after a failed round, resets its connection.
         """
         for call, _, sinks, wait_s in self._reading:
-            if (sinks or every) and not call.wait(wait_s):
-                where = f"{sinks} of the model's tensors" if sinks else "this worker's staging"
+            if sinks and not call.wait(wait_s):
                 raise TransferTimeoutError(
-                    f"a read of a failed round may still write into {where}: it has not ended "
-                    f"{wait_s:g} s later, and this round would race with it"
+                    f"a read of a failed round may still write into {sinks} of the model's "
+                    f"tensors: it has not ended {wait_s:g} s later, and this round would race "
+                    "with it"
                 )
         self._forget_ended_reads()  # their sink tensors can be registered again
 
