@@ -1,11 +1,10 @@
-"""The streamed broadcasts over gloo on loopback: 3 worker processes, real gloo.
+"""The forwarding broadcast (``broadcast="chain"``) on loopback: 3 worker processes, real gloo.
 
-The chain (``broadcast="chain"``): rank 1 receives from the trainer and forwards to rank 2,
-which forwards to rank 3; messages larger than a chunk travel as several chunks, relayed while
-the next one arrives. The fan-out (``"fanout"``, the default on loopback): the trainer streams
-to every rank itself. After every round each worker holds the trainer's weights bit for bit,
-packed and unpacked, across buffer sizes and a re-handshake. (The namespaced version of the
-chain, with a relay that dies, is in tests/multinode/test_chain.py.)
+Rank 1 receives from the trainer and forwards to rank 2, which forwards to rank 3; messages
+larger than a chunk travel as several chunks, relayed while the next one arrives. After every
+round each worker holds the trainer's weights bit for bit, packed and unpacked, across
+buffer sizes and a re-handshake. (The namespaced version, with a relay that dies, is in
+tests/multinode/test_chain.py.)
 """
 
 from __future__ import annotations
@@ -27,25 +26,24 @@ pytestmark = [pytest.mark.timeout(180)]
 BIG_NUMEL = CHUNK_BYTES * 5 // 8
 
 
-def _info(workers: int, broadcast: str, **kw: object) -> NCCLTrainerInitInfo:
+def _info(workers: int, **kw: object) -> NCCLTrainerInitInfo:
     return loopback_info(
         world_size=1 + workers,
         timeout_s=20.0,
         torch_num_threads=1,
-        broadcast=broadcast,
+        broadcast="chain",
         **kw,
     )
 
 
-@pytest.mark.parametrize("broadcast", ["chain", "fanout"])
-def test_streamed_rounds_bit_exact_over_three_workers(broadcast: str) -> None:
+def test_chain_rounds_bit_exact_over_three_workers() -> None:
     workers = 3
     state0 = make_state(0, big=BIG_NUMEL)
     with fleet(workers, spec_of(state0)) as f:
         seed = 1
         for packed, buffer_size in ((True, 16 << 10), (False, 1 << 30)):
-            info = _info(workers, broadcast, packed=packed, packed_buffer_size_bytes=buffer_size)
-            assert info.worker_init_info().broadcast == broadcast
+            info = _info(workers, packed=packed, packed_buffer_size_bytes=buffer_size)
+            assert info.worker_init_info().broadcast == "chain"
             with WeightTransferTrainerFactory.trainer_init(info, client=f.client) as trainer:
                 for _ in range(2):
                     state = make_state(seed, big=BIG_NUMEL)
@@ -63,13 +61,13 @@ def test_streamed_rounds_bit_exact_over_three_workers(broadcast: str) -> None:
 def test_broadcast_option_is_validated(cls: type) -> None:
     common = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 2}
     extra = {"rank": 0} if cls is NCCLTrainerInitInfo else {"rank_offset": 1}
-    with pytest.raises(PayloadError, match="broadcast: expected .*collective, chain, fanout, got"):
+    with pytest.raises(PayloadError, match="broadcast: expected .*collective, chain, got"):
         cls(**common, **extra, broadcast="ring")
     info = cls(**common, **extra)
     worker = info.worker_init_info() if cls is NCCLTrainerInitInfo else info
-    # One worker on loopback: the trainer's auto is the fan-out (over gloo); a worker init
-    # that names no broadcast (a trainer that sends only vLLM's fields) is the collective.
-    assert worker.broadcast == ("fanout" if cls is NCCLTrainerInitInfo else "collective")
+    # One worker: the trainer's auto is the chain (over gloo); a worker init that names no
+    # broadcast (a trainer that sends only vLLM's fields) is the collective.
+    assert worker.broadcast == ("chain" if cls is NCCLTrainerInitInfo else "collective")
 
 
 def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
@@ -94,37 +92,14 @@ def test_a_stalled_chain_names_the_rank_it_waits_for() -> None:
             wait_work(works[1], what="rank 2's receive", timeout_s=30)
 
 
-def test_a_stalled_fanout_names_the_sender() -> None:
-    """The same with the fan-out: ranks 1 and 2 both wait on rank 0, the sender, and say so;
-    once the streams' own timeout ends the receives, each failure names it, with its
-    address."""
-    world = 3
-    with groups_on_threads(world, broadcast="fanout", timeout_s=3.0) as groups:
-        bufs = [torch.zeros(64, dtype=torch.uint8) for _ in range(world)]
-        works = [groups[r].broadcast(bufs[r]) for r in (1, 2)]
-        for rank, work in zip((1, 2), works, strict=True):
-            with pytest.raises(TransferTimeoutError, match=r"from rank 0 \(the sender\)"):
-                wait_work(work, what=f"rank {rank}'s receive", timeout_s=0.3)
-        first = r"receiving a message of 64 bytes from rank 0 \(the sender\)"
-        for rank, work in zip((1, 2), works, strict=True):
-            with pytest.raises(TransferError, match=f"{first} at 127.0.0.1:.* timed out after 3 s"):
-                wait_work(work, what=f"rank {rank}'s receive", timeout_s=30)
-
-
 @pytest.mark.parametrize("published", ["", "127.0.0.1", "127.0.0.1 0", "127.0.0.1 70000", "h x"])
-@pytest.mark.parametrize("fanout", [False, True])
-def test_a_malformed_stream_address_in_the_store_is_refused_naming_the_rank(
-    published: str, fanout: bool
-) -> None:
-    """A stream address (chain or fan-out) is read from the handshake's store and checked
-    before it is used."""
+def test_a_malformed_chain_address_in_the_store_is_refused_naming_the_rank(published: str) -> None:
+    """A chain address is read from the handshake's store and checked before it is used."""
     from wtcore.testing import free_port
     from wtcore_nccl.chain import stream_chain
     from wtcore_nccl.group import host_store
 
     store = host_store("127.0.0.1", free_port(), 2, 10)
     store.set("chain/0", published)
-    with pytest.raises(PayloadError, match="rank 0's stream address in the store is malformed"):
-        stream_chain(
-            store, rank=1, world_size=2, host="127.0.0.1", token="t", timeout_s=5, fanout=fanout
-        )
+    with pytest.raises(PayloadError, match="rank 0's chain address in the store is malformed"):
+        stream_chain(store, rank=1, world_size=2, host="127.0.0.1", token="t", timeout_s=5)

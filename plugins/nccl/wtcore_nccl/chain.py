@@ -35,11 +35,6 @@ receivers behind it fail at once, naming it. Each rank but the last listens on i
 address (the one its gloo device uses) on a port of the kernel's choice, publishes it in the
 handshake's store, and the next rank connects to it with a hello signed by the handshake's
 secret.
-
-On one host the same streams may go straight from the sender to every receiver instead
-(``broadcast="fanout"``, gloo only): the sender listens, every receiver connects to it, and
-no receiver relays. There is no link to spare on loopback, and the chain's relay hops cost
-more than the sender's extra writes (docs/nccl.md, "Broadcast").
 """
 
 from __future__ import annotations
@@ -58,29 +53,18 @@ if TYPE_CHECKING:
 
     from wtcore_channel.stream import Stream
 
-__all__ = [
-    "BROADCASTS",
-    "CHUNK_BYTES",
-    "FANOUT_ROLES",
-    "ROLES",
-    "Chain",
-    "ChainWork",
-    "stream_chain",
-]
+__all__ = ["BROADCASTS", "CHUNK_BYTES", "ROLES", "Chain", "ChainWork", "stream_chain"]
 
-#: The broadcast modes of the nccl engine: the process group's own broadcast, this chain, or
-#: (gloo only) streams from the sender to every receiver. (``"stream"`` is the ``tcp`` engine
-#: since 0.2; a trainer config that asks for it gets the collective and a
-#: ``DeprecationWarning``.)
-BROADCASTS: tuple[str, ...] = ("collective", "chain", "fanout")
+#: The broadcast modes of the nccl engine: the process group's own broadcast, or this chain.
+#: (``"stream"``, TCP streams per worker, is the ``tcp`` engine since 0.2; a trainer config
+#: that asks for it gets the collective and a ``DeprecationWarning``.)
+BROADCASTS: tuple[str, ...] = ("collective", "chain")
 #: Bytes per chunk: small enough that filling a chain of a few hops costs little, large
 #: enough that per-message overhead stays negligible (docs/benchmarks.md).
 CHUNK_BYTES = 1 << 20
 _TAGS = 1 << 30
 #: How the chain's streams name a rank's previous and next rank in errors.
 ROLES = ("the previous rank of the chain", "the next rank of the chain")
-#: How the fan-out's streams name the sender and a receiver in errors.
-FANOUT_ROLES = ("the sender", "a receiver")
 _POLL_S = 0.01
 
 
@@ -264,7 +248,6 @@ def stream_chain(
     token: str,
     timeout_s: float,
     poll: Callable[[], None] | None = None,
-    fanout: bool = False,
 ) -> Stream:
     """This rank's hops of the chain on CPU: TCP streams (see the module docstring).
 
@@ -272,29 +255,26 @@ def stream_chain(
     handshake's own prefix store); every rank but the first connects to its previous rank's
     published address, signing its hello with ``token``. Accepting runs on a thread while
     this rank connects, so the chain forms in one pass whatever order the ranks arrive in.
-    With ``fanout`` only the sender listens, and every receiver connects to it.
     """
     from wtcore_channel.listen import listen_on
     from wtcore_channel.stream import Stream, accept_lanes, connect_lanes
     from wtcore_kit.concurrency import BackgroundCall
 
-    prev = None if rank == 0 else (0 if fanout else rank - 1)
-    below = list(range(1, world_size)) if fanout else [rank + 1]
-    roles = FANOUT_ROLES if fanout else ROLES
+    prev = rank - 1 if rank > 0 else None
     lanes: dict[tuple[int, int], Any] = {}
     accepting = None
     listener = None
-    if (rank == 0 or not fanout) and rank + 1 < world_size:
-        listener = listen_on(host, 0, f"rank {rank}'s stream port", field="gloo device ")
+    if rank + 1 < world_size:
+        listener = listen_on(host, 0, f"rank {rank}'s chain port", field="gloo device ")
         store.set(f"chain/{rank}", f"{host} {listener.getsockname()[1]}")
         accepting = BackgroundCall(
-            accept_lanes, listener, ranks=below, token=token, timeout_s=timeout_s,
+            accept_lanes, listener, ranks=[rank + 1], token=token, timeout_s=timeout_s,
             me=f"rank {rank}", name="wtcore-nccl-chain-accept",
         )  # fmt: skip
     try:
         if prev is not None:
-            address, port = _published(store, prev, timeout_s, poll, roles[0])
-            name = f"rank {prev} ({roles[0]})"
+            address, port = _published(store, prev, timeout_s, poll)
+            name = f"rank {prev} ({ROLES[0]})"
             up = connect_lanes(
                 address,
                 port,
@@ -313,7 +293,7 @@ def stream_chain(
                     poll()
                 if time.monotonic() >= deadline:
                     raise TransferTimeoutError(
-                        f"rank(s) {below} ({roles[1]}) never connected to rank {rank}"
+                        f"rank {rank + 1} ({ROLES[1]}) never connected to rank {rank}"
                     )
             lanes.update(accepting.result(0))
     except BaseException:
@@ -323,11 +303,11 @@ def stream_chain(
     finally:
         if listener is not None:
             listener.close()
-    return Stream(rank, lanes, timeout_s, up=prev, roles=roles)
+    return Stream(rank, lanes, timeout_s, up=prev, roles=ROLES)
 
 
 def _published(
-    store: Any, peer: int, timeout_s: float, poll: Callable[[], None] | None, role: str
+    store: Any, peer: int, timeout_s: float, poll: Callable[[], None] | None
 ) -> tuple[str, int]:
     """Rank ``peer``'s chain address from the store, checked before it is used."""
     key = f"chain/{peer}"
@@ -337,11 +317,11 @@ def _published(
             poll()
         if time.monotonic() >= deadline:
             raise TransferTimeoutError(
-                f"rank {peer} ({role}) published no stream address within {timeout_s:g} s"
+                f"rank {peer} ({ROLES[0]}) published no chain address within {timeout_s:g} s"
             )
         time.sleep(_POLL_S)
     text = bytes(store.get(key))[:300].decode("utf-8", "replace")
     host, _, port = text.partition(" ")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise PayloadError(f"rank {peer}'s stream address in the store is malformed: {text!r}")
+        raise PayloadError(f"rank {peer}'s chain address in the store is malformed: {text!r}")
     return host, int(port)

@@ -30,7 +30,6 @@ __all__ = [
     "NCCLInitInfo",
     "NCCLTrainerInitInfo",
     "NCCLUpdateInfo",
-    "is_loopback",
     "resolve_broadcast",
     "resolve_transport",
 ]
@@ -50,17 +49,15 @@ def resolve_transport(transport: str, device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-def resolve_broadcast(broadcast: str, transport: str, world_size: int, address: str = "") -> str:
-    """The concrete broadcast: ``auto`` means, over gloo, the fan-out when the rendezvous
-    ``address`` is a loopback one (every rank is on this host) and the chain otherwise; the
-    collective over NCCL (whose own broadcast already pipelines through a ring).
+def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
+    """The concrete broadcast: ``auto`` means the chain over gloo, and the collective over
+    NCCL (whose own broadcast already pipelines through a ring).
 
-    Over gloo both are TCP streams (:func:`wtcore_nccl.chain.stream_chain`): they have no
-    rendezvous per message, so they beat gloo's collective with any number of workers, one
-    included. Under a bandwidth cap the chain carries each byte once per link, where a
-    fan-out sends one copy per worker from the sender's link; on one host there is no link to
-    spare and the fan-out saves the relays' hops (docs/nccl.md, "Broadcast", has the rule and
-    its measurements).
+    Over gloo the chain's hops are TCP streams (:func:`wtcore_nccl.chain.stream_chain`): they
+    have no rendezvous per message, so on one host they beat gloo's collective with any
+    number of workers, one included, and under a bandwidth cap they carry each byte once
+    per link where the collective sends one copy per worker from the sender's link
+    (docs/nccl.md, "Broadcast", has the rule and its measurements).
     """
     if broadcast == "stream":
         warnings.warn(
@@ -75,30 +72,9 @@ def resolve_broadcast(broadcast: str, transport: str, world_size: int, address: 
         raise PayloadError(
             f"broadcast: expected auto or one of {', '.join(BROADCASTS)}, got {broadcast!r}"
         )
-    if broadcast == "fanout" and transport != "gloo":
-        raise PayloadError(
-            "broadcast: 'fanout' is for the gloo transport (CPU); over NCCL use 'collective' "
-            "(NCCL's own broadcast pipelines through a ring) or 'chain'"
-        )
     if broadcast != "auto":
         return broadcast
-    if transport != "gloo":
-        return "collective"
-    return "fanout" if is_loopback(address) else "chain"
-
-
-def is_loopback(address: str) -> bool:
-    """Whether ``address`` (the rendezvous address) can only be reached from this host:
-    ``localhost`` or a loopback IP address. A host name is not resolved (it may name this
-    host on every interface)."""
-    import ipaddress
-
-    if address.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    return "chain" if transport == "gloo" else "collective"
 
 
 def _check_group(
@@ -117,12 +93,10 @@ def _check_group(
     if broadcast == "stream":
         raise PayloadError(
             "broadcast: 'stream' is the 'tcp' engine since wtcore 0.2; the trainer must use "
-            "backend 'tcp' (pip install wtcore-tcp), or 'collective', 'chain' or 'fanout' here"
+            "backend 'tcp' (pip install wtcore-tcp), or 'collective' or 'chain' here"
         )
     if broadcast not in BROADCASTS:
         raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
-    if broadcast == "fanout" and transport == "nccl":
-        raise PayloadError("broadcast: 'fanout' is for the gloo transport, got transport 'nccl'")
 
 
 @dataclass
@@ -142,12 +116,10 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
     (:class:`wtcore_channel.ChannelTrainerInitInfo`).
 
     ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
-    broadcast), ``"chain"`` (workers relay chunks to the next rank, so the sender's link
-    carries each byte once; :mod:`wtcore_nccl.chain`) or, over gloo, ``"fanout"`` (streams
-    from the sender to every worker). The default, ``"auto"``, is over gloo the fan-out when
-    ``master_address`` is a loopback address and the chain otherwise, and the collective over
-    NCCL (:func:`resolve_broadcast`); docs/nccl.md says when each wins. ``"stream"`` is
-    deprecated: it is the ``tcp`` engine.
+    broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
+    carries each byte once; :mod:`wtcore_nccl.chain`). The default, ``"auto"``, is the chain
+    over gloo and the collective over NCCL (:func:`resolve_broadcast`); docs/nccl.md says
+    when each wins. ``"stream"`` is deprecated: it is the ``tcp`` engine.
     """
 
     backend: ClassVar[str] = "nccl"
@@ -183,9 +155,7 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
 
     @property
     def resolved_broadcast(self) -> str:
-        return resolve_broadcast(
-            self.broadcast, self.resolved_transport, self.world_size, self.master_address
-        )
+        return resolve_broadcast(self.broadcast, self.resolved_transport, self.world_size)
 
     def worker_init_info(self, secret: str = "") -> NCCLInitInfo:
         """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1).

@@ -141,14 +141,13 @@ class Group:
     transport: str
     generation: int
     #: The forwarding chain (``broadcast="chain"``, :mod:`wtcore_nccl.chain`): point to point
-    #: on NCCL, TCP streams on gloo, as is the fan-out (``"fanout"``); ``None`` for the
-    #: collective.
+    #: on NCCL, TCP streams on gloo; ``None`` for the collective.
     chain: Chain | Stream | None = None
 
     @property
     def checks_sizes(self) -> bool:
-        """Only the streams (chain or fan-out): gloo aborts the receiving process on a
-        message longer than its receive, so there every receive waits for its frame header
+        """Only the chain's streams: gloo aborts the receiving process on a message longer
+        than its receive, so there every receive waits for its frame header
         (:class:`wtcore_channel.pipeline.Channel`)."""
         return self.chain is not None and not isinstance(self.chain, Chain)
 
@@ -288,15 +287,12 @@ def join_group(
     ``poll`` runs between short waits (it raises to give up early: the sender uses it to
     fail fast when the worker RPC was rejected, a worker to notice a shutdown). With a
     ``secret`` the handshake's keys live under it (``generation`` is not used).
-    ``broadcast="chain"`` relays every broadcast along the ranks (:mod:`wtcore_nccl.chain`);
-    ``"fanout"`` (gloo only) streams it from rank 0 to every other rank.
+    ``broadcast="chain"`` relays every broadcast along the ranks (:mod:`wtcore_nccl.chain`).
     """
     import torch.distributed as dist
 
     if broadcast not in BROADCASTS:
         raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
-    if broadcast == "fanout" and transport != "gloo":
-        raise PayloadError(f"broadcast: 'fanout' is for the gloo transport, got {transport!r}")
 
     prefix = f"wtcore/nccl/s/{secret}/" if secret else f"wtcore/nccl/g{generation}/"
     gstore = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
@@ -335,12 +331,11 @@ def join_group(
             f"(rank {rank} of {world_size}) failed: {e}"
         ) from e
     chain: Chain | Stream | None = None
-    if broadcast in ("chain", "fanout") and transport == "gloo":
+    if broadcast == "chain" and transport == "gloo":
         try:
             chain = stream_chain(
                 gstore, rank=rank, world_size=world_size, host=_chain_host(address, port),
                 token=secret or f"generation-{generation}", timeout_s=timeout_s, poll=poll,
-                fanout=broadcast == "fanout",
             )  # fmt: skip
         except BaseException:
             del pg
