@@ -214,7 +214,9 @@ def test_a_tied_module_keeps_its_ties() -> None:
 
 def test_the_bench_measures_shared_weights(tmp_path: Any, capsys: Any) -> None:
     """``--engine-option shared_weights=true`` prepares the bench's model (not an init-info
-    field): every round verified, one announcement per round, nothing packed."""
+    field): every round verified, one announcement per round, nothing packed; so does the
+    default (the engine shares the model itself), and ``share_weights=false`` measures the
+    ring."""
     from wtcore.cli import main
 
     small = ["bench", "--backend", "ipc", "--size", "256KiB", "--tensors", "8", "--rounds", "2"]
@@ -224,11 +226,16 @@ def test_the_bench_measures_shared_weights(tmp_path: Any, capsys: Any) -> None:
     run = json.loads(out.read_text())["runs"][0]
     assert run["verified"] is True
     assert all(r["num_buckets"] == 1 and r["phases"]["pack"] == 0 for r in run["rounds"])
+    out_default = tmp_path / "default.json"
+    assert main([*small, "--json", str(out_default)]) == 0
+    default = json.loads(out_default.read_text())["runs"][0]
+    assert default["verified"] is True
+    assert all(r["num_buckets"] == 1 for r in default["rounds"])
+    assert all(r["phases"]["pack"] == 0 for r in default["rounds"][1:]), "round 0 moves it"
     out_ring = tmp_path / "ring.json"
-    assert (
-        main([*small, "--engine-option", "packed_buffer_size_bytes=65536", "--json", str(out_ring)])
-        == 0
-    )
+    ring_options = ["packed_buffer_size_bytes=65536", "share_weights=false"]
+    ring_args = [a for o in ring_options for a in ("--engine-option", o)]
+    assert main([*small, *ring_args, "--json", str(out_ring)]) == 0
     ring = json.loads(out_ring.read_text())["runs"][0]
     assert ring["verified"] is True and all(r["num_buckets"] > 1 for r in ring["rounds"])
     capsys.readouterr()

@@ -271,7 +271,9 @@ def _drive(opts: ShardedBenchOptions) -> dict[str, Any]:
     """Start both fleets and the trainer ranks (each on a node of its own with a link rate)."""
     from wtcore.testing import free_port
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # faulthandler: a rank that dies of a signal leaves every thread's stack in the stderr
+    # that the run's error quotes (a bare "failed (-11)" says nothing)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     env.pop("WTCORE_API_KEY", None)
     m, n = opts.trainer_ranks, opts.receivers
     role = [sys.executable, "-m", "wtcore_bench.sharded"]

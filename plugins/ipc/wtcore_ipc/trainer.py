@@ -7,7 +7,9 @@ workers copy the previous ones out, with no control call per bucket, so buckets 
 and packing and copying overlap. GPU (``cuda``): the kit's per-bucket pipeline, one call per
 bucket. Shared weights (:mod:`wtcore_ipc.shared`): when the source's tensors already live in a
 segment made by :func:`~wtcore_ipc.share_weights`, the round sends their offsets instead, with
-no ring and no copy on this side.
+no ring and no copy on this side. With ``share_weights`` on (the default), the engine makes that
+segment itself at the first round of a :class:`~wtcore.source.ModuleSource` whose model can move
+without anyone noticing (:func:`~wtcore_ipc.shared.why_not_movable`), and closes it at shutdown.
 
 Multi-rank trainers: only the sender (rank 0) stages. Every rank materializes the full tensors
 in lockstep anyway (that is what gathers FSDP shards), so a second gather would add nothing;
@@ -17,16 +19,18 @@ segment, or import the sender's CUDA buffer and copy it to their own GPU). See d
 
 from __future__ import annotations
 
+import logging
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import pack_source
 from wtcore.errors import TransferError, TransferTimeoutError
-from wtcore.source import WeightSource, iter_checked
+from wtcore.source import ModuleSource, WeightSource, iter_checked
 from wtcore_ipc.ring import chunks, wait_until
-from wtcore_ipc.shared import SharedWeights, locate
+from wtcore_ipc.shared import SharedWeights, locate, share_weights, why_not_movable
 from wtcore_ipc.shm import CANCELLED, MAX_RECEIVERS, StagingSegment, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo
 from wtcore_kit.bucketed import BucketedTrainerEngine, BucketUpdateInfo
@@ -36,12 +40,16 @@ if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
+    from wtcore.client import WeightSyncClient
     from wtcore.meta import ParamMeta
     from wtcore.stats import TransferStats
+    from wtcore.trainer import TrainerInitInfo
     from wtcore_ipc.cuda import CudaStaging
 
 
 __all__ = ["IPCTrainerEngine"]
+
+log = logging.getLogger(__name__)
 
 
 class _Resumed(WeightSource):
@@ -142,6 +150,74 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         """The current shared-memory segment (CPU), for diagnostics and tests."""
         return self._memory.name if isinstance(self._memory, StagingSegment) else None
 
+    def __init__(
+        self,
+        init_info: TrainerInitInfo,
+        *,
+        client: WeightSyncClient | None,
+        source: WeightSource | None,
+    ) -> None:
+        super().__init__(init_info, client=client, source=source)
+        #: Models :meth:`_share_once` has looked at (it looks once), and what it shared.
+        self._considered: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._owned: list[SharedWeights] = []
+        #: The round's ModuleSource, for :meth:`_send` (which sees it wrapped, if at all).
+        self._module_source: ModuleSource | None = None
+
+    def send_weights(
+        self,
+        source: WeightSource | None = None,
+        *,
+        weight_version: str | None = None,
+        verify: bool = False,
+    ) -> TransferStats:
+        src = source if source is not None else self.source
+        self._module_source = src if isinstance(src, ModuleSource) else None
+        try:
+            return super().send_weights(source, weight_version=weight_version, verify=verify)
+        finally:
+            self._module_source = None
+
+    def _share_once(self, source: ModuleSource, stats: TransferStats) -> None:
+        """``share_weights``: move ``source``'s model into shared memory, once per model,
+        where that is safe; otherwise (or when it already is) leave it, and rounds go as
+        before. Every later round then copies straight out of the model (:meth:`_send`)."""
+        info = self.info
+        assert isinstance(info, IPCTrainerInitInfo)
+        module = source.module
+        if (
+            not info.share_weights
+            or info.transport != "shm"
+            or not info.is_sender
+            or module in self._considered
+        ):
+            return
+        self._considered.add(module)
+        named: list[tuple[str, torch.Tensor]] = list(module.named_parameters())  # the objects
+        if source.include_buffers:
+            named += list(module.named_buffers())
+        if not named or any(locate(t) is not None for _, t in named):
+            return  # nothing to move, or the caller shared it (share_weights) already
+        reason = why_not_movable(named)
+        if reason is not None:
+            log.info("ipc: the model stays where it is, rounds go through the ring: %s", reason)
+            return
+        try:
+            with stats.phase("pack"):  # the move is a copy of its own, in the round's time
+                self._owned.append(share_weights(dict(named)))
+        except TransferError as e:  # the kernel refused the memory: the ring still works
+            log.warning(
+                "ipc: could not move the model into shared memory (%s); rounds go through the ring",
+                e,
+            )
+
+    def shutdown(self) -> None:
+        """Also close the shared weights this engine made: the model keeps its memory, new
+        workers can no longer map it."""
+        super().shutdown()
+        while self._owned:
+            self._owned.pop().close()
+
     def worker_init_info(self) -> dict[str, Any]:
         info = self.info
         assert isinstance(info, IPCTrainerInitInfo)
@@ -209,6 +285,8 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
             super()._send(source, stats)
             return
+        if self._module_source is not None:
+            self._share_once(self._module_source, stats)
         metas = source.metadata()
         items = iter_checked(source, metas)
         first = next(items, None)

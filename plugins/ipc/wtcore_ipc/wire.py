@@ -47,15 +47,22 @@ class IPCTrainerInitInfo(BucketedTrainerInitInfo):
     trainer packs the next chunks while workers copy out the previous ones.
     ``device`` picks the transport: ``"cpu"`` stages in POSIX shared memory, ``"cuda[:N]"`` in
     GPU memory shared by CUDA IPC.
+    ``share_weights`` (CPU): at its first round the sender moves the model of a
+    :class:`~wtcore.source.ModuleSource` into shared memory (:func:`wtcore_ipc.share_weights`)
+    where that is safe (:func:`wtcore_ipc.shared.why_not_movable`), so rounds copy each byte
+    once instead of twice through the ring; ``False`` leaves the model's memory alone.
     """
 
     backend: ClassVar[str] = "ipc"
     packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
     packed_num_buffers: int = field(default=DEFAULT_NUM_BUFFERS, kw_only=True)
     device: str = field(default="cpu", kw_only=True)
+    share_weights: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.share_weights, bool):
+            raise PayloadError(f"share_weights: expected a bool, got {self.share_weights!r}")
         if not isinstance(self.device, str) or not (
             self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")
         ):
