@@ -6,8 +6,9 @@ where the rounds cross processes; in-process workers where only the trainer's si
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,15 +28,23 @@ def _updates(client: RecordingClient) -> list[dict[str, Any]]:
     return [p for c, p in client.calls if c == "update_weights"]
 
 
-def _in_process(model: torch.nn.Module, **kw: Any) -> tuple[Any, RecordingClient, Any]:
-    """A trainer over ``ModuleSource(model)`` and one in-process worker with a zeroed twin."""
+@contextlib.contextmanager
+def _in_process(
+    model: torch.nn.Module, **kw: Any
+) -> Iterator[tuple[Any, RecordingClient, torch.nn.Module]]:
+    """A trainer over ``ModuleSource(model)`` and one in-process worker with a zeroed twin
+    (``served``); both shut down on exit."""
     served = build_module({n: torch.zeros_like(p) for n, p in model.named_parameters()})
     worker = WeightSyncWorker("ipc", ModuleSink(served))
     client = RecordingClient(InProcessClient([worker], timeout_s=60))
     trainer = WeightTransferTrainerFactory.trainer_init(
         IPCTrainerInitInfo(rank=0, timeout_s=30, **kw), client=client, source=ModuleSource(model)
     )
-    return trainer, client, (worker, served)
+    try:
+        yield trainer, client, served
+    finally:
+        trainer.shutdown()
+        worker.shutdown()
 
 
 def _assert_served(served: torch.nn.Module, model: torch.nn.Module) -> None:
@@ -91,9 +100,8 @@ def _trained(share: bool) -> tuple[torch.nn.Module, torch.nn.Module, list[dict[s
     torch.manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)).to(torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    trainer, client, (worker, served) = _in_process(model, share_weights=share)
     data = torch.randn(4, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(6))
-    try:
+    with _in_process(model, share_weights=share) as (trainer, client, served):
         for step in range(3):
             model(data).float().pow(2).mean().backward()
             optimizer.step()
@@ -101,9 +109,6 @@ def _trained(share: bool) -> tuple[torch.nn.Module, torch.nn.Module, list[dict[s
             trainer.send_weights(weight_version=f"s{step}")
             _assert_served(served, model)
         assert optimizer.param_groups[0]["params"][0] is model[0].weight
-    finally:
-        trainer.shutdown()
-        worker.shutdown()
     return model, served, _updates(client)
 
 
@@ -124,13 +129,9 @@ def test_training_a_moved_model_gives_the_same_weights_as_training_it_in_place()
 def test_share_weights_false_leaves_the_model_where_it_is() -> None:
     model = build_module({"a.w": torch.randn(256, 64), "b.w": torch.randn(64)})
     where = {n: p.data_ptr() for n, p in model.named_parameters()}
-    trainer, client, (worker, served) = _in_process(model, share_weights=False)
-    try:
+    with _in_process(model, share_weights=False) as (trainer, client, served):
         trainer.send_weights(weight_version="v1")
         _assert_served(served, model)
-    finally:
-        trainer.shutdown()
-        worker.shutdown()
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == where
     assert all("num_slots" in u for u in _updates(client))
 
@@ -173,18 +174,16 @@ def test_a_model_others_could_see_moving_stays_where_it_is(
     model = build_module({"a.w": torch.randn(256, 64), "b.w": torch.randn(64)})
     kept = prepare(model)
     where = {n: p.data_ptr() for n, p in model.named_parameters()}
-    trainer, client, (worker, served) = _in_process(model)
-    try:
-        with caplog.at_level(logging.INFO, logger="wtcore_ipc.trainer"):
-            for r in range(2):
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.add_(1)
-                trainer.send_weights(weight_version=f"v{r}")
-                _assert_served(served, model)
-    finally:
-        trainer.shutdown()
-        worker.shutdown()
+    with (
+        _in_process(model) as (trainer, client, served),
+        caplog.at_level(logging.INFO, logger="wtcore_ipc.trainer"),
+    ):
+        for r in range(2):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1)
+            trainer.send_weights(weight_version=f"v{r}")
+            _assert_served(served, model)
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == where
     assert all("num_slots" in u for u in _updates(client))
     said = [r.getMessage() for r in caplog.records if "stays where it is" in r.getMessage()]
@@ -200,8 +199,7 @@ def test_a_tied_model_moves_once_and_stays_tied() -> None:
     head = torch.nn.Linear(16, 32, bias=False)
     head.weight = emb.weight
     model = torch.nn.ModuleDict({"emb": emb, "head": head})
-    trainer, _client, (worker, served) = _in_process(model)
-    try:
+    with _in_process(model) as (trainer, _, served):
         for r in range(2):
             with torch.no_grad():
                 emb.weight.mul_(2)
@@ -211,22 +209,15 @@ def test_a_tied_model_moves_once_and_stays_tied() -> None:
         found = locate(model["emb"].weight)
         assert found is not None and found[1] == 0
         assert found[0].nbytes < 2 * 32 * 16 * 4, "one copy of the table, not two"
-    finally:
-        trainer.shutdown()
-        worker.shutdown()
 
 
 def test_a_model_the_caller_shared_stays_the_caller_s() -> None:
     """The engine neither moves nor closes weights its caller shared with ``share_weights``."""
     model = build_module({"a.w": torch.randn(128, 32)})
     with share_weights(model) as shared:
-        trainer, client, (worker, served) = _in_process(model)
-        try:
+        with _in_process(model) as (trainer, client, served):
             trainer.send_weights(weight_version="v1")
             _assert_served(served, model)
-        finally:
-            trainer.shutdown()
-            worker.shutdown()
         assert shared.name is not None, "still open: it is the caller's to close"
         assert all(u["segment"] == shared.name for u in _updates(client))
 
