@@ -319,3 +319,21 @@ def test_buffers_move_when_the_source_sends_them(include_buffers: bool) -> None:
     finally:
         trainer.shutdown()
         worker.shutdown()
+
+
+def test_a_model_that_left_its_shared_weights_gets_them_closed(procs: Any) -> None:
+    """Parameters replaced after the move (as ``model.to(...)`` or ``model.half()`` do) live
+    elsewhere: the next round goes through the ring, bit-exact, and the engine closes the
+    segment it made, which would otherwise hold the model's old bytes until shutdown."""
+    model = build_module({"a.w": torch.randn(256, 64), "b.w": torch.randn(64)})
+    with _in_process(model) as (trainer, client, served):
+        trainer.send_weights(weight_version="v1")
+        first = _updates(client)[-1]
+        assert "offsets" in first and procs.reachable(first["segment"], first["segment_fd"])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data = p.data.clone() + 1  # new storage, as a dtype or device move makes
+        trainer.send_weights(weight_version="v2")
+        _assert_served(served, model)
+        assert "num_slots" in _updates(client)[-1], "through the ring"
+        assert not procs.reachable(first["segment"], first["segment_fd"]), "closed at once"

@@ -158,9 +158,10 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         source: WeightSource | None,
     ) -> None:
         super().__init__(init_info, client=client, source=source)
-        #: Models :meth:`_share_once` has looked at (it looks once), and what it shared.
+        #: Models :meth:`_share_once` has looked at (it looks once), and what it shared of
+        #: which model (its first tensor: the model has left the segment once that has).
         self._considered: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-        self._owned: list[SharedWeights] = []
+        self._owned: list[tuple[SharedWeights, weakref.ref[torch.Tensor]]] = []
         #: The round's ModuleSource, for :meth:`_send` (which sees it wrapped, if at all).
         self._module_source: ModuleSource | None = None
 
@@ -204,19 +205,33 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             return
         try:
             with stats.phase("pack"):  # the move is a copy of its own, in the round's time
-                self._owned.append(share_weights(dict(named)))
+                shared = share_weights(dict(named))
+            self._owned.append((shared, weakref.ref(named[0][1])))
         except TransferError as e:  # the kernel refused the memory: the ring still works
             log.warning(
                 "ipc: could not move the model into shared memory (%s); rounds go through the ring",
                 e,
             )
 
+    def _close_abandoned(self) -> None:
+        """Close the shared weights this engine made whose model has left them (its first
+        tensor is gone or lives elsewhere: ``model.half()``, ``model.to("cuda")``): the segment
+        would otherwise hold the model's old bytes until shutdown."""
+        kept = []
+        for shared, first in self._owned:
+            t = first()
+            if t is not None and (t.numel() == 0 or shared.offset_of(t) is not None):
+                kept.append((shared, first))
+            else:
+                shared.close()
+        self._owned = kept
+
     def shutdown(self) -> None:
         """Also close the shared weights this engine made: the model keeps its memory, new
         workers can no longer map it."""
         super().shutdown()
         while self._owned:
-            self._owned.pop().close()
+            self._owned.pop()[0].close()
 
     def worker_init_info(self) -> dict[str, Any]:
         info = self.info
@@ -285,6 +300,8 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
             super()._send(source, stats)
             return
+        if self._owned:
+            self._close_abandoned()
         if self._module_source is not None:
             self._share_once(self._module_source, stats)
         metas = source.metadata()
