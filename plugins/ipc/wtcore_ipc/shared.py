@@ -22,6 +22,7 @@ call, so a training loop cannot.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import weakref
@@ -52,21 +53,21 @@ def _give_back_freed_memory() -> None:
     shared memory would hold its memory twice (measured: +512 MiB of RSS for a 512 MiB model
     of 300 tensors). Elsewhere (no glibc) it does nothing.
     """
-    global _malloc_trim
-    if _malloc_trim is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _malloc_trim = libc.malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
-_malloc_trim: Any = None
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or ``None`` where there is none (looked up once)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 class SharedWeights:

@@ -186,13 +186,8 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         info = self.info
         assert isinstance(info, IPCTrainerInitInfo)
         module = source.module
-        if (
-            not info.share_weights
-            or info.transport != "shm"
-            or not info.is_sender
-            or module in self._considered
-        ):
-            return
+        if not info.share_weights or module in self._considered:
+            return  # (only the sender's shm path calls this)
         self._considered.add(module)
         named: list[tuple[str, torch.Tensor]] = list(module.named_parameters())  # the objects
         if source.include_buffers:
