@@ -21,6 +21,7 @@ __all__ = ["field_names", "parse_dataclass", "size_argument", "sizes_argument"]
 T = TypeVar("T")
 
 _NoneType = type(None)
+_HINTS: dict[type, dict[str, Any]] = {}  # each class's type hints, read once
 
 
 def _type_name(tp: Any) -> str:
@@ -50,26 +51,22 @@ def _check(value: Any, tp: Any, path: str) -> Any:
     if tp is _NoneType:
         if value is None:
             return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
     elif origin is list:
         if isinstance(value, list):
             (arg,) = typing.get_args(tp) or (Any,)
+            if arg in (int, str) and all(type(v) is arg for v in value):  # fast: no paths
+                return list(value)
             return [_check(v, arg, f"{path}[{i}]") for i, v in enumerate(value)]
     elif origin is dict or tp is dict:
         if isinstance(value, dict):
             return value
-    elif isinstance(tp, type) and isinstance(value, tp):
+    elif isinstance(tp, type) and isinstance(value, tp):  # str, bool, a class
         return value
     raise PayloadError(f"{path}: expected {_type_name(tp)}, got {_got(value)}")
 
@@ -100,7 +97,7 @@ def parse_dataclass(cls: type[T], data: object, *, what: str) -> T:
             f"{what}: unknown field(s) {', '.join(map(repr, unknown))}; "
             f"valid fields: {', '.join(fields)}"
         )
-    hints = typing.get_type_hints(cls)
+    hints = _HINTS.get(cls) or _HINTS.setdefault(cls, typing.get_type_hints(cls))
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         if name not in data:

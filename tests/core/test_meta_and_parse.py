@@ -64,6 +64,7 @@ class _Info:
     ratio: float = 1.0
     tag: str | None = None
     flag: bool = False
+    sizes: list[int] = field(default_factory=list)
     derived: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
@@ -75,6 +76,9 @@ def test_parse_ok_and_int_widens_to_float() -> None:
     info = parse_dataclass(_Info, {"master_port": 1, "names": ["x"], "ratio": 2}, what="init_info")
     assert info == _Info(1, ["x"], 2.0)
     assert isinstance(info.ratio, float)
+    sizes = [3, 0, 7]
+    parsed = parse_dataclass(_Info, {"master_port": 1, "names": [], "sizes": sizes}, what="i")
+    assert parsed.sizes == sizes and parsed.sizes is not sizes  # the payload's list, copied
 
 
 @pytest.mark.parametrize(
@@ -88,6 +92,9 @@ def test_parse_ok_and_int_widens_to_float() -> None:
         ({"master_port": "1", "names": []}, r"init_info.master_port: expected int, got str '1'"),
         ({"master_port": True, "names": []}, r"init_info.master_port: expected int, got bool"),
         ({"master_port": 1, "names": [1]}, r"init_info.names\[0\]: expected str, got int"),
+        ({"master_port": 1, "names": ["a", "b", 3]}, r"init_info.names\[2\]: expected str"),
+        ({"master_port": 1, "names": [], "sizes": [1, True]}, r"init_info.sizes\[1\]: .*got bool"),
+        ({"master_port": 1, "names": [], "flag": 1}, r"init_info.flag: expected bool, got int"),
         ({"master_port": 1, "names": [], "tag": 5}, r"init_info.tag: expected str \| NoneType"),
         ({"master_port": 70000, "names": []}, r"master_port: must be <= 65535, got 70000"),
         ([1, 2], r"init_info: expected a JSON object, got list"),
