@@ -5,6 +5,7 @@ its tensors once it has loaded a batch. Real sealed segments, in this process.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -18,7 +19,7 @@ from wtcore.sink import ModuleSink
 from wtcore.source import TensorSource
 from wtcore.testing.sources import build_module, zeros_like_state
 from wtcore.worker import WeightSyncWorker
-from wtcore_ipc import IPCTrainerInitInfo, share_weights
+from wtcore_ipc import IPCTrainerInitInfo, share_weights, shm
 from wtcore_ipc.shm import SegmentReader, StagingSegment, _split_bytes
 from wtcore_kit.inproc import InProcessClient
 
@@ -191,19 +192,72 @@ def test_a_worker_copies_on_two_threads_only_where_every_worker_can(
     assert copy_threads(world_size) == threads
 
 
-def test_an_error_on_a_helper_thread_fails_the_read() -> None:
-    """A copy that fails on the second thread must not leave the round looking complete."""
+@contextmanager
+def _reader() -> Iterator[tuple[SegmentReader, int]]:
+    """A worker's reader of a fresh 1 MiB segment, and the offset of its first slot's data."""
     seg = StagingSegment(1 << 20, 1)
     try:
         assert seg.fd is not None
         reader = SegmentReader(seg.name, seg.fd)
         try:
-            good = torch.zeros(100, dtype=torch.uint8)
-            refuses = torch.zeros(100, requires_grad=True)  # in-place copy into it raises
-            at = seg.data_offset(0)
-            with pytest.raises(RuntimeError, match="requires grad"):
-                reader.read_many([(at, good), (at + 100, refuses)], threads=2)
+            yield reader, seg.data_offset(0)
         finally:
             reader.close()
     finally:
         seg.close()
+
+
+def test_an_error_on_a_helper_thread_fails_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy that fails on the second thread must not leave the round looking complete."""
+    real = shm._copy_out
+
+    def fails_on_a_helper(buf: torch.Tensor, reads: Any) -> None:
+        if threading.current_thread().name == "wtcore-ipc-copy":
+            raise RuntimeError("the helper's copy failed")
+        real(buf, reads)
+
+    monkeypatch.setattr(shm, "_copy_out", fails_on_a_helper)
+    with _reader() as (reader, at), pytest.raises(RuntimeError, match="helper's copy failed"):
+        reader.read_many([(at, _flat(100)), (at + 100, _flat(100))], threads=2)
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        torch.zeros(25),  # not bytes
+        torch.zeros(20, 10, dtype=torch.uint8).t(),  # not contiguous
+        torch.zeros(100, dtype=torch.uint8, device="meta"),  # not in this process's memory
+    ],
+    ids=["float32", "transposed", "meta"],
+)
+def test_a_read_into_anything_but_flat_cpu_bytes_is_refused_before_any_copy(
+    out: torch.Tensor,
+) -> None:
+    """The copy writes through raw addresses (memcpy), so what it writes into is checked
+    first: a wrong destination is an error, and the good destination listed before it stays
+    untouched."""
+    with _reader() as (reader, at):
+        reader.view(at, 100).fill_(7)
+        first = _flat(100).fill_(1)
+        with pytest.raises(ValueError, match="contiguous uint8 CPU tensor"):
+            reader.read_many([(at, first), (at, out)], threads=2)
+        assert torch.equal(first, torch.ones(100, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("memcpy", [True, False], ids=["memcpy", "torch-copy"])
+def test_both_copies_land_every_byte(monkeypatch: pytest.MonkeyPatch, memcpy: bool) -> None:
+    """glibc's memcpy where ctypes finds it, torch's copy where it does not: the same bytes."""
+    if not memcpy:
+        monkeypatch.setattr(shm, "_memcpy", lambda: None)
+    else:
+        assert shm._memcpy() is not None, "this host's C library has memcpy"
+    with _reader() as (reader, at):
+        src = torch.randint(0, 256, (5000,), dtype=torch.uint8)
+        reader.view(at, 5000).copy_(src)
+        outs = [_flat(n) for n in (1, 999, 0, 4000)]
+        reads, pos = [], at
+        for o in outs:
+            reads.append((pos, o))
+            pos += o.numel()
+        reader.read_many(reads, threads=2)
+        assert torch.equal(torch.cat(outs), src)
