@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+import weakref
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ __all__ = ["field_names", "parse_dataclass", "size_argument", "sizes_argument"]
 T = TypeVar("T")
 
 _NoneType = type(None)
-_HINTS: dict[type, dict[str, Any]] = {}  # each class's type hints, read once
+_HINTS: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()  # read once
 
 
 def _type_name(tp: Any) -> str:
