@@ -22,12 +22,11 @@ call, so a training loop cannot.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from wtcore.buckets import align
 from wtcore.errors import PayloadError
@@ -53,21 +52,11 @@ def _give_back_freed_memory() -> None:
     shared memory would hold its memory twice (measured: +512 MiB of RSS for a 512 MiB model
     of 300 tensors). Elsewhere (no glibc) it does nothing.
     """
-    trim = _malloc_trim()
+    from wtcore_ipc.shm import _c_function
+
+    trim = _c_function("malloc_trim")
     if trim is not None:
         trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or ``None`` where there is none (looked up once)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 class SharedWeights:

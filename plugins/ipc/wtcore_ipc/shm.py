@@ -55,7 +55,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import ALIGNMENT, align
 from wtcore.errors import PayloadError, TransferError, WrongTypeError
@@ -476,22 +476,32 @@ def _check_stat(st: os.stat_result, where: str) -> None:
 
 
 @functools.cache
+def _c_function(name: str) -> Any:
+    """The C library's function ``name`` through ctypes (which lets go of the GIL for each
+    call), or ``None`` where ctypes cannot load it; looked up once per name."""
+    try:
+        import ctypes
+
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
+@functools.cache
 def _memcpy() -> Callable[[int, int, int], object] | None:
-    """The C library's ``memcpy``, or ``None`` where ctypes cannot load it.
+    """The C library's ``memcpy`` (:func:`_c_function`), typed, or ``None``.
 
     Why not ``Tensor.copy_``: out of a segment into a worker's tensors, glibc's memcpy took
     5-8% less time a round than torch's copy loop (512 MiB in 300 tensors, two threads, in
     turns; docs/benchmarks.md, "ipc"). ctypes lets go of the GIL for the call, as torch does, so
     the copy threads still run at once.
     """
-    try:
-        import ctypes
+    import ctypes
 
-        fn = ctypes.CDLL(None).memcpy
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_void_p
+    fn = _c_function("memcpy")
+    if fn is not None:
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        fn.restype = ctypes.c_void_p
     return fn  # type: ignore[no-any-return]
 
 

@@ -295,8 +295,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
             super()._send(source, stats)
             return
-        if self._owned:
-            self._close_abandoned()
+        self._close_abandoned()
         if self._module_source is not None:
             self._share_once(self._module_source, stats)
         metas = source.metadata()
