@@ -38,10 +38,13 @@ class ByteLedger:
         self.planned, self.landed = {}, {}
 
     def plan(self, metas: object) -> None:
-        """Add one update's announcement (ignored unless it is a list of ``ParamMeta``)."""
+        """Add one update's announcement (ignored unless it is a list of ``ParamMeta``), and
+        pass it on to the sink behind, if that has a ``plan`` (a receiver layer may use it)."""
         if isinstance(metas, Sequence) and all(isinstance(m, ParamMeta) for m in metas):
             for m in metas:
                 self.planned[m.name] = self.planned.get(m.name, 0) + m.nbytes
+        if callable(forward := getattr(self.inner, "plan", None)):
+            forward(metas)
 
     def _land(self, name: str, t: torch.Tensor) -> None:
         self.landed[name] = self.landed.get(name, 0) + t.numel() * t.element_size()

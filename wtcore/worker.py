@@ -92,9 +92,9 @@ class ReceiverLayer(WeightSink, Protocol):
     ``for_chain(chain, sink, staging)`` (the rest of the chain, the user's sink, the
     transactional staging or None), calls :meth:`begin` when a round starts and :meth:`finish`
     before the engine finishes it, and reports ``accepts`` in ``weight_info`` under the layer's
-    name. A layer may refuse a round with :class:`~wtcore.errors.StaleBaseError` while
-    ``applied`` is still False: nothing reached the chain, so the worker keeps the weights'
-    consistency as published.
+    name; a ``plan(metas)`` method gets each update's tensors before they arrive. A layer may
+    refuse a round (:class:`~wtcore.errors.StaleBaseError`) while ``applied`` is still False:
+    nothing reached the chain, so the worker keeps the weights' consistency as published.
     """
 
     #: Whether this receiver takes the layer's rounds (reported in ``weight_info``).

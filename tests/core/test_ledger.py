@@ -90,3 +90,31 @@ def test_a_skipped_tensor_fails_the_round_naming_it(worker: Any) -> None:
     assert info["rounds_failed"] == 1 and "fewer bytes than planned" in info["last_error"]
     got = info["round_bytes"]
     assert got["planned"] - got["landed"] == nbytes
+
+
+def test_each_announcement_is_passed_on_to_the_sink_behind_that_plans() -> None:
+    """A receiver layer behind the ledger (wtcore-delta's) learns what each update announces
+    before any of it arrives; a sink without ``plan`` is left alone; the ledger still counts."""
+    from wtcore.ledger import ByteLedger
+    from wtcore.meta import ParamMeta
+
+    class Planning:
+        def __init__(self) -> None:
+            self.plans: list[object] = []
+
+        def load_weights(self, weights: Any) -> None:
+            raise AssertionError("nothing loaded in this test")
+
+        def plan(self, metas: object) -> None:
+            self.plans.append(metas)
+
+    metas = [ParamMeta("a", torch.float32, (2, 3))]
+    inner = Planning()
+    ledger = ByteLedger(inner)
+    ledger.plan(metas)
+    ledger.plan(None)  # an engine that announces nothing: passed on as it is
+    assert inner.plans == [metas, None]
+    assert ledger.planned == {"a": 24}
+    plain = ByteLedger(ModuleSink(build_module({"a": torch.zeros(2, 3)})))
+    plain.plan(metas)  # no plan behind: nothing to pass on, no error
+    assert plain.planned == {"a": 24}

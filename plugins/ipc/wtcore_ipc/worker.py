@@ -271,8 +271,9 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
         Until it has, a tensor the sink offers no place for is loaded at once, alone. Why: a
         sink may offer its tensors only once the round's first batch told it what kind of
-        round this is (a delta sink does), and the rest of the round is then read in place
-        instead of staged in fresh memory (16 MiB a round before, page faults included).
+        round this is (a delta sink does when the round announced its header first), and the
+        rest of the round is then read in place instead of staged in fresh memory (16 MiB a
+        round before, page faults included).
         """
         group = []
         for m, off in zip(bucket.metas, bucket.offsets, strict=True):
