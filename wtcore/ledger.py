@@ -29,8 +29,10 @@ __all__ = ["ByteLedger"]
 class ByteLedger:
     """Counts planned and landed bytes per tensor name for the open round."""
 
-    def __init__(self, inner: WeightSink) -> None:
+    def __init__(self, inner: WeightSink, layers: Sequence[object] = ()) -> None:
         self.inner = inner
+        #: The worker's receiver layers that take each announcement (``plan``), in order.
+        self.planners: list[Any] = [x for x in layers if callable(getattr(x, "plan", None))]
         self.planned: dict[str, int] = {}
         self.landed: dict[str, int] = {}
 
@@ -39,12 +41,12 @@ class ByteLedger:
 
     def plan(self, metas: object) -> None:
         """Add one update's announcement (ignored unless it is a list of ``ParamMeta``), and
-        pass it on to the sink behind, if that has a ``plan`` (a receiver layer may use it)."""
+        pass it on, as it is, to the receiver layers that take it (before any tensor lands)."""
         if isinstance(metas, Sequence) and all(isinstance(m, ParamMeta) for m in metas):
             for m in metas:
                 self.planned[m.name] = self.planned.get(m.name, 0) + m.nbytes
-        if callable(forward := getattr(self.inner, "plan", None)):
-            forward(metas)
+        for layer in self.planners:
+            layer.plan(metas)
 
     def _land(self, name: str, t: torch.Tensor) -> None:
         self.landed[name] = self.landed.get(name, 0) + t.numel() * t.element_size()
@@ -70,11 +72,8 @@ class ByteLedger:
 
     def check(self) -> None:
         """Raise :class:`PayloadError` naming every announced tensor that got fewer bytes."""
-        short = [
-            (n, self.landed.get(n, 0), p)
-            for n, p in self.planned.items()
-            if self.landed.get(n, 0) < p
-        ]
+        short = [(n, self.landed.get(n, 0), p) for n, p in self.planned.items()]
+        short = [(n, got, want) for n, got, want in short if got < want]
         if short:
             shown = ", ".join(f"{n!r} ({got} of {want} bytes)" for n, got, want in short[:5])
             more = ", ..." if len(short) > 5 else ""

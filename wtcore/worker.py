@@ -92,7 +92,7 @@ class ReceiverLayer(WeightSink, Protocol):
     ``for_chain(chain, sink, staging)`` (the rest of the chain, the user's sink, the
     transactional staging or None), calls :meth:`begin` when a round starts and :meth:`finish`
     before the engine finishes it, and reports ``accepts`` in ``weight_info`` under the layer's
-    name; a ``plan(metas)`` method gets each update's tensors before they arrive. A layer may
+    name; its ``plan(metas)``, if any, gets each update's tensors before they land. A layer may
     refuse a round (:class:`~wtcore.errors.StaleBaseError`) while ``applied`` is still False:
     nothing reached the chain, so the worker keeps the weights' consistency as published.
     """
@@ -169,7 +169,8 @@ class WeightSyncWorker:
             layer = RECEIVER_LAYERS.load(layer_name).for_chain(engine_sink, sink, self._staging)
             self._layers.append((layer_name, layer))
             engine_sink = layer
-        engine_sink = self._ledger = ByteLedger(engine_sink)  # what the engine delivers
+        # What the engine delivers; each update's announcement also reaches the layers.
+        engine_sink = self._ledger = ByteLedger(engine_sink, [x for _, x in self._layers])
         self.engine: WeightTransferEngine[Any, Any] = WeightTransferEngineFactory.create_engine(
             self.config, sink=engine_sink, device=device, rank=rank, world_size=world_size
         )

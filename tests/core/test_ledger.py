@@ -92,9 +92,10 @@ def test_a_skipped_tensor_fails_the_round_naming_it(worker: Any) -> None:
     assert got["planned"] - got["landed"] == nbytes
 
 
-def test_each_announcement_is_passed_on_to_the_sink_behind_that_plans() -> None:
-    """A receiver layer behind the ledger (wtcore-delta's) learns what each update announces
-    before any of it arrives; a sink without ``plan`` is left alone; the ledger still counts."""
+def test_each_announcement_reaches_the_layers_that_plan_and_no_other_sink() -> None:
+    """A receiver layer (wtcore-delta's) learns what each update announces before any of it
+    lands; a layer without ``plan`` is skipped, and a sink that merely has a method of that
+    name (the user's, behind the layers) is never called; the ledger still counts."""
     from wtcore.ledger import ByteLedger
     from wtcore.meta import ParamMeta
 
@@ -109,12 +110,10 @@ def test_each_announcement_is_passed_on_to_the_sink_behind_that_plans() -> None:
             self.plans.append(metas)
 
     metas = [ParamMeta("a", torch.float32, (2, 3))]
-    inner = Planning()
-    ledger = ByteLedger(inner)
+    users, first, second = Planning(), Planning(), Planning()
+    ledger = ByteLedger(users, [first, object(), second])
     ledger.plan(metas)
     ledger.plan(None)  # an engine that announces nothing: passed on as it is
-    assert inner.plans == [metas, None]
+    assert first.plans == second.plans == [metas, None]
+    assert users.plans == [], "only layers are asked"
     assert ledger.planned == {"a": 24}
-    plain = ByteLedger(ModuleSink(build_module({"a": torch.zeros(2, 3)})))
-    plain.plan(metas)  # no plan behind: nothing to pass on, no error
-    assert plain.planned == {"a": 24}

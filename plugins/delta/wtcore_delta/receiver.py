@@ -102,16 +102,15 @@ class DeltaSink:
         return self._items is not None
 
     def plan(self, metas: object) -> None:
-        """One update's announced tensors (the worker's ledger passes them on before any of
-        them arrives). A delta round's header is its first tensor, so a round whose first
-        announced tensor is anything else is a full round: destinations are then offered from
-        its first tensor on, which is received in place instead of staged in fresh memory and
-        copied (9.6 MB a round in the bench's 512 MiB model: ipc rounds about 4% faster)."""
+        """One update's announced tensors, before any of them lands (the worker passes them
+        on: ``wtcore.worker.ReceiverLayer``). A delta round's header is its first tensor, so
+        a round whose first announced tensor is anything else is a full round: destinations
+        are then offered from its first tensor on, which is received in place instead of
+        staged in fresh memory and copied (9.6 MB a round in the bench's 512 MiB model: ipc
+        rounds about 4% faster)."""
         first = metas[0] if isinstance(metas, Sequence) and metas else None
         if self._first and self._full is None and isinstance(first, ParamMeta):
             self._full = first.name != HEADER_NAME
-        if callable(forward := getattr(self.chain, "plan", None)):
-            forward(metas)
 
     def destination(
         self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
