@@ -26,24 +26,9 @@ from typing import Any
 TIMEOUT_S = 120.0
 
 
-class _Store:
-    """The three calls ``stream_chain`` makes of its rendezvous store, over a shared dict."""
-
-    def __init__(self, shared: Any) -> None:
-        self.shared = shared
-
-    def set(self, key: str, value: str) -> None:
-        self.shared[key] = value
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.shared for k in keys)
-
-    def get(self, key: str) -> bytes:
-        return str(self.shared[key]).encode()
-
-
-def _run(rank: int, args: argparse.Namespace, shared: Any, barrier: Any, out: Any) -> None:
+def _run(rank: int, args: argparse.Namespace, port: int, barrier: Any, out: Any) -> None:
     import torch
+    import torch.distributed as dist
 
     from wtcore_kit.synthetic import synthetic_state
     from wtcore_nccl.chain import stream_chain
@@ -51,10 +36,12 @@ def _run(rank: int, args: argparse.Namespace, shared: Any, barrier: Any, out: An
     torch.set_num_threads(1)
     state = synthetic_state(args.size_mib << 20, args.tensors, "bfloat16", 0)
     tensors = list(state.values()) if rank == 0 else [torch.zeros_like(t) for t in state.values()]
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, 3, is_master=rank == 0, timeout=timedelta(seconds=TIMEOUT_S)
+    )
     stream = stream_chain(
-        _Store(shared), rank=rank, world_size=3, host="127.0.0.1", token="c" * 32,
-        timeout_s=TIMEOUT_S,
-    )  # fmt: skip
+        store, rank=rank, world_size=3, host="127.0.0.1", token="c" * 32, timeout_s=TIMEOUT_S
+    )
     rows = []
     try:
         for _ in range(args.rounds):
@@ -85,19 +72,20 @@ def main() -> None:
     p.add_argument("--tensors", type=int, default=300)
     p.add_argument("--rounds", type=int, default=12)
     args = p.parse_args()
+    from wtcore.testing.net import free_port
+
     ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        shared, barrier, out = manager.dict(), ctx.Barrier(3), ctx.Queue()
-        procs = [ctx.Process(target=_run, args=(r, args, shared, barrier, out)) for r in range(3)]
+    port, barrier, out = free_port(), ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_run, args=(r, args, port, barrier, out)) for r in range(3)]
+    for proc in procs:
+        proc.start()
+    try:
+        results = sorted(out.get(timeout=TIMEOUT_S * (args.rounds + 2)) for _ in procs)
+    finally:
         for proc in procs:
-            proc.start()
-        try:
-            results = sorted(out.get(timeout=TIMEOUT_S * (args.rounds + 2)) for _ in procs)
-        finally:
-            for proc in procs:
-                proc.join(TIMEOUT_S)
-                if proc.is_alive():
-                    proc.terminate()
+            proc.join(TIMEOUT_S)
+            if proc.is_alive():
+                proc.terminate()
     warm = slice(2, None) if args.rounds > 3 else slice(None)  # the first rounds touch fresh pages
     cpu = 0.0
     for rank, rows, exact in results:

@@ -76,9 +76,10 @@ class DeltaSink:
         self._items: dict[str, str] | None = None
         self._specs: dict[str, tuple[str, list[int]]] = {}
         self._seen: set[str] = set()
+        #: Whether the open round's kind is still unknown (no batch, no telling announcement).
         self._first = True
-        #: Whether the open round's first announcement said it is a full round (see plan).
-        self._full: bool | None = None
+        #: Whether the open round's first announcement came (only that one decides, see plan).
+        self._planned = False
         #: Whether anything of the open round reached the chain.
         self.applied = False
 
@@ -95,7 +96,7 @@ class DeltaSink:
         self._base = version if consistent else None
         self._lineage = None
         self._items, self._seen, self._first, self.applied = None, set(), True, False
-        self._full = None
+        self._planned = False
 
     @property
     def delta_round(self) -> bool:
@@ -109,8 +110,9 @@ class DeltaSink:
         staged in fresh memory and copied (9.6 MB a round in the bench's 512 MiB model: ipc
         rounds about 4% faster)."""
         first = metas[0] if isinstance(metas, Sequence) and metas else None
-        if self._first and self._full is None and isinstance(first, ParamMeta):
-            self._full = first.name != HEADER_NAME
+        if self._first and not self._planned and isinstance(first, ParamMeta):
+            self._planned = True
+            self._first = first.name == HEADER_NAME  # else known full: a header is refused
 
     def destination(
         self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
@@ -121,7 +123,7 @@ class DeltaSink:
         :meth:`plan`, or else its first batch, was not the header: a patch must be decoded,
         never received in place), nor for the delta header.
         """
-        if (self._first and not self._full) or self._items is not None or name == HEADER_NAME:
+        if self._first or self._items is not None or name == HEADER_NAME:
             return None
         offer = getattr(self.chain, "destination", None)
         t = offer(name, dtype, shape) if callable(offer) else None
@@ -135,7 +137,7 @@ class DeltaSink:
             return
         if self._first:
             self._first = False
-            if batch[0][0] == HEADER_NAME and not self._full:  # else refused below
+            if batch[0][0] == HEADER_NAME:
                 self._items = self._open(DeltaHeader.from_tensor(batch[0][1]))
                 batch = batch[1:]
                 if not batch:
