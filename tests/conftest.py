@@ -1,5 +1,5 @@
-"""Shared test configuration: the ``processes`` marker by folder, and GPU tests skip themselves on
-machines without CUDA.
+"""Shared test configuration: the ``processes`` marker by folder, GPU tests skip themselves on
+machines without CUDA, and each test starts from the session's bound on Mooncake's stalls.
 
 ``make quick`` runs every test not marked ``processes`` (nor ``vllm``, ``ray``, ``multinode``,
 ``gpu``). A test is marked ``processes`` when it starts anything outside this one Python process
@@ -13,6 +13,8 @@ the most specific entry wins.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,17 @@ def _skip_gpu_tests(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _mooncake_stall_bound() -> Iterator[None]:
+    """A mooncake worker sets its process's bound on stalled transfers
+    (``wtcore_mooncake.te.bound_stalls``): restored after each test, so that no later test,
+    nor a process it starts, inherits one test's."""
+    name = "MC_TCP_PROGRESS_TIMEOUT_SEC"
+    before = os.environ.get(name)
+    yield
+    if before is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = before

@@ -28,7 +28,7 @@ from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
 from wtcore.testing.procs import freeze, stop_processes
 from wtcore_kit.inproc import InProcessClient
-from wtcore_mooncake import MooncakeTrainerInitInfo
+from wtcore_mooncake import MooncakeTrainerInitInfo, te
 from wtcore_mooncake.worker import MooncakeWorkerEngine
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -197,11 +197,15 @@ def _read(peer: dict[str, Any], name: str, offset: int) -> dict[str, Any]:
     }
 
 
-def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> None:
+def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A read into the model's own tensor, stalled by a SIGSTOPped trainer, times out and fails
-    its round; Mooncake cannot cancel it, and it lands once the trainer runs again. The next
-    round cannot start while it may still land (it could do so over that round's bytes, after
-    publication); once it has, the next round starts and rewrites the tensor."""
+    its round; Mooncake cannot cancel it, and (with the user's own 60 s bound on stalls, which
+    the worker keeps) it lands once the trainer runs again. The next round cannot start while
+    it may still land (it could do so over that round's bytes, after publication); once it
+    has, the next round starts and rewrites the tensor."""
+    monkeypatch.setenv(te.PROGRESS_ENV, "60")
     model = build_module({"a": torch.zeros(64), "w": torch.zeros(64)})
     landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
     worker = WeightSyncWorker("mooncake", ModuleSink(model))
@@ -226,6 +230,60 @@ def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended() -> 
         worker.finish_weight_update()
         assert torch.equal(model.w, landed)
         assert worker.weight_info()["consistent"] is True
+    assert os.environ[te.PROGRESS_ENV] == "60"  # the user's, kept
+
+
+def test_a_stalled_read_ends_inside_mooncake_and_the_next_round_need_not_wait_for_it() -> None:
+    """Without a bound of the user's, the worker bounds Mooncake's stalled TCP transfers by
+    just over its ``timeout_s`` (Mooncake's own bound is 30 s): a read into the model's own
+    tensor, stalled by a SIGSTOPped trainer, fails inside Mooncake a second after the worker
+    gave up on it (and its start_weight_update waits for that second). The
+    next round starts while that trainer is still stopped (before, it waited for the trainer to
+    run again), and nothing of the stalled read lands after: the tensor keeps its old bytes
+    until a round writes it."""
+    model = build_module({"a": torch.zeros(64), "w": torch.zeros(64)})
+    landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
+    worker = WeightSyncWorker("mooncake", ModuleSink(model))
+    with stalling_trainer(fill=1) as (proc, peer), contextlib.ExitStack() as done:
+        done.callback(worker.shutdown)
+        init = _init(peer)
+        worker.init_weight_transfer_engine(init)
+        assert os.environ[te.PROGRESS_ENV] == "4"  # just over the init's timeout_s, 3.0
+        worker.start_weight_update()
+        worker.update_weights(_read(peer, "a", 0))  # a round's first bucket goes through staging
+        freeze(proc.pid)
+        with pytest.raises(TransferTimeoutError, match=peer["endpoint"]):
+            worker.update_weights(_read(peer, "w", 256))  # in place: the model's own tensor
+        worker.init_weight_transfer_engine(init)
+        worker.start_weight_update()  # the stalled read has ended: nothing to wait for
+        worker.abort_weight_update("the trainer is stopped")
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(1.0)  # what the stopped trainer had to send, it sends now
+        assert torch.equal(model.w, torch.zeros(64)), "a read that had failed landed later"
+        worker.start_weight_update()
+        worker.update_weights(_read(peer, "a", 512))
+        worker.update_weights(_read(peer, "w", 768))
+        worker.finish_weight_update()
+        assert torch.equal(model.w, landed)
+        assert worker.weight_info()["consistent"] is True
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "before", "after"),
+    [(2.5, None, "3"), (3.0, None, "4"), (0.2, None, "1"), (300.0, None, "30"), (2.5, "45", "45")],
+)
+def test_the_bound_on_stalls_follows_timeout_s_unless_the_user_set_one(
+    monkeypatch: pytest.MonkeyPatch, timeout_s: float, before: str | None, after: str
+) -> None:
+    """The next whole second over ``timeout_s``, at most Mooncake's own 30; a value the user
+    set stays."""
+    monkeypatch.delenv(te.PROGRESS_ENV, raising=False)
+    if before is not None:
+        monkeypatch.setenv(te.PROGRESS_ENV, before)
+    te.bound_stalls(timeout_s)
+    assert os.environ[te.PROGRESS_ENV] == after
+    te.bound_stalls(4.0)  # a later init: the process's bound follows it, unless the user's
+    assert os.environ[te.PROGRESS_ENV] == ("5" if before is None else before)
 
 
 def test_a_round_that_did_not_finish_leaves_the_worker_a_fresh_transfer_engine() -> None:

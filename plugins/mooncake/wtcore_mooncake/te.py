@@ -7,6 +7,8 @@ protocol, so nothing imports it until an engine is built; ``wtcore plugins`` ask
 
 from __future__ import annotations
 
+import math
+import os
 import socket
 import sys
 import threading
@@ -15,7 +17,17 @@ from typing import Any
 from wtcore.errors import PluginLoadError, TransferError
 from wtcore_mooncake.lending import Lender
 
-__all__ = ["INSTALL_HINT", "close", "host_status", "lender", "load", "local_address", "start"]
+__all__ = [
+    "INSTALL_HINT",
+    "PROGRESS_ENV",
+    "bound_stalls",
+    "close",
+    "host_status",
+    "lender",
+    "load",
+    "local_address",
+    "start",
+]
 
 INSTALL_HINT = (
     "pip install mooncake-transfer-engine-non-cuda (or the -cuda13, -efa, -rocm build, or "
@@ -104,6 +116,34 @@ def close(address: str, protocol: str) -> None:
     del held
     del engine  # the last reference: Mooncake stops its listener and closes every connection
     del loans  # only now may what it lent go
+
+
+#: Mooncake's TCP transport fails a transfer that moved no byte for this many seconds (its
+#: default: 30); it reads the variable at each transfer.
+PROGRESS_ENV = "MC_TCP_PROGRESS_TIMEOUT_SEC"
+_progress_set: str | None = None  # the value bound_stalls last set
+
+
+def bound_stalls(timeout_s: float) -> None:
+    """Make this process's TCP transfers that stall for just over ``timeout_s`` (the next
+    whole second; at most Mooncake's own 30) fail inside Mooncake, unless the user set
+    :data:`PROGRESS_ENV` themselves (a value this function did not set stays).
+
+    Why: Mooncake cannot cancel a read. One a worker gave up on after ``timeout_s`` would
+    otherwise go on for Mooncake's 30 s and land whatever reaches it later (a link that comes
+    back delivers what the trainer had sent), and while it may write into the model's own
+    tensors the worker's next round cannot start. Bounded here, it fails inside Mooncake at
+    most a second after the worker gave up on it (just after, so that the worker's own timeout,
+    with its clearer error, fires first), and writes nothing after. The bound is the process's
+    (Mooncake reads an environment variable): the last worker's init sets it.
+    """
+    global _progress_set
+    current = os.environ.get(PROGRESS_ENV)
+    if current is not None and current != _progress_set:
+        return  # the user's
+    _progress_set = str(min(30, math.floor(timeout_s) + 1))
+    if current != _progress_set:
+        os.environ[PROGRESS_ENV] = _progress_set
 
 
 def local_address(peer_host: str) -> str:

@@ -26,7 +26,9 @@ A read that fails or stalls fails the round naming the trainer's endpoint; every
 then unregistered (the next init registers them again), except memory a timed-out read may
 still be writing into, which is kept (alive and registered) until that read ends. While such a
 read may still write into the sink's own tensors, the next round does not start
-(:meth:`MooncakeWorkerEngine._await_stale_reads`).
+(:meth:`MooncakeWorkerEngine._await_stale_reads`). Over TCP, Mooncake itself fails a read
+that has stalled for just over ``timeout_s`` (:func:`wtcore_mooncake.te.bound_stalls`), so
+such a read ends within a second of the worker giving up on it, not Mooncake's 30 s later.
 
 A round that read and did not finish (a read failed or stalled, another receiver failed, the
 trainer gave up) leaves this process's transfer engine suspect: after such a round, the next
@@ -114,6 +116,7 @@ class MooncakeWorkerEngine(
 
     def init_transfer_engine(self, init_info: MooncakeInitInfo) -> None:
         self._release()
+        te.bound_stalls(init_info.timeout_s)  # before the engine starts: see te.bound_stalls
         if self._engine is None:
             self._engine_key = (te.local_address(init_info.host), init_info.protocol)
             self._engine, self.endpoint = te.start(*self._engine_key)
@@ -413,8 +416,8 @@ class MooncakeWorkerEngine(
         if rc != 0:
             self._release()
             raise TransferError(
-                f"reading {what} failed (Mooncake status {rc}: the trainer is gone, or the "
-                "region is not registered there)"
+                f"reading {what} failed (Mooncake status {rc}: the trainer is gone or "
+                "stalled, or the region is not registered there)"
             )
 
     def _forget_ended_reads(self) -> None:
