@@ -197,6 +197,39 @@ def _read(peer: dict[str, Any], name: str, offset: int) -> dict[str, Any]:
     }
 
 
+LANDED = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # a stalling trainer's bytes
+
+
+@contextlib.contextmanager
+def stalled_in_place_read() -> Iterator[
+    tuple[WeightSyncWorker, torch.nn.Module, subprocess.Popen[bytes], dict[str, Any]]
+]:
+    """A worker whose round's read into the model's own tensor ``w`` a SIGSTOPped
+    :func:`stalling_trainer` stalled, failed by the worker's ``timeout_s``, and the trainer's
+    next handshake; yields the worker, its model, the stopped trainer and its peer."""
+    model = build_module({"a": torch.zeros(64), "w": torch.zeros(64)})
+    worker = WeightSyncWorker("mooncake", ModuleSink(model))
+    with stalling_trainer(fill=1) as (proc, peer), contextlib.ExitStack() as done:
+        done.callback(worker.shutdown)
+        worker.init_weight_transfer_engine(_init(peer))
+        worker.start_weight_update()
+        worker.update_weights(_read(peer, "a", 0))  # a round's first bucket goes through staging
+        freeze(proc.pid)  # every thread stopped: none can still answer the read
+        with pytest.raises(TransferTimeoutError, match=peer["endpoint"]):
+            worker.update_weights(_read(peer, "w", 256))  # in place: the model's own tensor
+        worker.init_weight_transfer_engine(_init(peer))  # the trainer's next handshake
+        yield worker, model, proc, peer
+
+
+def _round_after(worker: WeightSyncWorker, model: torch.nn.Module, peer: dict[str, Any]) -> None:
+    """The rest of a started round that rewrites both tensors; published, bit-exact."""
+    worker.update_weights(_read(peer, "a", 512))
+    worker.update_weights(_read(peer, "w", 768))
+    worker.finish_weight_update()
+    assert torch.equal(model.w, LANDED)
+    assert worker.weight_info()["consistent"] is True
+
+
 def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -206,30 +239,14 @@ def test_a_read_that_outlived_its_round_holds_back_the_next_until_it_ended(
     it may still land (it could do so over that round's bytes, after publication); once it
     has, the next round starts and rewrites the tensor."""
     monkeypatch.setenv(te.PROGRESS_ENV, "60")
-    model = build_module({"a": torch.zeros(64), "w": torch.zeros(64)})
-    landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
-    worker = WeightSyncWorker("mooncake", ModuleSink(model))
-    with stalling_trainer(fill=1) as (proc, peer), contextlib.ExitStack() as done:
-        done.callback(worker.shutdown)
-        init = _init(peer)
-        worker.init_weight_transfer_engine(init)
-        worker.start_weight_update()
-        worker.update_weights(_read(peer, "a", 0))  # a round's first bucket goes through staging
-        freeze(proc.pid)  # every thread stopped: none can still answer the read
-        with pytest.raises(TransferTimeoutError, match=peer["endpoint"]):
-            worker.update_weights(_read(peer, "w", 256))  # in place: the model's own tensor
-        worker.init_weight_transfer_engine(init)  # the trainer's next handshake
+    with stalled_in_place_read() as (worker, model, proc, peer):
         with pytest.raises(TransferTimeoutError, match="1 of the model's tensors"):
             worker.start_weight_update()
         assert worker.weight_info()["consistent"] is False
         os.kill(proc.pid, signal.SIGCONT)
         worker.start_weight_update()  # waits for the stale read, which now ends
-        assert torch.equal(model.w, landed)  # it landed, before this round
-        worker.update_weights(_read(peer, "a", 512))
-        worker.update_weights(_read(peer, "w", 768))
-        worker.finish_weight_update()
-        assert torch.equal(model.w, landed)
-        assert worker.weight_info()["consistent"] is True
+        assert torch.equal(model.w, LANDED)  # it landed, before this round
+        _round_after(worker, model, peer)
     assert os.environ[te.PROGRESS_ENV] == "60"  # the user's, kept
 
 
@@ -237,35 +254,19 @@ def test_a_stalled_read_ends_inside_mooncake_and_the_next_round_need_not_wait_fo
     """Without a bound of the user's, the worker bounds Mooncake's stalled TCP transfers by
     just over its ``timeout_s`` (Mooncake's own bound is 30 s): a read into the model's own
     tensor, stalled by a SIGSTOPped trainer, fails inside Mooncake a second after the worker
-    gave up on it (and its start_weight_update waits for that second). The
-    next round starts while that trainer is still stopped (before, it waited for the trainer to
-    run again), and nothing of the stalled read lands after: the tensor keeps its old bytes
-    until a round writes it."""
-    model = build_module({"a": torch.zeros(64), "w": torch.zeros(64)})
-    landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
-    worker = WeightSyncWorker("mooncake", ModuleSink(model))
-    with stalling_trainer(fill=1) as (proc, peer), contextlib.ExitStack() as done:
-        done.callback(worker.shutdown)
-        init = _init(peer)
-        worker.init_weight_transfer_engine(init)
+    gave up on it (and its start_weight_update waits for that second). The next round starts
+    while that trainer is still stopped (before, it waited for the trainer to run again), and
+    nothing of the stalled read lands after: the tensor keeps its old bytes until a round
+    writes it."""
+    with stalled_in_place_read() as (worker, model, proc, peer):
         assert os.environ[te.PROGRESS_ENV] == "4"  # just over the init's timeout_s, 3.0
-        worker.start_weight_update()
-        worker.update_weights(_read(peer, "a", 0))  # a round's first bucket goes through staging
-        freeze(proc.pid)
-        with pytest.raises(TransferTimeoutError, match=peer["endpoint"]):
-            worker.update_weights(_read(peer, "w", 256))  # in place: the model's own tensor
-        worker.init_weight_transfer_engine(init)
         worker.start_weight_update()  # the stalled read has ended: nothing to wait for
         worker.abort_weight_update("the trainer is stopped")
         os.kill(proc.pid, signal.SIGCONT)
         time.sleep(1.0)  # what the stopped trainer had to send, it sends now
         assert torch.equal(model.w, torch.zeros(64)), "a read that had failed landed later"
         worker.start_weight_update()
-        worker.update_weights(_read(peer, "a", 512))
-        worker.update_weights(_read(peer, "w", 768))
-        worker.finish_weight_update()
-        assert torch.equal(model.w, landed)
-        assert worker.weight_info()["consistent"] is True
+        _round_after(worker, model, peer)
 
 
 @pytest.mark.parametrize(
@@ -293,7 +294,6 @@ def test_a_round_that_did_not_finish_leaves_the_worker_a_fresh_transfer_engine()
     out mixed on a surviving worker (tests/multinode/test_faults.py). A finished round keeps
     the engine (closing one costs about a second)."""
     model = build_module({"a": torch.zeros(64)})
-    landed = torch.ones(256, dtype=torch.uint8).view(torch.float32)  # the trainer's bytes
     worker = WeightSyncWorker("mooncake", ModuleSink(model))
     with stalling_trainer(fill=1) as (_proc, peer), contextlib.ExitStack() as done:
         done.callback(worker.shutdown)
@@ -316,5 +316,5 @@ def test_a_round_that_did_not_finish_leaves_the_worker_a_fresh_transfer_engine()
         model.a.zero_()
         worker.update_weights(_read(peer, "a", 512))
         worker.finish_weight_update()
-        assert torch.equal(model.a, landed)
+        assert torch.equal(model.a, LANDED)
         assert worker.weight_info()["consistent"] is True
