@@ -111,10 +111,11 @@ class BadOfferSink(RecordingSink):
 
 
 def _info(
-    *, packed: bool = True, checksum: bool = False, buffer: int = 1024
+    *, packed: bool = True, checksum: bool = False, buffer: int = 1024, broadcast: str = "auto"
 ) -> NCCLTrainerInitInfo:
     return loopback_info(
         world_size=2,
+        broadcast=broadcast,
         packed=packed,
         packed_buffer_size_bytes=buffer,
         direct_min_bytes=DIRECT,
@@ -145,10 +146,11 @@ def _pair(
         worker.shutdown()
 
 
+@pytest.mark.parametrize("broadcast", ["chain", "collective"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
-def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool) -> None:
+def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool, broadcast: str) -> None:
     state = _state(1)
-    with _pair(state, packed=packed) as (trainer, worker, module, sink):
+    with _pair(state, packed=packed, broadcast=broadcast) as (trainer, worker, module, sink):
         ptrs = {n: p.data_ptr() for n, p in module.named_parameters()}
         for r in range(3):
             state = _state(10 + r)
@@ -157,8 +159,10 @@ def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool) -> No
             assert_state_equal(module, state)
             # The receiver wrote the large tensors into the parameters themselves.
             assert not set(IN_PLACE) & set(sink.loaded), sink.loaded
-            if packed:  # packed with the empty tensor: a bucket of two
-                assert {"b.tiny", "c.empty"} <= set(sink.loaded)
+            if packed and broadcast == "collective":  # a bucket of two, staged: gloo's
+                assert {"b.tiny", "c.empty"} <= set(sink.loaded)  # messages are one tensor
+            if packed and broadcast == "chain":  # the chain's streams take it in parts,
+                assert not {"b.tiny", "c.empty"} & set(sink.loaded)  # into the module too
         assert {n: p.data_ptr() for n, p in module.named_parameters()} == ptrs
         assert worker.weight_info()["consistent"] is True
         # The trainer holds buffers for the small buckets only; the receiver at most that plus
@@ -166,6 +170,54 @@ def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool) -> No
         small = 1024 * 2
         assert trainer._pool.nbytes() <= small
         assert worker.engine._pool.nbytes() <= small + 64 * 33 * 4  # type: ignore[attr-defined]
+
+
+class RefusesOneSink(RecordingSink):
+    """Offers every tensor but ``refused`` (a sink that keeps one of them its own way)."""
+
+    refused = "b.tiny"
+
+    def destination(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor | None:
+        return None if name == self.refused else super().destination(name, dtype, shape)
+
+
+class RefusesSecondSink(RefusesOneSink):
+    refused = "b.more"
+
+
+def _state_with_more(seed: int) -> dict[str, torch.Tensor]:
+    """:func:`_state` with a second small tensor in ``b.tiny``'s bucket, after it."""
+    state = _state(seed)
+    more = torch.randn(6, generator=torch.Generator().manual_seed(seed)).to(torch.float16)
+    names = list(state)
+    at = names.index("b.tiny") + 1
+    return {n: state[n] for n in names[:at]} | {"b.more": more} | {n: state[n] for n in names[at:]}
+
+
+@pytest.mark.parametrize("sink_cls", [RefusesOneSink, RefusesSecondSink], ids=["first", "second"])
+def test_a_bucket_in_parts_whose_sink_refuses_one_tensor_loads_that_one_and_counts_each_once(
+    sink_cls: type[RefusesOneSink],
+) -> None:
+    """The chain's streams take the bucket of ``b.tiny``, ``b.more`` and ``c.empty`` in parts.
+    A sink that refuses its first tensor gets the whole bucket staged; one that refuses a later
+    tensor (after the first was offered, and counted as landed) gets that one loaded from
+    memory of its own: either way the round is bit-exact and every announced byte lands once."""
+    state = _state_with_more(8)
+    with _pair(state, sink_cls, broadcast="chain") as (trainer, worker, module, sink):
+        for r in range(2):
+            state = _state_with_more(20 + r)
+            sink.loaded.clear()
+            trainer.send_weights(TensorSource(state), weight_version=f"v{r}")
+            assert_state_equal(module, state)
+            bucket = {"b.tiny", "b.more", "c.empty"}
+            staged = {"b.more"} if sink.refused == "b.more" else bucket
+            assert bucket & set(sink.loaded) == staged, sink.loaded
+            info = worker.weight_info()
+            assert info["consistent"] is True
+            planned = sum(t.numel() * t.element_size() for t in state.values())
+            assert info["round_bytes"] == {"planned": planned, "landed": planned}
 
 
 def test_a_non_contiguous_source_tensor_is_bit_exact() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import traceback
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
@@ -23,6 +23,7 @@ from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.sink import direct_destination
 from wtcore_channel.frames import HEADER_WORDS, NO_CRC, check_crc, check_header
 from wtcore_channel.options import ChannelSettings, ChannelUpdateInfo, plan
+from wtcore_channel.parts import bucket_parts, new_pad, parts_of
 from wtcore_channel.pipeline import BufferPool, Channel, Slot, wait_work
 from wtcore_kit.concurrency import BackgroundCall
 
@@ -52,10 +53,13 @@ class _Frame:
     work: Any
     label: str
     crc: int
-    data: torch.Tensor
-    slot: Slot | None  # None: received in place, into the sink's tensor
+    data: torch.Tensor | list[torch.Tensor]  # a list: received in parts (PartsChannel)
+    slot: Slot | None  # None: received in place, into the sink's tensor(s)
     header: torch.Tensor | None = None
     header_work: Any = None
+    #: Tensors of a bucket received in parts that the sink offered no place for: received
+    #: into fresh memory and loaded once they came.
+    staged: list[tuple[str, torch.Tensor]] = field(default_factory=list)
 
 
 class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, UpdateT]):
@@ -85,6 +89,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         self._held: tuple[int, int] | None = None  # (bucket, CRC word) of a header not posted
         self._in_place: list[Any] = []  # this round's receives into the sink's tensors
         self._late: list[Any] = []  # in-place receives of abandoned rounds (_settle_late)
+        self._pad: torch.Tensor | None = None  # where alignment gaps land (parts.bucket_parts)
 
     # ------------------------------------------------------------------ the hooks
     def check_init(self, init_info: InitT) -> None:
@@ -207,14 +212,14 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
                     break  # its buffer still holds a bucket not yet loaded
                 posted_frame = frames[posted]
                 if posted_frame is not None and posted_frame.slot is None:
-                    in_place += posted_frame.data.numel()
+                    in_place += nxt.nbytes
                 posted += 1
             frame, frames[i] = frames[i], None
             if frame is None:  # nothing travels for an empty bucket
                 self.sink.load_weights(list(unpack_bucket(bucket, empty)))
                 continue
             if frame.slot is None:
-                in_place -= frame.data.numel()
+                in_place -= bucket.nbytes
             wait_work(frame.work, what=frame.label, timeout_s=info.timeout_s, poll=self._poll)
             if frame.header is not None:  # posted with the bytes: checked once both are here
                 wait_work(
@@ -226,6 +231,10 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
                 frame.crc = check_header(
                     frame.header, index=bucket.index, nbytes=bucket.nbytes, what=frame.label
                 )
+            if isinstance(frame.data, list):  # in parts: never with a CRC (see _landing)
+                if frame.staged:
+                    self.sink.load_weights(frame.staged)
+                continue
             if frame.slot is None:
                 # Received in place: the bytes already are in the sink's tensor. A CRC the
                 # init info did not announce is still checked (a failed round publishes
@@ -281,49 +290,83 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
             )
             self._held = (i, crc)
         crc = self._held[1]
-        landing = self._landing(pool, bucket, in_place=crc == NO_CRC)
+        landing = self._landing(channel, pool, bucket, in_place=crc == NO_CRC)
         if landing is None:
             return False
         self._held = None
-        frames[i] = self._post_receive(channel, *landing, label=label, crc=crc)
+        frames[i] = self._post_receive(channel, landing, label=label, crc=crc)
         return True
 
     def _landing(
-        self, pool: BufferPool, bucket: Bucket, *, in_place: bool
-    ) -> tuple[torch.Tensor, Slot | None] | None:
-        """Where ``bucket``'s bytes land: the tensor the sink offers (a bucket of one tensor,
-        ``in_place`` allowed), else its buffer; ``None`` while that buffer is still busy."""
-        if in_place and len(bucket.metas) == 1:
-            m = bucket.metas[0]
-            dest = direct_destination(self.sink, m.name, m.dtype, m.shape, self.channel_device)
-            if dest is not None:
-                return as_bytes(dest), None
+        self, channel: Channel, pool: BufferPool, bucket: Bucket, *, in_place: bool
+    ) -> _Frame | None:
+        """Where ``bucket``'s bytes land (a frame not yet posted): the tensor the sink offers
+        (a bucket of one tensor, ``in_place`` allowed), or the tensors it offers for a bucket of
+        several on a channel that receives in parts, else its buffer; ``None`` while that
+        buffer is still busy."""
+        if in_place and (len(bucket.metas) == 1 or parts_of(channel) is not None):
+            frame = self._in_place_landing(bucket)
+            if frame is not None:
+                return frame
         busy = pool.peek(bucket)
         if busy is not None and busy.work is not None:
             return None
         slot = pool.slot_for(bucket)
-        return slot.view(bucket.nbytes), slot
+        return _Frame(None, "", NO_CRC, slot.view(bucket.nbytes), slot)
+
+    def _in_place_landing(self, bucket: Bucket) -> _Frame | None:
+        """The sink's tensors for ``bucket``; ``None`` when it offers none for its first.
+
+        A tensor after the first that the sink offers no place for is received into fresh
+        memory of its own and loaded once it came: the offers already made were counted as
+        landed (``wtcore.ledger.ByteLedger``), so the bucket cannot go back to its buffer.
+        """
+        import torch
+
+        device = self.channel_device
+        first, *rest = bucket.metas
+        dest = direct_destination(self.sink, first.name, first.dtype, first.shape, device)
+        if dest is None:
+            return None
+        if not rest:
+            return _Frame(None, "", NO_CRC, as_bytes(dest), None)
+        if self._pad is None:
+            self._pad = new_pad(device)
+        frame = _Frame(None, "", NO_CRC, [], None)
+        tensors = [dest]
+        for m in rest:
+            t = direct_destination(self.sink, m.name, m.dtype, m.shape, device)
+            if t is None:
+                t = torch.empty(m.shape, dtype=m.dtype, device=device)
+                frame.staged.append((m.name, t))
+            tensors.append(t)
+        frame.data = bucket_parts(bucket, tensors, self._pad)
+        return frame
 
     def _post_receive(
         self,
         channel: Channel,
-        data: torch.Tensor,
-        slot: Slot | None,
+        frame: _Frame,
         *,
         label: str,
         crc: int,
         header: tuple[torch.Tensor, Any] | None = None,
     ) -> _Frame:
-        """Post the receive into ``data``; remember its work where the failure path finds it.
-
-        ``header``: the header posted just before, and its receive.
-        """
-        work = channel.broadcast(data)
-        if slot is not None:
-            slot.work, slot.label = work, label
+        """Post the receive of ``frame`` (from :meth:`_landing`); remember its work where the
+        failure path finds it. ``header``: the header posted just before, and its receive."""
+        parts = parts_of(channel)
+        if isinstance(frame.data, list):
+            assert parts is not None  # _landing lists parts only for such a channel
+            frame.work = parts.broadcast_parts(frame.data)
         else:
-            self._in_place.append(work)
-        return _Frame(work, label, crc, data, slot, *(header or (None, None)))
+            frame.work = channel.broadcast(frame.data)
+        if frame.slot is not None:
+            frame.slot.work, frame.slot.label = frame.work, label
+        else:
+            self._in_place.append(frame.work)
+        frame.label, frame.crc = label, crc
+        frame.header, frame.header_work = header or (None, None)
+        return frame
 
     def _post_with_header(
         self, channel: Channel, info: InitT, pool: BufferPool, bucket: Bucket, label: str
@@ -340,14 +383,14 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         """
         import torch
 
-        landing = self._landing(pool, bucket, in_place=not info.checksum)
+        landing = self._landing(channel, pool, bucket, in_place=not info.checksum)
         if landing is None:
             return None
         header = None
         if info.checksum:
             buf = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.channel_device)
             header = (buf, channel.broadcast(buf))  # closing the channel ends it with the bytes
-        return self._post_receive(channel, *landing, label=label, crc=NO_CRC, header=header)
+        return self._post_receive(channel, landing, label=label, crc=NO_CRC, header=header)
 
     def _settle_late(self, info: InitT) -> None:
         """Wait until no receive of an abandoned round can still write into the sink.

@@ -51,7 +51,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import TransferError, TransferTimeoutError
@@ -93,6 +93,8 @@ LANES = 2
 _SMALL = 1 << 16
 #: A relay hands a message on in pieces of this size, each as soon as it landed.
 RELAY_CHUNK = 1 << 20
+#: Buffers one ``sendmsg``/``recvmsg_into`` takes at most (the kernel's limit is 1024).
+_IOV = 512
 
 
 def _signature(token: str, rank: int, lane: int) -> bytes:
@@ -137,6 +139,46 @@ def _recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
             got += k
         if got < n and time.monotonic() >= deadline:
             raise TransferTimeoutError(f"{got} of {n} bytes arrived in time")
+
+
+def _recv_scattered(sock: socket.socket, views: list[memoryview], deadline: float) -> None:
+    """Fill ``views`` in order from ``sock``, as many as :data:`_IOV` a call (one syscall for
+    a bucket's tensors where :func:`_recv_exact` would need one each); errors as there."""
+    if len(views) == 1:
+        _recv_exact(sock, views[0], deadline)
+        return
+    left = [v for v in views if len(v)]
+    while left:
+        want = sum(len(v) for v in left[:_IOV])
+        try:
+            k = sock.recvmsg_into(left[:_IOV], 0, socket.MSG_WAITALL)[0]
+        except BlockingIOError:  # SO_RCVTIMEO expired with nothing read
+            k = -1
+        if k == 0:
+            raise TransferError("the connection was closed")
+        if k > 0:
+            _advance(left, k)
+        if k < want and time.monotonic() >= deadline:
+            raise TransferTimeoutError(f"{sum(len(v) for v in left)} bytes did not arrive in time")
+
+
+def _advance(views: list[memoryview], k: int) -> None:
+    """Drop the first ``k`` bytes of ``views`` (a partial send or receive), in place."""
+    while k:
+        if k >= len(views[0]):
+            k -= len(views.pop(0))
+        else:
+            views[0] = views[0][k:]
+            k = 0
+
+
+def _send_gathered(sock: socket.socket, views: list[memoryview]) -> None:
+    """Write one message's prefix and the bytes of ``views``, in order, straight from where
+    they lie (a bucket's tensors: nothing packs them), :data:`_IOV` buffers a call."""
+    total = sum(len(v) for v in views)
+    left = [memoryview(_PREFIX.pack(_MAGIC, total)), *(v for v in views if len(v))]
+    while left:
+        _advance(left, sock.sendmsg(left[:_IOV]))
 
 
 def _send_message(sock: socket.socket, view: memoryview, total: int | None = None) -> None:
@@ -354,9 +396,10 @@ class StreamWork(ThreadWork):
         return f"{self.sends_left} worker(s) have not yet taken it"
 
 
-#: A message's piece for a writer: the work, the bytes, the message's length when this is its
-#: first piece (its prefix goes first) or -1, and whether it is the last piece.
-_Piece = tuple[StreamWork, memoryview, int, bool]
+#: A message's piece for a writer: the work, the bytes (a sender's whole message: its tensors'
+#: bytes, gathered), the message's length when this is its first piece (its prefix goes
+#: first) or -1, and whether it is the last piece.
+_Piece = tuple[StreamWork, "memoryview | list[memoryview]", int, bool]
 
 
 class Stream:
@@ -408,6 +451,11 @@ class Stream:
         """Always: a message's length prefix is read, and refused, before its bytes."""
         return True
 
+    @property
+    def takes_parts(self) -> bool:
+        """Always (:meth:`broadcast_parts`: ``sendmsg`` and ``recvmsg_into``)."""
+        return True
+
     def set_abort(self, reason: str) -> None:
         """Nothing to tell: releasing the streams ends every receive at once, and the
         control plane's ``abort_weight_update`` carries the reason."""
@@ -422,10 +470,17 @@ class Stream:
     def broadcast(self, tensor: torch.Tensor) -> StreamWork:
         """Start sending ``tensor`` to every downstream peer (a sender) or receiving it (a
         receiver; a relay also hands it on as it arrives)."""
-        view = _bytes_view(tensor)
+        return self.broadcast_parts([tensor])
+
+    def broadcast_parts(self, tensors: Sequence[torch.Tensor]) -> StreamWork:
+        """One message whose bytes are those of ``tensors`` in order: the same bytes on the
+        wire as a buffer they were packed into, sent straight from the tensors (a sender) or
+        received straight into them (a receiver), so neither end copies a packed bucket."""
+        views = [_bytes_view(t) for t in tensors]
+        nbytes = sum(len(v) for v in views)
         sender = self.up is None
         work = StreamWork(
-            f"a message of {len(view)} bytes",
+            f"a message of {nbytes} bytes",
             recvs_left=0 if sender else 1,
             sends_left=len(self._down),
             recv_peer=self.up,
@@ -438,9 +493,9 @@ class Stream:
             lane, self._next = self._next % LANES, self._next + 1
             if sender:
                 for peer in self._down:
-                    self._queues[(peer, lane)].put((work, view, len(view), True))
+                    self._queues[(peer, lane)].put((work, views, nbytes, True))
             else:
-                self._queues[(self.up, lane)].put((work, view))  # type: ignore[index]
+                self._queues[(self.up, lane)].put((work, views))  # type: ignore[index]
         return work
 
     def _fail(self, key: _Lane, work: StreamWork, error: BaseException) -> None:
@@ -484,7 +539,9 @@ class Stream:
             if broken is None and self._closed.is_set():
                 broken = "the tcp streams were closed"
             if broken is not None:
-                if key[0] != self.up and job[2] < 0:  # a later piece of a failed message
+                # A later piece of a message: its first piece failed it, or went out before
+                # the break; its last piece fails it then, or its send would never end.
+                if key[0] != self.up and job[2] < 0 and not job[3]:
                     continue
                 self._fail(key, job[0], TransferError(f"the connection failed earlier: {broken}"))
                 continue
@@ -500,7 +557,9 @@ class Stream:
         for piece in self._jobs(key):
             work, view, total, last = piece
             try:
-                if total >= 0:
+                if isinstance(view, list):  # a sender's whole message, from its tensors
+                    _send_gathered(sock, view)
+                elif total >= 0:
                     _send_message(sock, view, total)
                 else:
                     sock.sendall(view)
@@ -522,28 +581,24 @@ class Stream:
     def _read(self, key: _Lane, sock: socket.socket) -> None:
         head = bytearray(_PREFIX.size)
         onward = [self._queues[(peer, key[1])] for peer in self._down]
-        for work, view in self._jobs(key):
+        for work, views in self._jobs(key):
             deadline = time.monotonic() + self.timeout_s
+            planned = sum(len(v) for v in views)
             try:
                 _recv_exact(sock, memoryview(head), deadline)
                 magic, nbytes = _PREFIX.unpack(head)
                 if magic != _MAGIC:
                     raise TransferError(f"a malformed message prefix (magic {magic:#x})")
-                if nbytes != len(view):
+                if nbytes != planned:
                     raise TransferError(
                         f"{self.roles[0]} (rank {key[0]}) sent {nbytes} bytes where this "
                         f"receiver planned "
-                        f"{len(view)}; refused before reading any of them"
+                        f"{planned}; refused before reading any of them"
                     )
-                if not onward:
-                    _recv_exact(sock, view, deadline)
-                for at in range(0, len(view), RELAY_CHUNK) if onward else ():
-                    piece = view[at : at + RELAY_CHUNK]
-                    _recv_exact(sock, piece, deadline)
-                    last = at + RELAY_CHUNK >= len(view)
-                    self._hand_on(key[1], (work, piece, len(view) if at == 0 else -1, last))
-                if onward and not view:  # an empty message is handed on too
-                    self._hand_on(key[1], (work, view, 0, True))
+                if onward:
+                    self._relay(key[1], sock, work, views, deadline)
+                else:
+                    _recv_scattered(sock, views, deadline)
             except (OSError, TransferError) as e:
                 if isinstance(e, TransferTimeoutError):
                     e = TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
@@ -552,6 +607,24 @@ class Stream:
                 self._fail(key, work, e)
                 continue
             work._count(recvs=1)
+
+    def _relay(
+        self,
+        lane: int,
+        sock: socket.socket,
+        work: StreamWork,
+        views: list[memoryview],
+        deadline: float,
+    ) -> None:
+        """Read a message into ``views`` and hand it on in pieces of at most
+        :data:`RELAY_CHUNK` bytes, each as soon as it landed."""
+        total = sum(len(v) for v in views)
+        pieces = [v[at : at + RELAY_CHUNK] for v in views for at in range(0, len(v), RELAY_CHUNK)]
+        for i, piece in enumerate(pieces):
+            _recv_exact(sock, piece, deadline)
+            self._hand_on(lane, (work, piece, total if i == 0 else -1, i == len(pieces) - 1))
+        if not pieces:  # an empty message is handed on too
+            self._hand_on(lane, (work, memoryview(b""), 0, True))
 
     def _hand_on(self, lane: int, piece: _Piece) -> None:
         """A relay: queue ``piece`` for every downstream peer's writer of ``lane``. Once the

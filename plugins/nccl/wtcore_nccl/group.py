@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,6 +150,17 @@ class Group:
         than its receive, so there every receive waits for its frame header
         (:class:`wtcore_channel.pipeline.Channel`)."""
         return self.chain is not None and not isinstance(self.chain, Chain)
+
+    @property
+    def takes_parts(self) -> bool:
+        """Only the chain's streams (:class:`wtcore_channel.parts.PartsChannel`)."""
+        return self.chain is not None and not isinstance(self.chain, Chain)
+
+    def broadcast_parts(self, tensors: Sequence[torch.Tensor]) -> dist.Work:
+        """One message from (or into) several tensors: the chain's streams only."""
+        if self.chain is None or isinstance(self.chain, Chain):
+            raise TransferError("only the chain's tcp streams move a message in parts")
+        return self.chain.broadcast_parts(tensors)  # type: ignore[return-value]  # quacks alike
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
         """Start an async broadcast of ``tensor`` from rank 0 (the sender)."""
