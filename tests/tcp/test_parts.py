@@ -97,8 +97,8 @@ def test_a_relay_receives_in_parts_and_hands_on_the_same_bytes() -> None:
         works = [last.broadcast(at_last), relay.broadcast_parts(at_relay)]
         works.append(sender.broadcast(torch.cat(sent)))
         _wait(*works)
-        for a, b in zip(sent, at_relay, strict=True):
-            assert torch.equal(a, b)
+        for want, got in zip(sent, at_relay, strict=True):
+            assert torch.equal(want, got)
         assert torch.equal(at_last, torch.cat(sent))
     finally:
         for s in (sender, relay, last):
