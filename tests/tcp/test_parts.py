@@ -4,7 +4,8 @@ The wire carries exactly what a packed bucket would (``wtcore_channel.parts``), 
 moves parts talks to one that packs; these run on real TCP connections on loopback, both ends
 in this process. A message of parts whose total disagrees with the sender's is refused before
 a byte of it lands, and more parts than one ``sendmsg`` or ``recvmsg_into`` takes still arrive
-whole and in order, also through a relay.
+whole and in order, also through a relay. The trainer's side reads its source as packing
+would, with the same checks, and packs only what may not travel from where it lies.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import pytest
 import torch
 
 from tests.tcp.test_stream import _pair, _tcp_pairs
-from wtcore.buckets import ALIGNMENT, pack_bucket, plan_buckets
-from wtcore.errors import TransferError
+from wtcore import TensorSource
+from wtcore.buckets import ALIGNMENT, Bucket, as_bytes, pack_bucket, plan_buckets
+from wtcore.errors import MetadataMismatchError, TransferError
 from wtcore.meta import ParamMeta
-from wtcore_channel.parts import bucket_parts, new_pad
+from wtcore.stats import TransferStats
+from wtcore_channel.parts import bucket_parts, gather_source, new_pad
 from wtcore_channel.pipeline import wait_work
 from wtcore_channel.stream import _IOV, LANES, Stream
 
@@ -106,3 +109,57 @@ def test_a_relay_receives_in_parts_and_hands_on_the_same_bytes() -> None:
         for a, b in [*up.values(), *down.values()]:
             a.close()
             b.close()
+
+
+def test_gather_source_yields_each_bucket_whole_without_packing_what_it_may_send_in_place() -> None:
+    """The trainer's side: a bucket of several tensors comes as its parts, straight from the
+    source's tensors; one that may not travel in place (a CUDA tensor for a CPU channel, here
+    refused by name) is packed into the bucket's buffer at its own offset, and only that."""
+    g = torch.Generator().manual_seed(3)
+    state = {
+        "a": torch.randn(5, generator=g),
+        "b": torch.randn(3, 3, generator=g).to(torch.bfloat16),
+        "c": torch.zeros(0),
+        "d": torch.randn(300, generator=g),  # alone (direct)
+        "e": torch.randint(0, 9, (2,), generator=g),
+    }
+    source = TensorSource(state)
+    metas = source.metadata()
+    buckets = plan_buckets(metas, 1 << 10, direct_min_bytes=1024)
+    assert [len(b.metas) for b in buckets] == [3, 1, 1]
+    asked: list[int] = []
+    buffers = {b.index: torch.zeros(b.nbytes, dtype=torch.uint8) for b in buckets}
+
+    def buffer_for(bucket: Bucket) -> torch.Tensor:
+        asked.append(bucket.index)
+        return buffers[bucket.index]
+
+    refused = state["b"]
+    frames = list(
+        gather_source(
+            source, metas, buckets, buffer_for, TransferStats(),
+            in_place=lambda t: t.data_ptr() != refused.data_ptr(), pad=new_pad("cpu"),
+        )
+    )  # fmt: skip
+    assert asked == [0]  # once, for the bucket of the refused tensor
+    (b0, parts, packed0), (_, d, packed1), (_, e, packed2) = frames
+    assert isinstance(parts, list) and packed0 == refused.numel() * 2 and packed1 == packed2 == 0
+    want = torch.zeros(b0.nbytes, dtype=torch.uint8)
+    pack_bucket(b0, [state["a"], state["b"], state["c"]], want)
+    assert torch.equal(torch.cat(parts), want)
+    assert parts[0].data_ptr() == state["a"].data_ptr()  # sent from the source itself
+    assert isinstance(d, torch.Tensor) and d.data_ptr() == state["d"].data_ptr()
+    assert isinstance(e, torch.Tensor) and torch.equal(e, as_bytes(state["e"]))
+
+
+def test_gather_source_refuses_a_mismatch_before_yielding_the_bucket_it_is_in() -> None:
+    state = {"a": torch.ones(4), "b": torch.ones(4), "c": torch.ones(400)}
+    metas = TensorSource(state).metadata()
+    buckets = plan_buckets(metas, 1 << 10, direct_min_bytes=1024)
+    bad = TensorSource({**state, "b": torch.ones(5)})
+    frames = gather_source(
+        bad, metas, buckets, lambda b: torch.zeros(b.nbytes, dtype=torch.uint8),
+        TransferStats(), in_place=lambda t: True, pad=new_pad("cpu"),
+    )  # fmt: skip
+    with pytest.raises(MetadataMismatchError, match="'b'"):
+        next(frames)

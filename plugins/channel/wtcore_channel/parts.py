@@ -12,16 +12,20 @@ packed bucket would and either end may pack while the other does not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from wtcore.buckets import ALIGNMENT, Bucket, as_bytes
+from wtcore.buckets import ALIGNMENT, Bucket, as_bytes, pack_source, per_tensor_buckets
 from wtcore_channel.pipeline import Channel, Work
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PartsChannel", "bucket_parts", "new_pad", "parts_of"]
+    from wtcore.meta import ParamMeta
+    from wtcore.source import WeightSource
+    from wtcore.stats import TransferStats
+
+__all__ = ["PartsChannel", "bucket_parts", "gather_source", "new_pad", "parts_of"]
 
 
 @runtime_checkable
@@ -70,3 +74,48 @@ def bucket_parts(
 def _gap(pad: torch.Tensor, n: int) -> list[torch.Tensor]:
     step = pad.numel()
     return [pad[: min(step, n - at)] for at in range(0, n, step)]
+
+
+def gather_source(
+    source: WeightSource,
+    metas: Sequence[ParamMeta],
+    buckets: Sequence[Bucket],
+    buffer_for: Callable[[Bucket], torch.Tensor],
+    stats: TransferStats,
+    *,
+    in_place: Callable[[torch.Tensor], bool],
+    pad: torch.Tensor,
+) -> Iterator[tuple[Bucket, torch.Tensor | list[torch.Tensor], int]]:
+    """``pack_source`` for a channel that takes parts: every bucket without a packing copy.
+
+    Yields ``(bucket, data, packed)``: a bucket of one tensor as ``pack_source`` yields it, a
+    bucket of several as its parts (:func:`bucket_parts`), and how many of its bytes were
+    packed into ``buffer_for(bucket)`` (a tensor ``in_place`` refuses, a CUDA tensor for a CPU
+    channel say, is packed into that buffer at its own offset, and the rest still travel from
+    the source). The source is read tensor by tensor with ``pack_source``'s checks, and a
+    bucket is yielded only once all of its tensors were read and matched their metadata.
+    """
+    owner = [(b, k) for b in buckets for k in range(len(b.metas))]
+    buffers: dict[int, torch.Tensor] = {}
+    packed = 0
+
+    def region_for(one: Bucket) -> torch.Tensor:
+        nonlocal packed
+        if not one.nbytes:
+            return pad[:0]
+        bucket, k = owner[one.index]
+        if bucket.index not in buffers:  # one buffer a bucket, asked for once
+            buffers[bucket.index] = buffer_for(bucket)
+        packed += one.nbytes
+        return buffers[bucket.index][bucket.offsets[k] :]
+
+    held: list[torch.Tensor] = []
+    singles = per_tensor_buckets(metas)
+    for one, data in pack_source(source, metas, singles, region_for, stats, in_place=in_place):
+        bucket, k = owner[one.index]
+        held.append(data)
+        if k < len(bucket.metas) - 1:
+            continue
+        yield bucket, held[0] if len(held) == 1 else bucket_parts(bucket, held, pad), packed
+        held, packed = [], 0
+        buffers.pop(bucket.index, None)

@@ -16,7 +16,7 @@ import time
 import traceback
 from abc import abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore.buckets import Bucket, pack_source
@@ -26,6 +26,7 @@ from wtcore.sink import on_device
 from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 from wtcore_channel.frames import make_header
 from wtcore_channel.options import ChannelTrainerInitInfo, plan
+from wtcore_channel.parts import gather_source, new_pad, parts_of
 from wtcore_channel.pipeline import BufferPool, Channel, Work, wait_work
 from wtcore_kit.concurrency import BackgroundCall
 
@@ -124,6 +125,7 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         self.info: ChannelTrainerInitInfo = init_info
         self._channel: Channel | None = None
         self._headers: list[Work] = []  # this round's header messages
+        self._pad: torch.Tensor | None = None  # what the gaps between parts are sent from
         self._pool = BufferPool(
             init_info.packed_num_buffers, init_info.packed_buffer_size_bytes, init_info.device
         )
@@ -230,8 +232,18 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         def sendable(t: torch.Tensor) -> bool:
             return on_device(t, info.device)
 
-        frames = pack_source(source, metas, buckets, buffer_for, stats, in_place=sendable)
-        for bucket, data in frames:
+        parts = None if info.checksum else parts_of(channel)  # a CRC covers a packed buffer
+        frames: Iterator[tuple[Bucket, torch.Tensor | list[torch.Tensor], int]]
+        if parts is None:
+            packed = pack_source(source, metas, buckets, buffer_for, stats, in_place=sendable)
+            frames = ((b, d, b.nbytes if b.index in staged else 0) for b, d in packed)
+        else:
+            if self._pad is None:
+                self._pad = new_pad(info.device)
+            frames = gather_source(
+                source, metas, buckets, buffer_for, stats, in_place=sendable, pad=self._pad
+            )
+        for bucket, data, staged_bytes in frames:
             stats.num_buckets += 1
             if bucket.nbytes == 0:
                 continue  # both ends skip empty buckets
@@ -241,12 +253,10 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
             label = f"message of bucket {bucket.index} ({bucket.nbytes} bytes)"
             with stats.phase("wire"):
                 work = self._send_frame(channel, bucket.index, data)
-            held = 0  # bytes of the source held in place until this message completed
             if bucket.index in staged:
                 slot = pool.slot_for_last()
                 slot.work, slot.label = work, label
-            else:
-                held = data.numel()
+            held = bucket.nbytes - staged_bytes  # bytes of the source held until it completed
             in_place += held
             inflight.append((work, label, held, data))
             del data
@@ -258,7 +268,9 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
             settle_oldest()
         pool.forget_work()
 
-    def _send_frame(self, channel: Channel, index: int, data: torch.Tensor) -> Work:
+    def _send_frame(
+        self, channel: Channel, index: int, data: torch.Tensor | list[torch.Tensor]
+    ) -> Work:
         """Send bucket ``index``: its header (size, and CRC with ``checksum``), then ``data``.
 
         The header's work needs no wait of its own (the receiver posts the data's receive
@@ -267,6 +279,10 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         channel that checks every message's size itself needs no header unless it carries
         a CRC: the receiver refuses a message of another size there.
         """
+        if isinstance(data, list):  # in parts: only where sizes are checked, without a CRC
+            parts = parts_of(channel)
+            assert parts is not None and not self.info.checksum
+            return parts.broadcast_parts(data)
         if channel.checks_sizes and not self.info.checksum:
             return channel.broadcast(data)
         header = make_header(index, data, self.info.device, checksum=self.info.checksum)
