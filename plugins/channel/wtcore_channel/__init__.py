@@ -11,6 +11,8 @@ returning work that completes asynchronously); this kit runs the round on it:
   pipelined, with every failure path (bounded drains, the sender's abort notice, a receive
   of an abandoned round settled before the next round writes);
 * :mod:`wtcore_channel.frames`: frame headers, sizes (and CRCs) before bytes;
+* :mod:`wtcore_channel.parts`: a packed bucket as its tensors, for a channel that takes a
+  message in parts (no packing copy on either end);
 * :mod:`wtcore_channel.pipeline`: the channel protocol, work in flight, reused buffers,
   bounded waits;
 * :mod:`wtcore_channel.listen`: a sender's listening socket, on one address only;

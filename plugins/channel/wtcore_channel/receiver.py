@@ -1,7 +1,8 @@
 """The receiver of a streamed engine: receives posted ahead, frames checked before they land.
 
 Receives are posted ahead, in bucket order, into reused buffers or in place into the tensors
-the sink offers, so the next buckets are on the wire while the sink copies the current one.
+the sink offers (a bucket of several tensors too, on a channel that takes a message in
+parts), so the next buckets are on the wire while the sink copies the current one.
 A frame header that disagrees with the plan is refused before its receive is posted (gloo
 would abort the process on a longer message), a CRC before anything of the bucket is
 applied, and a receive of an abandoned round, which cannot be cancelled, is settled before
@@ -275,8 +276,9 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         channel never sees a receive of the wrong size (gloo aborts the whole receiving
         process on a longer message, and leaves a stale tail on a shorter one). A bucket of
         one tensor whose header carries no CRC is received straight into the tensor the sink
-        offers; others (and checksummed ones, verified before they are applied) into a
-        buffer. Returns False, keeping the header, when that buffer is still busy.
+        offers (on a channel that takes parts, a bucket of several too: :meth:`_landing`);
+        others (and checksummed ones, verified before they are applied) into a buffer.
+        Returns False, keeping the header, when that buffer is still busy.
         """
         i = bucket.index
         label = f"receive of bucket {bucket.index} ({bucket.nbytes} bytes)"

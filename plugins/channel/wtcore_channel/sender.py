@@ -7,7 +7,9 @@ single ``update_weights`` (its metadata is the whole round), and while the recei
 same buckets from it (:func:`wtcore_channel.options.plan`), it sends frame after frame on its
 :class:`~wtcore_channel.pipeline.Channel`: packed buckets from reused buffers, and every tensor
 of at least ``direct_min_bytes`` in place, straight from the source's storage, as many in
-flight as the buffers' bytes allow. An engine implements :meth:`ChannelTrainerEngine.open_channel`.
+flight as the buffers' bytes allow. On a channel that takes a message in parts
+(:mod:`wtcore_channel.parts`) packed buckets too go from the source's tensors, unpacked. An
+engine implements :meth:`ChannelTrainerEngine.open_channel`.
 """
 
 from __future__ import annotations
@@ -260,6 +262,12 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
             in_place += held
             inflight.append((work, label, held, data))
             del data
+            if parts is not None and bucket.index + 1 < len(buckets):
+                # Gathering reads (for a sharded source: materializes) the next bucket's
+                # tensors before it can be sent: make room for them first.
+                upcoming = buckets[bucket.index + 1].nbytes
+                while not pool.has_room(len(inflight), in_place + upcoming):
+                    settle_oldest()
         calls.open(stats)
         end = channel.broadcast(make_header(len(buckets), None, info.device))
         self._headers.append(end)  # the end header: a receiver can tell buckets left over

@@ -35,6 +35,11 @@ stream the next receiver refuses it, naming the relay. A relay that fails, or is
 it refuses, shuts its onward connections down: the receivers behind it fail at once instead of
 at their timeout, naming it.
 
+A message may be several pieces of memory (:meth:`Stream.broadcast_parts`): the sender writes
+them with ``sendmsg``, a receiver reads into them with ``recvmsg_into``, so a packed bucket
+travels from the trainer's tensors into the receivers' with no packing copy on either end
+(:mod:`wtcore_channel.parts`); its length prefix is the pieces' total, checked as any other.
+
 :meth:`Stream.broadcast` returns a :class:`StreamWork` (a
 :class:`wtcore_channel.pipeline.ThreadWork`). Every blocking socket call is bounded by the
 timeout (``SO_RCVTIMEO``/``SO_SNDTIMEO``), and :meth:`Stream.release` shuts the sockets down,
