@@ -197,10 +197,11 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         calls: _RoundCalls,
         inflight: deque[tuple[Work, str, int, Any]],
     ) -> None:
-        """Send every bucket: packed ones from reused buffers, single tensors in place.
+        """Send every bucket: packed ones from reused buffers, single tensors in place, and
+        on a channel that takes parts every bucket from the source's tensors.
 
         Messages in flight are bounded by :meth:`BufferPool.has_room`; each keeps what it
-        reads (its buffer, or the source tensor) alive until it completed, and a buffer is
+        reads (its buffer, or the source's tensors) alive until it completed, and a buffer is
         packed again only once its previous message completed.
         """
         import torch
