@@ -13,7 +13,7 @@ packed bucket would and either end may pack while the other does not.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast
 
 from wtcore.buckets import ALIGNMENT, Bucket, as_bytes, pack_source, per_tensor_buckets
 from wtcore_channel.pipeline import Channel, Work
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["PartsChannel", "bucket_parts", "gather_source", "new_pad", "parts_of"]
 
 
-@runtime_checkable
 class PartsChannel(Channel, Protocol):
     """A channel that may send one message from, or receive it into, several tensors."""
 
@@ -45,8 +44,11 @@ class PartsChannel(Channel, Protocol):
 
 
 def parts_of(channel: Channel) -> PartsChannel | None:
-    """``channel``, if it takes a message in parts now; else ``None`` (pack the bucket)."""
-    return channel if isinstance(channel, PartsChannel) and channel.takes_parts else None
+    """``channel``, if it takes a message in parts now; else ``None`` (pack the bucket).
+
+    Asked once a bucket, so it reads the flag instead of ``isinstance`` against the protocol
+    (which walks the protocol's members on every call)."""
+    return cast("PartsChannel", channel) if getattr(channel, "takes_parts", False) is True else None
 
 
 def new_pad(device: str) -> torch.Tensor:

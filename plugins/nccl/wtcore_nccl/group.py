@@ -153,8 +153,9 @@ class Group:
 
     @property
     def takes_parts(self) -> bool:
-        """Only the chain's streams (:class:`wtcore_channel.parts.PartsChannel`)."""
-        return self.chain is not None and not isinstance(self.chain, Chain)
+        """Only the chain's streams, as :attr:`checks_sizes`
+        (:class:`wtcore_channel.parts.PartsChannel`)."""
+        return self.checks_sizes
 
     def broadcast_parts(self, tensors: Sequence[torch.Tensor]) -> dist.Work:
         """One message from (or into) several tensors: the chain's streams only."""
