@@ -356,8 +356,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
     ) -> _Frame:
         """Post the receive of ``frame`` (from :meth:`_landing`); remember its work where the
         failure path finds it. ``header``: the header posted just before, and its receive."""
-        parts = parts_of(channel)
         if isinstance(frame.data, list):
+            parts = parts_of(channel)
             assert parts is not None  # _landing lists parts only for such a channel
             frame.work = parts.broadcast_parts(frame.data)
         else:

@@ -177,10 +177,10 @@ def _advance(views: list[memoryview], k: int) -> None:
             k = 0
 
 
-def _send_gathered(sock: socket.socket, views: list[memoryview]) -> None:
-    """Write one message's prefix and the bytes of ``views``, in order, straight from where
-    they lie (a bucket's tensors: nothing packs them), :data:`_IOV` buffers a call."""
-    total = sum(len(v) for v in views)
+def _send_gathered(sock: socket.socket, views: list[memoryview], total: int) -> None:
+    """Write one message's prefix (its length: ``total``, the bytes of ``views``) and those
+    bytes, in order, straight from where they lie (a bucket's tensors: nothing packs them),
+    :data:`_IOV` buffers a call."""
     left = [memoryview(_PREFIX.pack(_MAGIC, total)), *(v for v in views if len(v))]
     while left:
         _advance(left, sock.sendmsg(left[:_IOV]))
@@ -500,7 +500,7 @@ class Stream:
                 for peer in self._down:
                     self._queues[(peer, lane)].put((work, views, nbytes, True))
             else:
-                self._queues[(self.up, lane)].put((work, views))  # type: ignore[index]
+                self._queues[(self.up, lane)].put((work, views, nbytes))  # type: ignore[index]
         return work
 
     def _fail(self, key: _Lane, work: StreamWork, error: BaseException) -> None:
@@ -563,7 +563,7 @@ class Stream:
             work, view, total, last = piece
             try:
                 if isinstance(view, list):  # a sender's whole message, from its tensors
-                    _send_gathered(sock, view)
+                    _send_gathered(sock, view, total)
                 elif total >= 0:
                     _send_message(sock, view, total)
                 else:
@@ -586,9 +586,8 @@ class Stream:
     def _read(self, key: _Lane, sock: socket.socket) -> None:
         head = bytearray(_PREFIX.size)
         onward = [self._queues[(peer, key[1])] for peer in self._down]
-        for work, views in self._jobs(key):
+        for work, views, planned in self._jobs(key):
             deadline = time.monotonic() + self.timeout_s
-            planned = sum(len(v) for v in views)
             try:
                 _recv_exact(sock, memoryview(head), deadline)
                 magic, nbytes = _PREFIX.unpack(head)
@@ -601,7 +600,7 @@ class Stream:
                         f"{planned}; refused before reading any of them"
                     )
                 if onward:
-                    self._relay(key[1], sock, work, views, deadline)
+                    self._relay(key[1], sock, work, views, planned, deadline)
                 else:
                     _recv_scattered(sock, views, deadline)
             except (OSError, TransferError) as e:
@@ -619,11 +618,11 @@ class Stream:
         sock: socket.socket,
         work: StreamWork,
         views: list[memoryview],
+        total: int,
         deadline: float,
     ) -> None:
-        """Read a message into ``views`` and hand it on in pieces of at most
-        :data:`RELAY_CHUNK` bytes, each as soon as it landed."""
-        total = sum(len(v) for v in views)
+        """Read a message of ``total`` bytes into ``views`` and hand it on in pieces of at
+        most :data:`RELAY_CHUNK` bytes, each as soon as it landed."""
         pieces = [v[at : at + RELAY_CHUNK] for v in views for at in range(0, len(v), RELAY_CHUNK)]
         for i, piece in enumerate(pieces):
             _recv_exact(sock, piece, deadline)
