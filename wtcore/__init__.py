@@ -6,7 +6,6 @@ found by name through entry points and imported only when used.
 
 from __future__ import annotations
 
-from wtcore import _moved
 from wtcore._version import __version__
 from wtcore.buckets import Bucket, plan_buckets
 from wtcore.client import InspectableClient, WeightSyncClient
@@ -39,8 +38,6 @@ from wtcore.source import ModuleSource, TensorSource, WeightSource
 from wtcore.stats import TransferStats
 from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 from wtcore.worker import WeightSyncWorker, WorkerState
-
-_moved.install()  # the old import paths of moved modules, for one release
 
 __all__ = [
     "CLIENTS",

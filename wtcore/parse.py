@@ -3,7 +3,7 @@
 Used by every engine's ``parse_init_info``/``parse_update_info`` and by config-by-name, so
 that "missing", "unknown" and "wrong type" read the same everywhere; and by the command lines,
 for sizes. Public (``wtcore.parse``) because plugins parse their own payloads and options with
-it; ``wtcore._parse`` is its deprecated old name.
+it.
 """
 
 from __future__ import annotations

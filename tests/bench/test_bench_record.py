@@ -1,9 +1,8 @@
 """The bench record's deprecated keys (until 0.3) repeat the new ones, and follow their changes.
 
-``limits_gbps``, ``limit_labels`` and each round's ``limit_seconds`` were renamed
-``baselines_gbps``, ``baseline_labels`` and ``baseline_seconds`` in 0.2.0 (a limit is one kind
-of baseline). A script that reads the old keys keeps working for one release; the end-to-end
-runs check them in ``test_bench.py`` and ``test_bench_turns.py``.
+``limits_gbps`` and ``limit_labels`` (0.1.0) were renamed ``baselines_gbps`` and
+``baseline_labels`` in 0.2.0 (a limit is one kind of baseline). A script that reads the old keys
+keeps working for one release; the end-to-end run checks them in ``test_bench.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from wtcore_bench.record import DEPRECATED_KEYS, DEPRECATED_ROUND_KEYS, with_deprecated_keys
+from wtcore_bench.record import DEPRECATED_KEYS, with_deprecated_keys
 
 
 def _record() -> dict[str, Any]:
@@ -26,12 +25,8 @@ def test_the_old_keys_repeat_the_new_ones_through_json() -> None:
     record = json.loads(json.dumps(with_deprecated_keys(_record())))
     assert record["limits_gbps"] == record["baselines_gbps"] == {"memcpy": 12.5, "file": 0.95}
     assert record["limit_labels"] == record["baseline_labels"]
-    assert [r["limit_seconds"] for r in record["runs"][0]["rounds"]] == [{"memcpy": 0.01}, {}]
-    assert set(DEPRECATED_KEYS.values()) | set(DEPRECATED_ROUND_KEYS.values()) <= {
-        "baselines_gbps",
-        "baseline_labels",
-        "baseline_seconds",
-    }
+    assert "limit_seconds" not in record["runs"][0]["rounds"][0]  # never in a release
+    assert set(DEPRECATED_KEYS.values()) == {"baselines_gbps", "baseline_labels"}
 
 
 def test_rewriting_after_a_change_to_the_new_keys_updates_the_old() -> None:

@@ -113,7 +113,6 @@ def test_interleaved_baselines_are_the_median_of_their_turns_before_each_round(
     assert record["interleaved"] == ["memcpy"]  # the generic limit with a session
     rounds = record["runs"][0]["rounds"]
     assert [set(r["baseline_seconds"]) for r in rounds] == [{"memcpy"}] * 3
-    assert all(r["limit_seconds"] == r["baseline_seconds"] for r in rounds)  # deprecated name
     seconds = [r["baseline_seconds"]["memcpy"] for r in rounds]
     nbytes = record["settings"]["model_bytes"]
     assert record["baselines_gbps"]["memcpy"] == pytest.approx(

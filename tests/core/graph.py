@@ -6,7 +6,8 @@ matter. Every import statement counts, wherever it is: inside functions (a lazy 
 a dependency: it only moves the failure to run time), under ``if TYPE_CHECKING:`` (the types are
 still a design dependency, and a circle there is one refactor away from an import loop) and
 under ``if __name__ == "__main__":`` (the program is still part of the module's design). A
-module that forwards lazily by string (``wtcore._moved``) has no edge: that is the point of it.
+module that forwards lazily by string (``wtcore._deprecated``) has no edge: that is the point of
+it.
 """
 
 from __future__ import annotations

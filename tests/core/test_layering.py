@@ -47,7 +47,12 @@ PROTOCOL = {
     "wtcore.stats": "what one send_weights did",
     "wtcore.parse": "untrusted input to typed values",
     "wtcore.units": "byte sizes",
-    "wtcore._moved": "the old import paths of moved modules, for one release",
+    "wtcore._deprecated": "forwarding a 0.1.0 module path with a warning, until 0.3",
+    **dict.fromkeys(
+        [f"wtcore.{m}" for m in ("bench", "concurrency", "fanout", "guards", "inproc", "kit")]
+        + [f"wtcore.{m}" for m in ("local", "net", "procs", "synthetic")],
+        "a 0.1.0 module path, forwarded until 0.3",
+    ),
 }
 KIT = {
     "wtcore_kit": "the kit's package (imports nothing)",

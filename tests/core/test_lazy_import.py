@@ -6,14 +6,18 @@ import json
 import subprocess
 import sys
 
+from tests.core.test_old_paths import OLD_PATHS
+
 SCRIPT = """
 import json, sys
+hooks = len(sys.meta_path)
 import wtcore
+hooks = len(sys.meta_path) - hooks
 from wtcore import CLIENTS, ENGINES, TRAINER_ENGINES
 names = {"engines": ENGINES.names(), "trainer": TRAINER_ENGINES.names(), "clients": CLIENTS.names()}
 heavy = sorted(m for m in sys.modules
                if m.split(".")[0] in {"torch", "ray", "requests", "numpy"} or m.startswith("wtcore_"))
-print(json.dumps({"heavy": heavy, "names": names}))
+print(json.dumps({"heavy": heavy, "names": names, "hooks": hooks}))
 """
 
 
@@ -23,6 +27,7 @@ def test_import_and_listing_import_nothing_heavy() -> None:
     )
     result = json.loads(out.stdout)
     assert result["heavy"] == []
+    assert result["hooks"] == 0  # import wtcore adds no import hook
     assert "inline" in result["names"]["engines"] and "inproc" in result["names"]["clients"]
 
 
@@ -33,16 +38,16 @@ from wtcore import CLIENTS, ENGINES, TRAINER_ENGINES
 for registry in (ENGINES, TRAINER_ENGINES, CLIENTS):
     for name in registry.names():
         registry.load(name)
-from wtcore._moved import MOVED
 print(json.dumps(sorted(m for m in sys.modules
-                        if m.startswith(("wtcore_bench", "wtcore.testing")) or m in MOVED)))
+                        if m.startswith(("wtcore_bench", "wtcore.testing")) or m in OLD_PATHS)))
 """
 
 
 def test_loading_every_engine_and_client_loads_no_tooling() -> None:
     """The protocol knows no tooling: engines and clients never load the bench or the tests'
     helpers (the bench finds them, not the other way round), nor a module's old path."""
+    script = f"OLD_PATHS = {sorted(OLD_PATHS)!r}\n{TOOLING}"
     out = subprocess.run(
-        [sys.executable, "-c", TOOLING], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
     assert json.loads(out.stdout) == []

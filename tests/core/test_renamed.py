@@ -1,7 +1,7 @@
 """Renamed for 0.2.0, old names kept until 0.3: the ``local`` engine is ``inline``, ``wtcore.guards``
 is ``wtcore.finite``. The old engine name runs the same rounds, bit for bit, with one
 ``DeprecationWarning`` per lookup naming the new one; the old modules forward to the same
-objects (tested with the other moved modules, ``test_moved_modules.py``).
+objects (tested with the other 0.1.0 paths, ``test_old_paths.py``).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_the_old_name_is_still_taken() -> None:
 
 
 def test_the_old_modules_export_what_the_new_ones_do() -> None:
-    """The forwarding itself is tested with the other moved modules (test_moved_modules.py)."""
+    """The forwarding itself is tested with the other 0.1.0 paths (test_old_paths.py)."""
     import wtcore.finite
     import wtcore.guards
     import wtcore.local
@@ -139,10 +139,10 @@ def test_a_plugin_may_not_take_the_old_name(
     info = tmp_path / "squatter-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: squatter\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[wtcore.engines]\nlocal = squatter:Engine\n")
+    (info / "entry_points.txt").write_text("[wtcore.backends]\nlocal = squatter:ENGINE\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     reg: Registry[object] = Registry(
-        "wtcore.engines",
+        "wtcore.backends",
         "wtcore.engine:WeightTransferEngine",
         "engine",
         builtins={"inline": "wtcore_kit.inline:InlineWorkerEngine"},

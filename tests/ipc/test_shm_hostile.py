@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from wtcore_ipc.shm import CONTROL_BYTES, HEADER_BYTES, StagingSegment, reclaim_orphans
+from wtcore_ipc.shm import CONTROL_BYTES, HEADER_BYTES
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -249,17 +249,6 @@ def test_a_trainer_killed_before_its_first_update_leaves_nothing(
             trainer.close()
     finally:
         worker.world_size = 2
-
-
-def test_reclaim_orphans_is_deprecated_and_touches_nothing() -> None:
-    seg = StagingSegment(4096, 2)
-    try:
-        with pytest.warns(DeprecationWarning, match="reclaim_orphans is deprecated"):
-            assert reclaim_orphans() == []
-        assert os.path.exists(seg.path), "a live segment stays reachable"
-    finally:
-        seg.close()
-    assert not os.path.exists(seg.path) or os.readlink(seg.path) != f"/memfd:{seg.name} (deleted)"
 
 
 # ------------------------------------------------- a segment truncated while it is copied out

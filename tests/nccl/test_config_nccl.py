@@ -85,18 +85,6 @@ def test_broadcast_auto_is_the_chain_over_gloo_and_never_another_data_plane() ->
         NCCLInitInfo(**base, rank_offset=1, checksum="yes")  # type: ignore[arg-type]
 
 
-def test_broadcast_stream_warns_naming_the_tcp_engine_and_still_works() -> None:
-    """The stream moved to its own engine: a trainer config that asks for it gets one
-    DeprecationWarning naming ``tcp`` and the collective; a worker told ``stream`` (an old
-    trainer) refuses the init naming the field and the engine."""
-    with pytest.warns(DeprecationWarning, match="'tcp' engine") as caught:
-        info = NCCLTrainerInitInfo(**BASE, broadcast="stream", rank=0)
-    assert len(caught) == 1
-    assert info.worker_init_info().broadcast == "collective"
-    with pytest.raises(ValueError, match="^broadcast: 'stream' is the 'tcp' engine"):
-        NCCLInitInfo(**BASE, rank_offset=1, broadcast="stream")
-
-
 def test_transport_follows_the_device_unless_forced() -> None:
     assert resolve_transport("auto", "cpu") == "gloo"
     assert resolve_transport("auto", "cuda:1") == "nccl"

@@ -20,23 +20,20 @@ are described, and where the deprecated names are written. Top level
 * ``best_median_gbps`` and ``ratios``: the best run's median, and it divided by each baseline;
 * ``link`` (``--nodes`` only): the link cap, also in ``baselines_gbps`` as ``link_cap``.
 
-**Deprecated** (0.2.0, removed in 0.3): ``limits_gbps``, ``limit_labels`` and each round's
-``limit_seconds`` are the old names of ``baselines_gbps``, ``baseline_labels`` and
-``baseline_seconds``, from when the whole set was called limits although a limit is one kind
-of baseline. The record still carries them, with the same values, so a script that reads them
-keeps working; read the new names.
+**Deprecated** (0.2.0, removed in 0.3): ``limits_gbps`` and ``limit_labels`` are 0.1.0's
+names of ``baselines_gbps`` and ``baseline_labels``, from when the whole set was called limits
+although a limit is one kind of baseline. The record still carries them, with the same values,
+so a script that reads them keeps working; read the new names.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEPRECATED_KEYS", "DEPRECATED_ROUND_KEYS", "with_deprecated_keys"]
+__all__ = ["DEPRECATED_KEYS", "with_deprecated_keys"]
 
 #: Deprecated top-level key -> the key whose value it repeats (until 0.3).
 DEPRECATED_KEYS = {"limits_gbps": "baselines_gbps", "limit_labels": "baseline_labels"}
-#: Deprecated key of each round -> the key whose value it repeats (until 0.3).
-DEPRECATED_ROUND_KEYS = {"limit_seconds": "baseline_seconds"}
 
 
 def with_deprecated_keys(record: dict[str, Any]) -> dict[str, Any]:
@@ -45,9 +42,4 @@ def with_deprecated_keys(record: dict[str, Any]) -> dict[str, Any]:
     for old, new in DEPRECATED_KEYS.items():
         if new in record:
             record[old] = dict(record[new])
-    for run in record.get("runs", []):
-        for one in run.get("rounds", []):
-            for old, new in DEPRECATED_ROUND_KEYS.items():
-                if new in one:
-                    one[old] = dict(one[new])
     return record

@@ -11,21 +11,17 @@ is pointless (the peer died, the round was aborted), and it gives up with a
 
 A bucket larger than a slot crosses the ring as slot-sized *chunks* (:func:`chunks`), the word
 nccl's chain uses for a message cut in pieces; a *frame* is what a streamed engine sends per
-bucket (``wtcore_channel.frames``). ``frames``, this module's old name for :func:`chunks`, is
-kept until 0.3 with a ``DeprecationWarning`` (CHANGELOG, 0.2.0).
+bucket (``wtcore_channel.frames``).
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
-from typing import Any
 
 from wtcore.errors import TransferTimeoutError
 
-# ``frames`` stays listed so that ``import *`` forwards it (with the warning) until 0.3.
-__all__ = ["CHECK_EVERY_S", "MAX_SLEEP_S", "chunks", "frames", "wait_until"]  # noqa: F822
+__all__ = ["CHECK_EVERY_S", "MAX_SLEEP_S", "chunks", "wait_until"]
 
 #: Longest single sleep of a waiter: bounds the latency a slow wake-up adds per bucket.
 MAX_SLEEP_S = 0.001
@@ -70,15 +66,3 @@ def chunks(nbytes: int, slot_bytes: int) -> list[tuple[int, int]]:
     if nbytes <= slot_bytes:
         return [(0, nbytes)]
     return [(s, min(slot_bytes, nbytes - s)) for s in range(0, nbytes, slot_bytes)]
-
-
-def __getattr__(name: str) -> Any:
-    """``frames``, the old name of :func:`chunks`, with a ``DeprecationWarning`` (until 0.3)."""
-    if name == "frames":
-        warnings.warn(
-            f"{__name__}.frames was renamed {__name__}.chunks; the old name will be removed in 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return chunks
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -51,7 +51,6 @@ import re
 import secrets
 import stat
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -81,7 +80,6 @@ __all__ = [
     "check_segment_fd",
     "check_segment_name",
     "host_status",
-    "reclaim_orphans",
     "segment_pid",
     "segment_prefix",
     "trainer_of",
@@ -213,21 +211,6 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
-
-
-def reclaim_orphans() -> list[str]:
-    """Deprecated, does nothing and returns ``[]``; removed in 0.3.
-
-    Segments were files in ``/dev/shm`` that a killed trainer left behind, and this unlinked
-    them. They are memfds now, which the kernel frees with the last process holding one.
-    """
-    warnings.warn(
-        "wtcore_ipc.shm.reclaim_orphans is deprecated and does nothing: segments are memfds "
-        "now, which the kernel frees when their last holder exits; it will be removed in 0.3",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return []
 
 
 def _memfd(name: str) -> int:
@@ -693,16 +676,6 @@ class SegmentReader:
                 return False
             self.close()
             return True
-
-    def unlink_orphan(self) -> None:
-        """Deprecated: :meth:`close_if_orphaned` (a memfd has no name to unlink); until 0.3."""
-        warnings.warn(
-            "SegmentReader.unlink_orphan is deprecated: use close_if_orphaned (segments are "
-            "memfds, with no name to unlink); it will be removed in 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.close_if_orphaned()
 
     def close(self) -> None:
         """Unmap and close; idempotent, and never under a read of another thread."""

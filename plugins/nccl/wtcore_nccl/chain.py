@@ -56,8 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["BROADCASTS", "CHUNK_BYTES", "ROLES", "Chain", "ChainWork", "stream_chain"]
 
 #: The broadcast modes of the nccl engine: the process group's own broadcast, or this chain.
-#: (``"stream"``, TCP streams per worker, is the ``tcp`` engine since 0.2; a trainer config
-#: that asks for it gets the collective and a ``DeprecationWarning``.)
 BROADCASTS: tuple[str, ...] = ("collective", "chain")
 #: Bytes per chunk: small enough that filling a chain of a few hops costs little, large
 #: enough that per-message overhead stays negligible (docs/benchmarks.md).

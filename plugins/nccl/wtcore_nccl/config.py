@@ -8,7 +8,6 @@ chosen; :meth:`NCCLTrainerInitInfo.worker_init_info` derives the worker's
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -59,15 +58,6 @@ def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
     per link where the collective sends one copy per worker from the sender's link
     (docs/nccl.md, "Broadcast", has the rule and its measurements).
     """
-    if broadcast == "stream":
-        warnings.warn(
-            "nccl's broadcast='stream' is the 'tcp' engine since wtcore 0.2 (pip install "
-            "wtcore-tcp; backend 'tcp'); nccl now uses its collective broadcast here, and the "
-            "option goes in 0.3",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-        return "collective"
     if broadcast != "auto" and broadcast not in BROADCASTS:
         raise PayloadError(
             f"broadcast: expected auto or one of {', '.join(BROADCASTS)}, got {broadcast!r}"
@@ -90,11 +80,6 @@ def _check_group(
         )
     if transport not in TRANSPORTS:
         raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    if broadcast == "stream":
-        raise PayloadError(
-            "broadcast: 'stream' is the 'tcp' engine since wtcore 0.2; the trainer must use "
-            "backend 'tcp' (pip install wtcore-tcp), or 'collective' or 'chain' here"
-        )
     if broadcast not in BROADCASTS:
         raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
 
@@ -119,7 +104,7 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
     broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
     carries each byte once; :mod:`wtcore_nccl.chain`). The default, ``"auto"``, is the chain
     over gloo and the collective over NCCL (:func:`resolve_broadcast`); docs/nccl.md says
-    when each wins. ``"stream"`` is deprecated: it is the ``tcp`` engine.
+    when each wins.
     """
 
     backend: ClassVar[str] = "nccl"
@@ -132,8 +117,6 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.broadcast == "stream":
-            self.broadcast = resolve_broadcast("stream", self.resolved_transport, self.world_size)
         try:
             _check_group(
                 master_address=self.master_address,

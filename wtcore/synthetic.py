@@ -1,0 +1,5 @@
+"""The 0.1.0 path of :mod:`wtcore_kit.synthetic`, forwarded with a warning until 0.3."""
+
+from wtcore._deprecated import moved
+
+__getattr__ = moved(__name__, "wtcore_kit.synthetic")
