@@ -1,33 +1,25 @@
 """Lazy, entry-point backed registries of engines and clients (see docs/plugins.md).
 
-Reading an entry-point group reads only package metadata; nothing is imported until a name is
-:meth:`Registry.load`-ed. Errors follow fsspec: an unknown name lists what is installed and
-suggests a close match; a plugin that fails to import is reported with its distribution and
-version, the cause chained.
+Listing reads package metadata only; a name is imported when first loaded. An engine is one
+entry point in ``wtcore.backends`` naming a :class:`Halves` record (a round policy and its
+receiver layer: ``wtcore.round_policies``), so loading one half imports only the record's
+module and that half. 0.1.0's declaration and a renamed built-in's old name work until 0.3,
+with a ``DeprecationWarning``.
 
-A renamed built-in keeps its old name for one release (``renamed``, old -> new): it resolves to
-the new name with a ``DeprecationWarning``.
-
-Two rules keep a name meaning one thing. Two distributions registering one name is a
-:class:`~wtcore.errors.PluginConflictError` naming both when that name is used (never a silent
-winner chosen by discovery order), and no distribution may register a built-in name, an old
-one included. An install line is suggested only for names in :data:`FIRST_PARTY`: guessing
-``pip install wtcore-<typo>`` would send users to whoever registers the typo on the package
-index.
-
-An engine class is also checked against the engine API it is registered for, from its class
-attributes alone (nothing is instantiated): every abstract method and every method its bases
-list in ``required_methods`` must be defined. An engine written for an older wtcore is then a
-:class:`~wtcore.errors.PluginAPIError` naming what to add, when it is registered or first
-loaded, instead of a failure deep in a round.
+Two distributions registering one name is a :class:`~wtcore.errors.PluginConflictError` when
+it is used (no winner by discovery order), and no plugin may take a built-in name. Only
+:data:`FIRST_PARTY` names get an install line: guessing ``pip install wtcore-<typo>`` would
+send users to whoever registers the typo. A class lacking a method its engine API requires is
+a :class:`~wtcore.errors.PluginAPIError` when registered or loaded, not a failure deep in a
+round.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import logging
 import os
+import pkgutil
 import re
 import threading
 import warnings
@@ -51,6 +43,7 @@ __all__ = [
     "RECEIVER_LAYERS",
     "ROUND_POLICIES",
     "TRAINER_ENGINES",
+    "Halves",
     "PluginConflict",
     "PluginInfo",
     "Registry",
@@ -63,17 +56,14 @@ log = logging.getLogger("wtcore.registry")
 #: The one table of first-party plugin names (entry-point group -> name -> distribution), used
 #: only for install hints: no other distribution name is ever suggested.
 FIRST_PARTY: dict[str, dict[str, str]] = {
-    "wtcore.engines": {"nccl": "wtcore-nccl", "tcp": "wtcore-tcp", "ipc": "wtcore-ipc"},
-    "wtcore.trainer_engines": {"nccl": "wtcore-nccl", "tcp": "wtcore-tcp", "ipc": "wtcore-ipc"},
+    "wtcore.backends": {"nccl": "wtcore-nccl", "tcp": "wtcore-tcp", "ipc": "wtcore-ipc"},
     "wtcore.clients": {"http": "wtcore-http-client", "ray": "wtcore-ray-client"},
     "wtcore.round_policies": {"delta": "wtcore-delta"},
-    "wtcore.receiver_layers": {"delta": "wtcore-delta"},
     # ``wtcore`` subcommands, added through the ``wtcore_add_commands`` hook.
     "commands": {"bench": "wtcore-bench", "serve": "wtcore-http-client"},
 }
 
 _DISABLE_ENV = "WTCORE_DISABLE_PLUGIN_AUTOLOAD"
-_CORE_DIST = "wtcore"
 #: Where a plugin author reads what changed in the engine API (named by PluginAPIError).
 _UPGRADE_NOTES = 'CHANGELOG.md, 0.2.0, "For plugin authors"'
 
@@ -81,6 +71,15 @@ _UPGRADE_NOTES = 'CHANGELOG.md, 0.2.0, "For plugin authors"'
 def autoload_disabled() -> bool:
     """True when ``WTCORE_DISABLE_PLUGIN_AUTOLOAD`` is set to a true value."""
     return os.environ.get(_DISABLE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class Halves:
+    """What one entry point names: an engine's (or a round policy's) two halves, each
+    ``"module:Class"``, so that loading one never imports the other's module."""
+
+    trainer: str
+    worker: str
 
 
 @dataclass(frozen=True)
@@ -126,9 +125,6 @@ class PluginConflict:
             f"but one, or pick one in code with register({self.name!r}, target, replace=True)."
         )
 
-    def error(self) -> PluginConflictError:
-        return PluginConflictError(self.message)
-
 
 def _listing(infos: Iterable[PluginInfo]) -> str:
     return " and ".join(f"{i.origin} ({i.target})" for i in infos)
@@ -146,7 +142,9 @@ def _dist_key(info: PluginInfo) -> str:
 
 
 class Registry(Generic[T]):
-    """Names -> classes for one entry-point group; classes must subclass ``base``."""
+    """Names -> classes for one entry-point group; classes must subclass ``base``. With
+    ``half``, a :class:`Halves` record gives that half; ``old_group`` (0.1.0's group for it)
+    is read too, with a ``DeprecationWarning``."""
 
     def __init__(
         self,
@@ -155,17 +153,17 @@ class Registry(Generic[T]):
         kind: str,
         builtins: dict[str, str] | None = None,
         renamed: dict[str, str] | None = None,
+        half: str | None = None,
+        old_group: str | None = None,
     ) -> None:
-        self.group = group
-        #: Old name -> new name of renamed built-ins: the old one still resolves, with a
-        #: ``DeprecationWarning``, for one release (CHANGELOG, 0.2.0).
+        self.group, self.kind, self.half, self.old_group = group, kind, half, old_group
+        #: Renamed built-ins, old -> new: the old name resolves, with a warning, for one release.
         self.renamed = dict(renamed or {})
         self._builtins = {
-            name: PluginInfo(name, target, _CORE_DIST, _core_version())
+            name: PluginInfo(name, target, "wtcore", _core_version())
             for name, target in (builtins or {}).items()
         }
         self._base = base
-        self.kind = kind
         self._lock = threading.RLock()
         self._discovered: dict[str, PluginInfo] | None = None
         self._conflicts: dict[str, PluginConflict] = {}
@@ -173,26 +171,23 @@ class Registry(Generic[T]):
         self._objects: dict[str, Any] = {}
         self._warned: set[str] = set()
 
-    # ------------------------------------------------------------------ discovery
     def _discover(self) -> dict[str, PluginInfo]:
         with self._lock:
             if self._discovered is None:
-                claims: dict[str, dict[str, PluginInfo]] = {}
-                for name, info in self._builtins.items():
-                    claims[name] = {_dist_key(info): info}
-                if not autoload_disabled():
-                    from importlib.metadata import entry_points
+                from importlib.metadata import entry_points
 
-                    for ep in entry_points(group=self.group):
-                        dist = ep.dist
-                        info = PluginInfo(
-                            ep.name,
-                            ep.value,
-                            dist.name if dist is not None else None,
-                            dist.version if dist is not None else None,
-                        )
-                        # first seen wins within one distribution: sys.path order, as import
-                        claims.setdefault(ep.name, {}).setdefault(_dist_key(info), info)
+                claims = {name: {_dist_key(info): info} for name, info in self._builtins.items()}
+                groups = () if autoload_disabled() else (self.group, self.old_group)
+                for group in filter(None, groups):
+                    for ep in entry_points(group=group):
+                        d = ep.dist
+                        info = PluginInfo(ep.name, ep.value, *((d.name, d.version) if d else ()))
+                        # first seen wins within one distribution (sys.path order, as import):
+                        # its record before its 0.1.0 declaration
+                        by_dist = claims.setdefault(ep.name, {})
+                        first = by_dist.setdefault(_dist_key(info), info) is info
+                        if first and d and group == self.old_group:
+                            _warn_old(ep, self.group)
                 found: dict[str, PluginInfo] = {}
                 self._conflicts = {}
                 for name, by_dist in claims.items():
@@ -215,12 +210,12 @@ class Registry(Generic[T]):
         """Forget discovered entry points and loaded classes (after installing a plugin)."""
         with self._lock:
             self._discovered = None
+            _warned_old.clear()
             self._objects = {k: v for k, v in self._objects.items() if k in self._runtime}
 
     def _all(self) -> dict[str, PluginInfo]:
         return {**self._discover(), **self._runtime}
 
-    # ------------------------------------------------------------------ public API
     def names(self) -> list[str]:
         """Every registered name, conflicting ones included, sorted. Imports nothing."""
         return sorted(self._all())
@@ -259,15 +254,12 @@ class Registry(Generic[T]):
             if found is None:
                 raise self._not_found(name)
             conflict = self._conflicts.get(name) if name not in self._runtime else None
-            if conflict is not None and conflict.builtin:
-                # The built-in wins (a plugin must not break it); said once, and listed by
-                # `wtcore plugins` as a conflict (exit 1).
-                if name not in self._warned:
-                    self._warned.add(name)
-                    log.warning("%s", conflict.message)
-                return found
-            if conflict is not None:
-                raise conflict.error()
+            if conflict is not None and not conflict.builtin:
+                raise PluginConflictError(conflict.message)
+            if conflict is not None and name not in self._warned:
+                # the built-in wins, said once; `wtcore plugins` lists the conflict (exit 1)
+                self._warned.add(name)
+                log.warning("%s", conflict.message)
             return found
 
     def register(self, name: str, target: str | type[T], *, replace: bool = False) -> None:
@@ -303,49 +295,40 @@ class Registry(Generic[T]):
             if name in self._objects:
                 return self._objects[name]  # type: ignore[no-any-return]
             info = self._info(name)
-            module_name, attr = _split_target(info.target)
+            target = info.target
             try:
-                module = importlib.import_module(module_name)
-                obj = module
-                for part in attr.split("."):
-                    obj = getattr(obj, part)
+                obj = _import(target)
+                if self.half is not None and isinstance(obj, Halves):
+                    target = getattr(obj, self.half)  # this half's module only
+                    obj = _import(target)
             except Exception as e:
                 where = info.origin if info.distribution else f"target {info.target}"
                 raise PluginLoadError(
                     f"{self.kind} {name!r} from {where} failed to import "
-                    f"{info.target}: {type(e).__name__}: {e}"
+                    f"{target}: {type(e).__name__}: {e}"
                 ) from e
             self._check_base(name, obj, info)
             self._objects[name] = obj
-            return obj  # type: ignore[return-value]
-
-    # ------------------------------------------------------------------ helpers
-    def base(self) -> type:
-        if isinstance(self._base, str):
-            module_name, attr = _split_target(self._base)
-            self._base = getattr(importlib.import_module(module_name), attr)
-        assert isinstance(self._base, type)
-        return self._base
+            return obj  # type: ignore[no-any-return]
 
     def _check_base(self, name: str, obj: object, info: PluginInfo | None) -> None:
-        base = self.base()
-        if not isinstance(obj, type):
-            ok = False
-        elif _is_protocol(base):
+        base = self._base = _import(self._base) if isinstance(self._base, str) else self._base
+        where = info.origin if info and info.distribution else ""
+        if getattr(base, "_is_protocol", False):  # a protocol: its methods, nothing required
             members = [m for m in vars(base) if not m.startswith("_") and callable(vars(base)[m])]
-            ok = all(callable(getattr(obj, m, None)) for m in members)
+            ok = isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in members)
+            missing = []
         else:
-            ok = issubclass(obj, base)
+            ok = isinstance(obj, type) and issubclass(obj, base)
+            missing = _missing_methods(obj) if ok and isinstance(obj, type) else []
         if not ok:
-            where = f" ({info.origin})" if info and info.distribution else ""
             raise PluginTypeError(
-                f"{self.kind} {name!r}{where} must be a subclass of {base.__module__}."
-                f"{base.__qualname__}, got {obj!r}"
+                f"{self.kind} {name!r}{f' ({where})' if where else ''} must be a subclass of "
+                f"{base.__module__}.{base.__qualname__}, got {obj!r}"
             )
-        assert isinstance(obj, type)
-        missing = [] if _is_protocol(base) else _missing_methods(obj)
         if missing:
-            where = f"{info.origin}, " if info and info.distribution else ""
+            assert isinstance(obj, type)
+            where += ", " if where else ""
             raise PluginAPIError(
                 f"{self.kind} {name!r} ({where}{obj.__module__}:{obj.__qualname__}) does not "
                 f"implement {' and '.join(missing)}, which wtcore {_core_version()} requires "
@@ -380,29 +363,43 @@ def _core_version() -> str:
 
 
 def _missing_methods(cls: type) -> list[str]:
-    """What ``cls`` lacks to be a concrete engine, read from class attributes only.
-
-    Its abstract methods, then each entry of a ``required_methods`` mapping declared by a
-    class in its MRO (``{method: alternatives}``) that neither the method nor one of its
-    alternatives is defined for, below the class that declared it. Each is spelled
-    ``name()``, with its alternatives: ``worker_init_info() (or override handshake())``.
-    """
+    """What ``cls`` lacks, from class attributes only: its abstract methods, and each entry of
+    a base's ``required_methods`` (``{method: alternatives}``) defined by no class below it."""
     missing = [f"{m}()" for m in sorted(getattr(cls, "__abstractmethods__", ()))]
-    mro = cls.__mro__
-    for depth, declaring in enumerate(mro):
+    for depth, declaring in enumerate(cls.__mro__):
         required = vars(declaring).get("required_methods")
-        if not isinstance(required, Mapping):
-            continue
-        below = mro[:depth]
-        for method, alternatives in required.items():
+        for method, alternatives in required.items() if isinstance(required, Mapping) else ():
+            below = cls.__mro__[:depth]
             if not any(n in vars(k) for k in below for n in (method, *alternatives)):
                 instead = " or ".join(f"override {a}()" for a in alternatives)
                 missing.append(f"{method}() (or {instead})" if instead else f"{method}()")
     return missing
 
 
-def _is_protocol(tp: type) -> bool:
-    return bool(getattr(tp, "_is_protocol", False))
+def _import(target: str) -> Any:
+    _split_target(target)
+    return pkgutil.resolve_name(target)
+
+
+#: 0.1.0's engine groups (worker, trainer), read until 0.3 with one warning per engine.
+_OLD_GROUPS = ("wtcore.engines", "wtcore.trainer_engines")
+_warned_old: set[tuple[str, str]] = set()
+
+
+def _warn_old(ep: Any, group: str) -> None:
+    """Name the record to declare instead of 0.1.0's two classes, once per engine."""
+    if (ep.dist.name, ep.name) not in _warned_old:
+        _warned_old.add((ep.dist.name, ep.name))
+        old = {e.group: e.value for e in ep.dist.entry_points if e.name == ep.name}
+        worker, trainer = (old.get(g, "module:Class") for g in _OLD_GROUPS)
+        package = worker.split(":")[0].split(".")[0]
+        message = (
+            f"{ep.dist.name} {ep.dist.version} registers engine {ep.name!r} in 0.1.0's groups "
+            f"{' and '.join(_OLD_GROUPS)}, read until 0.3 only: declare it once, "
+            f'[project.entry-points."{group}"] {ep.name} = "{package}:ENGINE", with ENGINE = '
+            f'wtcore.registry.Halves(trainer="{trainer}", worker="{worker}") in {package}'
+        )
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
 
 
 def _split_target(target: str) -> tuple[str, str]:
@@ -412,21 +409,26 @@ def _split_target(target: str) -> tuple[str, str]:
     return module_name, attr
 
 
-#: Worker (inference-side) engines, entry-point group ``wtcore.engines``.
+_FULL = "wtcore.trainer:RoundPolicy"
+#: Worker (inference-side) engines: the worker halves of ``wtcore.backends``.
 ENGINES: Registry[Any] = Registry(
-    "wtcore.engines",
+    "wtcore.backends",
     "wtcore.engine:WeightTransferEngine",
     "engine",
     builtins={"inline": "wtcore_kit.inline:InlineWorkerEngine"},
     renamed={"local": "inline"},
+    half="worker",
+    old_group=_OLD_GROUPS[0],
 )
-#: Trainer engines, entry-point group ``wtcore.trainer_engines``.
+#: Trainer engines: the trainer halves of ``wtcore.backends``.
 TRAINER_ENGINES: Registry[Any] = Registry(
-    "wtcore.trainer_engines",
+    "wtcore.backends",
     "wtcore.trainer:TrainerWeightTransferEngine",
     "trainer engine",
     builtins={"inline": "wtcore_kit.inline:InlineTrainerEngine"},
     renamed={"local": "inline"},
+    half="trainer",
+    old_group=_OLD_GROUPS[1],
 )
 #: Control-plane clients, entry-point group ``wtcore.clients``.
 CLIENTS: Registry[Any] = Registry(
@@ -435,19 +437,14 @@ CLIENTS: Registry[Any] = Registry(
     "client",
     builtins={"inproc": "wtcore_kit.inproc:InProcessClient"},
 )
-#: What a sender's rounds send (``TrainerInitInfo.rounds``), entry-point group
-#: ``wtcore.round_policies``: named here so that the trainer never imports a policy's module.
+#: What a sender's rounds send (``TrainerInitInfo.rounds``): the trainer halves of
+#: ``wtcore.round_policies``, named so that the trainer never imports a policy's module.
 #: ``delta`` comes from wtcore-delta.
 ROUND_POLICIES: Registry[Any] = Registry(
-    "wtcore.round_policies",
-    "wtcore.trainer:RoundPolicy",
-    "round policy",
-    builtins={"full": "wtcore.trainer:RoundPolicy"},
+    "wtcore.round_policies", _FULL, "round policy", builtins={"full": _FULL}, half="trainer"
 )
-#: The receiver halves of round policies, by policy name, entry-point group
-#: ``wtcore.receiver_layers``: every worker puts each installed one first in its sink chain.
+#: The receiver halves of ``wtcore.round_policies``: every worker puts each installed one
+#: first in its sink chain.
 RECEIVER_LAYERS: Registry[Any] = Registry(
-    "wtcore.receiver_layers",
-    "wtcore.worker:ReceiverLayer",
-    "receiver layer",
+    "wtcore.round_policies", "wtcore.worker:ReceiverLayer", "receiver layer", half="worker"
 )

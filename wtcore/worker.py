@@ -86,8 +86,8 @@ class ReceiverLayer(WeightSink, Protocol):
     """The receiver half of a round policy: a sink the worker puts first in its chain.
 
     A trainer's :class:`~wtcore.trainer.RoundPolicy` may send rounds a plain sink cannot load
-    (wtcore-delta's patches). Its receiver half is registered under the policy's name in the
-    ``wtcore.receiver_layers`` entry-point group (:data:`wtcore.registry.RECEIVER_LAYERS`), so
+    (wtcore-delta's patches). Its receiver half is the worker half of the policy's record in
+    the ``wtcore.round_policies`` entry-point group (:data:`wtcore.registry.RECEIVER_LAYERS`), so
     the worker imports no policy: it builds every installed layer with
     ``for_chain(chain, sink, staging)`` (the rest of the chain, the user's sink, the
     transactional staging or None), calls :meth:`begin` when a round starts and :meth:`finish`

@@ -20,8 +20,8 @@ def test_plugins_lists_every_registry() -> None:
     out = _run("plugins")
     assert out.returncode == 0, out.stderr
     for title in (
-        "engines (wtcore.engines):",
-        "trainer engines (wtcore.trainer_engines):",
+        "engines (wtcore.backends):",
+        "trainer engines (wtcore.backends):",
         "clients (wtcore.clients):",
         "hook plugins (wtcore.hooks):",
     ):

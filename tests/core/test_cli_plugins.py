@@ -47,7 +47,9 @@ def test_clean_install_exits_zero_with_valid_json() -> None:
     record = json.loads(out.stdout)
     assert record["schema"] == 1 and record["ok"] is True and record["discovery"] is True
     groups = [r["group"] for r in record["registries"]]
-    assert groups == ["wtcore.engines", "wtcore.trainer_engines", "wtcore.clients"]
+    assert groups == ["wtcore.backends", "wtcore.backends", "wtcore.clients"]
+    titles = [r["title"] for r in record["registries"]]
+    assert titles == ["engines", "trainer engines", "clients"]
     inline = next(p for p in record["registries"][0]["plugins"] if p["name"] == "inline")
     assert inline == {
         "name": "inline",
@@ -62,13 +64,13 @@ def test_clean_install_exits_zero_with_valid_json() -> None:
 
 
 def test_two_distributions_one_name_is_shown_and_exits_one(tmp_path: Path) -> None:
-    _dist(tmp_path, "quic-one", "[wtcore.engines]\nquic = quic_one:Engine\n")
-    _dist(tmp_path, "quic-two", "[wtcore.engines]\nquic = quic_two:Engine\n", version="2.0")
+    _dist(tmp_path, "quic-one", "[wtcore.backends]\nquic = quic_one:ENGINE\n")
+    _dist(tmp_path, "quic-two", "[wtcore.backends]\nquic = quic_two:ENGINE\n", version="2.0")
     out = _run(tmp_path)
     assert out.returncode == 1
-    (line,) = [x for x in out.stdout.splitlines() if x.startswith("  quic ")]
-    assert "CONFLICT: engine 'quic' is registered in wtcore.engines by 2 distributions" in line
-    assert "quic-one 1.0 (quic_one:Engine)" in line and "quic-two 2.0 (quic_two:Engine)" in line
+    (line, _) = [x for x in out.stdout.splitlines() if x.startswith("  quic ")]  # both halves
+    assert "CONFLICT: engine 'quic' is registered in wtcore.backends by 2 distributions" in line
+    assert "quic-one 1.0 (quic_one:ENGINE)" in line and "quic-two 2.0 (quic_two:ENGINE)" in line
     assert "Traceback" not in out.stderr
     assert out.stderr.strip() == "wtcore plugins: some plugins are broken or conflicting"
 
@@ -93,12 +95,12 @@ def test_a_plugin_shadowing_a_builtin_is_a_conflict(tmp_path: Path) -> None:
 
 
 def test_a_broken_plugin_exits_one_without_a_traceback(tmp_path: Path) -> None:
-    _dist(tmp_path, "brokenplug", "[wtcore.engines]\nbroken = no_such_module_xyz:Engine\n")
+    _dist(tmp_path, "brokenplug", "[wtcore.backends]\nbroken = no_such_module_xyz:ENGINE\n")
     out = _run(tmp_path)
     assert out.returncode == 1
     assert re.search(
         r"^  broken +brokenplug 1\.0 +BROKEN: engine 'broken' from brokenplug 1\.0 failed to "
-        r"import no_such_module_xyz:Engine: ModuleNotFoundError",
+        r"import no_such_module_xyz:ENGINE: ModuleNotFoundError",
         out.stdout,
         re.M,
     )
@@ -107,11 +109,16 @@ def test_a_broken_plugin_exits_one_without_a_traceback(tmp_path: Path) -> None:
 
 def test_columns_fit_the_longest_name_hooks_included(tmp_path: Path) -> None:
     (tmp_path / "quiet_hooks_mod.py").write_text("# a hook plugin that implements nothing\n")
+    (tmp_path / "long_engine_mod.py").write_text(
+        "from wtcore.registry import Halves\n"
+        'ENGINE = Halves(trainer="wtcore_kit.inline:InlineTrainerEngine", '
+        'worker="wtcore_kit.inline:InlineWorkerEngine")\n'
+    )
     _dist(
         tmp_path,
         "longnames",
-        "[wtcore.engines]\n"
-        "a_rather_long_engine_name = wtcore_kit.inline:InlineWorkerEngine\n"
+        "[wtcore.backends]\n"
+        "a_rather_long_engine_name = long_engine_mod:ENGINE\n"
         "[wtcore.hooks]\n"
         "a_hook_plugin_with_an_even_longer_name = quiet_hooks_mod\n",
     )

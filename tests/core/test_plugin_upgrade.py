@@ -6,7 +6,7 @@
 ``NotImplementedError``. Now the registry refuses it when it is registered or first loaded,
 naming the engine, the missing method and the upgrade notes (CHANGELOG.md, 0.2.0, "For plugin
 authors"), and ``wtcore plugins`` lists it as broken. The same engine with the CHANGELOG's
-change applied passes the whole contract suite.
+changes applied passes the whole contract suite.
 
 Each distribution is a package and a ``*.dist-info`` folder (METADATA, entry_points.txt) in a
 temporary directory put on ``sys.path``, as pip would leave them; the global registries are
@@ -19,6 +19,7 @@ import importlib
 import json
 import re
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -150,8 +151,24 @@ WORKER_INIT_INFO_0_2 = """\
     def worker_init_info(self):
         return {"buffer_size_bytes": self.init_info.buffer_size_bytes}
 """
+#: And the 0.1 ``_send``'s own start and finish: in 0.2 ``send_weights`` opens the round and
+#: finishes it with its ``weight_version`` (``TransferStats`` no longer has one); ``_send``
+#: only moves the bytes.
+ROUND_CALLS_0_1 = (
+    """\
+        with stats.phase("control"):
+            self.client.start_weight_update()
+""",
+    """\
+        with stats.phase("control"):
+            self.client.finish_weight_update(stats.weight_version)
+""",
+)
 assert ENGINE_0_1.count(TRAINER_INIT_0_1) == 1
+assert all(ENGINE_0_1.count(c) == 1 for c in ROUND_CALLS_0_1)
 ENGINE_0_2 = ENGINE_0_1.replace(TRAINER_INIT_0_1, WORKER_INIT_INFO_0_2)
+for _call in ROUND_CALLS_0_1:
+    ENGINE_0_2 = ENGINE_0_2.replace(_call, "")
 
 LEGACY = "b64legacy"  # registry name, package and (wtcore-b64legacy 0.1.0) distribution
 UPGRADED = "b64upgraded"  # the same engine with the change applied (wtcore-b64upgraded 0.2.0)
@@ -167,32 +184,57 @@ def _expected_refusal(origin: str) -> str:
     )
 
 
-def _install(where: Path, name: str, version: str, source: str) -> None:
-    """Distribution ``wtcore-<name>``: package ``<name>`` registering ``<name>`` in both groups."""
+#: The record 0.2 registers (``<name>:ENGINE`` in ``wtcore.backends``), naming both halves;
+#: every package below has it, only a 0.2 declaration points at it.
+RECORD_0_2 = """
+from wtcore.registry import Halves
+
+ENGINE = Halves(trainer="{name}:B64TrainerEngine", worker="{name}:B64WorkerEngine")
+"""
+
+
+#: How each release declares the engine: 0.2 one record, 0.1 a class in each of two groups.
+DECLARED = {
+    "0.2": "[wtcore.backends]\n{name} = {name}:ENGINE\n\n",
+    "0.1": "[wtcore.engines]\n{name} = {name}:B64WorkerEngine\n\n"
+    "[wtcore.trainer_engines]\n{name} = {name}:B64TrainerEngine\n\n",
+}
+
+
+def _install(
+    where: Path, name: str, version: str, source: str, declared: tuple[str, ...] = ("0.2",)
+) -> None:
+    """Distribution ``wtcore-<name>``: package ``<name>`` registering engine ``<name>`` as the
+    ``declared`` releases do."""
     package = where / name
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text(source.replace("{name}", name))
+    (package / "__init__.py").write_text((source + RECORD_0_2).replace("{name}", name))
     info = where / f"wtcore_{name}-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: wtcore-{name}\nVersion: {version}\n"
     )
-    (info / "entry_points.txt").write_text(
-        f"[wtcore.engines]\n{name} = {name}:B64WorkerEngine\n\n"
-        f"[wtcore.trainer_engines]\n{name} = {name}:B64TrainerEngine\n"
-    )
+    eps = "".join(DECLARED[release] for release in declared)
+    (info / "entry_points.txt").write_text(eps.replace("{name}", name))
 
 
 @contextmanager
-def _installed(where: Path, name: str, version: str, source: str) -> Iterator[None]:
-    """The distribution installed on ``sys.path`` and seen by the registries, then gone."""
-    _install(where, name, version, source)
+def _installed(
+    where: Path, name: str, version: str, source: str, declared: tuple[str, ...] = ("0.2",)
+) -> Iterator[list[str]]:
+    """The distribution installed on ``sys.path`` and seen by the registries, then gone; yields
+    the warnings their discovery gave (0.1's declaration alone: one)."""
+    _install(where, name, version, source, declared)
     sys.path.insert(0, str(where))
     importlib.invalidate_caches()
     ENGINES.refresh()
     TRAINER_ENGINES.refresh()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ENGINES.names()
+        TRAINER_ENGINES.names()
     try:
-        yield
+        yield [str(w.message) for w in caught]
     finally:
         sys.path.remove(str(where))
         sys.modules.pop(name, None)
@@ -203,9 +245,36 @@ def _installed(where: Path, name: str, version: str, source: str) -> Iterator[No
 
 @pytest.fixture
 def legacy(tmp_path: Path) -> Iterator[Path]:
-    """wtcore-b64legacy 0.1.0 installed; yields its folder."""
-    with _installed(tmp_path / "site", LEGACY, "0.1.0", ENGINE_0_1):
+    """wtcore-b64legacy 0.1.0 installed, declared in 0.1's groups; yields its folder."""
+    with _installed(tmp_path / "site", LEGACY, "0.1.0", ENGINE_0_1, ("0.1",)) as warned:
+        assert len(warned) == 1, warned
         yield tmp_path / "site"
+
+
+def test_the_0_1_declaration_is_still_found_with_one_warning_naming_the_record(
+    tmp_path: Path,
+) -> None:
+    with _installed(tmp_path, "b64old", "0.1.0", ENGINE_0_2, ("0.1",)) as warned:
+        assert warned == [
+            "wtcore-b64old 0.1.0 registers engine 'b64old' in 0.1.0's groups wtcore.engines "
+            "and wtcore.trainer_engines, read until 0.3 only: declare it once, "
+            '[project.entry-points."wtcore.backends"] b64old = "b64old:ENGINE", with ENGINE = '
+            'wtcore.registry.Halves(trainer="b64old:B64TrainerEngine", '
+            'worker="b64old:B64WorkerEngine") in b64old'
+        ]
+        assert ENGINES.load("b64old").__name__ == "B64WorkerEngine"
+        assert TRAINER_ENGINES.load("b64old").__name__ == "B64TrainerEngine"
+        assert TRAINER_ENGINES.info("b64old").target == "b64old:B64TrainerEngine"
+
+
+def test_a_distribution_declaring_both_ways_is_read_as_0_2_without_a_warning(
+    tmp_path: Path,
+) -> None:
+    """A plugin may keep 0.1's groups next to its record, to support both releases."""
+    with _installed(tmp_path, "b64both", "0.2.0", ENGINE_0_2, ("0.2", "0.1")) as warned:
+        assert warned == []
+        assert TRAINER_ENGINES.info("b64both").target == "b64both:ENGINE"
+        assert ENGINES.conflicts() == [] and TRAINER_ENGINES.conflicts() == []
 
 
 def _module(name: str) -> ModuleType:
@@ -285,7 +354,7 @@ def test_wtcore_plugins_lists_the_0_1_trainer_engine_as_broken(
     assert main(["plugins"]) == 1
     out, err = capsys.readouterr()
     assert err.strip() == "wtcore plugins: some plugins are broken or conflicting"
-    trainer_section = out.split("trainer engines (wtcore.trainer_engines):\n", 1)[1]
+    trainer_section = out.split("trainer engines (wtcore.backends):\n", 1)[1]
     (line,) = [x for x in trainer_section.splitlines() if x.startswith(f"  {LEGACY} ")]
     assert re.fullmatch(
         rf"  {LEGACY} +wtcore-b64legacy 0\.1\.0 +BROKEN: "
@@ -295,15 +364,15 @@ def test_wtcore_plugins_lists_the_0_1_trainer_engine_as_broken(
 
     assert main(["plugins", "--json"]) == 1
     record = json.loads(capsys.readouterr().out)
-    by_group = {r["group"]: {p["name"]: p for p in r["plugins"]} for r in record["registries"]}
-    trainer = by_group["wtcore.trainer_engines"][LEGACY]
+    by_title = {r["title"]: {p["name"]: p for p in r["plugins"]} for r in record["registries"]}
+    trainer = by_title["trainer engines"][LEGACY]
     assert (trainer["ok"], trainer["status"]) == (
         False,
         "BROKEN: " + _expected_refusal("wtcore-b64legacy 0.1.0, "),
     )
-    worker = by_group["wtcore.engines"][LEGACY]
+    worker = by_title["engines"][LEGACY]
     assert (worker["ok"], worker["status"]) == (True, "available")
-    assert all(p["ok"] for p in by_group["wtcore.engines"].values())
+    assert all(p["ok"] for p in by_title["engines"].values())
 
 
 def test_the_refusal_points_at_notes_that_exist() -> None:
@@ -380,7 +449,7 @@ def test_built_in_and_first_party_engines_pass_the_check() -> None:
 
 # ---------------------------------------------------------------------- after the upgrade
 class TestUpgradedEngineContract(EngineContractSuite):
-    """The 0.1 engine with the CHANGELOG's change applied: every case, recovery included."""
+    """The 0.1 engine with the CHANGELOG's changes applied: every case, recovery included."""
 
     backend = UPGRADED
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from wtcore import (
 from wtcore_kit.inline import InlineWorkerEngine
 
 FIXTURE_ENTRY_POINTS = """\
-[wtcore.engines]
+[wtcore.backends]
 fake = fakeplug_mod:FakeEngine
 broken = fakeplug_broken:Engine
 notanengine = fakeplug_mod:NotAnEngine
@@ -56,16 +57,15 @@ def fake_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 def _registry() -> Registry[WeightTransferEngine[object, object]]:
     return Registry(
-        "wtcore.engines",
+        "wtcore.backends",
         WeightTransferEngine,
         "engine",
         builtins={"inline": "wtcore_kit.inline:InlineWorkerEngine"},
+        half="worker",
     )
 
 
 def test_discovery_through_a_fixture_distribution(fake_dist: Path) -> None:
-    import sys
-
     reg = _registry()
     assert {"fake", "broken", "notanengine", "inline"} <= set(reg.names())
     assert "fakeplug_mod" not in sys.modules  # listing imports nothing
@@ -119,7 +119,7 @@ def test_unknown_name_lists_installed_and_suggests_no_guessed_install() -> None:
 
 
 def test_first_party_name_names_its_distribution() -> None:
-    reg = Registry("wtcore.engines", WeightTransferEngine, "engine")
+    reg = Registry("wtcore.backends", WeightTransferEngine, "engine")
     reg._discovered = {}  # as if no plugin were installed, without touching the environment
     with pytest.raises(
         PluginNotFoundError, match=r"'nccl' is provided by wtcore-nccl: pip install wtcore-nccl"
@@ -134,7 +134,7 @@ def test_first_party_name_names_its_distribution() -> None:
 
 
 def test_a_typo_of_a_first_party_name_suggests_it_and_its_install_line() -> None:
-    reg = Registry("wtcore.engines", WeightTransferEngine, "engine")
+    reg = Registry("wtcore.backends", WeightTransferEngine, "engine")
     reg._discovered = {}
     with pytest.raises(PluginNotFoundError) as exc:
         reg.load("ncl")
@@ -144,7 +144,7 @@ def test_a_typo_of_a_first_party_name_suggests_it_and_its_install_line() -> None
 
 
 def test_first_party_names_are_per_group() -> None:
-    reg = Registry("wtcore.engines", WeightTransferEngine, "engine")
+    reg = Registry("wtcore.backends", WeightTransferEngine, "engine")
     reg._discovered = {}
     with pytest.raises(PluginNotFoundError) as exc:
         reg.load("http")  # a client name, not an engine name
@@ -188,7 +188,7 @@ def test_refresh_sees_newly_installed_plugins(
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: late\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
-        "[wtcore.engines]\nfake = wtcore_kit.inline:InlineWorkerEngine\n"
+        "[wtcore.backends]\nfake = wtcore_kit.inline:InlineWorkerEngine\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     reg.refresh()
@@ -218,8 +218,8 @@ def _write_dist(
 
 @pytest.fixture
 def two_quic_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    _write_dist(tmp_path, "quic-one", "1.0", "[wtcore.engines]\nquic = quic_one:Engine\n")
-    _write_dist(tmp_path, "quic-two", "2.0", "[wtcore.engines]\nquic = quic_two:Engine\n")
+    _write_dist(tmp_path, "quic-one", "1.0", "[wtcore.backends]\nquic = quic_one:Engine\n")
+    _write_dist(tmp_path, "quic-two", "2.0", "[wtcore.backends]\nquic = quic_two:Engine\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
@@ -230,7 +230,7 @@ def test_two_distributions_one_name_is_an_error_naming_both(two_quic_dists: Path
     with pytest.raises(PluginConflictError) as exc:
         reg.load("quic")
     text = str(exc.value)
-    assert "engine 'quic' is registered in wtcore.engines by 2 distributions" in text
+    assert "engine 'quic' is registered in wtcore.backends by 2 distributions" in text
     assert "quic-one 1.0 (quic_one:Engine)" in text and "quic-two 2.0 (quic_two:Engine)" in text
     assert isinstance(exc.value, WtcoreError) and isinstance(exc.value, ValueError)
     with pytest.raises(PluginConflictError):
@@ -254,7 +254,7 @@ def test_a_plugin_may_not_shadow_a_builtin(
     """The built-in wins (issue 29, item 10): a distribution registering ``inline`` used to
     make every use of the built-in raise; now it is ignored with a warning, once, and still
     listed as a conflict (``wtcore plugins`` exits 1)."""
-    _write_dist(tmp_path, "shadow", "0.3", "[wtcore.engines]\ninline = shadow_mod:Engine\n")
+    _write_dist(tmp_path, "shadow", "0.3", "[wtcore.backends]\ninline = shadow_mod:Engine\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     reg = _registry()
     with caplog.at_level("WARNING", logger="wtcore.registry"):
@@ -274,7 +274,7 @@ def test_one_distribution_seen_twice_is_not_a_conflict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An editable install seen through two sys.path entries: the same distribution twice.
-    eps = "[wtcore.engines]\ntwice = wtcore_kit.inline:InlineWorkerEngine\n"
+    eps = "[wtcore.backends]\ntwice = wtcore_kit.inline:InlineWorkerEngine\n"
     _write_dist(tmp_path / "a", "Twice_Dist", "1.0", eps)
     # a folder name importlib.metadata does not recognise as the same (its own de-duplication)
     _write_dist(tmp_path / "b", "twice-dist", "1.0", eps, folder="twice_dist_dev-1.0.dist-info")
@@ -291,3 +291,59 @@ def test_the_real_registries_have_no_conflicts() -> None:
 
     for reg in (ENGINES, TRAINER_ENGINES, CLIENTS):
         assert reg.conflicts() == [], [c.message for c in reg.conflicts()]
+
+
+# ---------------------------------------------------------------------- one record, two halves
+RECORD = """\
+from wtcore.registry import Halves
+
+ENGINE = Halves(trainer="recplug_trainer:Trainer", worker="recplug_worker:Worker")
+"""
+
+
+@pytest.fixture
+def record_dist(tmp_path: Path) -> Iterator[Path]:
+    """wtcore-recplug: one ``wtcore.backends`` record whose halves live in two modules; the
+    global registries see it, then forget it."""
+    from wtcore import TRAINER_ENGINES
+
+    (tmp_path / "recplug.py").write_text(RECORD)
+    (tmp_path / "recplug_worker.py").write_text(
+        "from wtcore_kit.inline import InlineWorkerEngine as Worker\n"
+    )
+    (tmp_path / "recplug_trainer.py").write_text(
+        "from wtcore_kit.inline import InlineTrainerEngine as Trainer\n"
+    )
+    _write_dist(tmp_path, "wtcore-recplug", "1.0", "[wtcore.backends]\nrec = recplug:ENGINE\n")
+    sys.path.insert(0, str(tmp_path))
+    for reg in (ENGINES, TRAINER_ENGINES):
+        reg.refresh()
+    try:
+        yield tmp_path
+    finally:
+        sys.path.remove(str(tmp_path))
+        for module in ("recplug", "recplug_worker", "recplug_trainer"):
+            sys.modules.pop(module, None)
+        for reg in (ENGINES, TRAINER_ENGINES):
+            reg.refresh()
+
+
+def test_one_record_names_both_halves_and_each_loads_only_its_own(record_dist: Path) -> None:
+    from wtcore import TRAINER_ENGINES
+    from wtcore_kit.inline import InlineTrainerEngine
+
+    assert "rec" in ENGINES.names() and "rec" in TRAINER_ENGINES.names()
+    assert ENGINES.info("rec").target == "recplug:ENGINE"
+    assert "recplug" not in sys.modules  # listing reads metadata only
+    assert ENGINES.load("rec") is InlineWorkerEngine
+    assert "recplug_worker" in sys.modules and "recplug_trainer" not in sys.modules
+    assert TRAINER_ENGINES.load("rec") is InlineTrainerEngine
+
+
+def test_a_record_whose_half_is_missing_names_that_half(record_dist: Path) -> None:
+    (record_dist / "recplug_worker.py").unlink()
+    with pytest.raises(PluginLoadError) as exc:
+        ENGINES.load("rec")
+    assert "engine 'rec' from wtcore-recplug 1.0 failed to import recplug_worker:Worker" in str(
+        exc.value
+    )

@@ -35,7 +35,9 @@ def test_doc_has_the_expected_blocks() -> None:
 
 def test_toml_block_matches_the_class_names() -> None:
     toml = re.findall(r"```toml\n(.*?)```", DOC.read_text(), flags=re.S)[0]
-    assert 'tmpfile = "my_engine:TmpfileWorkerEngine"' in toml
+    assert 'tmpfile = "my_engine:ENGINE"' in toml
+    assert tutorial.ENGINE.trainer == "my_engine:TmpfileTrainerEngine"
+    assert tutorial.ENGINE.worker == "my_engine:TmpfileWorkerEngine"
     assert hasattr(tutorial, "TmpfileWorkerEngine") and hasattr(tutorial, "TmpfileTrainerEngine")
 
 

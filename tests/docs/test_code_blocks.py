@@ -376,11 +376,11 @@ def _check_json(b: Block) -> None:
 def _check_toml(b: Block) -> None:
     data = tomllib.loads(b.code)
     if "project" in data:  # a plugin's pyproject.toml, whole or its entry points only
-        from wtcore.registry import CLIENTS, ENGINES, TRAINER_ENGINES
-        from wtcore_bench.support import CLIENT_GROUP, ENGINE_GROUP
+        from wtcore.hooks import GROUP as HOOKS
+        from wtcore.registry import CLIENTS, ENGINES, ROUND_POLICIES
+        from wtcore_bench.support import GROUP as BENCH
 
-        groups = {r.group for r in (CLIENTS, ENGINES, TRAINER_ENGINES)} | {"wtcore.hooks"}
-        groups |= {ENGINE_GROUP, CLIENT_GROUP}
+        groups = {r.group for r in (CLIENTS, ENGINES, ROUND_POLICIES)} | {HOOKS, BENCH}
         eps = data["project"].get("entry-points", {})
         assert eps and set(eps) <= groups, f"{b.where}: entry-point groups {sorted(eps)}"
         if "name" in data["project"]:

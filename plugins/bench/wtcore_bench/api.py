@@ -1,20 +1,22 @@
 """What an engine or a client declares so that ``wtcore bench`` (or any tool) can drive it.
 
 The bench never picks a plugin by name and never guesses field names. Everything it needs
-comes from two declarations, each an entry point keyed by the name the plugin is registered
-under in the core (:mod:`wtcore_bench.support`):
+comes from two declarations, entry points of the group ``wtcore.bench`` keyed by the name the
+plugin is registered under in the core (:mod:`wtcore_bench.support`):
 
-* for a **trainer engine**, an :class:`EngineBench` in ``wtcore.bench_engines``: how to build
+* for a **trainer engine**, an :class:`EngineBench` as ``engine.<name>``: how to build
   its init info for ``N`` receivers on this host (choosing free ports itself), which init-info
   field sets its bucket size (``buffer_option``), and the limits and naive baselines worth
   measuring next to it (``baselines``, a mapping of name to :class:`Baseline`);
-* for a **client**, a :class:`ClientBench` in ``wtcore.bench_clients``: a
+* for a **client**, a :class:`ClientBench` as ``client.<name>``: a
   :class:`ReceiverLauncher`, which starts receivers it can reach and returns a
   :class:`ReceiverFleet`, and the peers its transport makes possible (such as Ray's object
   store).
 
-The engine and client classes themselves carry nothing for the bench: the protocol knows no
-tooling, and loading an engine never loads the bench.
+An engine that declares nothing runs with a plain :class:`EngineBench` (rank 0 and its init
+info's own defaults, the generic limits only). The engine and client classes themselves carry
+nothing for the bench: the protocol knows no tooling, and loading an engine never loads the
+bench.
 
 A :class:`Baseline` is a **limit** (a ceiling of this machine: memcpy, a raw collective) or,
 with ``peer=True``, a **peer**: what a user would run instead of wtcore (another library's
@@ -179,7 +181,7 @@ class ReceiverLauncher(Protocol):
 
 @dataclass(frozen=True)
 class EngineBench:
-    """How a trainer engine runs in ``wtcore bench``: its ``wtcore.bench_engines`` entry point.
+    """How a trainer engine runs in ``wtcore bench``: ``engine.<name>`` in ``wtcore.bench``.
 
     The default :meth:`init_info` suits engines whose init info needs nothing but the rank and
     the buffer size (no rendezvous); engines with an address to meet at subclass it and choose
@@ -251,7 +253,7 @@ class EngineBench:
 
 @dataclass(frozen=True)
 class ClientBench:
-    """How the bench starts receivers for one client: its ``wtcore.bench_clients`` entry point.
+    """How the bench starts receivers for one client: ``client.<name>`` in ``wtcore.bench``.
 
     ``launcher`` starts them (a :class:`ReceiverLauncher`; one whose class sets
     ``places_on_nodes = True`` can also start them on ``wtcore bench --nodes`` nodes);

@@ -132,12 +132,12 @@ def _legacy_hook(
         warnings.warn(
             f"receivers for client {client!r} came from the wtcore_launch_receivers hook, "
             "which is deprecated and will be removed in 0.3: declare a wtcore_bench.ClientBench "
-            "in the 'wtcore.bench_clients' entry-point group instead",
+            "as 'client.<name>' in the 'wtcore.bench' entry-point group instead",
             DeprecationWarning,
             stacklevel=3,
         )
     return fleet
 
 
-#: What the core's ``inproc`` client declares in ``wtcore.bench_clients``.
+#: What the core's ``inproc`` client declares: ``client.inproc`` in ``wtcore.bench``.
 INPROC = ClientBench(InProcessFleet)

@@ -1,7 +1,7 @@
 """The receiver half of delta rounds: a sink in front of the worker's sink chain.
 
 :class:`DeltaSink` is the ``delta`` receiver layer (a :class:`~wtcore.worker.ReceiverLayer`,
-entry-point group ``wtcore.receiver_layers``): with wtcore-delta installed every
+the worker half of ``delta`` in ``wtcore.round_policies``): with wtcore-delta installed every
 :class:`~wtcore.worker.WeightSyncWorker` puts one first in its chain, so every engine carries
 delta rounds without knowing about them. A round whose first tensor is the header
 (:mod:`wtcore_delta.header`) is a delta round: the header's base must be the version this

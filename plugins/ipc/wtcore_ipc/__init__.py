@@ -1,7 +1,7 @@
 """wtcore-ipc: colocated weight handoff with no pickle.
 
 POSIX shared memory on CPU (tested), CUDA IPC handles encoded as JSON on GPU (untested on a
-GPU so far). Register names: ``ipc`` in ``wtcore.engines`` and ``wtcore.trainer_engines``.
+GPU so far). Registered as ``ipc`` in ``wtcore.backends`` (:data:`ENGINE`, naming both halves).
 Importing this package imports neither torch nor pybase64; the engines do, when used.
 """
 
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from wtcore.registry import Halves
+
 __all__ = [
+    "ENGINE",
     "IPCInitInfo",
     "IPCTrainerEngine",
     "IPCTrainerInitInfo",
@@ -24,6 +27,11 @@ if TYPE_CHECKING:
     from wtcore_ipc.trainer import IPCTrainerEngine
     from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo, IPCUpdateInfo
     from wtcore_ipc.worker import IPCWorkerEngine
+
+#: ``ipc`` in ``wtcore.backends``: each registry imports only its own half.
+ENGINE = Halves(
+    trainer="wtcore_ipc.trainer:IPCTrainerEngine", worker="wtcore_ipc.worker:IPCWorkerEngine"
+)
 
 _WHERE = {
     "IPCInitInfo": "wtcore_ipc.wire",

@@ -3,10 +3,18 @@
 The trainer registers its staging buffers with Mooncake and announces them; each worker reads
 every bucket with one ``transfer_sync_read`` (TCP anywhere, RDMA where the hosts have HCAs).
 Mooncake itself is imported only when an engine is built (:mod:`wtcore_mooncake.te`).
+Registered as ``mooncake`` in ``wtcore.backends`` (:data:`ENGINE`, naming both halves).
 """
 
 from __future__ import annotations
 
+from wtcore.registry import Halves
 from wtcore_mooncake.wire import MooncakeInitInfo, MooncakeTrainerInitInfo, MooncakeUpdateInfo
 
-__all__ = ["MooncakeInitInfo", "MooncakeTrainerInitInfo", "MooncakeUpdateInfo"]
+__all__ = ["ENGINE", "MooncakeInitInfo", "MooncakeTrainerInitInfo", "MooncakeUpdateInfo"]
+
+#: ``mooncake`` in ``wtcore.backends``: each registry imports only its own half.
+ENGINE = Halves(
+    trainer="wtcore_mooncake.trainer:MooncakeTrainerEngine",
+    worker="wtcore_mooncake.worker:MooncakeWorkerEngine",
+)

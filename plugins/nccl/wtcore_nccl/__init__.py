@@ -1,14 +1,14 @@
 """wtcore-nccl: packed, pipelined broadcast of weights over a process group of its own.
 
-NCCL for CUDA devices, gloo for CPU. The trainer half is registered as ``nccl`` in
-``wtcore.trainer_engines``, the worker half as ``nccl`` in ``wtcore.engines``. Importing this
-package does not import torch.
+NCCL for CUDA devices, gloo for CPU. Registered as ``nccl`` in ``wtcore.backends``
+(:data:`ENGINE`, naming both halves). Importing this package does not import torch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from wtcore.registry import Halves
 from wtcore_nccl.config import (
     DEFAULT_BUFFER_SIZE,
     DEFAULT_TIMEOUT_S,
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
     "DEFAULT_TIMEOUT_S",
+    "ENGINE",
     "TRANSPORTS",
     "NCCLInitInfo",
     "NCCLTrainerEngine",
@@ -32,6 +33,11 @@ __all__ = [
     "NCCLUpdateInfo",
     "NCCLWorkerEngine",
 ]
+
+#: ``nccl`` in ``wtcore.backends``: each registry imports only its own half.
+ENGINE = Halves(
+    trainer="wtcore_nccl.trainer:NCCLTrainerEngine", worker="wtcore_nccl.worker:NCCLWorkerEngine"
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -2,14 +2,15 @@
 
 The trainer's rank 0 streams every bucket to every worker over connections of its own (no
 process group, no rendezvous store); its address, port and a per-handshake token travel in
-the init call. The trainer half is registered as ``tcp`` in ``wtcore.trainer_engines``, the
-worker half as ``tcp`` in ``wtcore.engines``. Importing this package does not import torch.
+the init call. Registered as ``tcp`` in ``wtcore.backends`` (:data:`ENGINE`, naming both
+halves). Importing this package does not import torch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from wtcore.registry import Halves
 from wtcore_tcp.config import TCPInitInfo, TCPTrainerInitInfo, TCPUpdateInfo
 
 if TYPE_CHECKING:
@@ -17,12 +18,18 @@ if TYPE_CHECKING:
     from wtcore_tcp.worker import TCPWorkerEngine
 
 __all__ = [
+    "ENGINE",
     "TCPInitInfo",
     "TCPTrainerEngine",
     "TCPTrainerInitInfo",
     "TCPUpdateInfo",
     "TCPWorkerEngine",
 ]
+
+#: ``tcp`` in ``wtcore.backends``: each registry imports only its own half.
+ENGINE = Halves(
+    trainer="wtcore_tcp.trainer:TCPTrainerEngine", worker="wtcore_tcp.worker:TCPWorkerEngine"
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,10 +1,12 @@
 """Which engines and clients the bench can drive, found by their registered names.
 
-An engine says how it runs in the bench (an :class:`~wtcore_bench.api.EngineBench`) in the
-entry-point group ``wtcore.bench_engines``; a client says how the bench starts receivers it can
-reach (a :class:`~wtcore_bench.api.ClientBench`) in ``wtcore.bench_clients``. Both are keyed by
-the name the engine or client is registered under in the core. The protocol's classes carry
-nothing for the bench, so loading an engine never loads the bench.
+Both are declared in one entry-point group, ``wtcore.bench``: ``engine.<name>`` names an
+:class:`~wtcore_bench.api.EngineBench` (the limits and peers worth measuring next to engine
+``<name>``, and how to build its init info), ``client.<name>`` a
+:class:`~wtcore_bench.api.ClientBench` (how the bench starts receivers the client can reach).
+An engine that declares nothing runs with the default :class:`~wtcore_bench.api.EngineBench`
+(rank 0 and its init info's own defaults). The protocol's classes carry nothing for the
+bench, so loading an engine never loads the bench.
 
 Classes written for earlier releases that still set ``bench`` (engine) or ``bench_launcher`` /
 ``bench_baselines`` (client) class attributes keep working for this release, with a
@@ -14,6 +16,7 @@ support in code (tests, notebooks) without an entry point.
 
 from __future__ import annotations
 
+import dataclasses
 import pkgutil
 import warnings
 from typing import Any, TypeVar
@@ -22,8 +25,8 @@ from wtcore.registry import TRAINER_ENGINES, autoload_disabled
 from wtcore_bench.api import BenchNotSupportedError, ClientBench, EngineBench
 
 __all__ = [
-    "CLIENT_GROUP",
-    "ENGINE_GROUP",
+    "DEFAULT_ENGINE_BENCH",
+    "GROUP",
     "client_bench",
     "engine_bench",
     "find_client_bench",
@@ -33,53 +36,53 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-ENGINE_GROUP = "wtcore.bench_engines"
-CLIENT_GROUP = "wtcore.bench_clients"
+GROUP = "wtcore.bench"
 
-_explicit: dict[str, dict[str, Any]] = {ENGINE_GROUP: {}, CLIENT_GROUP: {}}
+#: Registered in code, by entry-point name (``engine.<name>``, ``client.<name>``).
+_explicit: dict[str, Any] = {}
 
 
 def register_engine_bench(name: str, bench: EngineBench | None) -> None:
     """How engine ``name`` runs in the bench (``None`` forgets an earlier registration)."""
-    _register(ENGINE_GROUP, name, bench)
+    _register(f"engine.{name}", bench)
 
 
 def register_client_bench(name: str, bench: ClientBench | None) -> None:
     """How the bench starts receivers for client ``name`` (``None`` forgets it)."""
-    _register(CLIENT_GROUP, name, bench)
+    _register(f"client.{name}", bench)
 
 
-def _register(group: str, name: str, value: object | None) -> None:
+def _register(key: str, value: object | None) -> None:
     if value is None:
-        _explicit[group].pop(name, None)
+        _explicit.pop(key, None)
     else:
-        _explicit[group][name] = value
+        _explicit[key] = value
 
 
-def _declared(group: str, name: str) -> Any:
-    """What ``name`` declared in ``group``: explicit first, then its entry point; else ``None``."""
-    if name in _explicit[group]:
-        return _explicit[group][name]
+def _declared(key: str) -> Any:
+    """What ``key`` declares: explicit first, then its entry point; else ``None``."""
+    if key in _explicit:
+        return _explicit[key]
     if autoload_disabled():
         return None
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group=group, name=name):
+    for ep in entry_points(group=GROUP, name=key):
         try:
             return ep.load()
         except Exception as e:  # a broken plugin is this name's problem, not the run's
             raise BenchNotSupportedError(
-                f"{group} entry point {name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}"
+                f"{GROUP} entry point {key!r} ({ep.value}) failed to load: {type(e).__name__}: {e}"
             ) from e
     return None
 
 
-def _legacy(owner: type[Any], attr: str, group: str) -> Any:
+def _legacy(owner: type[Any], attr: str, key: str) -> Any:
     value = getattr(owner, attr, None)
     if value is not None:
         warnings.warn(
             f"{owner.__qualname__}.{attr} is deprecated and will be removed in 0.3: declare the "
-            f"bench support in the {group!r} entry-point group (CHANGELOG, 0.2.0, "
+            f"bench support as {key!r} in the {GROUP!r} entry-point group (CHANGELOG, 0.2.0, "
             '"For plugin authors")',
             DeprecationWarning,
             stacklevel=3,
@@ -98,38 +101,56 @@ def _checked(found: Any, kind: type[T], where: str) -> T | None:
 
 def find_engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench | None:
     """How engine ``name`` (class ``cls``, if loaded) runs in the bench; ``None``: undeclared."""
-    found = _declared(ENGINE_GROUP, name)
+    found = _declared(f"engine.{name}")
     if found is None and name in TRAINER_ENGINES.renamed:  # an old name, with a warning
-        found = _declared(ENGINE_GROUP, TRAINER_ENGINES.resolve(name))
+        found = _declared(f"engine.{TRAINER_ENGINES.resolve(name)}")
     if found is None and cls is not None:
-        found = _legacy(cls, "bench", ENGINE_GROUP)
-    return _checked(found, EngineBench, f"engine {name!r}: {ENGINE_GROUP}")
+        found = _legacy(cls, "bench", f"engine.{name}")
+    return _checked(found, EngineBench, f"engine {name!r}: {GROUP} engine.{name}")
+
+
+#: What an engine that declares nothing runs with: rank 0 and its init info's own defaults,
+#: no buffer option, only the generic limits.
+DEFAULT_ENGINE_BENCH = EngineBench()
 
 
 def engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench:
-    """:func:`find_engine_bench`, or an error that says how to declare it."""
+    """:func:`find_engine_bench`, else the default; an error naming the init-info fields the
+    default cannot fill (those without a default), if ``cls`` has any."""
     found = find_engine_bench(name, cls)
-    if found is None:
+    if found is not None:
+        return found
+    info_cls = getattr(cls, "init_info_cls", None)
+    fields = dataclasses.fields(info_cls) if dataclasses.is_dataclass(info_cls) else ()
+    missing = dataclasses.MISSING
+    unset = [
+        f.name
+        for f in fields
+        if f.init and f.name != "rank" and f.default is missing and f.default_factory is missing
+    ]
+    if unset:
+        assert cls is not None and info_cls is not None
         raise BenchNotSupportedError(
-            f"trainer engine {name!r} does not support wtcore bench: declare a "
-            f"wtcore_bench.EngineBench for it in the {ENGINE_GROUP!r} entry-point group "
+            f"trainer engine {name!r} declares no bench support, and the bench cannot guess "
+            f"{', '.join(unset)} of its {info_cls.__name__}: declare a wtcore_bench.EngineBench "
+            f"whose init_info sets them as 'engine.{name}' in the {GROUP!r} entry-point group "
             "(see docs/writing-an-engine.md)"
         )
-    return found
+    return DEFAULT_ENGINE_BENCH
 
 
 def find_client_bench(name: str, cls: type[Any] | None = None) -> ClientBench | None:
     """How the bench starts receivers for client ``name`` (class ``cls``); ``None``: undeclared."""
-    found = _declared(CLIENT_GROUP, name)
+    found = _declared(f"client.{name}")
     if found is None and cls is not None:
-        target = _legacy(cls, "bench_launcher", CLIENT_GROUP)
+        target = _legacy(cls, "bench_launcher", f"client.{name}")
         if isinstance(target, str):
             peers = getattr(cls, "bench_baselines", None)
             found = ClientBench(
                 pkgutil.resolve_name(target),
                 pkgutil.resolve_name(peers) if isinstance(peers, str) else {},
             )
-    return _checked(found, ClientBench, f"client {name!r}: {CLIENT_GROUP}")
+    return _checked(found, ClientBench, f"client {name!r}: {GROUP} client.{name}")
 
 
 def client_bench(name: str, cls: type[Any] | None = None) -> ClientBench:
@@ -138,7 +159,7 @@ def client_bench(name: str, cls: type[Any] | None = None) -> ClientBench:
     if found is None:
         raise BenchNotSupportedError(
             f"client {name!r} cannot start receivers for wtcore bench: declare a "
-            f"wtcore_bench.ClientBench for it in the {CLIENT_GROUP!r} entry-point group "
-            "(see docs/writing-an-engine.md)"
+            f"wtcore_bench.ClientBench for it as 'client.{name}' in the {GROUP!r} entry-point "
+            "group (see docs/writing-an-engine.md)"
         )
     return found

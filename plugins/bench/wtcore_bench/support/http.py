@@ -1,6 +1,6 @@
 """``wtcore bench --client http``: start the bench's receivers as ``wtcore serve`` processes.
 
-``http`` in ``wtcore.bench_clients`` is :data:`CLIENT`: :class:`HTTPFleet`, one real server
+``client.http`` in ``wtcore.bench`` is :data:`CLIENT`: :class:`HTTPFleet`, one real server
 process per receiver, each hosting the bench's synthetic model (same names, shapes and dtypes as the
 trainer's), all driven by one fan-out :class:`~wtcore_http_client.client.HTTPWeightSyncClient`
 and always stopped by PID.
@@ -91,5 +91,5 @@ class HTTPFleet:
             server.stop(timeout_s=10)
 
 
-#: ``http`` in ``wtcore.bench_clients``.
+#: ``client.http`` in ``wtcore.bench``.
 CLIENT = ClientBench(HTTPFleet)

@@ -10,5 +10,5 @@ from wtcore_bench.api import EngineBench
 
 __all__ = ["BENCH"]
 
-#: ``inline`` in ``wtcore.bench_engines``.
+#: ``engine.inline`` in ``wtcore.bench``.
 BENCH = EngineBench(buffer_option="packed_buffer_size_bytes")

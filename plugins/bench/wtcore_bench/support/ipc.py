@@ -61,7 +61,7 @@ def shared_weights(model: Any, value: Any) -> AbstractContextManager[object]:
     return share_weights(model)
 
 
-#: ``ipc`` in ``wtcore.bench_engines``.
+#: ``engine.ipc`` in ``wtcore.bench``.
 BENCH = EngineBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={

@@ -173,7 +173,7 @@ class MooncakeBench(EngineBench):
         )
 
 
-#: ``mooncake`` in ``wtcore.bench_engines``.
+#: ``engine.mooncake`` in ``wtcore.bench``.
 BENCH = MooncakeBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={

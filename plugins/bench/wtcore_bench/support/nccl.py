@@ -429,7 +429,7 @@ class NCCLBench(EngineBench):
         )
 
 
-#: ``nccl`` in ``wtcore.bench_engines``.
+#: ``engine.nccl`` in ``wtcore.bench``.
 BENCH = NCCLBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={

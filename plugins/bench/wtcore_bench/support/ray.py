@@ -1,6 +1,6 @@
 """``wtcore bench --client ray``: start the bench's receivers as Ray actors.
 
-``ray`` in ``wtcore.bench_clients`` launches :class:`RayFleet` (its client is the group's own
+``client.ray`` in ``wtcore.bench`` launches :class:`RayFleet` (its client is the group's own
 :class:`RayWeightSyncClient`). Ray is started here (a local cluster, ``num_cpus=2``, no
 dashboard) unless the process is already connected to one, and stopped again by
 :meth:`RayFleet.close` only if it was started here (:class:`RaySession`). On ``--device cuda``

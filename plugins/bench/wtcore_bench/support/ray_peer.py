@@ -129,10 +129,10 @@ def object_store_gbps(ctx: BaselineContext) -> float:
     return object_store_run(ctx)[0]
 
 
-#: The peers of ``ray`` in ``wtcore.bench_clients`` (:data:`CLIENT`).
+#: The peers of ``client.ray`` in ``wtcore.bench`` (:data:`CLIENT`).
 BASELINES: dict[str, Baseline] = {
     "ray_object_store": Baseline("Ray object store (put, get, copy)", object_store_gbps, peer=True),
 }
 
-#: ``ray`` in ``wtcore.bench_clients``: Ray actors as receivers, and the object-store peer.
+#: ``client.ray`` in ``wtcore.bench``: Ray actors as receivers, and the object-store peer.
 CLIENT = ClientBench(RayFleet, BASELINES)

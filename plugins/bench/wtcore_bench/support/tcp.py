@@ -169,7 +169,7 @@ class TCPBench(EngineBench):
         )
 
 
-#: ``tcp`` in ``wtcore.bench_engines``.
+#: ``engine.tcp`` in ``wtcore.bench``.
 BENCH = TCPBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={
