@@ -25,8 +25,8 @@ def wtcore_update_started(engine: Any, weight_version: str | None) -> None:
 
 
 @hookspec
-def wtcore_update_finished(engine: Any, stats: TransferStats) -> None:
-    """A round finished: every receiver loaded it."""
+def wtcore_update_finished(engine: Any, stats: TransferStats, weight_version: str | None) -> None:
+    """A round finished: every receiver loaded it and published ``weight_version``."""
 
 
 @hookspec
@@ -41,8 +41,8 @@ def wtcore_launch_receivers(
     """Deprecated (removed in 0.3): declare a ``wtcore_bench.ClientBench`` for the client.
 
     Start ``count`` receivers reachable by client ``client`` for ``wtcore bench``. Asked only
-    when the client declares none in the ``wtcore.bench_clients`` entry-point group; using it
-    warns.
+    when the client declares none (``client.<name>`` in the ``wtcore.bench`` entry-point
+    group); using it warns.
 
     Return a :class:`wtcore_bench.ReceiverFleet` (a ``client`` attribute with ``checksums()``,
     ``pids()`` and ``close()``), or ``None`` if ``client`` is not yours. Each receiver hosts

@@ -103,7 +103,8 @@ def run_sharded_round(
     """Run one sharded round on this rank (every trainer rank calls it together).
 
     ``engine`` is the rank's :class:`~wtcore.trainer.TrainerWeightTransferEngine` (its
-    ``init_info``, ``client`` and ``send_pairs``; not imported, as the trainer imports this).
+    ``init_info``, ``client``, ``send_pairs`` and, on rank 0, the template's start and finish
+    of a round; not imported, as the trainer imports this).
     """
     from wtcore.client import InspectableClient
 
@@ -140,13 +141,12 @@ def run_sharded_round(
     stats.num_bytes = planned.plan.nbytes(src=rank)
 
     def open_round() -> None:
+        engine._start_round(stats)
         with stats.phase("control"):
-            client.start_weight_update()
             client.update_weights({"plan": planned.to_wire()})
 
     def finish() -> None:
-        with stats.phase("control"):
-            client.finish_weight_update(weight_version)
+        engine._finish_round(stats, weight_version)
 
     together("opening the round", open_round if rank == 0 else None)
     together("sending the shards", lambda: engine.send_pairs(planned, source, stats))

@@ -24,7 +24,6 @@ class TransferStats:
     whole ``send_weights`` call, so the phases may overlap (pipelining) or not add up.
     """
 
-    weight_version: str | None = None
     backend: str = ""
     num_bytes: int = 0
     num_tensors: int = 0

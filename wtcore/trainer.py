@@ -50,7 +50,7 @@ class TrainerInitInfo:
         ):
             raise WrongTypeError(
                 f"{cls.__name__} must set the class attribute `backend` to the name of its "
-                "engine in the wtcore.trainer_engines registry"
+                "engine in the wtcore.backends registry"
             )
 
     def __post_init__(self) -> None:
@@ -86,17 +86,22 @@ class RoundPolicy:
         self.init_info = init_info
 
     def source(
-        self, source: WeightSource, client: WeightSyncClient | None, stats: TransferStats
+        self,
+        source: WeightSource,
+        client: WeightSyncClient | None,
+        stats: TransferStats,
+        weight_version: str | None,
     ) -> WeightSource:
-        """This round's source, given the caller's and the client the round goes through."""
+        """This round's source, given the caller's, the client the round goes through and the
+        version the round publishes."""
         return source
 
     def resend(self, error: BaseException) -> WeightSource | None:
         """After the engine failed: what to send instead (after an abort and a handshake)."""
         return None
 
-    def committed(self, stats: TransferStats) -> None:
-        """Every receiver loaded the round."""
+    def committed(self, stats: TransferStats, weight_version: str | None) -> None:
+        """Every receiver loaded the round and published ``weight_version``."""
 
     def aborted(self) -> None:
         """The round failed: the receivers may hold anything."""
@@ -107,7 +112,8 @@ class TrainerWeightTransferEngine(ABC):
 
     :meth:`send_weights` is a template: it handles non-sender ranks (iterate in lockstep,
     touch nothing else), the hooks (started / finished / failed), the stats and recovery, and
-    calls the engine's :meth:`_send` only on the sender.
+    owns the round on the sender: it opens it, calls the engine's :meth:`_send` to move the
+    bytes, and finishes it with its ``weight_version``. Engines never start or finish a round.
 
     Recovery: any failed round marks the engine, and the next :meth:`send_weights` runs
     :meth:`handshake` again before its round. Receivers accept ``init_weight_transfer_engine``
@@ -217,7 +223,7 @@ class TrainerWeightTransferEngine(ABC):
         sharded = isinstance(src, ShardedSource)
         if sharded:
             self._check_sharded(verify)
-        stats = TransferStats(weight_version=weight_version, backend=self.init_info.backend)
+        stats = TransferStats(backend=self.init_info.backend)
         t0 = time.perf_counter()
         if sharded and not self.init_info.is_sender:
             from wtcore.sharded_round import run_sharded_round
@@ -255,8 +261,10 @@ class TrainerWeightTransferEngine(ABC):
 
                 run_sharded_round(self, src, stats, weight_version)
             else:
-                self._send_round(src, stats)
-            self.rounds.committed(stats)
+                self._send_round(src, stats, weight_version)
+                # Staged rounds plug in here: the bytes are moved, the round not yet finished.
+                self._finish_round(stats, weight_version)
+            self.rounds.committed(stats, weight_version)
             if verify:
                 stats.bytes_landed = getattr(self.client, "landed", None)
         except BaseException as e:
@@ -272,14 +280,23 @@ class TrainerWeightTransferEngine(ABC):
         finally:
             self.client = client
         stats.seconds = time.perf_counter() - t0
-        notify("wtcore_update_finished", engine=self, stats=stats)
+        notify("wtcore_update_finished", engine=self, stats=stats, weight_version=weight_version)
         return stats
 
-    def _send_round(self, source: WeightSource, stats: TransferStats) -> None:
-        """Sender only: the round policy's source through :meth:`_send`, resent once if the
-        policy says so (a delta round a receiver refused goes again in full)."""
+    def _send_round(
+        self, source: WeightSource, stats: TransferStats, weight_version: str | None
+    ) -> None:
+        """Sender only: :meth:`_prepare`, open the round, :meth:`_send` the round policy's
+        source; again in a fresh round if the policy says so (a delta round a receiver refused
+        goes again in full)."""
+
+        def move(src: WeightSource) -> None:
+            self._prepare(src, stats)
+            self._start_round(stats)
+            self._send(src, stats)
+
         try:
-            self._send(self.rounds.source(source, self.client, stats), stats)
+            move(self.rounds.source(source, self.client, stats, weight_version))
         except BaseException as e:
             again = self.rounds.resend(e)
             if again is None:
@@ -287,7 +304,19 @@ class TrainerWeightTransferEngine(ABC):
             self._abort_round(e)
             with stats.phase("control"):
                 self.handshake()
-            self._send(again, stats)
+            move(again)
+
+    def _start_round(self, stats: TransferStats) -> None:
+        """Sender only: open the round on every receiver (whole and sharded rounds alike)."""
+        assert self.client is not None, "the sender always has a client"
+        with stats.phase("control"):
+            self.client.start_weight_update()
+
+    def _finish_round(self, stats: TransferStats, weight_version: str | None) -> None:
+        """Sender only: finish the round; every receiver publishes ``weight_version``."""
+        assert self.client is not None, "the sender always has a client"
+        with stats.phase("control"):
+            self.client.finish_weight_update(weight_version)
 
     def _check_sharded(self, verify: bool) -> None:
         """Refuse, saying why, what a sharded round cannot do yet (before anything moves)."""
@@ -333,9 +362,14 @@ class TrainerWeightTransferEngine(ABC):
             # frames (and through them this engine's data plane) alive.
             log.warning("abort_weight_update after a failed round failed too: %s", str(e))
 
+    def _prepare(self, source: WeightSource, stats: TransferStats) -> None:  # noqa: B027
+        """Sender only, before the round opens: what must happen between rounds (the kit sizes
+        its staging here, which may re-run the handshake). Does nothing by default."""
+
     @abstractmethod
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
-        """Sender only: start, update(s), finish through ``self.client``; fill ``stats``."""
+        """Sender only: move ``source``'s bytes in the open round (``update_weights`` through
+        ``self.client``); fill ``stats``. The template opens and finishes the round."""
 
     def shutdown(self) -> None:
         """Release the data plane. Idempotent."""

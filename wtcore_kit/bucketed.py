@@ -171,6 +171,7 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         self._slots: list[torch.Tensor] = []
         self._capacity = -1
         self._inflight: BackgroundCall[Any] | None = None
+        self._planned: tuple[list[ParamMeta], list[Bucket]] = ([], [])  # by _prepare, for _send
 
     # ------------------------------------------------------------------ hooks
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any] | None:
@@ -215,10 +216,10 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         self.release_staging()
 
     def begin_round(self, metas: list[ParamMeta], buckets: list[Bucket]) -> None:
-        """Called after ``start_weight_update``, before the first bucket."""
+        """Called once the round is open, before the first bucket."""
 
     def end_round(self, stats: TransferStats) -> None:
-        """Called after the last bucket's announcement returned, before ``finish``."""
+        """Called after the last bucket's announcement returned, before the round's finish."""
 
     # ------------------------------------------------------------------ the round
     def staging(self, capacity: int) -> list[torch.Tensor]:
@@ -237,16 +238,21 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
                 # missed it; this wait is the backstop, so it gives that error time to come.
                 call.result(self.info.timeout_s + SETTLE_GRACE_S)
 
+    def _prepare(self, source: WeightSource, stats: TransferStats) -> None:
+        """Plan the round and size the staging before the round opens (an engine that
+        announced its slots, as mooncake does, re-runs the handshake when they grow)."""
+        metas = source.metadata()
+        self._planned = metas, self.info.plan(metas)
+        if self._planned[1]:
+            self.staging(max_bucket_nbytes(self._planned[1]))
+
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         assert self.client is not None, "the sender always has a client"
-        metas = source.metadata()
-        buckets = self.info.plan(metas)
+        metas, buckets = self._planned
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
-        slots = self.staging(max_bucket_nbytes(buckets)) if buckets else []
+        slots = self._slots if buckets else []
         nbuf = len(slots)
-        with stats.phase("control"):
-            self.client.start_weight_update()
         try:
             self.begin_round(metas, buckets)
             for bucket, filled in self.fill(source, metas, buckets, slots, stats):
@@ -270,8 +276,6 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
                 call.wait(self.info.timeout_s)
             self.round_failed()
             raise
-        with stats.phase("control"):
-            self.client.finish_weight_update(stats.weight_version)
 
     def shutdown(self) -> None:
         self.release_staging()

@@ -1,8 +1,8 @@
 """``wtcore bench`` through the engine and client APIs alone, with a third-party engine.
 
 The engine below is defined here and registered at runtime, its bench support with it
-(:func:`wtcore_bench.support.register_engine_bench`, what an entry point in
-``wtcore.bench_engines`` does for an installed plugin); nothing about it follows the
+(:func:`wtcore_bench.support.register_engine_bench`, what an ``engine.<name>`` entry point in
+``wtcore.bench`` does for an installed plugin); nothing about it follows the
 first-party engines' naming (its buffer option is ``chunk_bytes``, it has a "rendezvous port"
 only its own :class:`EngineBench` knows how to choose). If the bench runs it, verifies every
 round and measures its own baseline, the core needed nothing but the declared API.
@@ -14,7 +14,7 @@ import base64
 import io
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pytest
@@ -115,7 +115,6 @@ class B64TrainerEngine(TrainerWeightTransferEngine):
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         assert self.client is not None
-        self.client.start_weight_update()
         for meta, t in iter_checked(source):
             data = base64.b64encode(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
             self.client.update_weights(
@@ -129,7 +128,6 @@ class B64TrainerEngine(TrainerWeightTransferEngine):
             stats.num_tensors += 1
             stats.num_bytes += meta.nbytes
             stats.num_buckets += 1
-        self.client.finish_weight_update(stats.weight_version)
 
 
 B64_BENCH = B64Bench(
@@ -138,8 +136,14 @@ B64_BENCH = B64Bench(
 )
 
 
+@dataclass
+class NeedsAddressInitInfo(B64TrainerInitInfo):
+    backend: ClassVar[str] = "thirdparty-nobench"
+    address: str = field(kw_only=True)  # no default: nothing the bench could guess
+
+
 class NoBenchTrainerEngine(B64TrainerEngine):
-    pass
+    init_info_cls = NeedsAddressInitInfo
 
 
 @pytest.fixture
@@ -196,12 +200,16 @@ def test_third_party_engine_runs_in_the_bench_through_the_api_alone(third_party:
     assert "one byte per call (made up)" in out.getvalue()
 
 
-def test_engine_without_bench_support_is_a_clear_error(third_party: None) -> None:
-    with pytest.raises(BenchNotSupportedError, match="does not support wtcore bench") as info:
+def test_an_undeclared_engine_needing_a_setting_the_bench_cannot_guess_names_it(
+    third_party: None,
+) -> None:
+    """Without bench support an engine runs with the default (rank 0 and its init info's own
+    defaults: tests/bench/test_bench_any_engine.py); a field without a default is named."""
+    with pytest.raises(BenchNotSupportedError, match="cannot guess address of its Needs") as info:
         run_bench(_opts(backend="thirdparty-nobench", baselines="none"))
     assert isinstance(info.value, WtcoreError) and isinstance(info.value, NotImplementedError)
-    assert "'thirdparty-nobench'" in str(info.value)
-    assert "'wtcore.bench_engines' entry-point group" in str(info.value)
+    assert "'thirdparty-nobench' declares no bench support" in str(info.value)
+    assert "'engine.thirdparty-nobench' in the 'wtcore.bench' entry-point group" in str(info.value)
 
 
 class LegacyBenchTrainerEngine(B64TrainerEngine):

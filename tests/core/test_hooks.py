@@ -30,8 +30,8 @@ class Observer:
         self.events.append(("started", weight_version))
 
     @hookimpl
-    def wtcore_update_finished(self, stats: TransferStats) -> None:
-        self.events.append(("finished", stats))
+    def wtcore_update_finished(self, stats: TransferStats, weight_version: str | None) -> None:
+        self.events.append(("finished", (weight_version, stats)))
 
     @hookimpl
     def wtcore_update_failed(self, weight_version: str | None, error: BaseException) -> None:
@@ -64,7 +64,7 @@ def test_observers_see_started_finished_failed(observer: Observer) -> None:
     engine = _trainer(state)
     stats = engine.send_weights(weight_version="v1")
     assert observer.events[0] == ("started", "v1")
-    assert observer.events[1] == ("finished", stats) and stats.num_tensors == len(state)
+    assert observer.events[1] == ("finished", ("v1", stats)) and stats.num_tensors == len(state)
     with pytest.raises(MetadataMismatchError):
         engine.send_weights(MismatchedSource(TensorSource(state), "extra"), weight_version="v2")
     assert observer.events[-1] == ("failed", ("v2", "MetadataMismatchError"))

@@ -195,7 +195,7 @@ class EngineContractSuite:
             assert_state_equal(p.modules[0], state)
             assert stats.num_tensors == len(state)
             assert stats.num_bytes == sum(t.numel() * t.element_size() for t in state.values())
-            assert stats.weight_version == "v1"
+            assert p.client.calls[-1] == ("finish_weight_update", "v1")  # the caller's version
 
     def test_zero_dim_and_empty_tensors(self) -> None:
         import torch

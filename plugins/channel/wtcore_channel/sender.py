@@ -55,53 +55,6 @@ def _fail_fast(rpc: BackgroundCall[Any]) -> Callable[[], None]:
     return poll
 
 
-class _RoundCalls:
-    """A round's control calls, off the critical path: start, then at once ``update_weights``.
-
-    A helper thread sends ``start_weight_update`` and, as soon as it returned, launches the
-    round's single ``update_weights`` (on a thread of its own: it returns only once the whole
-    round was received), while this thread reads and packs the first bucket; :meth:`open`,
-    called before the first message, waits for that. The start's round trip no longer adds
-    to the round.
-    """
-
-    def __init__(self, client: WeightSyncClient, metas: list[ParamMeta], timeout_s: float):
-        self.timeout_s = timeout_s
-        self.rpc: BackgroundCall[None] | None = None
-        wire = metas_to_wire(metas)
-
-        def start_then_update() -> None:
-            client.start_weight_update()
-            self.rpc = BackgroundCall(client.update_weights, wire, name="update_weights")
-
-        self.start: BackgroundCall[None] = BackgroundCall(
-            start_then_update, name="start_weight_update"
-        )
-
-    def open(self, stats: TransferStats) -> BackgroundCall[None]:
-        """Wait for the start (bounded); the ``update_weights`` call it launched."""
-        if self.rpc is None:
-            with stats.phase("control"):
-                self.start.result(self.timeout_s)
-        assert self.rpc is not None
-        return self.rpc
-
-    def settle(self) -> BackgroundCall[None] | None:
-        """After a failure: let the start end (bounded); the update call, if it was sent."""
-        self.start.wait(min(_ERROR_GRACE_S, self.timeout_s))
-        return self.rpc
-
-    def poll(self) -> None:
-        """Between short waits: raise a call's error at once (fail fast)."""
-        call = self.rpc if self.rpc is not None else self.start
-        err = call.error
-        if err is not None:
-            raise err
-
-    def update_result(self, stats: TransferStats) -> None:
-        self.open(stats).result(self.timeout_s)
-
-
 class ChannelTrainerEngine(TrainerWeightTransferEngine):
     """Trainer half of a streamed engine: the engine implements :meth:`open_channel` only.
 
@@ -167,26 +120,23 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         metas = source.metadata()
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
-        calls = _RoundCalls(self.client, metas, self.info.timeout_s)
+        # The round's single update returns only once the whole round was received: it runs on
+        # a helper thread while this one reads, packs and sends the frames.
+        wire = metas_to_wire(metas)
+        rpc = BackgroundCall(self.client.update_weights, wire, name="update_weights")
         inflight: deque[tuple[Work, str, int, Any]] = deque()
         self._headers = []
         try:
-            self._send_frames(channel, source, metas, stats, calls, inflight)
+            self._send_frames(channel, source, metas, stats, _fail_fast(rpc), inflight)
             with stats.phase("control"):
-                calls.update_result(stats)
+                rpc.result(self.info.timeout_s)
         except BaseException as e:
-            rpc = calls.settle()
-            if rpc is None:  # the round never got its update: nothing was sent
-                self._close_channel(None)
-                raise
             cause = self._abort(e, rpc, [w for w, *_ in inflight])
             inflight.clear()
             if cause is not None:
                 raise cause from e
             raise
         self._headers = []
-        with stats.phase("control"):
-            self.client.finish_weight_update(stats.weight_version)
 
     def _send_frames(
         self,
@@ -194,7 +144,7 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         source: WeightSource,
         metas: list[ParamMeta],
         stats: TransferStats,
-        calls: _RoundCalls,
+        poll: Callable[[], None],
         inflight: deque[tuple[Work, str, int, Any]],
     ) -> None:
         """Send every bucket: packed ones from reused buffers, single tensors in place, and
@@ -210,7 +160,6 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         timeout = info.timeout_s
         buckets = plan(metas, info)
         pool.prepare(buckets)
-        poll = calls.poll
         empty = torch.empty(0, dtype=torch.uint8, device=info.device)
         staged: set[int] = set()  # buckets packed into a buffer this round
         in_place = 0  # bytes of the source's tensors in flight in place
@@ -250,7 +199,6 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
             stats.num_buckets += 1
             if bucket.nbytes == 0:
                 continue  # both ends skip empty buckets
-            calls.open(stats)  # the first message needs the update announced
             while not pool.has_room(len(inflight), in_place):
                 settle_oldest()
             label = f"message of bucket {bucket.index} ({bucket.nbytes} bytes)"
@@ -269,7 +217,6 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
                 upcoming = buckets[bucket.index + 1].nbytes
                 while not pool.has_room(len(inflight), in_place + upcoming):
                     settle_oldest()
-        calls.open(stats)
         end = channel.broadcast(make_header(len(buckets), None, info.device))
         self._headers.append(end)  # the end header: a receiver can tell buckets left over
         inflight.append((end, "the round's end header", 0, None))

@@ -350,13 +350,17 @@ class DeltaRounds(RoundPolicy):
         self.auto = AutoDelta() if init_info.delta == "auto" else None
 
     def source(
-        self, source: WeightSource, client: WeightSyncClient | None, stats: TransferStats
+        self,
+        source: WeightSource,
+        client: WeightSyncClient | None,
+        stats: TransferStats,
+        weight_version: str | None,
     ) -> WeightSource:
         tracker, report = self.tracker, DeltaReport()
         self._report, self._keeps_base = report, False
         self._started = time.perf_counter()  # the round's time, for auto (stats has it later)
         tracker.copy_seconds = 0.0
-        if stats.weight_version is None:
+        if weight_version is None:
             # Without a version no receiver can name its base: a plain full round, no base copy.
             tracker.invalidate()
             report.why = "no weight_version: a base is recognized by its version"
@@ -397,14 +401,14 @@ class DeltaRounds(RoundPolicy):
         self._report.mode, self._report.why = "full", "refused by receivers (StaleBaseError)"
         return self.tracker.base_source()
 
-    def committed(self, stats: TransferStats) -> None:
+    def committed(self, stats: TransferStats, weight_version: str | None) -> None:
         report = self._report
         stats.delta = report.to_dict()
-        if self.auto is not None and stats.weight_version is not None:
+        if self.auto is not None and weight_version is not None:
             added = report.check_seconds + report.encode_seconds
             seconds = time.perf_counter() - self._started - self.tracker.copy_seconds
             self.auto.measured(report.mode, report.model_bytes, seconds, added)
-        self.tracker.commit(stats.weight_version if self._keeps_base else None)
+        self.tracker.commit(weight_version if self._keeps_base else None)
 
     def aborted(self) -> None:
         self.tracker.invalidate()  # the receivers may hold anything: the next round is full

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -158,6 +158,8 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         source: WeightSource | None,
     ) -> None:
         super().__init__(init_info, client=client, source=source)
+        self._shm = isinstance(init_info, IPCTrainerInitInfo) and init_info.transport == "shm"
+        self._picked: Callable[[], None] | None = None  # shm: the round _prepare picked
         #: Models :meth:`_share_once` has looked at (it looks once), and what it shared of
         #: which model (its first tensor: the model has left the segment once that has).
         self._considered: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -289,11 +291,12 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             "cuda": dict(memory.handles[slot]),
         }
 
-    def _send(self, source: WeightSource, stats: TransferStats) -> None:
-        """``shm``: the whole round in one ``update_weights``: straight out of shared weights
-        when the source's first tensor lives in them, else streamed through the ring."""
-        if not isinstance(self.info, IPCTrainerInitInfo) or self.info.transport != "shm":
-            super()._send(source, stats)
+    def _prepare(self, source: WeightSource, stats: TransferStats) -> None:
+        """``shm``, before the round opens: the model moves into shared memory (once), and the
+        source's first tensor picks the round, out of shared weights or through the ring,
+        which is staged now."""
+        if not self._shm:
+            super()._prepare(source, stats)
             return
         self._close_abandoned()
         if self._module_source is not None:
@@ -303,14 +306,25 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         first = next(items, None)
         found = locate(first[1]) if first is not None else None
         if found is not None and first is not None:
-            offsets = self._offsets_in(found[0], found[1], items)
+            shared, offsets = found[0], self._offsets_in(found[0], found[1], items)
             if offsets is not None:
-                self._send_shared(found[0], metas, offsets, stats)
+                self._picked = lambda: self._send_shared(shared, metas, offsets, stats)
                 return
             # else a second pass: a source whose tensors are in shared memory is a local one
         elif first is not None:
             source = _Resumed(source, (first[0].name, first[1]), items)
-        self._send_ring(source, metas, stats)
+        self.staging(self.info.packed_buffer_size_bytes)
+        self._picked = lambda: self._send_ring(source, metas, stats)
+
+    def _send(self, source: WeightSource, stats: TransferStats) -> None:
+        """``shm``: the whole round in one ``update_weights``: straight out of shared weights
+        when the source's first tensor lives in them, else streamed through the ring."""
+        if not self._shm:
+            super()._send(source, stats)
+            return
+        send, self._picked = self._picked, None
+        assert send is not None, "_prepare picked the round"
+        send()
 
     def _offsets_in(
         self, shared: SharedWeights, offset: int, items: Iterator[Any]
@@ -327,7 +341,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
                     f"{shared.name} (replaced since share_weights?); this round is copied "
                     "through the ring. Call share_weights again to send without copies.",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
                 return None
             offsets.append(off)
@@ -346,8 +360,6 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         assert segment is not None
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
-        with stats.phase("control"):
-            self.client.start_weight_update()
         self._seq += 1
         seq = self._seq
         segment.publish(0, seq, shared.nbytes)  # what a worker checks before and after copying
@@ -369,8 +381,6 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             # trainer goes on to change: it re-reads the header after its copy.
             segment.publish(0, seq, CANCELLED)
             raise
-        with stats.phase("control"):
-            self.client.finish_weight_update(stats.weight_version)
 
     def _send_ring(
         self, source: WeightSource, metas: list[ParamMeta], stats: TransferStats
@@ -389,8 +399,6 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         memory = self._memory
         assert isinstance(memory, StagingSegment)
         nslots, slot_bytes = memory.num_slots, memory.capacity
-        with stats.phase("control"):
-            self.client.start_weight_update()
         first = self._seq + 1
         total = sum(len(chunks(b.nbytes, slot_bytes)) for b in buckets)
         self._seq += total
@@ -445,5 +453,3 @@ class IPCTrainerEngine(BucketedTrainerEngine):
                 call.wait(self.info.timeout_s)  # workers see the cancel mark at once
             self.release_staging()
             raise
-        with stats.phase("control"):
-            self.client.finish_weight_update(stats.weight_version)

@@ -141,8 +141,8 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
     def staging(self, capacity: int) -> list[torch.Tensor]:
         """The kit's slots; grown past what the workers were told, they are announced again.
 
-        The kit sizes the slots for a round before its ``start_weight_update``, so the fresh
-        handshake lands between rounds.
+        The kit sizes the slots for a round in ``_prepare``, before ``send_weights`` opens
+        the round, so the fresh handshake lands between rounds.
         """
         announced = self._announced  # growing releases the old slots, which forgets it
         slots = super().staging(capacity)
