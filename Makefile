@@ -75,8 +75,8 @@ pytest-rest: $(STAMP) quick
 	$(BIN)/python -m pytest -m "not ($(QUICK_MARKERS))"
 
 # The loop while you work (1 to 2 minutes on 2 cores): lint, typecheck, then the tests that
-# start no child process, server, torch.distributed group, Ray or vLLM (scripts/quick.sh,
-# tests/conftest.py).
+# start no child process, server, torch.distributed group, Ray or vLLM (scripts/quick.sh; each
+# test file marks its own `processes` tests).
 # PYTEST_ARGS go to pytest: `make quick PYTEST_ARGS='-x -k delta'`.
 PYTEST_ARGS ?=
 QUICK_MARKERS := not processes and not vllm and not ray and not multinode and not gpu

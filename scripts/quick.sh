@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make quick`, the loop to run while you work (1 to 2 minutes on 2 cores): ruff and mypy as
 # `make lint typecheck` run them, then every test that starts no child process, no server, no
-# torch.distributed group, no Ray and no vLLM: the tests not marked `processes` (tests/conftest.py
-# marks them by folder and file), nor vllm, ray, multinode or gpu. `make test` runs everything.
+# torch.distributed group, no Ray and no vLLM: the tests not marked `processes` (each test
+# file marks its own, with `pytestmark` or per function), nor vllm, ray, multinode or gpu. `make test` runs everything.
 # Prints pytest's summary, then `quick: N tests in S s`. Arguments go to pytest (`-x`, `-k ...`).
 set -uo pipefail
 cd "$(dirname "$0")/.."

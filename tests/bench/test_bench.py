@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 
 

@@ -351,6 +351,7 @@ def test_plot_without_matplotlib_is_one_wtcore_error(monkeypatch: pytest.MonkeyP
     assert isinstance(info.value, WtcoreError) and isinstance(info.value, ImportError)
 
 
+@pytest.mark.processes
 def test_plot_without_matplotlib_from_the_cli_prints_one_line(tmp_path: Any) -> None:
     """A site dir that hides matplotlib; the CLI fails before the run, in one line."""
     import subprocess

@@ -69,6 +69,7 @@ def test_an_engine_without_cuda_says_so() -> None:
         engine_bench(name).check_device(TRAINER_ENGINES.load(name), "cuda:0")  # declared
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a host without CUDA")
 def test_device_cuda_without_cuda_is_one_clear_line() -> None:
     proc = subprocess.run(

@@ -21,6 +21,8 @@ from wtcore.receiver_layout import TPLayout, receiver_layouts
 from wtcore_bench.sharded import RULES, ShardedBenchOptions, run_sharded_bench
 from wtcore_kit.synthetic import synthetic_state
 
+pytestmark = pytest.mark.processes
+
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 SIZE, TENSORS = 4 << 20, 30
 

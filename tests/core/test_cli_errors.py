@@ -75,6 +75,7 @@ def test_other_exceptions_still_show_a_traceback(command_raising: Any) -> None:
         main(["explode"])
 
 
+@pytest.mark.processes
 def test_console_script_unknown_backend_is_one_line() -> None:
     out = subprocess.run(
         [*WTCORE, "bench", "--backend", "no-such-engine", "--receivers", "1", "--size", "4KiB"],

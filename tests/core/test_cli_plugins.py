@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 
 

@@ -14,6 +14,8 @@ import pytest
 
 from wtcore.testing import on_ranks
 
+pytestmark = pytest.mark.processes
+
 
 def _rank_main(rank: int, port: int, results: Any) -> None:
     import torch

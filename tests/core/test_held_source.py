@@ -94,6 +94,7 @@ def _stage_main(rank: int, port: int, results: Any) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_pipeline_stages_plan_alike_and_send_only_what_they_hold() -> None:
     got = sorted(on_ranks(_stage_main, 2))

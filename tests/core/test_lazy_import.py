@@ -6,7 +6,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.core.test_old_paths import OLD_PATHS
+
+pytestmark = pytest.mark.processes
 
 SCRIPT = """
 import json, sys

@@ -18,6 +18,8 @@ import wtcore.testing.net as net
 from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing import on_ranks, torchrun
 
+pytestmark = pytest.mark.processes
+
 
 def _gloo_rank(rank: int, port: int, results: Any) -> None:
     import torch

@@ -48,7 +48,7 @@ from wtcore.testing.pipes import (
 from wtcore.testing.procs import freeze
 from wtcore_kit.inline import InlineTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 TIMEOUT_S = 3.0
 

@@ -15,6 +15,8 @@ from wtcore.errors import TransferTimeoutError
 from wtcore.testing import wait_until
 from wtcore.testing.procs import freeze, stop_processes
 
+pytestmark = pytest.mark.processes
+
 IGNORES_SIGTERM = (
     "import signal, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"

@@ -142,6 +142,7 @@ def _http(fleet: list[WeightSyncWorker]) -> Iterator[Any]:
         yield stack.enter_context(HTTPWeightSyncClient(urls, timeout_s=60))
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(("m", "n"), [(2, 2), (2, 3), (3, 2), (1, 2)])
 def test_trainer_plans_from_reports_read_over_http_and_each_receiver_gets_only_its_slices(
     m: int, n: int

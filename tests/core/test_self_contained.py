@@ -12,6 +12,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The first wave's notes, kept outside the repository: their names are spelled in pieces here
 #: so that this file does not itself read as a citation.

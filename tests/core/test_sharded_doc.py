@@ -22,6 +22,8 @@ from wtcore.receiver_layout import TPLayout
 from wtcore.testing import torchrun
 from wtcore_kit.synthetic import build_module
 
+pytestmark = pytest.mark.processes
+
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "sharded.md"
 RULES = (("0.*", "column"), ("1.weight", "row"))  # the page's
 

@@ -53,6 +53,7 @@ class DroppingClient(InProcessClient):
         super().update_weights(update_info)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_a_round_a_trainer_rank_cuts_short_is_never_published() -> None:
     got = run_ranks(inline_info, "inline", 2, 2, "S0", client_cls=DroppingClient)

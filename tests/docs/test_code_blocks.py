@@ -182,6 +182,7 @@ def _python_pages() -> list[str]:
     return sorted({b.page for b in ALL if b.lang == "python"})
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("page", _python_pages())
 def test_python_blocks(page: str, tmp_path: Path) -> None:
     mine = [b for b in ALL if b.page == page and b.lang == "python"]
@@ -343,6 +344,7 @@ def _check_shell(where: str, argv: list[str]) -> None:
 SHELL = [b for b in ALL if b.lang in ("sh", "bash", "console")]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.where, marks=_bug(b)) for b in SHELL])
 def test_shell_blocks(block: Block) -> None:
     commands = _commands(block)
@@ -441,6 +443,7 @@ def test_the_parser_finds_fences_and_their_lines(tmp_path: Path) -> None:
     assert len(ALL) >= 35, len(ALL)  # the real pages: every fence found
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("command", "complaint"),
     [

@@ -25,7 +25,7 @@ from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_kit.synthetic import synthetic_state
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 KEY = "abuse-key"
 AUTH = f"Authorization: Bearer {KEY}\r\n".encode()

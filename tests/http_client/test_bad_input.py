@@ -17,7 +17,7 @@ from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.inline import InlineTrainerInitInfo
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 KEY = "s3cret-token"
 SIZE, TENSORS = 64 << 10, 12

@@ -17,7 +17,7 @@ import requests
 
 from wtcore.testing.sources import synthetic_state
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 SIZE, TENSORS, SEED = 32 << 10, 5, 3
 SYNC = f"""

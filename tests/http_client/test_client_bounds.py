@@ -18,7 +18,7 @@ from wtcore import ReceiverError
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_http_client.client import MAX_ERROR_BYTES
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 MIB = 1 << 20
 Handler = Callable[[socket.socket, int], None]

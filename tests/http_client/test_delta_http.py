@@ -14,7 +14,7 @@ from wtcore.testing.delta import assert_bits_equal, delta_chain
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverHTTPServer, ReceiverRoutes
 from wtcore_kit.inline import InlineTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 @pytest.fixture

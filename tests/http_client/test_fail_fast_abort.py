@@ -25,7 +25,7 @@ from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.fanout import ABORT_TIMEOUT_S, FAIL_FAST_S
 from wtcore_kit.inline import InlineTrainerInitInfo
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 SIZE, TENSORS = 64 << 10, 12
 BUCKET = 4 << 10

@@ -16,7 +16,7 @@ from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverTimeoutError
 from wtcore_kit.inline import InlineTrainerInitInfo
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 SIZE, TENSORS = 64 << 10, 12
 TIMEOUT_S = 3.0

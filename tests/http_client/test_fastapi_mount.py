@@ -21,6 +21,8 @@ from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
 from wtcore.testing import build_module, free_port, mixed_dtype_state, zeros_like_state
 
+pytestmark = pytest.mark.processes
+
 fastapi = pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 

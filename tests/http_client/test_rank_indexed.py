@@ -27,6 +27,8 @@ from wtcore_http_client.server import ReceiverHTTPServer
 from wtcore_kit.inproc import InProcessClient
 from wtcore_kit.synthetic import build_module
 
+pytestmark = pytest.mark.processes
+
 
 class RecordingWorker(WeightSyncWorker):
     """A real worker that also keeps every ``update_info`` it was given, as given."""

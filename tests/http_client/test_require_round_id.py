@@ -35,7 +35,7 @@ from wtcore_http_client import HTTPWeightSyncClient, ReceiverRoutes
 from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_kit.inproc import InProcessClient
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 SIZE, TENSORS = 64 << 10, 6
 INIT = {"init_info": {"packed_buffer_size_bytes": 1 << 20}}

@@ -19,7 +19,7 @@ from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_http_client.safetensors import save_safetensors
 from wtcore_kit.inline import InlineTrainerInitInfo
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ from wtcore.testing.sources import synthetic_state
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_http_client.safetensors import save_safetensors
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 
 def test_serve_is_a_wtcore_subcommand() -> None:

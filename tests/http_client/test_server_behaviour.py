@@ -23,7 +23,7 @@ from wtcore_http_client.server import check_bind, is_loopback
 from wtcore_kit.concurrency import BackgroundCall
 from wtcore_kit.inline import InlineUpdateInfo, InlineWorkerEngine
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(60)]
 
 NAME = "http-client-test-gate"
 

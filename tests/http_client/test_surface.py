@@ -29,6 +29,8 @@ from wtcore.testing import build_module, synthetic_state, zeros_like_state
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverHTTPServer, ReceiverRoutes
 from wtcore_kit.inline import InlineTrainerInitInfo
 
+pytestmark = pytest.mark.processes
+
 STATE = synthetic_state(total_bytes=32 << 10, num_tensors=6, seed=4)
 
 

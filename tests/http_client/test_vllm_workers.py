@@ -9,6 +9,8 @@ import pytest
 from wtcore.errors import PayloadError
 from wtcore_http_client.vllm_workers import worker_reports
 
+pytestmark = pytest.mark.processes
+
 
 def _w(rank: int, **more: object) -> dict[str, object]:
     return {"rank": rank, "world_size": 2, "layout": None, **more}

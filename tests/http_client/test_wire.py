@@ -87,6 +87,7 @@ def _json(r: Recorded) -> Any:
 
 
 # ---------------------------------------------------------------------- protocol.md bodies
+@pytest.mark.processes
 def test_request_bodies_match_design_section_4(recorder: Recorder) -> None:
     init_info = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1,
                  "world_size": 3, "packed": True}  # fmt: skip
@@ -115,6 +116,7 @@ def test_request_bodies_match_design_section_4(recorder: Recorder) -> None:
         assert "Authorization" not in r.headers
 
 
+@pytest.mark.processes
 def test_vllm_extras_and_bearer_token(recorder: Recorder) -> None:
     def answer(r: Recorded) -> tuple[int, bytes, str]:
         bodies = {
@@ -178,6 +180,7 @@ def test_the_routes_accept_exactly_those_bodies() -> None:
 
 
 # ---------------------------------------------------------------------- errors and fan-out
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("status", "body", "ctype", "expected"),
     [
@@ -211,6 +214,7 @@ def test_server_messages_reach_the_caller(
     assert f"{recorder.url} [{status}]" in str(err.value)
 
 
+@pytest.mark.processes
 def test_fan_out_is_concurrent_and_names_each_failure() -> None:
     """Both replicas must be in flight at once: each handler waits for the other at a barrier."""
     barrier = threading.Barrier(3, timeout=10)
@@ -253,6 +257,7 @@ def test_bad_base_urls(urls: list[str], fragment: str) -> None:
         HTTPWeightSyncClient(urls)
 
 
+@pytest.mark.processes
 def test_abort_on_a_receiver_without_the_route_is_skipped(recorder: Recorder) -> None:
     """vLLM has no /abort_weight_update: its 404 means "unsupported here", not a failure."""
     recorder.answer = lambda _r: (404, b'{"detail": "Not Found"}', "application/json")

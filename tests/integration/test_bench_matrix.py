@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 BACKENDS = ["inline", "nccl", "tcp", "ipc", "mooncake"]
 CLIENTS = ["inproc", "http", "ray"]

@@ -21,6 +21,7 @@ import torch
 from wtcore_bench import BenchOptions, ModelSpec, run_bench
 
 pytestmark = [
+    pytest.mark.processes,
     pytest.mark.gpu,
     pytest.mark.timeout(100),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),

@@ -11,7 +11,7 @@ from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.testing import RecordingClient
 from wtcore_ipc import IPCTrainerInitInfo
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.gpu, pytest.mark.timeout(180)]
 
 
 def test_cuda_ipc_round_trip_bit_exact_without_memory_growth(procs: Any) -> None:

@@ -13,7 +13,7 @@ import torch
 from wtcore import ReceiverError, TensorSource
 from wtcore.errors import TransferError, TransferTimeoutError
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 # ---------------------------------------------------------------------- happy paths

@@ -15,7 +15,7 @@ from wtcore.errors import PayloadError, ReceiverError, TransferError
 from wtcore_ipc import share_weights
 from wtcore_ipc.shm import CANCELLED
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 
 def _updates(client: Any) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import pytest
 
 from wtcore_ipc.shm import CONTROL_BYTES, HEADER_BYTES
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 # ---------------------------------------------------------------------- item 7: memory limits

@@ -21,7 +21,7 @@ from wtcore_bench.support import find_engine_bench
 from wtcore_bench.support import mooncake as mc_bench
 from wtcore_kit.synthetic import synthetic_state
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 WTCORE = str(Path(sys.executable).with_name("wtcore"))
 

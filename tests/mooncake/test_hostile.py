@@ -140,6 +140,7 @@ def stalling_trainer(fill: int = 0) -> Iterator[tuple[subprocess.Popen[bytes], d
             proc.stdout.close()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("fault", "form"),
     [(f, w) for f in ("killed", "stopped") for w in ("slot", "regions")] + [("unlent", "regions")],

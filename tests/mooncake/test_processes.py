@@ -15,7 +15,7 @@ from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.synthetic import synthetic_state
 from wtcore_mooncake import MooncakeTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 SIZE, TENSORS = 8 << 20, 40
 

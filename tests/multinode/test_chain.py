@@ -26,7 +26,7 @@ from wtcore.digest import digest_named
 from wtcore.testing.sources import synthetic_state
 from wtcore_bench.netns import Cluster
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 SIZE, TENSORS = 4 << 20, 16
 TIMEOUT_S = 4.0  # the nccl engine's bound on each wait, and the HTTP client's

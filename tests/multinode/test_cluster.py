@@ -9,7 +9,7 @@ import pytest
 
 from wtcore_bench.netns import cluster, rate_bits
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 CONNECT = "import socket; socket.create_connection(('{0}', {1}), timeout=2).close(); print('ok')"
 LISTEN = "import socket; s = socket.create_server(('{0}', {1})); s.settimeout(30); s.accept()"

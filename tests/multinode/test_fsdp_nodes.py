@@ -32,7 +32,7 @@ from wtcore.digest import digest_named
 from wtcore_bench.netns import Cluster
 from wtcore_http_client.safetensors import save_safetensors
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 HERE = Path(__file__).resolve().parent
 SIZE, TENSORS, ROUNDS = 256 << 10, 12, 3

@@ -18,7 +18,7 @@ from wtcore.digest import digest_named
 from wtcore.testing.sources import synthetic_state
 from wtcore_bench.netns import Cluster
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 SIZE, TENSORS = 256 << 10, 8
 ARGS = ["--backend", "nccl", "--backend-options", '{"torch_num_threads": 1}',

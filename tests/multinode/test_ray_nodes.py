@@ -35,7 +35,7 @@ from tests.multinode.mn_kit import node_env
 from wtcore.testing.procs import stop_processes
 from wtcore_bench.netns import Cluster
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.processes, pytest.mark.ray, pytest.mark.timeout(240)]
 
 HERE = Path(__file__).resolve().parent
 PAGE = HERE.parents[1] / "docs" / "ray.md"

@@ -13,7 +13,7 @@ from wtcore_bench import BaselineContext
 from wtcore_bench.support.nccl import BENCH, vllm_buckets, vllm_packing_run
 from wtcore_kit.synthetic import synthetic_state
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 
 def _ctx(receivers: int) -> BaselineContext:

@@ -20,7 +20,7 @@ from wtcore_channel.pipeline import wait_work
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
 from wtcore_nccl.chain import CHUNK_BYTES
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 #: A float32 tensor of 2.5 chunks: several chunks per message, the last one short.
 BIG_NUMEL = CHUNK_BYTES * 5 // 8

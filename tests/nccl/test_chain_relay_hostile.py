@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from wtcore.worker import WeightSyncWorker
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 TIMEOUT_S = 10.0
 #: float32 elements of the big tensor (sent in place, a message of its own, several chunks).

@@ -158,6 +158,7 @@ def test_host_status_names_the_paths() -> None:
     assert "CUDA" in status
 
 
+@pytest.mark.processes
 def test_import_does_not_import_torch() -> None:
     code = "import sys, wtcore_nccl; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -39,7 +39,7 @@ class TestNCCLContractUnpacked(TestNCCLContract):
         return info
 
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 class TestNCCLContractInPlace(TestNCCLContract):

@@ -13,4 +13,4 @@ class TestNCCLDelta(DeltaContractSuite):
     make_trainer_init_info = test_contract_nccl.TestNCCLContract.make_trainer_init_info
 
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]

@@ -10,7 +10,7 @@ from wtcore.testing import free_port, spec_of
 from wtcore.testing.delta import delta_chain
 from wtcore_nccl import NCCLTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 
 def test_delta_chain_across_processes() -> None:

@@ -15,7 +15,7 @@ from wtcore import PayloadError, TensorSource, WeightTransferTrainerFactory
 from wtcore.testing import free_port, spec_of
 from wtcore_nccl import NCCLTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 #: 1 KiB (most tensors alone, the big one oversize), 16 KiB (mixed), 1 GiB (one bucket).
 BUFFER_SIZES = (1 << 10, 16 << 10, 1 << 30)

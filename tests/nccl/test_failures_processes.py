@@ -29,7 +29,7 @@ from wtcore.testing import KillingSource, MismatchedSource, spec_of, wait_until
 from wtcore.testing.procs import stop_processes
 from wtcore_nccl import NCCLTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 TIMEOUT_S = 20.0
 

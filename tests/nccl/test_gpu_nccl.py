@@ -16,6 +16,7 @@ from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [
+    pytest.mark.processes,
     pytest.mark.gpu,
     pytest.mark.timeout(120),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),

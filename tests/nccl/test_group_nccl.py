@@ -20,7 +20,7 @@ from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.group import connect_store, host_store, join_group
 
-pytestmark = [pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(60)]
 
 
 def _join(store: object, rank: int, world_size: int, port: int, timeout_s: float) -> object:

@@ -29,7 +29,7 @@ from wtcore.testing.contract import assert_state_equal
 from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 TIMEOUT_S = 30.0
 #: Tensors of at least this many bytes travel in place in these tests.

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from wtcore_channel import ChannelTrainerEngine
     from wtcore_channel.pipeline import Channel, Work
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 TIMEOUT_S = 20.0
 #: float32 elements of the big tensor: 2.8 MB, a bucket of its own (larger than the buffer).

@@ -30,7 +30,7 @@ from wtcore_channel.frames import make_header
 from wtcore_kit.concurrency import BackgroundCall
 from wtcore_kit.inproc import InProcessClient
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 TIMEOUT_S = 30.0
 #: How long the old trainer holds its stale bytes after the new trainer started its round.

@@ -21,7 +21,7 @@ from wtcore_channel.pipeline import wait_work
 from wtcore_kit.concurrency import BackgroundCall
 from wtcore_nccl.group import Group, connect_store, host_store, join_group
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 ROUNDS = 1000
 

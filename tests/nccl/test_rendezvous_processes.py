@@ -19,7 +19,7 @@ from wtcore.testing import MismatchedSource, free_port, spec_of
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.group import GENERATION_KEY
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 TIMEOUT_S = 20.0
 

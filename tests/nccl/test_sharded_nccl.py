@@ -24,6 +24,8 @@ from wtcore.testing.sharded_contract import ShardedContractSuite, run_ranks
 from wtcore_nccl import NCCLTrainerInitInfo
 from wtcore_nccl.pairs import GroupUpdate, RoundTerms, check_terms
 
+pytestmark = pytest.mark.processes
+
 #: Every trainer rank must name the same store port; the test sets it before spawning.
 PORT_ENV = "WTCORE_TEST_NCCL_SHARDED_PORT"
 

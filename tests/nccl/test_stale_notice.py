@@ -27,7 +27,7 @@ from wtcore_kit.concurrency import BackgroundCall
 from wtcore_kit.inproc import InProcessClient
 from wtcore_tcp import TCPTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 TIMEOUT_S = 30.0
 

@@ -31,7 +31,7 @@ from wtcore.testing.procs import freeze
 from wtcore_kit.inproc import InProcessClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
 #: The engines' timeout: far longer than the takeover may take.
 TIMEOUT_S = 60.0

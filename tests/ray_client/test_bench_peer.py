@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from wtcore_bench import BaselineContext  # noqa: E402
 from wtcore_kit.synthetic import synthetic_state  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
 
 def test_object_store_peer_moves_the_model_bit_exact(ray_cluster: Any) -> None:

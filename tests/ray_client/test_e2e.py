@@ -14,7 +14,7 @@ from wtcore.digest import digest_named
 from wtcore.testing import RecordingClient, free_port
 from wtcore_ray_client import RayWeightSyncClient, launch_receivers
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.ray, pytest.mark.timeout(120)]
 
 SEED = 3
 

@@ -26,7 +26,11 @@ from wtcore.testing import KillingSource, free_port
 from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_ray_client import RayWeightSyncClient, launch_receivers
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]  # Ray and torch start slowly under load
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.ray,
+    pytest.mark.timeout(300),
+]  # Ray and torch start slowly under load
 
 SEED = 5
 

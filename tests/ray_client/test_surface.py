@@ -20,7 +20,7 @@ from wtcore.digest import digest_named
 from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_ray_client import launch_receivers
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.ray, pytest.mark.timeout(120)]
 
 SEED = 11
 

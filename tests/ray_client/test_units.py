@@ -20,6 +20,7 @@ from wtcore_ray_client import RayWeightSyncClient, ReceiverFleet, WeightSyncActo
 from wtcore_ray_client._json import check_json_safe
 
 
+@pytest.mark.processes
 def test_import_does_not_import_ray() -> None:
     code = "import sys, wtcore_ray_client; assert 'ray' not in sys.modules, 'ray imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from .conftest import Release
 from .dists import DISTRIBUTIONS, REPO, URL, compatible_pin, core_version, relative_links
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_twine_check_passes(release: Release) -> None:

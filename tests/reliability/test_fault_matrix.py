@@ -47,7 +47,7 @@ from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_nccl import NCCLTrainerInitInfo
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(180), pytest.mark.slow]
 
 SIZE, TENSORS = 64 << 10, 12
 TIMEOUT_S = 6.0  # the nccl engine's bound on rendezvous and broadcasts, and the HTTP client's

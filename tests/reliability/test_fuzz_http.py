@@ -239,6 +239,7 @@ def _put_in(server: ServeProcess, state: str) -> None:
         assert _post(server, "/start_weight_update").ok
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @settings(
     max_examples=40,
@@ -271,6 +272,7 @@ def test_serve_process_fuzz(
     )
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("method", ["PATCH", "OPTIONS", "HEAD"])
 def test_other_standard_methods_get_a_json_405(server: ServeProcess, method: str) -> None:
     """Found by the fuzzer above: the stdlib server answered PATCH, OPTIONS and HEAD with an

@@ -51,6 +51,7 @@ def resharding(state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tens
         gathered.zero_() if not gathered.is_floating_point() else gathered.fill_(float("nan"))
 
 
+@pytest.mark.processes
 def test_a_round_from_an_iterator_that_reshards_behind_it_is_exact() -> None:
     state = _state()
     module = build_module(zeros_like_state(state))

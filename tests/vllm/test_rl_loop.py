@@ -19,7 +19,7 @@ import pytest
 from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, stop_process
 
 # The first test to use the session's servers also pays for starting them.
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS = 15
 #: fp32 on CPU: vLLM's kernels and transformers' eager Llama differ by rounding only.

@@ -25,7 +25,7 @@ import pytest
 
 from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, run_trainer, stop_process
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 5
 #: fp32 on CPU: vLLM's kernels and transformers' eager Llama differ by rounding only

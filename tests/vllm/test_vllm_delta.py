@@ -13,7 +13,7 @@ import pytest
 
 from tests.vllm.vllm_kit import VLLM_PYTHON
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.timeout(300)]
 
 CHECK = """
 from wtcore_delta.receiver import delta_sink_for, sink_accepts_patches

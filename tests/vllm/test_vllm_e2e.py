@@ -26,7 +26,7 @@ from tests.vllm.vllm_kit import (
     stop_process,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def sync(server: VLLMServer, state: Path, version: str) -> None:

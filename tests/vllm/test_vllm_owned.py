@@ -28,7 +28,7 @@ from wtcore.testing.net import free_port
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_nccl import NCCLTrainerInitInfo
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 EMPTY = {"names": [], "dtype_names": [], "shapes": []}
 

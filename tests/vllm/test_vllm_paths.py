@@ -14,7 +14,7 @@ import pytest
 
 from tests.vllm.vllm_kit import VLLM_PYTHON
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.timeout(300)]
 
 MOVED = """
 import importlib, json, sys, types

@@ -42,7 +42,7 @@ from wtcore.receiver_layout import TPLayout
 from wtcore.testing import torchrun
 from wtcore_http_client import VLLMWeightSyncClient
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 #: vLLM's CPU backend binds each TP worker's OpenMP threads to cores of its own.

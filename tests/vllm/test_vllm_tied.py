@@ -19,7 +19,7 @@ import pytest
 
 from tests.vllm.vllm_kit import VLLM_PYTHON, VLLMServer, generate, run_trainer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def sync_module(server: VLLMServer, model_dir: Path, version: str, backend: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.vllm.vllm_kit import HERE, VLLM_PYTHON
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

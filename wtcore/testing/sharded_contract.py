@@ -263,6 +263,7 @@ class ShardedContractSuite:
     backend: ClassVar[str] = ""
     trainer_info: ClassVar[Info]
 
+    @pytest.mark.processes  # spawned trainer ranks: register the marker where markers are strict
     @pytest.mark.timeout(300)
     @pytest.mark.parametrize(
         ("m", "n", "kind", "tp"), CASES, ids=[f"{m}to{n}-{k}" for m, n, k, _ in CASES]
@@ -287,6 +288,7 @@ class ShardedContractSuite:
             assert info["round_bytes"] == {"planned": slice_bytes, "landed": slice_bytes}, r
             assert exact == dict.fromkeys(want[r], True), r  # bit-exact, every tensor
 
+    @pytest.mark.processes
     @pytest.mark.timeout(300)
     def test_a_rank_that_breaks_fails_the_round_everywhere_and_the_next_round_recovers(
         self,
