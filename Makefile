@@ -31,7 +31,7 @@ $(VLLM_STAMP): scripts/vllm-venv.sh pyproject.toml plugins/channel/pyproject.tom
 	PYTHON=$(PYTHON) scripts/vllm-venv.sh $(VLLM_VENV)
 
 demo: $(STAMP)
-	$(BIN)/wtcore bench --backend nccl --client http --receivers 2 --size 256MiB --tensors 300 --rounds 5 --interleave
+	$(BIN)/wtcore bench --backend tcp --engine-option topology=fanout --client http --receivers 2 --size 256MiB --tensors 300 --rounds 5 --interleave
 
 # The job itself: a small RL loop on CPU, vLLM sampling and wtcore syncing every step, with a
 # control run that never syncs (examples/rl_loop). matplotlib (for the PNG) goes into .venv-vllm,
@@ -74,7 +74,7 @@ test: quick pytest-rest
 pytest-rest: $(STAMP) quick
 	$(BIN)/python -m pytest -m "not ($(QUICK_MARKERS))"
 
-# The loop while you work (1 to 2 minutes on 2 cores): lint, typecheck, then the tests that
+# The loop while you work (under 3 minutes on 2 cores): lint, typecheck, then the tests that
 # start no child process, server, torch.distributed group, Ray or vLLM (scripts/quick.sh; each
 # test file marks its own `processes` tests).
 # PYTEST_ARGS go to pytest: `make quick PYTEST_ARGS='-x -k delta'`.

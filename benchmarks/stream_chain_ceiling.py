@@ -1,8 +1,8 @@
-"""What nccl's chain on CPU can do with nothing around its streams: the `make demo` ceiling.
+"""What tcp's chain can do with nothing around its streams: the `make demo` ceiling.
 
 ``make demo`` sends a model of 300 tensors from a trainer through a chain of two receivers
 (trainer -> rank 1 -> rank 2, TCP streams, the first receiver relaying). This script runs the
-same chain (``wtcore_nccl.chain.stream_chain``, three processes on loopback) with nothing
+same chain (``wtcore_tcp.chain``, three processes on loopback) with nothing
 around it: no control plane, no plan, no packing, no sink. Every tensor is one message, sent
 straight from the trainer's tensor and received straight into the receivers' tensors. It prints
 each process's median wall time a round and its CPU time (user and system) a round, and checks
@@ -22,26 +22,29 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from wtcore_channel.listen import listen_on
+
 #: Every wait of this script gives up after this long (a dead peer must not hang it).
 TIMEOUT_S = 120.0
 
 
 def _run(rank: int, args: argparse.Namespace, port: int, barrier: Any, out: Any) -> None:
     import torch
-    import torch.distributed as dist
 
     from wtcore_kit.synthetic import synthetic_state
-    from wtcore_nccl.chain import stream_chain
+    from wtcore_tcp.chain import accept_chain, connect_chain
 
     torch.set_num_threads(1)
     state = synthetic_state(args.size_mib << 20, args.tensors, "bfloat16", 0)
     tensors = list(state.values()) if rank == 0 else [torch.zeros_like(t) for t in state.values()]
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        "127.0.0.1", port, 3, is_master=rank == 0, timeout=timedelta(seconds=TIMEOUT_S)
-    )
-    stream = stream_chain(
-        store, rank=rank, world_size=3, host="127.0.0.1", token="c" * 32, timeout_s=TIMEOUT_S
-    )
+    chain = {"world_size": 3, "token": "c" * 32, "timeout_s": TIMEOUT_S}
+    if rank == 0:  # the sender listens before anyone connects
+        with listen_on("127.0.0.1", port, "the chain's sender", field="") as listener:
+            barrier.wait(TIMEOUT_S)
+            stream = accept_chain(listener, **chain)
+    else:
+        barrier.wait(TIMEOUT_S)
+        stream = connect_chain("127.0.0.1", port, rank=rank, **chain)
     rows = []
     try:
         for _ in range(args.rounds):

@@ -116,7 +116,7 @@ def test_sharded_round_over_nccl_between_processes_on_two_gpus() -> None:
     checksums equal the trainer's digests and the trainer sent exactly its planned bytes."""
     from wtcore.digest import digest_named
     from wtcore.factory import WeightTransferTrainerFactory
-    from wtcore.layout import Layout
+    from wtcore.sharded.layout import Layout
     from wtcore.testing.sharded import PartsSource
 
     spec = ModelSpec(4 << 20, 30, "bfloat16", seed=0)

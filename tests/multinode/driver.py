@@ -5,11 +5,12 @@ trainer (and every HTTP call to the receivers) runs here, in the trainer's node,
 command per line on stdin; each command gets one JSON line back on stdout:
 
 - ``{"op": "init", "urls": [...], "api_key": k, "master_address": a, "master_port": p,
-  "world_size": n, "timeout_s": t, "size": bytes, "tensors": n, "broadcast": b, "backend": e}``:
-  a new trainer, ``nccl`` unless ``backend`` says ``tcp`` (which listens on ``master_address``,
-  on a port of its own) or ``mooncake`` (its transfer engine on ``master_address``; the
-  receivers read from it); ``broadcast`` optional: nccl's default, so the fault tests run the
-  chain (the previous trainer, if any, is shut down first);
+  "world_size": n, "timeout_s": t, "size": bytes, "tensors": n, "broadcast": b, "topology": o,
+  "backend": e}``: a new trainer, ``nccl`` unless ``backend`` says ``tcp`` (which listens on
+  ``master_address``, on a port of its own) or ``mooncake`` (its transfer engine on
+  ``master_address``; the receivers read from it); ``broadcast`` (nccl) and ``topology`` (tcp)
+  optional: the engine's default, so the fault tests run tcp's chain for two receivers (the
+  previous trainer, if any, is shut down first);
 - ``{"op": "send", "seed": s, "version": v}``: one round of ``synthetic_state(seed)``;
 - ``{"op": "info"}`` / ``{"op": "checksums"}``: every receiver's ``weight_info()`` /
   ``checksums()``, asked one receiver at a time so that a dead one is reported, not raised;
@@ -76,7 +77,9 @@ def handle(cmd: dict[str, Any]) -> dict[str, Any]:
         }
         info: NCCLTrainerInitInfo | TCPTrainerInitInfo | MooncakeTrainerInitInfo
         if cmd.get("backend", "nccl") == "tcp":
-            info = TCPTrainerInitInfo(address=cmd["master_address"], **common)
+            info = TCPTrainerInitInfo(
+                address=cmd["master_address"], topology=cmd.get("topology", "auto"), **common
+            )
         elif cmd.get("backend") == "mooncake":
             del common["world_size"]  # pull: the trainer never counts its readers
             info = MooncakeTrainerInitInfo(address=cmd["master_address"], **common)

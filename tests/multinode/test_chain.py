@@ -1,7 +1,7 @@
-"""The forwarding broadcast (``broadcast="chain"``) across namespaced nodes.
+"""tcp's relay chain (``topology="chain"``) across namespaced nodes.
 
-Trainer on node 0, ``wtcore serve`` nccl receivers on nodes 1-3 (group ranks 1-3): rank 1
-takes every chunk from the trainer and relays it to rank 2, which relays it to rank 3. Rounds
+Trainer on node 0, ``wtcore serve`` tcp receivers on nodes 1-3 (ranks 1-3): rank 1 takes every
+piece from the trainer and relays it to rank 2, which relays it to rank 3. Rounds
 are bit-exact; when the relay in the middle vanishes mid-round, every surviving receiver's
 round fails within the timeout with an error that names the missing rank, and the next
 round, over the surviving nodes after a new init, is bit-exact again. ``wtcore bench
@@ -29,11 +29,10 @@ from wtcore_bench.netns import Cluster
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 SIZE, TENSORS = 4 << 20, 16
-TIMEOUT_S = 4.0  # the nccl engine's bound on each wait, and the HTTP client's
-SLACK_S = 8.0  # fan-out grace, gloo's teardown, a loaded 2-core machine
+TIMEOUT_S = 4.0  # the tcp engine's bound on each wait, and the HTTP client's
+SLACK_S = 8.0  # fan-out grace, the streams' teardown, a loaded 2-core machine
 RATE = "20mbit"  # a chained round (4 MiB over each link once) lasts about 1.7 s
-ARGS = ["--backend", "nccl", "--backend-options", '{"torch_num_threads": 1}',
-        "--size", str(SIZE), "--tensors", str(TENSORS)]  # fmt: skip
+ARGS = ["--backend", "tcp", "--size", str(SIZE), "--tensors", str(TENSORS)]
 _ports = itertools.count(MASTER_PORT + 300)
 
 
@@ -46,7 +45,7 @@ def init(driver: Driver, c: Cluster, receivers: list[Receiver]) -> None:
         "init",
         urls=[r.url for r in receivers], api_key=API_KEY, master_address=c[0].address,
         master_port=next(_ports), world_size=len(receivers) + 1, timeout=TIMEOUT_S,
-        size=SIZE, tensors=TENSORS, broadcast="chain",
+        size=SIZE, tensors=TENSORS, backend="tcp", topology="chain",
     )  # fmt: skip
 
 
@@ -112,10 +111,10 @@ def test_chain_across_nodes_and_a_relay_that_vanishes(make_cluster: Any, tmp_pat
 def test_bench_on_capped_nodes_reports_the_rate_against_the_cap(tmp_path: Path) -> None:
     out = tmp_path / "record.json"
     r = subprocess.run(
-        [sys.executable, "-m", "wtcore.cli", "bench", "--backend", "nccl", "--client", "http",
+        [sys.executable, "-m", "wtcore.cli", "bench", "--backend", "tcp", "--client", "http",
          "--nodes", "2", "--receivers", "2", "--link-rate", "100mbit", "--size", "2MiB",
          "--tensors", "8", "--dtype", "float32", "--rounds", "1", "--timeout", "60",
-         "--engine-option", "broadcast=chain", "--json", str(out)],
+         "--engine-option", "topology=chain", "--json", str(out)],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
@@ -124,5 +123,5 @@ def test_bench_on_capped_nodes_reports_the_rate_against_the_cap(tmp_path: Path) 
     assert (link["nodes"], link["receivers"], link["rate"]) == (2, 2, "100mbit")
     assert link["cap_gbps"] == pytest.approx(100e6 / 8 / 1e9)
     assert 0 < link["achieved_fraction"] <= 1.05, link
-    assert record["settings"]["engine_options"] == {"broadcast": "chain"}
+    assert record["settings"]["engine_options"] == {"topology": "chain"}
     assert record["ok"] and "x the cap" in r.stdout, r.stdout

@@ -6,9 +6,10 @@ within the configured timeout (plus slack for a loaded 2-core machine) with an e
 receiver's node; every reachable receiver then reports a known state (``consistent``, version,
 no call in flight); and the next round (link back, or over the survivors) is bit-exact. The
 module's cluster fixture checks that no process or namespace is left behind. Every test runs
-three times: over nccl (its default broadcast, the chain, for two receivers), over tcp (TCP
-connections from the trainer to each receiver) and over mooncake (each receiver reads every
-bucket from the trainer's registered staging with its own transfer engine).
+four times: over nccl (gloo's collective broadcast), over tcp (its default for two receivers,
+the chain: the trainer streams to receiver 1, which relays to receiver 2), over tcp's fan-out
+(TCP connections from the trainer to each receiver) and over mooncake (each receiver reads
+every bucket from the trainer's registered staging with its own transfer engine).
 """
 
 from __future__ import annotations
@@ -44,15 +45,18 @@ def digest(seed: int) -> str:
     return digest_named(synthetic_state(SIZE, TENSORS, "float32", seed=seed).items())
 
 
-@pytest.fixture(scope="module", params=["nccl", "tcp", "mooncake"])
+@pytest.fixture(scope="module", params=["nccl", "tcp", "tcp-fanout", "mooncake"])
 def net(
     make_cluster: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Cluster, list[Receiver], Driver]]:
     c: Cluster = make_cluster(3, rate=RATE)
-    args = [*ARGS[request.param], *SHAPE]
+    backend, _, topology = request.param.partition("-")
+    args = [*ARGS[backend], *SHAPE]
     receivers = start_receivers(c.nodes[1:], args, tmp_path_factory.mktemp("receivers"))
     driver = Driver(c[0])
-    driver.init_fields["backend"] = request.param
+    driver.init_fields["backend"] = backend
+    if topology:
+        driver.init_fields["topology"] = topology
     if request.param == "mooncake":
         # One bucket: mooncake's timeout bounds each bucket's read, so a link that moves every
         # 256 KiB bucket within it (the slow link below) is slow, not stalled, and the round

@@ -12,7 +12,7 @@ from wtcore.registry import ENGINES, TRAINER_ENGINES
 from wtcore.testing import build_module
 from wtcore_channel import DEFAULT_DIRECT_MIN_BYTES
 from wtcore_nccl import NCCLInitInfo, NCCLTrainerInitInfo
-from wtcore_nccl.config import resolve_broadcast, resolve_transport
+from wtcore_nccl.config import resolve_transport
 
 BASE = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 3}
 
@@ -38,7 +38,7 @@ def test_worker_init_info_is_derived_from_the_trainer() -> None:
         "transport": "gloo",
         "secret": "",
         "direct_min_bytes": DEFAULT_DIRECT_MIN_BYTES,
-        "broadcast": "chain",  # auto: gloo with two workers
+        "broadcast": "collective",  # auto: the collective (the chain on gloo is tcp's)
         "checksum": False,
     }
     assert info.worker_init_info("ab" * 16).to_wire()["secret"] == "ab" * 16
@@ -65,20 +65,23 @@ def test_trainer_init_info_rejects_bad_values(field: str, value: object) -> None
         NCCLTrainerInitInfo(**{**BASE, field: value}, rank=0)  # type: ignore[arg-type]
 
 
-def test_broadcast_auto_is_the_chain_over_gloo_and_never_another_data_plane() -> None:
-    """The default follows the measurement: over gloo the chain's streams beat the collective
-    with one worker and with many, on one host and under a cap; NCCL's own broadcast already
-    pipelines."""
+def test_broadcast_auto_is_the_collective_and_the_chain_runs_on_nccl_only() -> None:
+    """nccl is torch.distributed: its default is the process group's own broadcast (NCCL's
+    already pipelines through a ring). Its chain relays point to point, and on gloo a relay's
+    message lengths cannot be checked (gloo aborts the receiver), so it is refused there,
+    naming the field and tcp's chain."""
     base = dict(BASE)
-    assert resolve_broadcast("auto", "gloo", 3) == "chain"
-    assert resolve_broadcast("auto", "gloo", 2) == "chain"
-    assert resolve_broadcast("auto", "nccl", 8) == "collective"
-    assert resolve_broadcast("collective", "gloo", 8) == "collective"
-    assert NCCLTrainerInitInfo(**base, rank=0).worker_init_info().broadcast == "chain"
+    assert NCCLTrainerInitInfo(**base, rank=0).worker_init_info().broadcast == "collective"
     cuda = NCCLTrainerInitInfo(**base, device="cuda", rank=0)
     assert cuda.worker_init_info().broadcast == "collective"
-    forced = NCCLTrainerInitInfo(**base, broadcast="collective", rank=0)
-    assert forced.worker_init_info().broadcast == "collective"
+    chained = NCCLTrainerInitInfo(**base, device="cuda", broadcast="chain", rank=0)
+    assert chained.worker_init_info().broadcast == "chain"
+    with pytest.raises(PayloadError, match="broadcast: 'chain' runs on NCCL only.*tcp"):
+        NCCLTrainerInitInfo(**base, broadcast="chain", rank=0)
+    with pytest.raises(PayloadError, match="broadcast: 'chain' runs on NCCL only.*tcp"):
+        NCCLInitInfo(**base, rank_offset=1, transport="gloo", broadcast="chain")
+    with pytest.raises(PayloadError, match="broadcast: 'chain' runs on NCCL only"):
+        _worker().init_weight_transfer_engine({**base, "rank_offset": 1, "broadcast": "chain"})
     with pytest.raises(ValueError, match="broadcast"):
         NCCLInitInfo(**base, rank_offset=1, broadcast="auto")  # workers get a concrete mode
     with pytest.raises(ValueError, match="checksum: expected a bool"):

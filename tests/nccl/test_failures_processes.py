@@ -18,7 +18,7 @@ import torch
 
 from tests.nccl.nccl_e2e_kit import Fleet, fleet, loopback_info, make_state
 from wtcore import (
-    MetadataMismatchError,
+    PayloadError,
     ReceiverError,
     TensorSource,
     TransferError,
@@ -73,7 +73,7 @@ def test_metadata_mismatch_raises_then_next_round_recovers(two: Fleet, kind: str
     with WeightTransferTrainerFactory.trainer_init(_info(3), client=two.client) as trainer:
         trainer.send_weights(TensorSource(good), weight_version="good")
         t0 = time.monotonic()
-        with pytest.raises(MetadataMismatchError):
+        with pytest.raises(PayloadError, match="metadata"):
             trainer.send_weights(
                 MismatchedSource(TensorSource(make_state(2)), kind), weight_version="bad"
             )

@@ -1,6 +1,7 @@
 """Large tensors travel in place: sent from the source's storage, received into the model.
 
-Trainer and workers share this process (workers on threads, a real gloo group). A tensor of
+Trainer and workers share this process (workers on threads, a real gloo group, or tcp's
+streams, whose messages take a bucket in parts). A tensor of
 at least ``direct_min_bytes`` is a bucket of its own; the sender broadcasts it straight from
 the source tensor and the receiver straight into the tensor its sink offers
 (``DirectSink.destination``). These tests check that this happens (the sink's
@@ -21,13 +22,14 @@ import torch
 
 from tests.nccl.nccl_e2e_kit import loopback_info
 from wtcore import ModuleSink, TensorSource, WeightSyncWorker, WeightTransferTrainerFactory
-from wtcore.errors import MetadataMismatchError
+from wtcore.errors import PayloadError
 from wtcore.sink import DirectSink, direct_destination
 from wtcore.source import WeightSource
 from wtcore.testing import build_module, zeros_like_state
 from wtcore.testing.contract import assert_state_equal
+from wtcore.trainer import TrainerInitInfo
 from wtcore_kit.inproc import InProcessClient
-from wtcore_nccl import NCCLTrainerInitInfo
+from wtcore_tcp import TCPTrainerInitInfo
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
@@ -111,17 +113,20 @@ class BadOfferSink(RecordingSink):
 
 
 def _info(
-    *, packed: bool = True, checksum: bool = False, buffer: int = 1024, broadcast: str = "auto"
-) -> NCCLTrainerInitInfo:
-    return loopback_info(
-        world_size=2,
-        broadcast=broadcast,
-        packed=packed,
-        packed_buffer_size_bytes=buffer,
-        direct_min_bytes=DIRECT,
-        checksum=checksum,
-        timeout_s=TIMEOUT_S,
-    )
+    *, packed: bool = True, checksum: bool = False, buffer: int = 1024, backend: str = "nccl"
+) -> TrainerInitInfo:
+    common = {
+        "packed": packed,
+        "packed_buffer_size_bytes": buffer,
+        "direct_min_bytes": DIRECT,
+        "checksum": checksum,
+        "timeout_s": TIMEOUT_S,
+    }
+    if backend == "tcp":  # the chain's streams (one hop)
+        return TCPTrainerInitInfo(
+            address="127.0.0.1", world_size=2, topology="chain", rank=0, **common
+        )
+    return loopback_info(world_size=2, **common)
 
 
 @contextmanager
@@ -134,7 +139,7 @@ def _pair(
 ) -> Iterator[tuple[Any, WeightSyncWorker, torch.nn.Module, Any]]:
     module = build_module(zeros_like_state(state))
     sink = sink_cls(module)
-    worker = WeightSyncWorker("nccl", sink, transactional=transactional)
+    worker = WeightSyncWorker(info.get("backend", "nccl"), sink, transactional=transactional)
     client = InProcessClient([worker], timeout_s=TIMEOUT_S)
     trainer = WeightTransferTrainerFactory.trainer_init(
         _info(**info), client=client, source=TensorSource(state)
@@ -146,11 +151,11 @@ def _pair(
         worker.shutdown()
 
 
-@pytest.mark.parametrize("broadcast", ["chain", "collective"])
+@pytest.mark.parametrize("backend", ["tcp", "nccl"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "unpacked"])
-def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool, broadcast: str) -> None:
+def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool, backend: str) -> None:
     state = _state(1)
-    with _pair(state, packed=packed, broadcast=broadcast) as (trainer, worker, module, sink):
+    with _pair(state, packed=packed, backend=backend) as (trainer, worker, module, sink):
         ptrs = {n: p.data_ptr() for n, p in module.named_parameters()}
         for r in range(3):
             state = _state(10 + r)
@@ -159,9 +164,9 @@ def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool, broad
             assert_state_equal(module, state)
             # The receiver wrote the large tensors into the parameters themselves.
             assert not set(IN_PLACE) & set(sink.loaded), sink.loaded
-            if packed and broadcast == "collective":  # a bucket of two, staged: gloo's
+            if packed and backend == "nccl":  # a bucket of two, staged: gloo's
                 assert {"b.tiny", "c.empty"} <= set(sink.loaded)  # messages are one tensor
-            if packed and broadcast == "chain":  # the chain's streams take it in parts,
+            if packed and backend == "tcp":  # the chain's streams take it in parts,
                 assert not {"b.tiny", "c.empty"} & set(sink.loaded)  # into the module too
         assert {n: p.data_ptr() for n, p in module.named_parameters()} == ptrs
         assert worker.weight_info()["consistent"] is True
@@ -169,7 +174,7 @@ def test_large_tensors_travel_in_place_and_small_ones_packed(packed: bool, broad
         # the largest tensor (buffer x num_buffers + largest tensor).
         small = 1024 * 2
         assert trainer._pool.nbytes() <= small
-        if broadcast == "chain":  # the streams send every bucket from the source's tensors
+        if backend == "tcp":  # the streams send every bucket from the source's tensors
             assert trainer._pool.nbytes() == 0
         assert worker.engine._pool.nbytes() <= small + 64 * 33 * 4  # type: ignore[attr-defined]
 
@@ -207,7 +212,7 @@ def test_a_bucket_in_parts_whose_sink_refuses_one_tensor_loads_that_one_and_coun
     tensor (after the first was offered, and counted as landed) gets that one loaded from
     memory of its own: either way the round is bit-exact and every announced byte lands once."""
     state = _state_with_more(8)
-    with _pair(state, sink_cls, broadcast="chain") as (trainer, worker, module, sink):
+    with _pair(state, sink_cls, backend="tcp") as (trainer, worker, module, sink):
         for r in range(2):
             state = _state_with_more(20 + r)
             sink.loaded.clear()
@@ -279,7 +284,7 @@ def test_transactional_workers_stage_and_a_failed_round_leaves_the_model_untouch
         assert_state_equal(module, old)
         # The round breaks after the first large tensors went out: nothing was applied.
         new = _state(7)
-        with pytest.raises(MetadataMismatchError):
+        with pytest.raises(PayloadError, match="metadata"):
             trainer.send_weights(_BreaksAfter(new, n=5), weight_version="v2")
         assert_state_equal(module, old)
         assert sink.offered == []

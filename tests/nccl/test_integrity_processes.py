@@ -4,8 +4,9 @@ The trainer (this process) is a test-only subclass that broadcasts more or fewer
 the bucket it announced; the workers are real processes on a real gloo group. Without frame
 headers gloo aborts a receiver given too many bytes (SIGABRT) and leaves stale bytes in a
 receiver given too few, which then published the round as consistent. Each case runs over
-nccl's chain (gloo, frame headers checked before each receive) and over tcp's streams (every
-message's length checked before a byte of it is read): the checks are the kit's.
+nccl's collective (gloo, frame headers checked before each receive) and over tcp's streams,
+its chain and its fan-out (every message's length checked before a byte of it is read): the
+checks are the kit's.
 """
 
 from __future__ import annotations
@@ -75,12 +76,14 @@ def _trainer(mixin: type, backend: str) -> type[ChannelTrainerEngine]:
     return type(f"{mixin.__name__}{backend}", (mixin, ENGINES[backend]), {})
 
 
-def _info(backend: str, packed: bool, checksum: bool = False) -> TrainerInitInfo:
+def _info(variant: str, packed: bool, checksum: bool = False) -> TrainerInitInfo:
     common = {"packed": packed, "packed_buffer_size_bytes": 16 << 10, "timeout_s": TIMEOUT_S}
-    if backend == "tcp":
+    if variant.startswith("tcp"):  # auto: the chain, for two workers
+        topology = "fanout" if variant == "tcp-fanout" else "auto"
         return TCPTrainerInitInfo(
-            address="127.0.0.1", world_size=3, checksum=checksum, rank=0, **common
-        )
+            address="127.0.0.1", world_size=3, checksum=checksum, rank=0, topology=topology,
+            **common,
+        )  # fmt: skip
     return loopback_info(world_size=3, torch_num_threads=1, checksum=checksum, **common)
 
 
@@ -88,13 +91,15 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
     return make_state(seed, big=BIG_NUMEL, count=20)
 
 
-@pytest.fixture(scope="module", params=["nccl", "tcp"])
+@pytest.fixture(scope="module", params=["nccl", "tcp", "tcp-fanout"])
 def two(request: pytest.FixtureRequest) -> Iterator[Fleet]:
-    """Two worker processes of nccl (its chain, for two workers) or of tcp."""
-    options = {} if request.param == "tcp" else None
+    """Two worker processes of nccl (its collective) or of tcp (its chain, or its fan-out)."""
+    backend = request.param.split("-")[0]
+    options = {} if backend == "tcp" else None
     with fleet(
-        2, spec_of(_state(0)), timeout_s=2 * TIMEOUT_S, backend=request.param, options=options
+        2, spec_of(_state(0)), timeout_s=2 * TIMEOUT_S, backend=backend, options=options
     ) as f:
+        f.variant = request.param  # type: ignore[attr-defined]
         yield f
 
 
@@ -104,7 +109,7 @@ def test_missized_bucket_is_refused_and_the_receiver_survives(
     two: Fleet, delta: int, packed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     good = _state(1)
-    info = _info(two.backend, packed)
+    info = _info(two.variant, packed)  # type: ignore[attr-defined]
     with _trainer(MisSized, two.backend).trainer_init(info, client=two.client) as trainer:
         trainer.send_weights(TensorSource(good), weight_version="good")
         monkeypatch.setattr(MisSized, "delta", delta)
@@ -125,7 +130,7 @@ def test_missized_bucket_is_refused_and_the_receiver_survives(
             assert info["weight_version"] == "good"
             assert info["consistent"] is False
             errors.append(info["last_error"])
-        # The frame header's check, or the stream's own length check. Over tcp (a fan-out) the
+        # The frame header's check, or the stream's own length check. Over tcp's fan-out the
         # trainer may abandon the round, after the first refusal, before the other worker read
         # the bucket: its streams close, naming the sender. Over the chain the relay that
         # refused shuts its onward streams: the receiver behind it fails naming the relay.
@@ -133,7 +138,8 @@ def test_missized_bucket_is_refused_and_the_receiver_survives(
         for e in errors:
             closed = "from rank 0 (the sender)" in e
             cut = "from rank 1 (the previous rank of the chain)" in e
-            assert "planned" in e or (closed if two.backend == "tcp" else cut), errors
+            either = {"tcp-fanout": closed, "tcp": cut}.get(two.variant, False)  # type: ignore[attr-defined]
+            assert "planned" in e or either, errors
         # An honest sender recovers on the next round (re-handshake), bit-exact.
         monkeypatch.setattr(MisSized, "delta", 0)
         fresh = _state(3)
@@ -144,7 +150,8 @@ def test_missized_bucket_is_refused_and_the_receiver_survives(
 def test_torn_bucket_fails_its_crc_and_nothing_of_it_is_applied(two: Fleet) -> None:
     good = _state(1)
     with _trainer(Torn, two.backend).trainer_init(
-        _info(two.backend, True, checksum=True), client=two.client
+        _info(two.variant, True, checksum=True),  # type: ignore[attr-defined]
+        client=two.client,
     ) as trainer:
         trainer.send_weights(TensorSource(good), weight_version="good")
         assert isinstance(trainer, Torn)

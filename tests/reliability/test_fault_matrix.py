@@ -46,11 +46,12 @@ from wtcore_bench.serve import ServeProcess, launch_serve
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.inline import InlineTrainerInitInfo
 from wtcore_nccl import NCCLTrainerInitInfo
+from wtcore_tcp import TCPTrainerInitInfo
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(180), pytest.mark.slow]
 
 SIZE, TENSORS = 64 << 10, 12
-TIMEOUT_S = 6.0  # the nccl engine's bound on rendezvous and broadcasts, and the HTTP client's
+TIMEOUT_S = 6.0  # the engine's bound on rendezvous and broadcasts, and the HTTP client's
 SLACK_S = 6.0  # fan-out grace plus a busy 2-core machine
 NCCL_OPTS = '{"torch_num_threads": 1}'
 
@@ -104,9 +105,11 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., l
         assert not left, f"receiver processes left behind: {left}"
 
 
-def nccl_args(rank: int, world_size: int = 2) -> list[str]:
+def nccl_args(rank: int, world_size: int = 2, engine: str = "nccl") -> list[str]:
+    """A receiver's arguments; ``engine="tcp"``: a tcp receiver (it takes no options)."""
+    options = ["--backend-options", NCCL_OPTS] if engine == "nccl" else []
     return [
-        "--backend", "nccl", "--backend-options", NCCL_OPTS, "--rank", str(rank),
+        "--backend", engine, *options, "--rank", str(rank),
         "--world-size", str(world_size), "--size", str(SIZE), "--tensors", str(TENSORS),
     ]  # fmt: skip
 
@@ -123,17 +126,35 @@ def nccl_info(world_size: int, port: int | None = None) -> NCCLTrainerInitInfo:
     )
 
 
-def sync(client: HTTPWeightSyncClient, state: dict[str, torch.Tensor], version: str) -> None:
-    """One nccl round from a fresh trainer (a new group) to the receiver behind ``client``."""
-    with WeightTransferTrainerFactory.trainer_init(nccl_info(2), client=client) as trainer:
+def info_of_engine(
+    engine: str, world_size: int, port: int | None = None
+) -> NCCLTrainerInitInfo | TCPTrainerInitInfo:
+    """nccl's init info, or tcp's (its chain for two receivers, on ``port``)."""
+    if engine == "nccl":
+        return nccl_info(world_size, port)
+    return TCPTrainerInitInfo(
+        rank=0, address="127.0.0.1", port=port or free_port(), world_size=world_size,
+        packed_buffer_size_bytes=16 << 10, timeout_s=TIMEOUT_S,
+    )  # fmt: skip
+
+
+def sync(
+    client: HTTPWeightSyncClient, state: dict[str, torch.Tensor], version: str, engine: str = "nccl"
+) -> None:
+    """One round from a fresh trainer (a new group) to the receiver behind ``client``."""
+    info = info_of_engine(engine, 2)
+    with WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
         trainer.send_weights(TensorSource(state), weight_version=version)
 
 
-@pytest.fixture(scope="module")
-def survivor(launch: Callable[..., list[ServeProcess]]) -> ServeProcess:
-    """Rank 0 of a 2-receiver nccl fleet, reused by every "receiver killed" test."""
-    [server] = launch(nccl_args(0))
-    return server
+@pytest.fixture(scope="module", params=["nccl", "tcp"])
+def survivor(
+    launch: Callable[..., list[ServeProcess]], request: pytest.FixtureRequest
+) -> tuple[str, ServeProcess]:
+    """Rank 0 of a 2-receiver fleet, reused by every "receiver killed" test: nccl (gloo's
+    collective) or tcp (its chain: rank 0 relays to the victim)."""
+    [server] = launch(nccl_args(0, engine=request.param))
+    return request.param, server
 
 
 # ---------------------------------------------------------------------- receiver killed
@@ -191,20 +212,23 @@ KILL_PHASES = {
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("phase", sorted(KILL_PHASES))
 def test_receiver_killed_during(
-    launch: Callable[..., list[ServeProcess]], survivor: ServeProcess, phase: str
+    launch: Callable[..., list[ServeProcess]], survivor: tuple[str, ServeProcess], phase: str
 ) -> None:
-    """nccl engine over HTTP, two receivers; rank 1 dies during ``phase``."""
-    [victim] = launch(nccl_args(1))
+    """nccl or tcp engine over HTTP, two receivers; rank 1 dies during ``phase``."""
+    engine, server = survivor
+    [victim] = launch(nccl_args(1, engine=engine))
     old, new = state_of(1), state_of(2)
     port = free_port()
-    urls = [survivor.url, victim.url]
+    urls = [server.url, victim.url]
     with HTTPWeightSyncClient(urls, timeout_s=TIMEOUT_S) as http:
         client = SabotagingClient(http, victim, phase)
         trainer = None
         t0 = time.monotonic()
         try:
             if phase != "init":
-                trainer = WeightTransferTrainerFactory.trainer_init(nccl_info(3, port), client=http)
+                trainer = WeightTransferTrainerFactory.trainer_init(
+                    info_of_engine(engine, 3, port), client=http
+                )
                 trainer.send_weights(TensorSource(old), weight_version="old")
                 trainer.client = client  # the next round goes through the saboteur
                 t0 = time.monotonic()
@@ -214,7 +238,9 @@ def test_receiver_killed_during(
             expected = (ReceiverError, TransferTimeoutError) if phase == "init" else ReceiverError
             with pytest.raises(expected) as err:
                 if trainer is None:
-                    WeightTransferTrainerFactory.trainer_init(nccl_info(3, port), client=client)
+                    WeightTransferTrainerFactory.trainer_init(
+                        info_of_engine(engine, 3, port), client=client
+                    )
                 else:
                     trainer.send_weights(TensorSource(new), weight_version="new")
             elapsed = time.monotonic() - t0
@@ -229,7 +255,7 @@ def test_receiver_killed_during(
         assert victim.url in {f.receiver for f in err.value.failures}, message
         assert err.value.call == KILL_PHASES[phase], message
     else:
-        assert "ranks [2] never did" in message, message
+        assert "ranks [2] never" in message, message  # nccl: "never did"; tcp: "never opened"
     del err, trainer, client  # the traceback's frames hold the trainer's group and store
     gc.collect()
     assert victim.proc.poll() is not None
@@ -237,9 +263,9 @@ def test_receiver_killed_during(
 
     # The survivor's report is true, once its own side of the round has ended (its
     # broadcast partner died, so its data-plane call ends within the engine's timeout).
-    wait_until(lambda: info_of(survivor)["busy"] is None, TIMEOUT_S + SLACK_S, "survivor idle")
-    info = info_of(survivor)
-    held = checksums_of(survivor)
+    wait_until(lambda: info_of(server)["busy"] is None, TIMEOUT_S + SLACK_S, "survivor idle")
+    info = info_of(server)
+    held = checksums_of(server)
     if phase == "init":
         assert info["state"] == "uninitialized" and "init_weight_transfer_engine" in (
             info["last_error"] or ""
@@ -256,11 +282,11 @@ def test_receiver_killed_during(
     assert port_is_free(port), "the trainer's rendezvous port is still bound"
 
     # Recovery without restarting the survivor: a new group of the trainer and the survivor.
-    with HTTPWeightSyncClient(survivor.url, timeout_s=TIMEOUT_S) as alone:
-        sync(alone, state_of(3), f"after-{phase}")
-    info = info_of(survivor)
+    with HTTPWeightSyncClient(server.url, timeout_s=TIMEOUT_S) as alone:
+        sync(alone, state_of(3), f"after-{phase}", engine)
+    info = info_of(server)
     assert (info["weight_version"], info["consistent"]) == (f"after-{phase}", True)
-    assert checksums_of(survivor) == digest_named(state_of(3).items())
+    assert checksums_of(server) == digest_named(state_of(3).items())
 
 
 # ---------------------------------------------------------------------- trainer killed

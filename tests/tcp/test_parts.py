@@ -16,12 +16,12 @@ import torch
 from tests.tcp.test_stream import _pair, _tcp_pairs
 from wtcore import TensorSource
 from wtcore.buckets import ALIGNMENT, Bucket, as_bytes, pack_bucket, plan_buckets
-from wtcore.errors import MetadataMismatchError, TransferError
+from wtcore.errors import PayloadError, TransferError
 from wtcore.meta import ParamMeta
 from wtcore.stats import TransferStats
 from wtcore_channel.parts import bucket_parts, gather_source, new_pad
 from wtcore_channel.pipeline import wait_work
-from wtcore_channel.stream import _IOV, LANES, Stream
+from wtcore_tcp.streams import _IOV, LANES, Stream
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -161,5 +161,5 @@ def test_gather_source_refuses_a_mismatch_before_yielding_the_bucket_it_is_in() 
         bad, metas, buckets, lambda b: torch.zeros(b.nbytes, dtype=torch.uint8),
         TransferStats(), in_place=lambda t: True, pad=new_pad("cpu"),
     )  # fmt: skip
-    with pytest.raises(MetadataMismatchError, match="'b'"):
+    with pytest.raises(PayloadError, match="'b'"):
         next(frames)

@@ -27,9 +27,9 @@ from wtcore.errors import TransferError, TransferTimeoutError
 from wtcore.testing import build_module, wait_until
 from wtcore_channel.listen import listen_on
 from wtcore_channel.pipeline import wait_work
-from wtcore_channel.stream import HELLO_S, LANES, RELAY_CHUNK, Stream, accept, connect
 from wtcore_kit.concurrency import BackgroundCall
 from wtcore_tcp import TCPInitInfo, TCPTrainerInitInfo
+from wtcore_tcp.streams import HELLO_S, LANES, RELAY_CHUNK, Stream, accept, connect
 from wtcore_tcp.worker import TCPWorkerEngine
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -51,6 +51,7 @@ def test_tcp_rounds_are_bit_exact(workers: int) -> None:
                 checksum=checksum,
                 packed_buffer_size_bytes=16 << 10,
                 direct_min_bytes=4096,  # the big tensor in place, the tiny ones packed
+                topology="fanout",  # the chain's rounds: test_chain_processes.py
                 rank=0,
             )
             with WeightTransferTrainerFactory.trainer_init(info, client=f.client) as trainer:

@@ -15,9 +15,7 @@ returning work that completes asynchronously); this kit runs the round on it:
   message in parts (no packing copy on either end);
 * :mod:`wtcore_channel.pipeline`: the channel protocol, work in flight, reused buffers,
   bounded waits;
-* :mod:`wtcore_channel.listen`: a sender's listening socket, on one address only;
-* :mod:`wtcore_channel.stream`: size-checked TCP streams between ranks, fanned out or
-  relayed (the ``tcp`` engine's channel, and the hops of nccl's chain on CPU).
+* :mod:`wtcore_channel.listen`: a sender's listening socket, on one address only.
 
 It is a distribution of its own so that the core stays the protocol: only streamed engines
 need it. Importing it does not import torch.

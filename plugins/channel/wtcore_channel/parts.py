@@ -31,12 +31,6 @@ __all__ = ["PartsChannel", "bucket_parts", "gather_source", "new_pad", "parts_of
 class PartsChannel(Channel, Protocol):
     """A channel that may send one message from, or receive it into, several tensors."""
 
-    @property
-    def takes_parts(self) -> bool:
-        """Whether :meth:`broadcast_parts` works now (a channel that wraps several data
-        planes takes parts only on those that do)."""
-        ...
-
     def broadcast_parts(self, tensors: Sequence[torch.Tensor]) -> Work:
         """Like :meth:`Channel.broadcast` for the bytes of ``tensors`` in order (contiguous
         tensors on the channel's device; empty ones take no bytes)."""
@@ -44,11 +38,11 @@ class PartsChannel(Channel, Protocol):
 
 
 def parts_of(channel: Channel) -> PartsChannel | None:
-    """``channel``, if it takes a message in parts now; else ``None`` (pack the bucket).
+    """``channel``, if it takes a message in parts; else ``None`` (pack the bucket).
 
-    Asked once a bucket, so it reads the flag instead of ``isinstance`` against the protocol
-    (which walks the protocol's members on every call)."""
-    return cast("PartsChannel", channel) if getattr(channel, "takes_parts", False) is True else None
+    Asked once a bucket, so it looks for the method instead of ``isinstance`` against the
+    protocol (which walks the protocol's members on every call)."""
+    return cast("PartsChannel", channel) if hasattr(channel, "broadcast_parts") else None
 
 
 def new_pad(device: str) -> torch.Tensor:

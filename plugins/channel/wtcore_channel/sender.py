@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore.buckets import Bucket, pack_source
-from wtcore.errors import MetadataMismatchError, TransferError
+from wtcore.errors import PayloadError, TransferError
 from wtcore.meta import metas_to_wire
 from wtcore.sink import on_device
 from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
@@ -284,11 +284,7 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         # Let the workers end their side (they see the channel close), so that when
         # send_weights raises, every receiver has ended the round too.
         rpc.wait(min(_ERROR_GRACE_S, self.info.timeout_s))
-        if (
-            not isinstance(error, MetadataMismatchError)
-            and rpc.error is not None
-            and rpc.error is not error
-        ):
+        if not isinstance(error, PayloadError) and rpc.error is not None and rpc.error is not error:
             return rpc.error
         return None
 

@@ -14,7 +14,7 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from wtcore_kit.pairs import PairAssembler, PlanReceiver, PlanUpdate
+from wtcore_kit.sharded.pairs import PairAssembler, PlanReceiver, PlanUpdate
 
 __all__ = ["ShardedChannelWorker"]
 

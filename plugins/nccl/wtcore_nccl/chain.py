@@ -1,4 +1,4 @@
-"""The forwarding broadcast (``broadcast="chain"``): receivers relay chunks down a chain.
+"""The forwarding broadcast on NCCL (``broadcast="chain"``): receivers relay chunks down a chain.
 
 A collective broadcast from the sender sends a copy of every byte per receiver, or per child
 of a tree, from the sender's link: with the network as the limit, a round to ``N``
@@ -23,37 +23,25 @@ A failure names the peer: a receive that fails or takes longer than the timeout 
 previous rank, a send the next rank, so every receiver of a broken chain reports where it
 broke.
 
-That is the chain on NCCL (CUDA). On CPU (gloo) the hops are TCP streams instead
-(:func:`stream_chain`): a receiver is a relay, and gloo checks a message's length only by
-aborting the receiving process when more bytes arrive than it posted, and leaves a shorter
-message's tail stale without a word. The trainer's frame headers guard against a lying
-trainer, but the hops after the first carry what a *receiver* forwards, and one receiver must
-not be able to kill or fool the next. On a stream every message's length prefix is checked
-against the receive posted for it before a byte is read, on every hop
-(:mod:`wtcore_channel.stream`), and a relay that fails cuts its onward connections, so the
-receivers behind it fail at once, naming it. Each rank but the last listens on its own
-address (the one its gloo device uses) on a port of the kernel's choice, publishes it in the
-handshake's store, and the next rank connects to it with a hello signed by the handshake's
-secret.
+The chain runs on NCCL (CUDA) only (:func:`check_broadcast`): on gloo a relay is a receiver,
+and gloo checks a length only by aborting the receiving process (or leaves a shorter message's
+tail stale), so one receiver could kill or fool the next. The chain on CPU is the ``tcp``
+engine's (``topology="chain"``), whose hops check every length.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
+from wtcore.errors import PayloadError, TransferError
 from wtcore_channel.pipeline import ThreadWork
 
 if TYPE_CHECKING:
     import torch
 
-    from wtcore_channel.stream import Stream
-
-__all__ = ["BROADCASTS", "CHUNK_BYTES", "ROLES", "Chain", "ChainWork", "stream_chain"]
+__all__ = ["BROADCASTS", "CHUNK_BYTES", "Chain", "ChainWork", "check_broadcast"]
 
 #: The broadcast modes of the nccl engine: the process group's own broadcast, or this chain.
 BROADCASTS: tuple[str, ...] = ("collective", "chain")
@@ -61,9 +49,17 @@ BROADCASTS: tuple[str, ...] = ("collective", "chain")
 #: enough that per-message overhead stays negligible (docs/benchmarks.md).
 CHUNK_BYTES = 1 << 20
 _TAGS = 1 << 30
-#: How the chain's streams name a rank's previous and next rank in errors.
-ROLES = ("the previous rank of the chain", "the next rank of the chain")
-_POLL_S = 0.01
+
+
+def check_broadcast(broadcast: str, transport: str) -> None:
+    """Refuse a broadcast mode that ``transport`` does not run (naming the field)."""
+    if broadcast not in BROADCASTS:
+        raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
+    if broadcast == "chain" and transport == "gloo":
+        raise PayloadError(
+            "broadcast: 'chain' runs on NCCL only (a gloo relay's message lengths cannot be "
+            "checked); on CPU use the tcp engine's chain (topology='chain', docs/tcp.md)"
+        )
 
 
 def _chunks(tensor: torch.Tensor, chunk_bytes: int) -> list[torch.Tensor]:
@@ -235,91 +231,3 @@ class Chain:
         self._recvs.put(None)
         self._sends.put(None)
         self.pg = None
-
-
-def stream_chain(
-    store: Any,
-    *,
-    rank: int,
-    world_size: int,
-    host: str,
-    token: str,
-    timeout_s: float,
-    poll: Callable[[], None] | None = None,
-) -> Stream:
-    """This rank's hops of the chain on CPU: TCP streams (see the module docstring).
-
-    Every rank but the last listens on ``host`` and publishes ``host port`` in ``store`` (the
-    handshake's own prefix store); every rank but the first connects to its previous rank's
-    published address, signing its hello with ``token``. Accepting runs on a thread while
-    this rank connects, so the chain forms in one pass whatever order the ranks arrive in.
-    """
-    from wtcore_channel.listen import listen_on
-    from wtcore_channel.stream import Stream, accept_lanes, connect_lanes
-    from wtcore_kit.concurrency import BackgroundCall
-
-    prev = rank - 1 if rank > 0 else None
-    lanes: dict[tuple[int, int], Any] = {}
-    accepting = None
-    listener = None
-    if rank + 1 < world_size:
-        listener = listen_on(host, 0, f"rank {rank}'s chain port", field="gloo device ")
-        store.set(f"chain/{rank}", f"{host} {listener.getsockname()[1]}")
-        accepting = BackgroundCall(
-            accept_lanes, listener, ranks=[rank + 1], token=token, timeout_s=timeout_s,
-            me=f"rank {rank}", name="wtcore-nccl-chain-accept",
-        )  # fmt: skip
-    try:
-        if prev is not None:
-            address, port = _published(store, prev, timeout_s, poll)
-            name = f"rank {prev} ({ROLES[0]})"
-            up = connect_lanes(
-                address,
-                port,
-                rank=rank,
-                token=token,
-                timeout_s=timeout_s,
-                poll=poll,
-                peer=prev,
-                name=name,
-            )
-            lanes.update(up)
-        if accepting is not None:
-            deadline = time.monotonic() + timeout_s + 5.0
-            while not accepting.wait(0.05):
-                if poll is not None:
-                    poll()
-                if time.monotonic() >= deadline:
-                    raise TransferTimeoutError(
-                        f"rank {rank + 1} ({ROLES[1]}) never connected to rank {rank}"
-                    )
-            lanes.update(accepting.result(0))
-    except BaseException:
-        for sock in lanes.values():
-            sock.close()
-        raise
-    finally:
-        if listener is not None:
-            listener.close()
-    return Stream(rank, lanes, timeout_s, up=prev, roles=ROLES)
-
-
-def _published(
-    store: Any, peer: int, timeout_s: float, poll: Callable[[], None] | None
-) -> tuple[str, int]:
-    """Rank ``peer``'s chain address from the store, checked before it is used."""
-    key = f"chain/{peer}"
-    deadline = time.monotonic() + timeout_s
-    while not store.check([key]):
-        if poll is not None:
-            poll()
-        if time.monotonic() >= deadline:
-            raise TransferTimeoutError(
-                f"rank {peer} ({ROLES[0]}) published no chain address within {timeout_s:g} s"
-            )
-        time.sleep(_POLL_S)
-    text = bytes(store.get(key))[:300].decode("utf-8", "replace")
-    host, _, port = text.partition(" ")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise PayloadError(f"rank {peer}'s chain address in the store is malformed: {text!r}")
-    return host, int(port)

@@ -19,7 +19,7 @@ from wtcore_channel import (
     ChannelUpdateInfo,
     check_receiver_settings,
 )
-from wtcore_nccl.chain import BROADCASTS
+from wtcore_nccl.chain import BROADCASTS, check_broadcast
 
 __all__ = [
     "BROADCASTS",
@@ -29,7 +29,6 @@ __all__ = [
     "NCCLInitInfo",
     "NCCLTrainerInitInfo",
     "NCCLUpdateInfo",
-    "resolve_broadcast",
     "resolve_transport",
 ]
 
@@ -48,25 +47,6 @@ def resolve_transport(transport: str, device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-def resolve_broadcast(broadcast: str, transport: str, world_size: int) -> str:
-    """The concrete broadcast: ``auto`` means the chain over gloo, and the collective over
-    NCCL (whose own broadcast already pipelines through a ring).
-
-    Over gloo the chain's hops are TCP streams (:func:`wtcore_nccl.chain.stream_chain`): they
-    have no rendezvous per message, so on one host they beat gloo's collective with any
-    number of workers, one included, and under a bandwidth cap they carry each byte once
-    per link where the collective sends one copy per worker from the sender's link
-    (docs/nccl.md, "Broadcast", has the rule and its measurements).
-    """
-    if broadcast != "auto" and broadcast not in BROADCASTS:
-        raise PayloadError(
-            f"broadcast: expected auto or one of {', '.join(BROADCASTS)}, got {broadcast!r}"
-        )
-    if broadcast != "auto":
-        return broadcast
-    return "chain" if transport == "gloo" else "collective"
-
-
 def _check_group(
     *, master_address: str, master_port: int, world_size: int, transport: str, broadcast: str
 ) -> None:
@@ -80,8 +60,7 @@ def _check_group(
         )
     if transport not in TRANSPORTS:
         raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    if broadcast not in BROADCASTS:
-        raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
+    check_broadcast(broadcast, transport)
 
 
 @dataclass
@@ -101,10 +80,8 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
     (:class:`wtcore_channel.ChannelTrainerInitInfo`).
 
     ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
-    broadcast) or ``"chain"`` (workers relay chunks to the next rank, so the sender's link
-    carries each byte once; :mod:`wtcore_nccl.chain`). The default, ``"auto"``, is the chain
-    over gloo and the collective over NCCL (:func:`resolve_broadcast`); docs/nccl.md says
-    when each wins.
+    broadcast; ``"auto"``, the default) or, on NCCL only, ``"chain"`` (workers relay chunks to
+    the next rank, so the sender's link carries each byte once; :mod:`wtcore_nccl.chain`).
     """
 
     backend: ClassVar[str] = "nccl"
@@ -138,7 +115,7 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
 
     @property
     def resolved_broadcast(self) -> str:
-        return resolve_broadcast(self.broadcast, self.resolved_transport, self.world_size)
+        return "collective" if self.broadcast == "auto" else self.broadcast
 
     def worker_init_info(self, secret: str = "") -> NCCLInitInfo:
         """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1).

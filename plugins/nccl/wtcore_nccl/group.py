@@ -24,19 +24,17 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore_channel.listen import listen_on
-from wtcore_nccl.chain import BROADCASTS, Chain, stream_chain
+from wtcore_nccl.chain import Chain, check_broadcast
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
-
-    from wtcore_channel.stream import Stream
 
 __all__ = [
     "ABORT_KEY",
@@ -140,28 +138,14 @@ class Group:
     world_size: int
     transport: str
     generation: int
-    #: The forwarding chain (``broadcast="chain"``, :mod:`wtcore_nccl.chain`): point to point
-    #: on NCCL, TCP streams on gloo; ``None`` for the collective.
-    chain: Chain | Stream | None = None
+    #: The forwarding chain on NCCL (``broadcast="chain"``, :mod:`wtcore_nccl.chain`);
+    #: ``None`` for the collective.
+    chain: Chain | None = None
 
     @property
     def checks_sizes(self) -> bool:
-        """Only the chain's streams: gloo aborts the receiving process on a message longer
-        than its receive, so there every receive waits for its frame header
-        (:class:`wtcore_channel.pipeline.Channel`)."""
-        return self.chain is not None and not isinstance(self.chain, Chain)
-
-    @property
-    def takes_parts(self) -> bool:
-        """Only the chain's streams, as :attr:`checks_sizes`
-        (:class:`wtcore_channel.parts.PartsChannel`)."""
-        return self.checks_sizes
-
-    def broadcast_parts(self, tensors: Sequence[torch.Tensor]) -> dist.Work:
-        """One message from (or into) several tensors: the chain's streams only."""
-        if self.chain is None or isinstance(self.chain, Chain):
-            raise TransferError("only the chain's tcp streams move a message in parts")
-        return self.chain.broadcast_parts(tensors)  # type: ignore[return-value]  # quacks alike
+        """Never: gloo aborts a receiver given a longer message; receives wait for headers."""
+        return False
 
     def broadcast(self, tensor: torch.Tensor) -> dist.Work:
         """Start an async broadcast of ``tensor`` from rank 0 (the sender)."""
@@ -299,12 +283,12 @@ def join_group(
     ``poll`` runs between short waits (it raises to give up early: the sender uses it to
     fail fast when the worker RPC was rejected, a worker to notice a shutdown). With a
     ``secret`` the handshake's keys live under it (``generation`` is not used).
-    ``broadcast="chain"`` relays every broadcast along the ranks (:mod:`wtcore_nccl.chain`).
+    ``broadcast="chain"`` relays every broadcast along the ranks (NCCL only,
+    :mod:`wtcore_nccl.chain`).
     """
     import torch.distributed as dist
 
-    if broadcast not in BROADCASTS:
-        raise PayloadError(f"broadcast: expected one of {', '.join(BROADCASTS)}, got {broadcast!r}")
+    check_broadcast(broadcast, transport)
 
     prefix = f"wtcore/nccl/s/{secret}/" if secret else f"wtcore/nccl/g{generation}/"
     gstore = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
@@ -342,26 +326,8 @@ def join_group(
             f"building the {transport} process group at {address}:{port} "
             f"(rank {rank} of {world_size}) failed: {e}"
         ) from e
-    chain: Chain | Stream | None = None
-    if broadcast == "chain" and transport == "gloo":
-        try:
-            chain = stream_chain(
-                gstore, rank=rank, world_size=world_size, host=_chain_host(address, port),
-                token=secret or f"generation-{generation}", timeout_s=timeout_s, poll=poll,
-            )  # fmt: skip
-        except BaseException:
-            del pg
-            raise
-    elif broadcast == "chain":  # pragma: no cover - needs CUDA
-        chain = Chain(pg, rank, world_size, timeout_s)
+    chain = Chain(pg, rank, world_size, timeout_s) if broadcast == "chain" else None
     return Group(pg, gstore, rank, world_size, transport, generation, chain)
-
-
-def _chain_host(address: str, port: int) -> str:
-    """The address this rank's chain port listens on: its gloo device's, or the one that
-    reaches the store (a device named by interface)."""
-    device = gloo_devices(address, port)[0]
-    return device.hostname or route_source(address, port)
 
 
 def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> None:

@@ -16,13 +16,14 @@ round would otherwise never join it.
 Why one thread, in steps: NCCL does not allow point-to-point calls on one communicator from
 several threads, so each rank issues every one of its pairs' sends (a trainer rank) or
 receives (a receiver) from the calling thread, following one schedule that every rank
-computes from the same plan (:func:`wtcore_kit.schedule.schedule_pairs`, where the reason it
+computes from the same plan (:func:`wtcore_kit.sharded.schedule.schedule_pairs`, where the reason it
 cannot deadlock is). A rank posts its operations of a step as one batch (:func:`post_batch`),
 waits for them, and goes on to its next step; it skips the steps it takes no part in. No rank
 has more than ``packed_num_buffers`` buckets in a step, so a trainer rank packs them into at
 most that many pooled buffers, whatever the number of receivers, and a receiver receives into
-as many of its own and hands each bucket to its :class:`~wtcore_kit.pairs.PairAssembler` (sender,
-order and size checked) before it reuses the buffer.
+as many of its own and hands each bucket to its
+:class:`~wtcore_kit.sharded.pairs.PairAssembler` (sender, order and size checked) before it
+reuses the buffer.
 
 Why not ``torch.distributed.batch_isend_irecv`` itself: it takes only groups registered in
 torch's global world (it maps every peer to a global rank), and this group deliberately is
@@ -71,19 +72,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from wtcore.buckets import as_bytes
 from wtcore.errors import PayloadError
-from wtcore.layout import is_int, region
+from wtcore.sharded.layout import is_int, region
 from wtcore_channel.pipeline import wait_work
-from wtcore_kit.pairs import pack_pair
-from wtcore_kit.schedule import pair_cuts, schedule_pairs
+from wtcore_kit.sharded.pairs import pack_pair
+from wtcore_kit.sharded.schedule import pair_cuts, schedule_pairs
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
-    from wtcore.plan import Chunk, PlannedRound
+    from wtcore.sharded.plan import Chunk, PlannedRound
     from wtcore.stats import TransferStats
-    from wtcore_kit.pairs import PairAssembler
-    from wtcore_kit.schedule import Op
+    from wtcore_kit.sharded.pairs import PairAssembler
+    from wtcore_kit.sharded.schedule import Op
     from wtcore_nccl.group import Group
 
 __all__ = [

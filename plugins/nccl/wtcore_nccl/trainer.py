@@ -3,8 +3,8 @@
 The round itself (one ``update_weights`` for the whole round, packed buckets from reused
 buffers, large tensors in place, frames, bounded drains) is the kit's
 (:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies its channel: a process
-group of its own (:mod:`wtcore_nccl.group`), broadcasting collectively or down a forwarding
-chain (:mod:`wtcore_nccl.chain`). A sharded round (:mod:`wtcore.sharded_round`) goes over
+group of its own (:mod:`wtcore_nccl.group`), broadcasting collectively or, on NCCL, down a
+forwarding chain (:mod:`wtcore_nccl.chain`). A sharded round (:mod:`wtcore.sharded.round`) goes over
 a group of its own, of every trainer rank and every receiver, point to point
 (:mod:`wtcore_nccl.pairs`).
 """
@@ -21,7 +21,7 @@ from wtcore_nccl.group import GENERATION_KEY, host_store, join_group
 from wtcore_nccl.status import host_status
 
 if TYPE_CHECKING:
-    from wtcore.plan import PlannedRound
+    from wtcore.sharded.plan import PlannedRound
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
     from wtcore_channel import Channel
@@ -90,7 +90,7 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
         only once they received everything. The group is released when the round ends, on
         every rank.
         """
-        from wtcore.sharded_round import share, together
+        from wtcore.sharded.round import share, together
         from wtcore_kit.concurrency import BackgroundCall
         from wtcore_nccl.group import connect_store
         from wtcore_nccl.pairs import RoundTerms, check_terms, send_pairs

@@ -22,7 +22,8 @@ from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore.parse import parse_dataclass
 from wtcore_channel import ChannelWorkerEngine
 from wtcore_channel.sharded import ShardedChannelWorker
-from wtcore_kit.pairs import PairAssembler
+from wtcore_kit.sharded.pairs import PairAssembler
+from wtcore_nccl.chain import check_broadcast
 from wtcore_nccl.config import NCCLInitInfo, NCCLUpdateInfo, resolve_transport
 from wtcore_nccl.group import GENERATION_KEY, Group, connect_store, join_group
 from wtcore_nccl.pairs import GroupUpdate
@@ -83,6 +84,7 @@ class NCCLWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[NCCLInitInfo, N
                 f"init_info.transport: 'nccl' needs a CUDA device, this worker's device is "
                 f"{self.device!r}"
             )
+        check_broadcast(init_info.broadcast, transport)
 
     def open_channel(self, init_info: NCCLInitInfo) -> Group:
         if self._threads is not None:

@@ -1,9 +1,9 @@
 """wtcore-tcp: packed, pipelined weight streams over plain TCP, for CPU workers.
 
-The trainer's rank 0 streams every bucket to every worker over connections of its own (no
-process group, no rendezvous store); its address, port and a per-handshake token travel in
-the init call. Registered as ``tcp`` in ``wtcore.backends`` (:data:`ENGINE`, naming both
-halves). Importing this package does not import torch.
+The trainer's rank 0 streams every bucket to every worker, or down a chain of them (no process
+group, no rendezvous store); its address, port and a per-handshake token travel in the init
+call. Registered as ``tcp`` in ``wtcore.backends`` (:data:`ENGINE`, naming both halves).
+Importing this package does not import torch.
 """
 
 from __future__ import annotations

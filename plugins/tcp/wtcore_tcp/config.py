@@ -16,10 +16,23 @@ from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.errors import PayloadError
 from wtcore_channel import ChannelTrainerInitInfo, ChannelUpdateInfo, check_receiver_settings
 
-__all__ = ["TCPInitInfo", "TCPTrainerInitInfo", "TCPUpdateInfo"]
+__all__ = ["TOPOLOGIES", "TCPInitInfo", "TCPTrainerInitInfo", "TCPUpdateInfo", "resolve_topology"]
 
 #: What a handshake token looks like (``secrets.token_hex(16)`` and longer).
 _TOKEN = re.compile(r"[0-9a-f]{32,128}")
+#: How bytes reach the workers: a stream from the sender to each, or relayed down a chain.
+TOPOLOGIES: tuple[str, ...] = ("fanout", "chain")
+
+
+def resolve_topology(topology: str, world_size: int) -> str:
+    """The concrete topology: ``auto`` is the chain for two workers or more (docs/tcp.md)."""
+    if topology in TOPOLOGIES:
+        return topology
+    if topology != "auto":
+        raise PayloadError(
+            f"topology: expected auto or one of {', '.join(TOPOLOGIES)}, got {topology!r}"
+        )
+    return "chain" if world_size > 2 else "fanout"
 
 
 def _check_peers(address: str, port: int, world_size: int, *, any_port: bool) -> None:
@@ -44,17 +57,20 @@ class TCPTrainerInitInfo(ChannelTrainerInitInfo):
     plus every inference worker, which connect as ranks ``1 .. world_size - 1``. The bucket
     options, ``direct_min_bytes`` and ``checksum`` are the kit's
     (:class:`wtcore_channel.ChannelTrainerInitInfo`). CPU tensors only: ``device`` is
-    ``"cpu"``.
+    ``"cpu"``. ``topology``: ``"fanout"`` (a stream to each worker) or ``"chain"`` (each worker
+    relays to the next, :mod:`wtcore_tcp.chain`); ``"auto"``: :func:`resolve_topology`.
     """
 
     backend: ClassVar[str] = "tcp"
     address: str
     world_size: int
     port: int = field(default=0, kw_only=True)
+    topology: str = field(default="auto", kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_peers(self.address, self.port, self.world_size, any_port=True)
+        resolve_topology(self.topology, self.world_size)
         if self.device != "cpu":
             raise PayloadError(
                 f"device: the tcp engine moves CPU tensors only, got {self.device!r} (use nccl "
@@ -69,6 +85,7 @@ class TCPTrainerInitInfo(ChannelTrainerInitInfo):
             token=token,
             rank_offset=1,
             world_size=self.world_size,
+            topology=resolve_topology(self.topology, self.world_size),
             **self.receiver_settings(),
         )
 
@@ -95,9 +112,12 @@ class TCPInitInfo:
     #: Whether the trainer's frame headers carry CRCs (its ``checksum``); the receiver then
     #: stages every bucket, to verify it before anything of it is applied.
     checksum: bool = False
+    topology: str = "fanout"
 
     def __post_init__(self) -> None:
         _check_peers(self.address, self.port, self.world_size, any_port=False)
+        if self.topology not in TOPOLOGIES:
+            raise PayloadError(f"topology: expected fanout or chain, got {self.topology!r}")
         if not isinstance(self.token, str) or not _TOKEN.fullmatch(self.token):
             raise PayloadError("token: expected 32 to 128 lowercase hex digits")
         check_receiver_settings(self)

@@ -12,8 +12,8 @@ Each pair runs on a thread of its own at both ends, so no pair waits for another
 packs a pair's next bucket into one of its ``packed_num_buffers`` shared buffers (no rank
 holds more than those, whatever the number of receivers), and a receiver reads each
 sender's stream into two buffers of its own and hands every bucket to its
-:class:`~wtcore_kit.pairs.PairAssembler`, which checks sender, order and size. Each message's
-length is read, and refused, before its bytes (:mod:`wtcore_channel.stream`).
+:class:`~wtcore_kit.sharded.pairs.PairAssembler`, which checks sender, order and size. Each
+message's length is read, and refused, before its bytes (:mod:`wtcore_tcp.streams`).
 """
 
 from __future__ import annotations
@@ -28,22 +28,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError, TransferTimeoutError
-from wtcore.layout import is_int
+from wtcore.sharded.layout import is_int
 from wtcore_channel.listen import listen_on
 from wtcore_channel.pipeline import wait_work
-from wtcore_channel.stream import Stream, accept_lanes, connect_lanes
 from wtcore_channel.threads import run_all
 from wtcore_kit.concurrency import BackgroundCall
-from wtcore_kit.pairs import pack_pair, pair_buckets
+from wtcore_kit.sharded.pairs import pack_pair, pair_buckets
+from wtcore_tcp.streams import Stream, accept_lanes, connect_lanes
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
-    from wtcore.plan import Chunk, PlannedRound
+    from wtcore.sharded.plan import Chunk, PlannedRound
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
-    from wtcore_kit.pairs import PairAssembler
+    from wtcore_kit.sharded.pairs import PairAssembler
 
 __all__ = ["SendersUpdate", "receive_pairs", "send_pairs"]
 

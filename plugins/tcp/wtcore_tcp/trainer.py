@@ -1,9 +1,9 @@
 """The sender: listens for its workers at every handshake, then streams the round to them.
 
 The round is the kit's (:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies
-its channel, TCP streams to every worker (:mod:`wtcore_channel.stream`). A sharded round
-(:mod:`wtcore.sharded_round`) goes over streams of its own, one per (trainer rank, receiver)
-pair (:mod:`wtcore_tcp.pairs`).
+its channel: TCP streams (:mod:`wtcore_tcp.streams`) to every worker, or to the first of a
+chain of relays (:mod:`wtcore_tcp.chain`). A sharded round (:mod:`wtcore.sharded.round`) goes
+over streams of its own, one per (trainer rank, receiver) pair (:mod:`wtcore_tcp.pairs`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore_channel import ChannelTrainerEngine
 from wtcore_channel.listen import listen_on
-from wtcore_channel.stream import Stream, accept
+from wtcore_tcp.chain import accept_chain
 from wtcore_tcp.config import TCPTrainerInitInfo
+from wtcore_tcp.streams import Stream, accept
 
 if TYPE_CHECKING:
-    from wtcore.plan import PlannedRound
+    from wtcore.sharded.plan import PlannedRound
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
     from wtcore_kit.concurrency import BackgroundCall
@@ -38,11 +39,12 @@ class TCPTrainerEngine(ChannelTrainerEngine):
         assert isinstance(info, TCPTrainerInitInfo)  # init_info_cls, checked by the base class
         listener = listen_on(info.address, info.port, "the tcp stream port", field="")
         token = secrets.token_hex(16)
-        port = int(listener.getsockname()[1])
+        wire = info.worker_init_info(int(listener.getsockname()[1]), token)
+        accept_all = accept_chain if wire.topology == "chain" else accept
 
         def join(poll: Callable[[], None]) -> Stream:
             with listener:
-                return accept(
+                return accept_all(
                     listener,
                     world_size=info.world_size,
                     token=token,
@@ -50,14 +52,14 @@ class TCPTrainerEngine(ChannelTrainerEngine):
                     poll=poll,
                 )
 
-        return info.worker_init_info(port, token).to_wire(), join
+        return wire.to_wire(), join
 
     executes_plans: ClassVar[bool] = True
 
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
         """Stream this rank's pairs of ``planned``, each on a stream of its own; rank 0 first
         tells the receivers where every rank listens (see :mod:`wtcore_tcp.pairs`)."""
-        from wtcore.sharded_round import agree, gather
+        from wtcore.sharded.round import agree, gather
         from wtcore_kit.concurrency import BackgroundCall
         from wtcore_tcp.pairs import send_pairs
 

@@ -1,13 +1,15 @@
 """The receiver: connects to the sender the trainer's init names, then receives frames.
 
 The receiving is the kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins
-its channel, the sender's TCP streams (:mod:`wtcore_channel.stream`). A sharded round
-(:mod:`wtcore_channel.sharded`) takes its plan first, then where every trainer rank listens,
-and reads each one's stream (:mod:`wtcore_tcp.pairs`).
+its channel, the sender's TCP streams (:mod:`wtcore_tcp.streams`), or its previous rank's in a
+chain (:mod:`wtcore_tcp.chain`). A sharded round (:mod:`wtcore_channel.sharded`) takes its
+plan first, then where every trainer rank listens, and reads each one's stream
+(:mod:`wtcore_tcp.pairs`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,10 +17,11 @@ from wtcore.errors import PayloadError
 from wtcore.parse import parse_dataclass
 from wtcore_channel import ChannelWorkerEngine
 from wtcore_channel.sharded import ShardedChannelWorker
-from wtcore_channel.stream import Stream, connect
-from wtcore_kit.pairs import PairAssembler
+from wtcore_kit.sharded.pairs import PairAssembler
+from wtcore_tcp.chain import connect_chain
 from wtcore_tcp.config import TCPInitInfo, TCPUpdateInfo
 from wtcore_tcp.pairs import SendersUpdate
+from wtcore_tcp.streams import Stream, connect
 
 __all__ = ["TCPWorkerEngine"]
 
@@ -51,14 +54,13 @@ class TCPWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[TCPInitInfo, TCP
             )
 
     def open_channel(self, init_info: TCPInitInfo) -> Stream:
-        return connect(
-            init_info.address,
-            init_info.port,
-            rank=init_info.rank_offset + self.rank,
-            token=init_info.token,
-            timeout_s=init_info.timeout_s,
-            poll=self.check_stopped,
-        )
+        i = init_info
+        chain = i.topology == "chain"
+        join = functools.partial(connect_chain, world_size=i.world_size) if chain else connect
+        return join(
+            i.address, i.port, rank=i.rank_offset + self.rank, token=i.token,
+            timeout_s=i.timeout_s, poll=self.check_stopped,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ sharded rounds
     pairs_key = "senders"

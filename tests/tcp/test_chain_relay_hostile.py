@@ -1,15 +1,15 @@
 """A relay that lies: the receiver behind it refuses, survives, and never reports the round.
 
-In ``broadcast="chain"`` every receiver but the last forwards what it received. On gloo a relay
+In ``topology="chain"`` every receiver but the last forwards what it received. On gloo a relay
 that forwarded a message longer than planned killed the next receiver (gloo aborts the process,
 SIGABRT), and one that forwarded a shorter message left the next receiver's buffer tail stale,
-which then published the round ``consistent: true`` (without CRCs, the default). On CPU the
-chain's hops are now size-checked TCP streams (:func:`wtcore_nccl.chain.stream_chain`).
+which then published the round ``consistent: true`` (without CRCs, the default). The chain's
+hops are size-checked TCP streams (:mod:`wtcore_tcp.chain`; nccl refuses its chain on gloo).
 
 Here the trainer and the first receiver (group rank 1, the relay) are honest about the
 trainer's bytes, but the relay process is patched to forward the big tensor's message with a
-longer or shorter length, or with its true length and fewer bytes. Real processes, a real
-store, real sockets.
+longer or shorter length, or with its true length and fewer bytes. Real processes, real
+sockets.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from tests.nccl.nccl_e2e_kit import Fleet, fleet, loopback_info, make_state
+from tests.nccl.nccl_e2e_kit import Fleet, fleet, make_state
 from wtcore import ReceiverError, TensorSource, TransferError, WeightTransferTrainerFactory
 from wtcore.testing import spec_of, wait_until
+from wtcore_tcp import TCPTrainerInitInfo
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -40,7 +41,7 @@ SKEW = 4096
 
 def _lie(mode: str) -> str:
     """Runs in the relay's process: forward the big message with a lie (``""``: honestly)."""
-    from wtcore_channel import stream
+    from wtcore_tcp import streams as stream
 
     honest = getattr(stream, "_honest_send", stream._send_message)
     stream._honest_send = honest  # type: ignore[attr-defined]
@@ -71,8 +72,10 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def two() -> Iterator[Fleet]:
-    """Two receiver processes: group rank 1 relays to group rank 2."""
-    with fleet(2, spec_of(_state(0)), timeout_s=3 * TIMEOUT_S, extra=_handlers) as f:
+    """Two receiver processes: rank 1 relays to rank 2."""
+    with fleet(
+        2, spec_of(_state(0)), timeout_s=3 * TIMEOUT_S, extra=_handlers, backend="tcp", options={}
+    ) as f:
         yield f
 
 
@@ -80,9 +83,9 @@ def two() -> Iterator[Fleet]:
 def test_a_lying_relay_fails_the_round_and_the_next_receiver_survives(
     two: Fleet, mode: str
 ) -> None:
-    info = loopback_info(
-        world_size=3, broadcast="chain", timeout_s=TIMEOUT_S, torch_num_threads=1,
-        packed_buffer_size_bytes=16 << 10,
+    info = TCPTrainerInitInfo(
+        address="127.0.0.1", world_size=3, topology="chain", timeout_s=TIMEOUT_S,
+        packed_buffer_size_bytes=16 << 10, rank=0,
     )  # fmt: skip
     assert not info.checksum  # the default: sizes must hold without CRCs
     with WeightTransferTrainerFactory.trainer_init(info, client=two.client) as trainer:

@@ -1,5 +1,5 @@
-"""TCP streams from a sender to its receivers: the ``tcp`` engine's channel, and the hops of
-nccl's chain on CPU.
+"""TCP streams from a sender to its receivers: the ``tcp`` engine's channel, fanned out or
+relayed down its chain (:mod:`wtcore_tcp.chain`).
 
 Gloo's broadcast is a rendezvous per message: the receiver posts its buffer, tells the sender,
 and only then do the bytes move. A round of a few hundred tensors therefore pays a round trip
@@ -27,13 +27,11 @@ worker (a fan-out).
 
 A *relay* reads from one peer and writes to others (:meth:`Stream.relay`): each message's
 length is checked against its own posted receive before a byte is read, and every chunk of
-:data:`RELAY_CHUNK` bytes is handed on as soon as it landed, while the next one arrives. nccl's
-chain on CPU (``broadcast="chain"`` over gloo) is such relays, one per receiver: on gloo a
-relay that forwarded a message of another length than planned would abort the next receiver
-(gloo checks lengths by aborting the process) or, shorter, leave stale bytes unnoticed; on a
-stream the next receiver refuses it, naming the relay. A relay that fails, or is fed a message
-it refuses, shuts its onward connections down: the receivers behind it fail at once instead of
-at their timeout, naming it.
+:data:`RELAY_CHUNK` bytes is handed on as soon as it landed, while the next one arrives. The
+chain (``topology="chain"``) is such relays, one per receiver: a relay that hands on a message
+of another length than planned is refused by the next receiver, naming the relay. A relay that
+fails, or is fed a message it refuses, shuts its onward connections down: the receivers behind
+it fail at once instead of at their timeout, naming it.
 
 A message may be several pieces of memory (:meth:`Stream.broadcast_parts`): the sender writes
 them with ``sendmsg``, a receiver reads into them with ``recvmsg_into``, so a packed bucket
@@ -454,11 +452,6 @@ class Stream:
     @property
     def checks_sizes(self) -> bool:
         """Always: a message's length prefix is read, and refused, before its bytes."""
-        return True
-
-    @property
-    def takes_parts(self) -> bool:
-        """Always (:meth:`broadcast_parts`: ``sendmsg`` and ``recvmsg_into``)."""
         return True
 
     def set_abort(self, reason: str) -> None:
