@@ -14,12 +14,8 @@ from wtcore.defaults import DEFAULT_TIMEOUT_S
 from wtcore.digest import tensor_digest
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
 from wtcore.errors import (
-    MetadataMismatchError,
     PayloadError,
-    PluginConflictError,
     PluginLoadError,
-    PluginNotFoundError,
-    PluginTypeError,
     ProtocolStateError,
     ReceiverError,
     ReceiverFailure,
@@ -27,7 +23,6 @@ from wtcore.errors import (
     TransferError,
     TransferTimeoutError,
     VerificationError,
-    WrongTypeError,
     WtcoreError,
 )
 from wtcore.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
@@ -46,15 +41,11 @@ __all__ = [
     "TRAINER_ENGINES",
     "Bucket",
     "InspectableClient",
-    "MetadataMismatchError",
     "ModuleSink",
     "ModuleSource",
     "ParamMeta",
     "PayloadError",
-    "PluginConflictError",
     "PluginLoadError",
-    "PluginNotFoundError",
-    "PluginTypeError",
     "ProtocolStateError",
     "ReadableSink",
     "ReceiverError",
@@ -77,7 +68,6 @@ __all__ = [
     "WeightTransferEngineFactory",
     "WeightTransferTrainerFactory",
     "WorkerState",
-    "WrongTypeError",
     "WtcoreError",
     "__version__",
     "build_client",

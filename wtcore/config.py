@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wtcore.errors import MissingFileError, PayloadError
+from wtcore.errors import PayloadError
 from wtcore.parse import parse_dataclass
 from wtcore.registry import CLIENTS, TRAINER_ENGINES
 
@@ -35,8 +35,8 @@ __all__ = ["build_client", "load_config", "trainer_from_config"]
 def load_config(path: str | Path) -> dict[str, Any]:
     """Read a ``.json`` or ``.toml`` config file.
 
-    A missing file is a :class:`~wtcore.errors.MissingFileError` (also a
-    ``FileNotFoundError``) naming the path, so the CLI prints it as one line.
+    A missing file is a :class:`~wtcore.errors.PayloadError` naming the path, so the CLI prints
+    it as one line.
     """
     p = Path(path)
     if p.suffix not in (".toml", ".json"):
@@ -44,7 +44,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     try:
         text = p.read_text()
     except FileNotFoundError as e:
-        raise MissingFileError(f"config: {p}: no such file") from e
+        raise PayloadError(f"config: {p}: no such file") from e
     except OSError as e:
         raise PayloadError(f"config: {p} cannot be read ({e.strerror or e})") from e
     if p.suffix == ".toml":

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from wtcore.errors import PayloadError, WrongTypeError
+from wtcore.errors import PayloadError
 from wtcore.parse import parse_dataclass
 from wtcore.sink import WeightSink
 
 if TYPE_CHECKING:
-    from wtcore.receiver_layout import TPLayout
+    from wtcore.sharded.receiver_layout import TPLayout
 
 __all__ = ["WeightTransferConfig", "WeightTransferEngine"]
 
@@ -44,7 +44,7 @@ class WeightTransferConfig:
             if not isinstance(backend, str) or not backend:
                 raise PayloadError(f"config.backend: expected a backend name, got {backend!r}")
             return cls(backend, data)
-        raise WrongTypeError(f"expected a WeightTransferConfig, name or mapping, got {config!r}")
+        raise PayloadError(f"expected a WeightTransferConfig, name or mapping, got {config!r}")
 
 
 class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
@@ -60,7 +60,7 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
     update_info_cls: ClassVar[type]
     #: How this receiver is sharded (what its sink reports; ``None``: whole replicas). The
     #: worker sets it, so an engine that executes plans can refuse a round planned for
-    #: another layout (:mod:`wtcore.receiver_layout`).
+    #: another layout (:mod:`wtcore.sharded.receiver_layout`).
     receiver_layout: TPLayout | None = None
 
     def __init__(

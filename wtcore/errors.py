@@ -1,31 +1,31 @@
 """The exception hierarchy of wtcore.
 
 Every error a user can meet derives from :class:`WtcoreError`, and each one *also* derives
-from the builtin that best describes it (``ValueError`` for bad input, ``TypeError`` for an
-object of the wrong kind, ``TimeoutError`` for an expired wait, ...). That lets callers write
+from the builtin that best describes it (``ValueError`` for bad input, ``TimeoutError`` for an
+expired wait, ``ImportError`` for a plugin that cannot be used, ...). That lets callers write
 ``except TimeoutError`` or ``except ValueError`` without knowing wtcore, and lets the CLI print
 any of them as one line.
 
 The family is deliberately small::
 
     WtcoreError
-    +-- PayloadError (ValueError)            bad input; nothing was applied          HTTP 400
-    |   +-- WrongTypeError (TypeError)       an object of the wrong kind             HTTP 400
-    |   +-- UnknownNameError (KeyError)      a name that is not one of the known ones HTTP 400
-    |   +-- MissingFileError                 a file named in the input does not exist HTTP 400
-    |       (FileNotFoundError)
-    +-- MetadataMismatchError (ValueError)   a source broke its own metadata()       HTTP 400
-    +-- ProtocolStateError (RuntimeError)    a call out of order (incl. no init)     HTTP 409
-    |   +-- StaleBaseError                   a delta round's base is not what we hold HTTP 409
-    +-- TransferError (RuntimeError)         the data plane failed                   HTTP 500
-    |   +-- VerificationError                received bytes differ from those sent   HTTP 500
-    +-- TransferTimeoutError (TimeoutError)  a blocking wait ran out                 HTTP 504
-    +-- ReceiverError (RuntimeError)         a fanned-out call failed on receivers
-    |   +-- ReceiverTimeoutError             ... and every failure was a timeout (also a
-    |                                        TransferTimeoutError)
-    +-- PluginNotFoundError (LookupError)    no plugin of that name
-    +-- PluginLoadError (ImportError)        a plugin failed to import
-    +-- RemoteError (RuntimeError)           a peer's error, from its ErrorRecord   its status
+    +-- PayloadError (ValueError)            bad input, the field named (a wrong type,  HTTP 400
+    |                                        an unknown name, a missing file, a source
+    |                                        that broke its metadata()), refused unused
+    +-- ProtocolStateError (RuntimeError)    a call out of order (incl. no init)        HTTP 409
+    +-- TransferError (RuntimeError)         the data plane failed                      HTTP 500
+    |   +-- VerificationError                received bytes differ from those sent      HTTP 500
+    +-- TransferTimeoutError (TimeoutError)  a blocking wait ran out                    HTTP 504
+    +-- ReceiverError (RuntimeError)         a fanned-out call failed on receivers      HTTP 500
+    |   +-- ReceiverTimeoutError             ... and every failure was a timeout (also  HTTP 504
+    |                                        a TransferTimeoutError)
+    +-- PluginLoadError (ImportError,        a plugin cannot be used; ``reason`` says   HTTP 500,
+    |   LookupError)                         why (not found, a conflict, ...)           404 if not
+    |                                                                                   found
+    +-- RemoteError (RuntimeError)           a peer's error, from its ErrorRecord       its status
+
+A distribution raises its own conditions as a subclass of one of these (wtcore-delta's
+``StaleBaseError`` is a :class:`ProtocolStateError`: HTTP 409).
 
 :func:`http_status` is the one mapping from a class to an HTTP status; the reference HTTP
 receiver answers with it, and :func:`wtcore_kit.fanout.failure_of` stamps it on in-process and
@@ -43,30 +43,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
     "ErrorRecord",
-    "MetadataMismatchError",
-    "MissingFileError",
     "PayloadError",
-    "PluginAPIError",
-    "PluginConflictError",
     "PluginLoadError",
-    "PluginNotFoundError",
-    "PluginTypeError",
     "ProtocolStateError",
     "ReceiverError",
     "ReceiverFailure",
     "ReceiverTimeoutError",
     "RemoteError",
-    "StaleBaseError",
     "TransferError",
     "TransferTimeoutError",
-    "UnknownNameError",
     "VerificationError",
-    "WrongTypeError",
     "WtcoreError",
     "http_status",
 ]
@@ -79,30 +70,10 @@ class WtcoreError(Exception):
 class PayloadError(WtcoreError, ValueError):
     """Bad input: a config, argument, init info or update info was malformed.
 
-    Raised before anything is received or applied, so the caller can fix the input and retry.
-    """
-
-
-class WrongTypeError(PayloadError, TypeError):
-    """An argument is an object of the wrong kind (a client without inspection calls, ...)."""
-
-
-class UnknownNameError(PayloadError, KeyError):
-    """A name that is not one of a fixed set (a stats phase, ...); the message lists the set.
-
-    Also a ``KeyError``, which is what a lookup by name raises without wtcore.
-    """
-
-    def __str__(self) -> str:
-        # KeyError quotes its argument (it is usually a key); this one is a sentence.
-        return Exception.__str__(self)
-
-
-class MissingFileError(PayloadError, FileNotFoundError):
-    """A file named in the input (a config file, a checkpoint) does not exist.
-
-    Also a ``FileNotFoundError``, so ``except FileNotFoundError`` and ``except OSError`` keep
-    working; the message names the path.
+    The message names the field: an object of the wrong kind, a name not among the known ones
+    (it lists them), a file that does not exist, a source that yielded other than its
+    ``metadata()`` promised. Raised before anything of it is applied, so the caller can fix
+    the input and retry.
     """
 
 
@@ -111,18 +82,6 @@ class ProtocolStateError(WtcoreError, RuntimeError):
 
     An engine whose data plane is not set up (init was never called, or a failed round
     dropped it) raises this too: the fix is the same, the trainer re-initializes.
-    """
-
-
-class MetadataMismatchError(WtcoreError, ValueError):
-    """A source yielded something other than what its ``metadata()`` promised."""
-
-
-class StaleBaseError(ProtocolStateError):
-    """A delta round's patches were computed against a version this receiver does not hold.
-
-    Raised before anything of the round is applied (a new replica, one that failed a round or
-    restarted, a sink that cannot take patches). The trainer answers with a full round.
     """
 
 
@@ -142,12 +101,24 @@ class TransferTimeoutError(WtcoreError, TimeoutError):
     """
 
 
-class PluginNotFoundError(WtcoreError, LookupError):
-    """No plugin is registered under the requested name."""
+class PluginLoadError(WtcoreError, ImportError, LookupError):
+    """A plugin cannot be used; :attr:`reason` says why and the message what to do.
 
+    ``"not-found"``: no plugin of that name (HTTP 404; the message lists what is installed);
+    ``"conflict"``: two sources claim the name (two distributions, or a plugin and a
+    built-in); ``"wrong-type"``: not the kind of class its registry holds; ``"api"``: an
+    engine lacks a method the current engine API requires (written for an older wtcore; the
+    message names the upgrade notes); ``"import"``: it failed to import (the cause is chained).
+    A peer's (a :class:`RemoteError`) says ``"import"``: only its status tells a 404.
+    """
 
-class PluginLoadError(WtcoreError, ImportError):
-    """A registered plugin failed to import; the cause is chained."""
+    def __init__(
+        self,
+        message: str,
+        reason: Literal["not-found", "conflict", "wrong-type", "api", "import"] = "import",
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -214,8 +185,6 @@ class ReceiverTimeoutError(ReceiverError, TransferTimeoutError):
 #: Most specific first: the first class an error is an instance of gives its status.
 _HTTP_STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (PayloadError, 400),
-    (MetadataMismatchError, 400),
-    (PluginNotFoundError, 404),
     (ProtocolStateError, 409),
     (TransferTimeoutError, 504),
 )
@@ -230,26 +199,12 @@ def http_status(error: BaseException) -> int:
     record = getattr(error, "record", None)
     if isinstance(record, ErrorRecord):
         return record.status
+    if isinstance(error, PluginLoadError) and error.reason == "not-found":
+        return 404
     for cls, status in _HTTP_STATUS:
         if isinstance(error, cls):
             return status
     return 500
-
-
-class PluginConflictError(WtcoreError, ValueError):
-    """Two sources claim one plugin name (two distributions, or a plugin and a built-in)."""
-
-
-class PluginTypeError(PluginLoadError, TypeError):
-    """A registered plugin imported, but is not the kind of class its registry holds."""
-
-
-class PluginAPIError(PluginTypeError):
-    """A registered engine lacks a method the current engine API requires.
-
-    Typically an engine written against an older wtcore. Raised when the class is registered
-    or first loaded, naming the engine, the missing methods and the upgrade notes to read.
-    """
 
 
 # ---------------------------------------------------------------------- errors as JSON
@@ -376,8 +331,9 @@ class ErrorRecord:
         Always a :class:`RemoteError`; when :attr:`type` names one of wtcore's error classes
         it is also an instance of that class, under that name, so ``except PayloadError`` (or
         ``except ValueError``) catches a peer's error as it catches a local one. Any other
-        name (a builtin, a peer's own class) gives a plain :class:`RemoteError`, whose
-        ``record.type`` keeps the name; a peer's name is never looked up anywhere else.
+        name (a builtin, a peer's own class, a plugin's such as wtcore-delta's ``StaleBaseError``)
+        gives a plain :class:`RemoteError`, whose ``record.type`` and ``status`` keep the
+        peer's; a peer's name is never looked up anywhere else.
         """
         return _REMOTE_CLASSES.get(self.type, RemoteError)(self, where)
 
@@ -428,3 +384,7 @@ def _remote_classes() -> dict[str, type[RemoteError]]:
 
 #: The classes :meth:`ErrorRecord.to_exception` makes: a fixed set, never a peer's name.
 _REMOTE_CLASSES = _remote_classes()
+
+#: 0.1.0's names of classes merged in 0.2.0, kept until 0.3 (not in ``__all__``).
+WrongTypeError = MetadataMismatchError = PayloadError
+PluginNotFoundError = PluginLoadError

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from wtcore.errors import PayloadError, WrongTypeError
+from wtcore.errors import PayloadError
 from wtcore.sink import ReadableSink, WeightSink
 
 if TYPE_CHECKING:
@@ -63,5 +63,5 @@ class FiniteCheckSink:
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         if not isinstance(self.inner, ReadableSink):
-            raise WrongTypeError(f"{type(self.inner).__name__} has no named_tensors()")
+            raise PayloadError(f"{type(self.inner).__name__} has no named_tensors()")
         yield from self.inner.named_tensors()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pluggy
 
-from wtcore.errors import PluginConflictError, PluginLoadError
+from wtcore.errors import PluginLoadError
 from wtcore.registry import autoload_disabled
 
 __all__ = [
@@ -86,9 +86,11 @@ def register_hooks(plugin: object, name: str | None = None) -> str:
     try:
         registered = get_plugin_manager().register(plugin, name=name)
     except ValueError as e:  # pluggy's own error for a name or object registered twice
-        raise PluginConflictError(f"hook plugin {name or plugin!r} is already registered") from e
+        raise PluginLoadError(
+            f"hook plugin {name or plugin!r} is already registered", "conflict"
+        ) from e
     if registered is None:
-        raise PluginConflictError(f"hook plugin {name or plugin!r} is blocked")
+        raise PluginLoadError(f"hook plugin {name or plugin!r} is blocked", "conflict")
     return registered
 
 

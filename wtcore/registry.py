@@ -6,12 +6,12 @@ receiver layer: ``wtcore.round_policies``), so loading one half imports only the
 module and that half. 0.1.0's declaration and a renamed built-in's old name work until 0.3,
 with a ``DeprecationWarning``.
 
-Two distributions registering one name is a :class:`~wtcore.errors.PluginConflictError` when
-it is used (no winner by discovery order), and no plugin may take a built-in name. Only
-:data:`FIRST_PARTY` names get an install line: guessing ``pip install wtcore-<typo>`` would
-send users to whoever registers the typo. A class lacking a method its engine API requires is
-a :class:`~wtcore.errors.PluginAPIError` when registered or loaded, not a failure deep in a
-round.
+Two distributions registering one name is a :class:`~wtcore.errors.PluginLoadError` (reason
+``"conflict"``) when it is used (no winner by discovery order), and no plugin may take a
+built-in name. Only :data:`FIRST_PARTY` names get an install line: guessing ``pip install
+wtcore-<typo>`` would send users to whoever registers the typo. A class lacking a method its
+engine API requires is refused (reason ``"api"``) when registered or loaded, not a failure
+deep in a round.
 """
 
 from __future__ import annotations
@@ -27,14 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from wtcore.errors import (
-    PayloadError,
-    PluginAPIError,
-    PluginConflictError,
-    PluginLoadError,
-    PluginNotFoundError,
-    PluginTypeError,
-)
+from wtcore.errors import PayloadError, PluginLoadError
 
 __all__ = [
     "CLIENTS",
@@ -64,7 +57,7 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
 }
 
 _DISABLE_ENV = "WTCORE_DISABLE_PLUGIN_AUTOLOAD"
-#: Where a plugin author reads what changed in the engine API (named by PluginAPIError).
+#: Where a plugin author reads what changed in the engine API (named by an "api" refusal).
 _UPGRADE_NOTES = 'CHANGELOG.md, 0.2.0, "For plugin authors"'
 
 
@@ -245,7 +238,7 @@ class Registry(Generic[T]):
         return new
 
     def info(self, name: str) -> PluginInfo:
-        """Where ``name`` comes from; a conflicting name raises :class:`PluginConflictError`."""
+        """Where ``name`` comes from; a conflicting name raises :class:`PluginLoadError`."""
         return self._info(self._resolve(name))
 
     def _info(self, name: str) -> PluginInfo:
@@ -255,7 +248,7 @@ class Registry(Generic[T]):
                 raise self._not_found(name)
             conflict = self._conflicts.get(name) if name not in self._runtime else None
             if conflict is not None and not conflict.builtin:
-                raise PluginConflictError(conflict.message)
+                raise PluginLoadError(conflict.message, "conflict")
             if conflict is not None and name not in self._warned:
                 # the built-in wins, said once; `wtcore plugins` lists the conflict (exit 1)
                 self._warned.add(name)
@@ -269,9 +262,10 @@ class Registry(Generic[T]):
         with self._lock:
             existing = self._all().get(self.renamed.get(name, name))
             if existing is not None and not replace:
-                raise PluginConflictError(
+                raise PluginLoadError(
                     f"{self.kind} {name!r} is already registered ({existing.target}, "
-                    f"{existing.origin}); pass replace=True to override it"
+                    f"{existing.origin}); pass replace=True to override it",
+                    "conflict",
                 )
             if isinstance(target, str):
                 _split_target(target)
@@ -322,21 +316,23 @@ class Registry(Generic[T]):
             ok = isinstance(obj, type) and issubclass(obj, base)
             missing = _missing_methods(obj) if ok and isinstance(obj, type) else []
         if not ok:
-            raise PluginTypeError(
+            raise PluginLoadError(
                 f"{self.kind} {name!r}{f' ({where})' if where else ''} must be a subclass of "
-                f"{base.__module__}.{base.__qualname__}, got {obj!r}"
+                f"{base.__module__}.{base.__qualname__}, got {obj!r}",
+                "wrong-type",
             )
         if missing:
             assert isinstance(obj, type)
             where += ", " if where else ""
-            raise PluginAPIError(
+            raise PluginLoadError(
                 f"{self.kind} {name!r} ({where}{obj.__module__}:{obj.__qualname__}) does not "
                 f"implement {' and '.join(missing)}, which wtcore {_core_version()} requires "
                 f"of every {self.kind}; it was probably written for an older wtcore. What to "
-                f"change: see {_UPGRADE_NOTES}"
+                f"change: see {_UPGRADE_NOTES}",
+                "api",
             )
 
-    def _not_found(self, name: str) -> PluginNotFoundError:
+    def _not_found(self, name: str) -> PluginLoadError:
         installed = sorted(self._all())
         first_party = FIRST_PARTY.get(self.group, {})
         msg = f"unknown {self.kind} {name!r}; installed: {', '.join(installed) or 'none'}."
@@ -353,7 +349,7 @@ class Registry(Generic[T]):
                     msg += f" It is provided by {dist}: pip install {dist}"
         if autoload_disabled():
             msg += f" (plugin discovery is off: {_DISABLE_ENV} is set)"
-        return PluginNotFoundError(msg)
+        return PluginLoadError(msg, "not-found")
 
 
 def _core_version() -> str:

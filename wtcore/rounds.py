@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import re
 import secrets
+import threading
 from typing import Any
 
-from wtcore.errors import PayloadError, ProtocolStateError
+from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
 
 __all__ = [
     "MAX_VERSION_CHARS",
@@ -121,21 +122,66 @@ def drop_round(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 class RoundStampingClient:
-    """Forwards every call; stamps the client's open round id into each ``update_info``.
+    """Forwards every call; opens the round in the background; stamps its id into each update.
 
     The trainer template sends a round through it, so every update of an owned round names
     its owner in the one place every receiver sees, vLLM's engines included. A client with no
     ``round_id`` (one that does not own its rounds) sends ``update_info`` unchanged.
+
+    :meth:`open_round` sends ``start_weight_update`` from a helper thread, so that the engine
+    reads (and packs) its first tensors during the round trip; the first update, the finish
+    and :meth:`opened` wait for it (bounded by ``timeout_s``) and raise its error.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, timeout_s: float) -> None:
         self.inner = inner
+        self.timeout_s = timeout_s
+        self._done: threading.Event | None = None
+        self._error: BaseException | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    def open_round(self) -> None:
+        done, self._done, self._error = threading.Event(), None, None
+
+        def start() -> None:
+            try:
+                self.inner.start_weight_update()
+            except BaseException as e:  # raised to the thread that waits for the round
+                self._error = e
+            finally:
+                done.set()
+
+        self._done = done
+        threading.Thread(target=start, name="start_weight_update", daemon=True).start()
+
+    def opened(self) -> None:
+        """Wait for the round :meth:`open_round` opened; a failed start raises here."""
+        done = self._done
+        if done is None:
+            return
+        if not done.wait(self.timeout_s):
+            raise TransferTimeoutError(
+                f"start_weight_update: no answer from the receivers within {self.timeout_s:g} s"
+            )
+        if self._error is not None:
+            raise self._error
+
+    def settle(self) -> None:
+        """After a failure: let a start still in flight end (bounded) before the round is
+        aborted, so the abort cannot overtake it; its own error no longer matters."""
+        done = self._done
+        if done is not None:
+            done.wait(self.timeout_s)
+
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self.opened()
         round_id = getattr(self.inner, "round_id", None)
         if isinstance(round_id, str):
             update_info = stamp_round(update_info, round_id)
         self.inner.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.opened()
+        self.inner.finish_weight_update(weight_version)

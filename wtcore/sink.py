@@ -20,7 +20,7 @@ from wtcore.meta import dtype_name
 if TYPE_CHECKING:
     import torch
 
-    from wtcore.receiver_layout import TPLayout
+    from wtcore.sharded.receiver_layout import TPLayout
 
 __all__ = [
     "DirectSink",
@@ -128,7 +128,7 @@ class ModuleSink:
     """Copies incoming tensors into a module's parameters (and buffers) by name.
 
     ``layout`` says that the module holds this receiver's TP slices
-    (:class:`~wtcore.receiver_layout.TPLayout`): its parameters have their local shapes, and
+    (:class:`~wtcore.sharded.receiver_layout.TPLayout`): its parameters have their local shapes, and
     the receiver reports the layout in ``weight_info()`` so that a trainer can plan to send it
     only its slices. Without one the module holds whole tensors.
     """
@@ -140,7 +140,7 @@ class ModuleSink:
         include_buffers: bool = True,
         layout: TPLayout | None = None,
     ) -> None:
-        from wtcore.receiver_layout import TPLayout
+        from wtcore.sharded.receiver_layout import TPLayout
 
         if layout is not None and not isinstance(layout, TPLayout):
             raise PayloadError(f"layout: expected a TPLayout or None, got {type(layout).__name__}")

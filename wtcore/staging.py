@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from wtcore.errors import WrongTypeError
+from wtcore.errors import PayloadError
 from wtcore.sink import ReadableSink, check_batch
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ class StagingSink:
 
     def __init__(self, inner: ReadableSink) -> None:
         if not isinstance(inner, ReadableSink):
-            raise WrongTypeError(
+            raise PayloadError(
                 f"transactional updates need a sink with named_tensors(); "
                 f"{type(inner).__name__} has none"
             )

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wtcore.errors import UnknownNameError
+from wtcore.errors import PayloadError
 
 __all__ = ["PHASES", "TransferStats"]
 
@@ -35,7 +35,7 @@ class TransferStats:
     #: With ``verify=True``: the bytes each receiver counted as landed this round (every
     #: announced tensor's, checked against its plan before it publishes: ``wtcore.ledger``).
     bytes_landed: list[int] | None = None
-    #: With a sharded source (``wtcore.sharded_round``): the payload bytes this trainer rank
+    #: With a sharded source (``wtcore.sharded.round``): the payload bytes this trainer rank
     #: packed and sent, its planned chunks' (``num_bytes`` is what the plan gives it).
     bytes_sent: int | None = None
 
@@ -43,7 +43,7 @@ class TransferStats:
     def phase(self, name: str) -> Iterator[None]:
         """Add the time spent in the ``with`` block to phase ``name``."""
         if name not in self.phase_seconds:
-            raise UnknownNameError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+            raise PayloadError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
         t0 = time.perf_counter()
         try:
             yield

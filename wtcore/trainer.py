@@ -9,15 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from wtcore.errors import PayloadError, ProtocolStateError, WrongTypeError
+from wtcore.defaults import DEFAULT_TIMEOUT_S
+from wtcore.errors import PayloadError, ProtocolStateError
 from wtcore.registry import ROUND_POLICIES
 from wtcore.rounds import RoundStampingClient
-from wtcore.source import ShardedSource, WeightSource, iter_checked
+from wtcore.source import WeightSource, iter_checked
 from wtcore.stats import TransferStats
 
 if TYPE_CHECKING:
     from wtcore.client import WeightSyncClient
-    from wtcore.plan import PlannedRound
+    from wtcore.sharded.plan import PlannedRound
 
 __all__ = ["RoundPolicy", "TrainerInitInfo", "TrainerWeightTransferEngine"]
 
@@ -48,7 +49,7 @@ class TrainerInitInfo:
         if not abstract and not isinstance(
             cls.__dict__.get("backend", getattr(cls, "backend", None)), str
         ):
-            raise WrongTypeError(
+            raise PayloadError(
                 f"{cls.__name__} must set the class attribute `backend` to the name of its "
                 "engine in the wtcore.backends registry"
             )
@@ -129,9 +130,9 @@ class TrainerWeightTransferEngine(ABC):
     #: registered or first loaded, so one written for wtcore 0.1 (which had no
     #: :meth:`worker_init_info`) is refused there, not in the middle of a recovery round.
     required_methods: ClassVar[Mapping[str, tuple[str, ...]]] = {"worker_init_info": ("handshake",)}
-    #: Whether :meth:`send_weights` takes a :class:`~wtcore.source.ShardedSource` (each rank
-    #: sending its own part by a :mod:`wtcore.plan`); no engine does yet, and every one refuses
-    #: such a source rather than send a rank's part as if it were the whole tensor.
+    #: Whether :meth:`send_weights` takes a sharded source (:mod:`wtcore.sharded`: each rank
+    #: sending its own part by a plan); an engine without it refuses such a source rather than
+    #: send a rank's part as if it were the whole tensor.
     executes_plans: ClassVar[bool] = False
 
     def __init__(
@@ -143,7 +144,7 @@ class TrainerWeightTransferEngine(ABC):
     ) -> None:
         info_cls = getattr(self, "init_info_cls", TrainerInitInfo)
         if not isinstance(init_info, info_cls):
-            raise WrongTypeError(
+            raise PayloadError(
                 f"trainer engine {init_info.backend!r} ({type(self).__name__}) expects "
                 f"{info_cls.__name__}, got {type(init_info).__name__}"
             )
@@ -220,23 +221,12 @@ class TrainerWeightTransferEngine(ABC):
         src = source if source is not None else self.source
         if src is None:
             raise PayloadError("send_weights: no source given here or at trainer_init")
-        sharded = isinstance(src, ShardedSource)
-        if sharded:
-            self._check_sharded(verify)
+        # The source picks how its round runs (refusing first what it cannot do): whole or sharded.
+        drive = src.round_driver(self, verify) or self._whole_round
         stats = TransferStats(backend=self.init_info.backend)
         t0 = time.perf_counter()
-        if sharded and not self.init_info.is_sender:
-            from wtcore.sharded_round import run_sharded_round
-
-            assert isinstance(src, ShardedSource)
-            run_sharded_round(self, src, stats, weight_version)
-            stats.seconds = time.perf_counter() - t0
-            return stats
         if not self.init_info.is_sender:
-            with stats.phase("materialize"):
-                for meta, _ in iter_checked(src):
-                    stats.num_tensors += 1
-                    stats.num_bytes += meta.nbytes
+            drive(src, stats, weight_version)
             stats.seconds = time.perf_counter() - t0
             return stats
         if not src.metadata():
@@ -251,19 +241,13 @@ class TrainerWeightTransferEngine(ABC):
                 assert client is not None, "the sender always has a client"
                 src = DigestingSource(src)
                 self.client = VerifyingClient(client, src)
-            self.client = RoundStampingClient(self.client)  # the owner's id in every update
+            # the owner's id in every update
+            self.client = RoundStampingClient(self.client, self._timeout_s() + 30)
             if self.needs_handshake:
                 with stats.phase("control"):
                     self.handshake()
                 self.needs_handshake = False
-            if isinstance(src, ShardedSource):
-                from wtcore.sharded_round import run_sharded_round
-
-                run_sharded_round(self, src, stats, weight_version)
-            else:
-                self._send_round(src, stats, weight_version)
-                # Staged rounds plug in here: the bytes are moved, the round not yet finished.
-                self._finish_round(stats, weight_version)
+            drive(src, stats, weight_version)
             self.rounds.committed(stats, weight_version)
             if verify:
                 stats.bytes_landed = getattr(self.client, "landed", None)
@@ -273,6 +257,8 @@ class TrainerWeightTransferEngine(ABC):
             # end the round there now (so none keeps reporting consistent over what it got),
             # and start the next round with a fresh handshake (see the class docstring).
             self.needs_handshake = True
+            if isinstance(self.client, RoundStampingClient):
+                self.client.settle()
             self.client = client
             self._abort_round(e)
             notify("wtcore_update_failed", engine=self, weight_version=weight_version, error=e)
@@ -282,6 +268,21 @@ class TrainerWeightTransferEngine(ABC):
         stats.seconds = time.perf_counter() - t0
         notify("wtcore_update_finished", engine=self, stats=stats, weight_version=weight_version)
         return stats
+
+    def _whole_round(
+        self, source: WeightSource, stats: TransferStats, weight_version: str | None
+    ) -> None:
+        """The default round driver: rank 0 sends each tensor whole and finishes the round; the
+        other ranks iterate the source in lockstep (gathering a sharded tensor is a collective)."""
+        if not self.init_info.is_sender:
+            with stats.phase("materialize"):
+                for meta, _ in iter_checked(source):
+                    stats.num_tensors += 1
+                    stats.num_bytes += meta.nbytes
+            return
+        self._send_round(source, stats, weight_version)
+        # Staged rounds plug in here: the bytes are moved, the round not yet finished.
+        self._finish_round(stats, weight_version)
 
     def _send_round(
         self, source: WeightSource, stats: TransferStats, weight_version: str | None
@@ -301,16 +302,22 @@ class TrainerWeightTransferEngine(ABC):
             again = self.rounds.resend(e)
             if again is None:
                 raise
+            if isinstance(self.client, RoundStampingClient):
+                self.client.settle()
             self._abort_round(e)
             with stats.phase("control"):
                 self.handshake()
             move(again)
 
     def _start_round(self, stats: TransferStats) -> None:
-        """Sender only: open the round on every receiver (whole and sharded rounds alike)."""
-        assert self.client is not None, "the sender always has a client"
-        with stats.phase("control"):
-            self.client.start_weight_update()
+        """Sender only: open the round on every receiver (whole and sharded rounds alike), in
+        the background: the engine reads its first tensors meanwhile, its first update waits."""
+        assert isinstance(self.client, RoundStampingClient), "send_weights wraps the client"
+        self.client.open_round()
+
+    def _timeout_s(self) -> float:
+        timeout = getattr(self.init_info, "timeout_s", None)
+        return float(timeout) if isinstance(timeout, int | float) else DEFAULT_TIMEOUT_S
 
     def _finish_round(self, stats: TransferStats, weight_version: str | None) -> None:
         """Sender only: finish the round; every receiver publishes ``weight_version``."""
@@ -318,26 +325,10 @@ class TrainerWeightTransferEngine(ABC):
         with stats.phase("control"):
             self.client.finish_weight_update(weight_version)
 
-    def _check_sharded(self, verify: bool) -> None:
-        """Refuse, saying why, what a sharded round cannot do yet (before anything moves)."""
-        backend = self.init_info.backend
-        if not self.executes_plans:
-            raise PayloadError(
-                f"send_weights: the {backend} engine does not execute sharded plans yet; send "
-                "a ModuleSource (rank 0 gathers each tensor whole)"
-            )
-        if verify:
-            raise PayloadError("verify: not supported for a sharded source yet (send it False)")
-        if self.init_info.delta:
-            raise PayloadError(
-                f"delta: not supported for a sharded source yet (the {backend} engine was "
-                f"initialized with delta={self.init_info.delta!r})"
-            )
-
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
         """Every rank: send this rank's pairs of ``planned`` (engines with ``executes_plans``).
 
-        Called by :func:`wtcore.sharded_round.run_sharded_round` on every trainer rank at
+        Called by :func:`wtcore.sharded.round.run_sharded_round` on every trainer rank at
         once, after rank 0 has opened the round and sent the plan; rank 0 finishes it after.
         """
         raise NotImplementedError(f"{type(self).__name__} does not execute sharded plans")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.client import InspectableClient
 from wtcore.digest import tensor_digest
-from wtcore.errors import VerificationError, WrongTypeError
+from wtcore.errors import PayloadError, VerificationError
 from wtcore.meta import ParamMeta
 from wtcore.source import WeightSource
 
@@ -52,7 +52,7 @@ class VerifyingClient:
 
     def __init__(self, inner: object, source: DigestingSource) -> None:
         if not isinstance(inner, InspectableClient):
-            raise WrongTypeError(
+            raise PayloadError(
                 f"verify=True needs an InspectableClient (with checksums()); "
                 f"{type(inner).__name__} is not one (wrap workers in InProcessClient)"
             )

@@ -40,13 +40,7 @@ from typing import Any, Protocol
 from wtcore.defaults import DEFAULT_TIMEOUT_S, check_timeout
 from wtcore.digest import digest_named
 from wtcore.engine import WeightTransferConfig, WeightTransferEngine
-from wtcore.errors import (
-    PayloadError,
-    ProtocolStateError,
-    StaleBaseError,
-    TransferTimeoutError,
-    WrongTypeError,
-)
+from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
 from wtcore.finite import FiniteCheckSink
 from wtcore.ledger import ByteLedger
 from wtcore.registry import RECEIVER_LAYERS
@@ -93,8 +87,9 @@ class ReceiverLayer(WeightSink, Protocol):
     transactional staging or None), calls :meth:`begin` when a round starts and :meth:`finish`
     before the engine finishes it, and reports ``accepts`` in ``weight_info`` under the layer's
     name; its ``plan(metas)``, if any, gets each update's tensors before they land. A layer may
-    refuse a round (:class:`~wtcore.errors.StaleBaseError`) while ``applied`` is still False:
-    nothing reached the chain, so the worker keeps the weights' consistency as published.
+    refuse a round (a :class:`~wtcore.errors.ProtocolStateError`, e.g. wtcore-delta's stale
+    base) while ``applied`` is still False: nothing reached the chain, so the worker keeps the
+    weights' consistency as published.
     """
 
     #: Whether this receiver takes the layer's rounds (reported in ``weight_info``).
@@ -508,7 +503,7 @@ class WeightSyncWorker:
                 self.engine.receive_weights(typed)
             except BaseException as e:
                 first = self._layers[-1][1] if self._layers else None
-                if isinstance(e, StaleBaseError) and first is not None and not first.applied:
+                if isinstance(e, ProtocolStateError) and first is not None and not first.applied:
                     # A receiver layer refused the round (a delta round's stale base) before
                     # anything passed the first layer: nothing reached the sink.
                     self._touched, self._consistent = False, was_consistent
@@ -644,7 +639,7 @@ class WeightSyncWorker:
             "rank": self.rank,
             "world_size": self.world_size,
             "transactional": self.transactional,
-            # How this receiver is sharded (wtcore.receiver_layout); None: whole replicas.
+            # How this receiver is sharded (wtcore.sharded.receiver_layout); None: whole replicas.
             "layout": self._layout_report(),
             # Bytes announced and landed in the open (or last) round, every tensor counted.
             "round_bytes": self._ledger.totals(),
@@ -666,7 +661,7 @@ class WeightSyncWorker:
         name = "reset_weights"
         check_required(name, check_round_id(round_id), self.require_round_id)
         if not isinstance(self.sink, ReadableSink):
-            raise WrongTypeError(
+            raise PayloadError(
                 f"{name} needs a sink with named_tensors(); {type(self.sink).__name__} has none"
             )
         hint = "reset between rounds"
@@ -708,7 +703,7 @@ class WeightSyncWorker:
         if self._staging is not None and self._state is WorkerState.UPDATING:
             readable = self._staging
         if not isinstance(readable, ReadableSink):
-            raise WrongTypeError(
+            raise PayloadError(
                 f"checksums need a sink with named_tensors(); {type(self.sink).__name__} has none"
             )
         return digest_named(readable.named_tensors())

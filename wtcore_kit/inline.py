@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore.buckets import plan_round, unpack_bucket
 from wtcore.errors import PayloadError
-from wtcore.layout import is_int
 from wtcore.parse import parse_dataclass
-from wtcore.plan import PlannedRound
+from wtcore.sharded.layout import is_int
+from wtcore.sharded.plan import PlannedRound
 from wtcore_kit.bucketed import (
     BucketedTrainerEngine,
     BucketedTrainerInitInfo,
@@ -33,13 +33,13 @@ from wtcore_kit.bucketed import (
     BucketUpdateInfo,
     check_bucket_options,
 )
-from wtcore_kit.pairs import PlanReceiver, PlanUpdate
+from wtcore_kit.sharded.pairs import PlanReceiver, PlanUpdate
 
 if TYPE_CHECKING:
     import torch
 
     from wtcore.buckets import Bucket
-    from wtcore.plan import Chunk
+    from wtcore.sharded.plan import Chunk
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
 
@@ -109,10 +109,10 @@ class InlinePairsInfo:
 class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo]):
     """Decodes each bucket from the payload and loads it into the sink.
 
-    A sharded round (:mod:`wtcore.sharded_round`) sends the plan first, then buckets of the
+    A sharded round (:mod:`wtcore.sharded.round`) sends the plan first, then buckets of the
     pairs this receiver is in, possibly none per update; each is assembled into this
-    receiver's parts (:class:`~wtcore_kit.pairs.PairAssembler`), and the finish is refused unless
-    every planned byte landed.
+    receiver's parts (:class:`~wtcore_kit.sharded.pairs.PairAssembler`), and the finish is
+    refused unless every planned byte landed.
     """
 
     init_info_cls = InlineInitInfo
@@ -211,8 +211,8 @@ class InlineTrainerEngine(BucketedTrainerEngine):
         sees another's slice, and no rank holds more than a step's buckets. The reference
         for engines that move the same pairs over a data plane of their own.
         """
-        from wtcore.sharded_round import gather, together
-        from wtcore_kit.pairs import pair_buckets
+        from wtcore.sharded.round import gather, together
+        from wtcore_kit.sharded.pairs import pair_buckets
 
         rank, size = self.init_info.rank, self.info.packed_buffer_size_bytes
         receivers = planned.receivers[0].world_size if planned.receivers else 0
@@ -259,7 +259,7 @@ class InlineTrainerEngine(BucketedTrainerEngine):
         out: torch.Tensor,
     ) -> dict[str, Any]:
         """One bucket of pair (``src``, receiver) as its entry of an update."""
-        from wtcore_kit.pairs import pack_pair
+        from wtcore_kit.sharded.pairs import pack_pair
 
         filled = pack_pair(bucket, chunks, local, out)
         data = base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wtcore import MetadataMismatchError, ParamMeta, TensorSource
+from wtcore import ParamMeta, PayloadError, TensorSource
 from wtcore.buckets import (
     ALIGNMENT,
     pack_bucket,
@@ -97,7 +97,7 @@ def test_pack_source_raises_before_yielding_the_bad_bucket(kind: str) -> None:
     buckets = plan_buckets(metas, 1 << 20)  # everything in one bucket
     assert len(buckets) == 1
     yielded = []
-    with pytest.raises(MetadataMismatchError):
+    with pytest.raises(PayloadError, match="metadata"):
         for bucket, _ in pack_source(
             src, metas, buckets, lambda b: torch.empty(b.nbytes, dtype=torch.uint8)
         ):

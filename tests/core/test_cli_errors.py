@@ -87,5 +87,5 @@ def test_console_script_unknown_backend_is_one_line() -> None:
     assert "Traceback" not in out.stderr
     last = out.stderr.replace("\r", "\n").splitlines()[-1]
     assert last.startswith(
-        "wtcore: error: PluginNotFoundError: unknown trainer engine 'no-such-engine'"
+        "wtcore: error: PluginLoadError: unknown trainer engine 'no-such-engine'"
     )

@@ -71,13 +71,13 @@ LAYOUT_CASES = [
 
 
 def _layout_rank_main(rank: int, port: int, results: Any) -> None:
-    """Each rank's DTensor local shard, against the box :class:`wtcore.layout.Layout` gives it."""
+    """Each rank's DTensor local shard, against the box :class:`wtcore.sharded.layout.Layout` gives it."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    from wtcore import layout
+    from wtcore.sharded import layout
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -116,9 +116,9 @@ def _sharded_rank_main(rank: int, port: int, results: Any) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-    from wtcore.layout import tp_layout
-    from wtcore.plan import plan_transfer
-    from wtcore.source import ShardedModuleSource
+    from wtcore.sharded import ShardedModuleSource
+    from wtcore.sharded.layout import tp_layout
+    from wtcore.sharded.plan import plan_transfer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 import torch
 
-from wtcore import MetadataMismatchError, ModuleSink, TensorSource, TransferStats, WeightSyncWorker
+from wtcore import (
+    ModuleSink,
+    PayloadError,
+    PluginLoadError,
+    TensorSource,
+    TransferStats,
+    WeightSyncWorker,
+)
 from wtcore import hooks as wt_hooks
 from wtcore.cli import main
 from wtcore.factory import WeightTransferTrainerFactory
@@ -65,9 +72,9 @@ def test_observers_see_started_finished_failed(observer: Observer) -> None:
     stats = engine.send_weights(weight_version="v1")
     assert observer.events[0] == ("started", "v1")
     assert observer.events[1] == ("finished", ("v1", stats)) and stats.num_tensors == len(state)
-    with pytest.raises(MetadataMismatchError):
+    with pytest.raises(PayloadError, match="metadata"):
         engine.send_weights(MismatchedSource(TensorSource(state), "extra"), weight_version="v2")
-    assert observer.events[-1] == ("failed", ("v2", "MetadataMismatchError"))
+    assert observer.events[-1] == ("failed", ("v2", "PayloadError"))
 
 
 def test_non_sender_ranks_fire_no_hooks(observer: Observer) -> None:
@@ -91,8 +98,9 @@ def test_a_raising_observer_is_logged_not_raised(caplog: pytest.LogCaptureFixtur
 
 
 def test_register_twice_is_an_error(observer: Observer) -> None:
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(PluginLoadError, match="already registered") as exc:
         wt_hooks.register_hooks(observer, name="test-observer")
+    assert exc.value.reason == "conflict"
 
 
 class Greeter:

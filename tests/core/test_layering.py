@@ -24,10 +24,12 @@ PROTOCOL = {
     "wtcore.source": "what a trainer sends",
     "wtcore.sink": "what receives it",
     "wtcore.buckets": "the bucket rule, pack, unpack",
-    "wtcore.layout": "each rank's box of a sharded tensor",
-    "wtcore.plan": "which bytes go from which rank to which",
-    "wtcore.receiver_layout": "how a receiver is sharded, as it reports it",
-    "wtcore.sharded_round": "one sharded round over many trainer ranks",
+    "wtcore.sharded": "sharded rounds, their public names re-exported",
+    "wtcore.sharded.layout": "each rank's box of a sharded tensor",
+    "wtcore.sharded.plan": "which bytes go from which rank to which",
+    "wtcore.sharded.receiver_layout": "how a receiver is sharded, as it reports it",
+    "wtcore.sharded.source": "the sources whose ranks each send their own part",
+    "wtcore.sharded.round": "one sharded round over many trainer ranks",
     "wtcore.engine": "the worker engine half",
     "wtcore.trainer": "the trainer engine half",
     "wtcore.worker": "the receiver state machine",
@@ -59,8 +61,9 @@ KIT = {
     "wtcore_kit.bucketed": "what every bucket engine shares",
     "wtcore_kit.concurrency": "a blocking call with a timeout",
     "wtcore_kit.fanout": "the one fan-out",
-    "wtcore_kit.pairs": "a plan's pairs as buckets, packed and assembled",
-    "wtcore_kit.schedule": "a round's pairs in steps every rank computes alike",
+    "wtcore_kit.sharded": "the kit's sharded part (imports nothing)",
+    "wtcore_kit.sharded.pairs": "a plan's pairs as buckets, packed and assembled",
+    "wtcore_kit.sharded.schedule": "a round's pairs in steps every rank computes alike",
     "wtcore_kit.synthetic": "synthetic models",
 }
 CORE_ENGINES_AND_CLIENTS = {
@@ -152,7 +155,7 @@ def test_every_core_module_is_in_exactly_one_layer() -> None:
 
 def test_the_plugin_api_is_a_list_of_real_core_modules() -> None:
     api = plugin_api()
-    assert {"wtcore.errors", "wtcore.plan", "wtcore.parse", "wtcore.sharded_round"} <= api
+    assert {"wtcore.errors", "wtcore.sharded.plan", "wtcore.parse", "wtcore.sharded.round"} <= api
     g = graph()
     assert sorted(m for m in api if m not in g) == []
     # the plugin API is protocol and kit only: nothing a plugin sees is a tool or another engine
@@ -263,8 +266,8 @@ def test_each_rule_names_the_offending_import() -> None:
     cases = {
         (
             "wtcore.meta",
-            "wtcore_kit.pairs",
-        ): "wtcore.meta (protocol) imports wtcore_kit.pairs (kit)",
+            "wtcore_kit.sharded.pairs",
+        ): "wtcore.meta (protocol) imports wtcore_kit.sharded.pairs (kit)",
         ("wtcore_kit.bucketed", "wtcore_kit.inline"): (
             "wtcore_kit.bucketed (kit) imports wtcore_kit.inline (engines and clients)"
         ),

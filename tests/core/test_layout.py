@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wtcore.errors import PayloadError
-from wtcore.layout import Layout, Replicate, Shard, split, tp_layout, volume
+from wtcore.sharded.layout import Layout, Replicate, Shard, split, tp_layout, volume
 
 
 @pytest.mark.parametrize(("n", "k"), [(6, 2), (5, 2), (5, 3), (5, 4), (2, 3), (0, 2), (7, 1)])

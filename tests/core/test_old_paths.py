@@ -102,6 +102,8 @@ def test_a_missing_distribution_names_its_install_line(monkeypatch: pytest.Monke
         *("wtcore._parse", "wtcore.netns", "wtcore.bucketed", "wtcore.pairs", "wtcore.inline"),
         *("wtcore.delta", "wtcore_tcp.stream", "wtcore_nccl.forward", "wtcore_nccl.frames"),
         "wtcore_nccl.pipeline",
+        *("wtcore.layout", "wtcore.plan", "wtcore.receiver_layout", "wtcore.sharded_round"),
+        *("wtcore_kit.pairs", "wtcore_kit.schedule"),
     ],
 )
 def test_paths_that_were_never_public_in_a_release_are_gone(old: str) -> None:

@@ -1,4 +1,4 @@
-"""The schedule of a sharded round's buckets (:mod:`wtcore_kit.schedule`), a pure function.
+"""The schedule of a sharded round's buckets (:mod:`wtcore_kit.sharded.schedule`), a pure function.
 
 What makes it safe to run every rank's pairs from one thread in batches: every (pair, bucket)
 exactly once, each pair's buckets in order, at most ``per_rank`` operations per trainer rank
@@ -13,10 +13,10 @@ import random
 import pytest
 
 from wtcore.meta import ParamMeta
-from wtcore.plan import PlannedRound
-from wtcore.receiver_layout import TPLayout, receiver_layouts
+from wtcore.sharded.plan import PlannedRound
+from wtcore.sharded.receiver_layout import TPLayout, receiver_layouts
 from wtcore.testing.sharded_contract import BUFFER, CASES, RULES, trainer_layouts, whole
-from wtcore_kit.schedule import Op, pair_cuts, schedule_pairs
+from wtcore_kit.sharded.schedule import Op, pair_cuts, schedule_pairs
 
 
 def _check(counts: list[tuple[int, int, int]], per_rank: int, steps: list[list[Op]]) -> None:

@@ -15,11 +15,11 @@ import torch
 
 from wtcore import ModuleSink, WeightSyncWorker
 from wtcore.errors import PayloadError
-from wtcore.layout import Layout
 from wtcore.meta import ParamMeta
-from wtcore.plan import PlannedRound
-from wtcore.receiver_layout import TPLayout, receiver_layouts
-from wtcore_kit.pairs import PairAssembler, pack_pair, pair_buckets
+from wtcore.sharded.layout import Layout
+from wtcore.sharded.plan import PlannedRound
+from wtcore.sharded.receiver_layout import TPLayout, receiver_layouts
+from wtcore_kit.sharded.pairs import PairAssembler, pack_pair, pair_buckets
 from wtcore_kit.synthetic import build_module
 
 RULES = (("w", "column"),)
@@ -40,7 +40,7 @@ def planned(m: int = 2) -> PlannedRound:
 
 
 def _rows(t: torch.Tensor, m: int) -> Layout:
-    from wtcore.layout import Shard
+    from wtcore.sharded.layout import Shard
 
     return Layout.placed(t.shape, (m,), (Shard(0),))
 

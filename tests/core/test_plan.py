@@ -14,9 +14,16 @@ import pytest
 import torch
 
 from wtcore.errors import PayloadError
-from wtcore.layout import Layout, Replicate, Shard, tp_layout
 from wtcore.meta import ParamMeta
-from wtcore.plan import Chunk, Plan, check_coverage, check_digest, plan_tensor, plan_transfer
+from wtcore.sharded.layout import Layout, Replicate, Shard, tp_layout
+from wtcore.sharded.plan import (
+    Chunk,
+    Plan,
+    check_coverage,
+    check_digest,
+    plan_tensor,
+    plan_transfer,
+)
 from wtcore.testing.sharded import execute_plan, part
 
 
@@ -185,7 +192,7 @@ def _round() -> tuple[list[ParamMeta], dict[str, Layout], dict[str, Layout]]:
 def test_a_planned_round_travels_and_the_receiver_plans_the_same() -> None:
     import json
 
-    from wtcore.plan import PlannedRound
+    from wtcore.sharded.plan import PlannedRound
 
     metas, src, dst = _round()
     sent = PlannedRound.make(metas, src, dst)
@@ -195,7 +202,7 @@ def test_a_planned_round_travels_and_the_receiver_plans_the_same() -> None:
 
 
 def _forged(key: str, value: object) -> dict[str, object]:
-    from wtcore.plan import PlannedRound
+    from wtcore.sharded.plan import PlannedRound
 
     wire = PlannedRound.make(*_round()).to_wire()
     if value is _DROP:
@@ -233,7 +240,7 @@ _DROP = object()
 def test_a_forged_planned_round_is_refused_naming_the_field(
     key: str, value: object, match: str
 ) -> None:
-    from wtcore.plan import PlannedRound
+    from wtcore.sharded.plan import PlannedRound
 
     with pytest.raises(PayloadError, match=match):
         PlannedRound.from_wire(_forged(key, value))

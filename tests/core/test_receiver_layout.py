@@ -1,6 +1,6 @@
 """A receiver reports how it is sharded; the trainer reads it and plans only its slices.
 
-The report (:class:`wtcore.receiver_layout.TPLayout`) is vLLM's TP rules in a few bytes. It is
+The report (:class:`wtcore.sharded.receiver_layout.TPLayout`) is vLLM's TP rules in a few bytes. It is
 checked like anything from a peer (each bad field refused by name), it reaches the trainer
 through ``weight_info()`` over real HTTP servers, and the plan built from it sends each
 receiver exactly its slices: executed by the reference executor, then delivered in a real
@@ -20,10 +20,10 @@ import torch
 
 from wtcore import ModuleSink, WeightSyncWorker
 from wtcore.errors import PayloadError
-from wtcore.layout import Layout, Shard
 from wtcore.meta import ParamMeta
-from wtcore.plan import plan_transfer
-from wtcore.receiver_layout import MAX_RULES, TPLayout, receiver_layouts
+from wtcore.sharded.layout import Layout, Shard
+from wtcore.sharded.plan import plan_transfer
+from wtcore.sharded.receiver_layout import MAX_RULES, TPLayout, receiver_layouts
 from wtcore.testing.sharded import execute_plan, part
 from wtcore_kit.synthetic import build_module
 

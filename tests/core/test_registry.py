@@ -12,10 +12,7 @@ import pytest
 from wtcore import (
     ENGINES,
     PayloadError,
-    PluginConflictError,
     PluginLoadError,
-    PluginNotFoundError,
-    PluginTypeError,
     Registry,
     WeightTransferEngine,
     WtcoreError,
@@ -84,28 +81,30 @@ def test_broken_plugin_names_distribution_version_and_cause(fake_dist: Path) -> 
     reg = _registry()
     with pytest.raises(PluginLoadError) as exc:
         reg.load("broken")
+    assert exc.value.reason == "import"
     text = str(exc.value)
     assert "engine 'broken' from fakeplug 1.2.3 failed to import fakeplug_broken:Engine" in text
     assert "ModuleNotFoundError" in text and "module_that_does_not_exist" in text
     assert isinstance(exc.value.__cause__, ModuleNotFoundError)
 
 
-def test_wrong_base_is_a_type_error(fake_dist: Path) -> None:
+def test_wrong_base_is_a_wrong_type_load_error(fake_dist: Path) -> None:
     reg = _registry()
     with pytest.raises(
-        PluginTypeError,
+        PluginLoadError,
         match=r"engine 'notanengine' \(fakeplug 1.2.3\) must be a subclass of wtcore.engine.WeightTransferEngine",
-    ):
+    ) as exc:
         reg.load("notanengine")
-    with pytest.raises(TypeError, match="must be a subclass") as exc:
+    assert exc.value.reason == "wrong-type"
+    with pytest.raises(PluginLoadError, match="must be a subclass") as exc:
         reg.register("x", dict)  # type: ignore[arg-type]
-    assert isinstance(exc.value, WtcoreError) and isinstance(exc.value, PluginLoadError)
+    assert isinstance(exc.value, WtcoreError) and exc.value.reason == "wrong-type"
 
 
 def test_unknown_name_lists_installed_and_suggests_no_guessed_install() -> None:
     reg = _registry()
     reg.register("gloo_fast", InlineWorkerEngine)
-    with pytest.raises(PluginNotFoundError) as exc:
+    with pytest.raises(PluginLoadError) as exc:
         reg.load("gloo_fats")
     text = str(exc.value)
     assert (
@@ -115,20 +114,20 @@ def test_unknown_name_lists_installed_and_suggests_no_guessed_install() -> None:
     )
     assert "Did you mean 'gloo_fast'?" in text
     assert "pip install" not in text  # never `pip install wtcore-<typo>`: typosquatting bait
-    assert isinstance(exc.value, LookupError)
+    assert isinstance(exc.value, LookupError) and exc.value.reason == "not-found"
 
 
 def test_first_party_name_names_its_distribution() -> None:
     reg = Registry("wtcore.backends", WeightTransferEngine, "engine")
     reg._discovered = {}  # as if no plugin were installed, without touching the environment
     with pytest.raises(
-        PluginNotFoundError, match=r"'nccl' is provided by wtcore-nccl: pip install wtcore-nccl"
+        PluginLoadError, match=r"'nccl' is provided by wtcore-nccl: pip install wtcore-nccl"
     ):
         reg.load("nccl")
     clients = Registry("wtcore.clients", object, "client")
     clients._discovered = {}
     with pytest.raises(
-        PluginNotFoundError, match=r"provided by wtcore-http-client: pip install wtcore-http-client"
+        PluginLoadError, match=r"provided by wtcore-http-client: pip install wtcore-http-client"
     ):
         clients.load("http")
 
@@ -136,7 +135,7 @@ def test_first_party_name_names_its_distribution() -> None:
 def test_a_typo_of_a_first_party_name_suggests_it_and_its_install_line() -> None:
     reg = Registry("wtcore.backends", WeightTransferEngine, "engine")
     reg._discovered = {}
-    with pytest.raises(PluginNotFoundError) as exc:
+    with pytest.raises(PluginLoadError) as exc:
         reg.load("ncl")
     text = str(exc.value)
     assert "Did you mean 'nccl'? It is provided by wtcore-nccl: pip install wtcore-nccl" in text
@@ -146,7 +145,7 @@ def test_a_typo_of_a_first_party_name_suggests_it_and_its_install_line() -> None
 def test_first_party_names_are_per_group() -> None:
     reg = Registry("wtcore.backends", WeightTransferEngine, "engine")
     reg._discovered = {}
-    with pytest.raises(PluginNotFoundError) as exc:
+    with pytest.raises(PluginLoadError) as exc:
         reg.load("http")  # a client name, not an engine name
     assert "pip install" not in str(exc.value)
 
@@ -154,13 +153,14 @@ def test_first_party_names_are_per_group() -> None:
 def test_register_clash_and_replace() -> None:
     reg = _registry()
     with pytest.raises(
-        PluginConflictError,
+        PluginLoadError,
         match=r"engine 'inline' is already registered \(wtcore_kit.inline:InlineWorkerEngine, wtcore .*\); pass replace=True",
     ):
         reg.register("inline", InlineWorkerEngine)
     reg.register("mine", "wtcore_kit.inline:InlineWorkerEngine")
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(PluginLoadError, match="already registered") as exc:
         reg.register("mine", InlineWorkerEngine)
+    assert exc.value.reason == "conflict"
     reg.register("mine", InlineWorkerEngine, replace=True)
     assert reg.load("mine") is InlineWorkerEngine
     reg.unregister("mine")
@@ -173,7 +173,7 @@ def test_disable_autoload(fake_dist: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("WTCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
     reg = _registry()
     assert reg.names() == ["inline"]  # built-ins stay, entry points are not read
-    with pytest.raises(PluginNotFoundError, match="plugin discovery is off"):
+    with pytest.raises(PluginLoadError, match="plugin discovery is off"):
         reg.load("fake")
     reg.register("fake", "fakeplug_mod:FakeEngine")  # explicit registration still works
     assert reg.load("fake").__name__ == "FakeEngine"
@@ -227,13 +227,13 @@ def two_quic_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_two_distributions_one_name_is_an_error_naming_both(two_quic_dists: Path) -> None:
     reg = _registry()
     assert "quic" in reg.names()  # listed (imports nothing), but not usable
-    with pytest.raises(PluginConflictError) as exc:
+    with pytest.raises(PluginLoadError) as exc:
         reg.load("quic")
     text = str(exc.value)
     assert "engine 'quic' is registered in wtcore.backends by 2 distributions" in text
     assert "quic-one 1.0 (quic_one:Engine)" in text and "quic-two 2.0 (quic_two:Engine)" in text
-    assert isinstance(exc.value, WtcoreError) and isinstance(exc.value, ValueError)
-    with pytest.raises(PluginConflictError):
+    assert isinstance(exc.value, WtcoreError) and exc.value.reason == "conflict"
+    with pytest.raises(PluginLoadError, match="by 2 distributions"):
         reg.info("quic")
     (conflict,) = reg.conflicts()
     assert conflict.name == "quic" and not conflict.builtin
@@ -242,7 +242,7 @@ def test_two_distributions_one_name_is_an_error_naming_both(two_quic_dists: Path
 
 def test_registering_at_runtime_settles_a_conflict(two_quic_dists: Path) -> None:
     reg = _registry()
-    with pytest.raises(PluginConflictError, match="already registered"):
+    with pytest.raises(PluginLoadError, match="already registered"):
         reg.register("quic", InlineWorkerEngine)
     reg.register("quic", InlineWorkerEngine, replace=True)
     assert reg.load("quic") is InlineWorkerEngine and reg.conflicts() == []

@@ -10,12 +10,12 @@ import torch
 from wtcore import (
     InspectableClient,
     ModuleSink,
+    PayloadError,
     ReceiverError,
     TensorSource,
     VerificationError,
     WeightSyncWorker,
     WeightTransferTrainerFactory,
-    WrongTypeError,
 )
 from wtcore.digest import digest_named
 from wtcore.testing import build_module, synthetic_state, zeros_like_state
@@ -161,9 +161,9 @@ def test_verify_needs_a_client_with_checksums() -> None:
     engine = WeightTransferTrainerFactory.trainer_init(
         InlineTrainerInitInfo(rank=0), client=Bare(worker)
     )
-    with pytest.raises(WrongTypeError, match=r"verify=True needs an InspectableClient") as err:
+    with pytest.raises(PayloadError, match=r"verify=True needs an InspectableClient") as err:
         engine.send_weights(TensorSource(state), verify=True)
-    assert isinstance(err.value, TypeError) and "Bare is not one" in str(err.value)
+    assert isinstance(err.value, ValueError) and "Bare is not one" in str(err.value)
     assert engine.client.__class__ is Bare  # the wrapper never leaks
     # A bare worker is a WeightSyncClient but not an InspectableClient: wrapping it is the fix.
     assert not isinstance(worker, InspectableClient)

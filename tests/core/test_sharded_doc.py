@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from wtcore import ModuleSink, WeightSyncWorker
-from wtcore.receiver_layout import TPLayout
+from wtcore.sharded.receiver_layout import TPLayout
 from wtcore.testing import torchrun
 from wtcore_kit.synthetic import build_module
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from wtcore.errors import PayloadError, ReceiverError
-from wtcore.layout import Layout
 from wtcore.meta import ParamMeta
-from wtcore.receiver_layout import TPLayout
+from wtcore.sharded.layout import Layout
+from wtcore.sharded.receiver_layout import TPLayout
 from wtcore.testing.sharded import PartsSource
 from wtcore.testing.sharded_contract import (
     BUFFER,
@@ -87,8 +87,8 @@ def test_one_rank_into_tp_slices_in_process() -> None:
 def test_a_plan_for_another_layout_is_refused_before_anything_is_applied() -> None:
     """A trainer that planned receiver 1 as TP rank 0 (a stale or forged report): the
     receiver checks the plan's boxes against what it holds and refuses the round."""
-    from wtcore.plan import PlannedRound
-    from wtcore.receiver_layout import receiver_layouts
+    from wtcore.sharded.plan import PlannedRound
+    from wtcore.sharded.receiver_layout import receiver_layouts
 
     fleet = receivers(2, True)
     full = whole()

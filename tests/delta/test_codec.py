@@ -9,7 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wtcore.errors import PayloadError, StaleBaseError, http_status
+from wtcore.errors import (
+    ErrorRecord,
+    PayloadError,
+    ProtocolStateError,
+    ReceiverError,
+    http_status,
+)
 from wtcore_delta.codec import (
     HEADER_BYTES,
     MASK,
@@ -138,8 +144,17 @@ def test_hostile_blobs_name_the_tensor(blob: torch.Tensor, why: str) -> None:
     assert HEADER_BYTES == 32
 
 
-def test_stale_base_is_a_409() -> None:
-    assert http_status(StaleBaseError("x")) == 409
+def test_stale_base_is_a_409_and_a_receivers_one_makes_the_trainer_resend_in_full() -> None:
+    from wtcore_delta.receiver import StaleBaseError
+    from wtcore_delta.trainer import _refused
+    from wtcore_kit.fanout import failure_of
+
+    error = StaleBaseError("x")
+    assert isinstance(error, ProtocolStateError) and http_status(error) == 409
+    # from a receiver in another process: a RemoteError keeping the name and the status
+    again = ErrorRecord.from_exception(error).to_exception("w0.update_weights")
+    assert http_status(again) == 409 and again.record.type == "StaleBaseError"
+    assert _refused(ReceiverError.of("update_weights", [failure_of("w0", again)], 2))
 
 
 def test_a_patch_for_another_dtype_or_shape_is_refused() -> None:

@@ -102,13 +102,14 @@ def without_wtcore_delta(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.mark.usefixtures("without_wtcore_delta")
 def test_without_wtcore_delta_delta_true_names_the_install_line() -> None:
-    from wtcore.errors import PluginNotFoundError
+    from wtcore.errors import PluginLoadError
     from wtcore.trainer import RoundPolicy
     from wtcore_kit.inline import InlineTrainerEngine, InlineTrainerInitInfo
 
     info = InlineTrainerInitInfo(rank=1, delta=True)
-    with pytest.raises(PluginNotFoundError, match=r"'delta'.*pip install wtcore-delta"):
+    with pytest.raises(PluginLoadError, match=r"'delta'.*pip install wtcore-delta") as exc:
         InlineTrainerEngine(info, client=None, source=None)
+    assert exc.value.reason == "not-found"
     with InlineTrainerEngine(InlineTrainerInitInfo(rank=1), client=None, source=None) as e:
         assert type(e.rounds) is RoundPolicy
 

@@ -2,7 +2,7 @@
 
 Why one planner in the core: the field's sharded backends move each trainer rank's shard
 straight to the inference ranks that need it, and the hard part is not the moving but agreeing
-on it. Both ends run this planner on the same layouts (:mod:`wtcore.layout`) and compare the
+on it. Both ends run this planner on the same layouts (:mod:`wtcore.sharded.layout`) and compare the
 plan's digest, so a receiver never waits for bytes the sender did not plan to send, and never
 applies bytes it did not plan to receive.
 
@@ -30,7 +30,7 @@ from itertools import pairwise, product
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError
-from wtcore.layout import Box, Layout, volume
+from wtcore.sharded.layout import Box, Layout, volume
 
 if TYPE_CHECKING:
     from wtcore.meta import ParamMeta

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError
-from wtcore.layout import MAX_RANKS, Box, Layout, is_int, region, tp_layout
+from wtcore.sharded.layout import MAX_RANKS, Box, Layout, is_int, region, tp_layout
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KINDS", "MAX_RULES", "TPLayout", "receiver_layouts"]
 
-#: The layouts a rule may name (:func:`wtcore.layout.tp_layout`).
+#: The layouts a rule may name (:func:`wtcore.sharded.layout.tp_layout`).
 KINDS = ("column", "row", "vocab", "replicated")
 #: The most rules one receiver may report, and the longest pattern.
 MAX_RULES = 1024

@@ -2,14 +2,15 @@
 
 Why rank 0 alone makes the four calls: they are the round's control plane, and one owner
 keeps the round's id, its abort and its recovery in one place, as for whole tensors. Every
-rank computes the same plan (:class:`~wtcore.plan.PlannedRound`) from the source's layouts
-and the receivers' reports, which rank 0 reads (``weight_info()``) and hands to the others;
-rank 0 opens the round and sends the plan, every rank then sends its own pairs through the
-engine (:meth:`~wtcore.trainer.TrainerWeightTransferEngine.send_pairs`), and rank 0
+rank computes the same plan (:class:`~wtcore.sharded.plan.PlannedRound`) from the source's
+layouts and the receivers' reports, which rank 0 reads (``weight_info()``) and hands to the
+others; rank 0 opens the round and sends the plan, every rank then sends its own pairs through
+the engine (:meth:`~wtcore.trainer.TrainerWeightTransferEngine.send_pairs`), and rank 0
 finishes. Between phases the ranks agree on the outcome in one small collective, so a failure
 on any rank fails the round on every rank with the same error, naming the rank, instead of
 leaving the others waiting in the next collective. Every wait is bounded by the trainer's
-process group's timeout.
+process group's timeout. A :class:`~wtcore.sharded.source.ShardedSource` hands this round
+(:func:`run_sharded_round`) to the engine's ``send_weights`` as its round driver.
 """
 
 from __future__ import annotations
@@ -17,18 +18,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from wtcore.errors import PayloadError, TransferError, WrongTypeError
-from wtcore.plan import PlannedRound
-from wtcore.receiver_layout import receiver_layouts
-from wtcore.source import group_rank
+from wtcore.errors import PayloadError, TransferError
+from wtcore.sharded.plan import PlannedRound
+from wtcore.sharded.receiver_layout import receiver_layouts
 
 if TYPE_CHECKING:
-    from wtcore.source import ShardedSource
     from wtcore.stats import TransferStats
 
-__all__ = ["agree", "gather", "run_sharded_round", "share", "together"]
+__all__ = ["agree", "gather", "group_rank", "run_sharded_round", "share", "together"]
 
 T = TypeVar("T")
+
+
+def group_rank() -> tuple[int, int]:
+    """This process's rank and the size of the default process group (0 and 1 without one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def share(value: Any) -> Any:
@@ -96,7 +104,7 @@ def together(what: str, call: Callable[[], T] | None) -> T | None:
 
 def run_sharded_round(
     engine: Any,
-    source: ShardedSource,
+    source: Any,
     stats: TransferStats,
     weight_version: str | None,
 ) -> None:
@@ -104,7 +112,8 @@ def run_sharded_round(
 
     ``engine`` is the rank's :class:`~wtcore.trainer.TrainerWeightTransferEngine` (its
     ``init_info``, ``client``, ``send_pairs`` and, on rank 0, the template's start and finish
-    of a round; not imported, as the trainer imports this).
+    of a round), ``source`` the :class:`~wtcore.sharded.source.ShardedSource` whose round
+    driver this is (not imported: it imports this).
     """
     from wtcore.client import InspectableClient
 
@@ -119,7 +128,7 @@ def run_sharded_round(
 
     def read_layouts() -> list[Any]:
         if not isinstance(client, InspectableClient):
-            raise WrongTypeError(
+            raise PayloadError(
                 "a sharded round reads the receivers' layouts: the client must be an "
                 "InspectableClient (InProcessClient, the HTTP or the Ray client)"
             )

@@ -34,7 +34,6 @@ from wtcore.errors import (
     RemoteError,
     TransferError,
     TransferTimeoutError,
-    UnknownNameError,
 )
 from wtcore.testing.procs import stop_processes
 from wtcore_kit.fanout import FanOutClient, receiver_args
@@ -108,9 +107,7 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
             elif call in handlers:
                 result = handlers[call](*args, **kwargs)
             else:
-                raise UnknownNameError(
-                    f"unknown call {call!r}; this child answers {sorted(handlers)}"
-                )
+                raise PayloadError(f"unknown call {call!r}; this child answers {sorted(handlers)}")
             data = _encode({"id": req_id, "ok": True, "result": result})
         except Exception as e:  # a result that is not JSON is the child's error too
             data = _encode({"id": req_id, "ok": False, **ErrorRecord.from_exception(e).to_json()})

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from wtcore.client import WeightSyncClient
-from wtcore.errors import WrongTypeError
+from wtcore.errors import PayloadError
 
 __all__ = ["RecordingClient"]
 
@@ -28,9 +28,9 @@ class RecordingClient:
         try:
             same = json.loads(json.dumps(payload)) == payload
         except (TypeError, ValueError) as e:
-            raise WrongTypeError(f"{call}: payload is not JSON-serializable: {e}") from e
+            raise PayloadError(f"{call}: payload is not JSON-serializable: {e}") from e
         if not same:
-            raise WrongTypeError(f"{call}: payload changes in a JSON round trip: {payload!r}")
+            raise PayloadError(f"{call}: payload changes in a JSON round trip: {payload!r}")
         with self._lock:
             self.calls.append((call, payload))
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from wtcore.layout import region
 from wtcore.meta import ParamMeta
-from wtcore.source import ShardedSource
+from wtcore.sharded.layout import region
+from wtcore.sharded.source import ShardedSource
 
 if TYPE_CHECKING:
     import torch
 
-    from wtcore.layout import Box, Layout
-    from wtcore.plan import Plan
+    from wtcore.sharded.layout import Box, Layout
+    from wtcore.sharded.plan import Plan
 
 __all__ = ["PartsSource", "execute_plan", "part"]
 

@@ -37,12 +37,12 @@ import torch
 
 from wtcore.errors import TransferError
 from wtcore.factory import WeightTransferTrainerFactory
-from wtcore.layout import Layout, Replicate, Shard
 from wtcore.meta import ParamMeta
-from wtcore.plan import PlannedRound
-from wtcore.receiver_layout import TPLayout, receiver_layouts
+from wtcore.sharded.layout import Layout, Replicate, Shard
+from wtcore.sharded.plan import PlannedRound
+from wtcore.sharded.receiver_layout import TPLayout, receiver_layouts
+from wtcore.sharded.source import HeldSource, ShardedSource
 from wtcore.sink import ModuleSink
-from wtcore.source import HeldSource, ShardedSource
 from wtcore.testing.net import on_ranks
 from wtcore.testing.sharded import PartsSource
 from wtcore.trainer import TrainerInitInfo

@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import Bucket, pack_bucket, plan_buckets, unpack_bucket
 from wtcore.errors import PayloadError
-from wtcore.layout import region
 from wtcore.meta import ParamMeta
 from wtcore.parse import parse_dataclass
-from wtcore.plan import PlannedRound
+from wtcore.sharded.layout import region
+from wtcore.sharded.plan import PlannedRound
 from wtcore.sink import WeightSink, direct_destination
 
 if TYPE_CHECKING:
     import torch
 
-    from wtcore.layout import Box
-    from wtcore.plan import Chunk
-    from wtcore.receiver_layout import TPLayout
+    from wtcore.sharded.layout import Box
+    from wtcore.sharded.plan import Chunk
+    from wtcore.sharded.receiver_layout import TPLayout
 
 __all__ = ["PairAssembler", "PlanReceiver", "PlanUpdate", "pack_pair", "pair_buckets"]
 
@@ -218,7 +218,7 @@ class PairAssembler:
 
 @dataclass
 class PlanUpdate:
-    """A sharded round's first update: its plan (:class:`~wtcore.plan.PlannedRound` on the
+    """A sharded round's first update: its plan (:class:`~wtcore.sharded.plan.PlannedRound` on the
     wire); :meth:`PlanReceiver.parse_plan` attaches this receiver's assembler."""
 
     plan: dict[str, Any]

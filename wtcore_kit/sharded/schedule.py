@@ -16,9 +16,9 @@ done every rank of step ``t`` has posted its part of it: by induction every step
 Each step holds at most ``per_rank`` buckets per trainer rank and per receiver, so a rank
 never needs more than ``per_rank`` buffers. A pair's buckets keep their order (bucket ``k``
 never in a later step than bucket ``k + 1``, and in the same step before it), which is the
-order a receiver's :class:`~wtcore_kit.pairs.PairAssembler` takes them in. Within a step, pairs
-get buckets one at a time in turn, starting one pair further each step, so that a trainer
-rank's receivers share its buffers and a receiver's senders share its own.
+order a receiver's :class:`~wtcore_kit.sharded.pairs.PairAssembler` takes them in. Within a
+step, pairs get buckets one at a time in turn, starting one pair further each step, so that a
+trainer rank's receivers share its buffers and a receiver's senders share its own.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from wtcore.errors import PayloadError
-from wtcore_kit.pairs import pair_buckets
+from wtcore_kit.sharded.pairs import pair_buckets
 
 if TYPE_CHECKING:
     from wtcore.buckets import Bucket
-    from wtcore.plan import Chunk, PlannedRound
+    from wtcore.sharded.plan import Chunk, PlannedRound
 
 __all__ = ["Op", "PairCuts", "pair_cuts", "schedule_pairs"]
 
@@ -80,5 +80,6 @@ def schedule_pairs(counts: Sequence[tuple[int, int, int]], per_rank: int) -> lis
 
 
 def pair_cuts(planned: PlannedRound, buffer_size_bytes: int) -> PairCuts:
-    """Every pair's buckets (:func:`wtcore_kit.pairs.pair_buckets`), as every rank cuts them."""
+    """Every pair's buckets (:func:`~wtcore_kit.sharded.pairs.pair_buckets`), as every rank
+    cuts them."""
     return {(s, d): pair_buckets(planned, s, d, buffer_size_bytes) for s, d in planned.plan.pairs()}
