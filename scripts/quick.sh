@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make quick`, the loop to run while you work (1 to 2 minutes on 2 cores): ruff and mypy as
+# `make quick`, the loop to run while you work (under 3 minutes on 2 cores): ruff and mypy as
 # `make lint typecheck` run them, then every test that starts no child process, no server, no
 # torch.distributed group, no Ray and no vLLM: the tests not marked `processes` (each test
 # file marks its own, with `pytestmark` or per function), nor vllm, ray, multinode or gpu. `make test` runs everything.

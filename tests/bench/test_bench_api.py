@@ -266,7 +266,7 @@ class _FourCallsOnly(_NoLauncherClient):
 def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_stopped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from wtcore.errors import WrongTypeError
+    from wtcore.errors import PayloadError
     from wtcore_bench.fleet import InProcessFleet
 
     closed: list[InProcessFleet] = []
@@ -280,7 +280,7 @@ def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_sto
     CLIENTS.register("thirdparty-fourcalls", _FourCallsOnly)
     register_client_bench("thirdparty-fourcalls", ClientBench(InProcessFleet))
     try:
-        with pytest.raises(WrongTypeError) as info:
+        with pytest.raises(PayloadError) as info:
             run_bench(
                 BenchOptions(client="thirdparty-fourcalls", baselines="none", size_bytes=4096)
             )

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from wtcore.layout import Layout, Shard
 from wtcore.meta import ParamMeta
-from wtcore.plan import PlannedRound
-from wtcore.receiver_layout import TPLayout, receiver_layouts
+from wtcore.sharded.layout import Layout, Shard
+from wtcore.sharded.plan import PlannedRound
+from wtcore.sharded.receiver_layout import TPLayout, receiver_layouts
 from wtcore_bench.sharded import RULES, ShardedBenchOptions, run_sharded_bench
 from wtcore_kit.synthetic import synthetic_state
 

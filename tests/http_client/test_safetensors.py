@@ -97,7 +97,7 @@ def test_truncated_and_empty_files(tmp_path: Path) -> None:
     path.write_bytes(b"")
     with pytest.raises(PayloadError, match="t.safetensors"):
         load_safetensors(path)
-    with pytest.raises(FileNotFoundError, match="nope.safetensors"):
+    with pytest.raises(PayloadError, match="nope.safetensors: no such safetensors file"):
         load_safetensors(tmp_path / "nope.safetensors")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from wtcore.errors import PayloadError, WrongTypeError
+from wtcore.errors import PayloadError
 from wtcore.factory import WeightTransferTrainerFactory
 from wtcore.sink import ModuleSink
 from wtcore.source import TensorSource
@@ -239,7 +239,7 @@ def test_a_read_into_anything_but_flat_cpu_bytes_is_refused_before_any_copy(
     with _reader() as (reader, at):
         reader.view(at, 100).fill_(7)
         first = _flat(100).fill_(1)
-        with pytest.raises(WrongTypeError, match="contiguous uint8 CPU tensor"):
+        with pytest.raises(PayloadError, match="contiguous uint8 CPU tensor"):
             reader.read_many([(at, first), (at, out)], threads=2)
         assert torch.equal(first, torch.ones(100, dtype=torch.uint8))
 

@@ -102,9 +102,9 @@ def test_a_read_the_plan_or_the_slots_do_not_allow_is_refused_before_it_moves(
     that sends it nothing, a bucket it was not planned, a slot not announced, or a slot the
     bucket does not fit is refused, and nothing is written."""
     from tests.mooncake.test_hostile import _state, _synced_worker
-    from wtcore.layout import Layout
     from wtcore.meta import ParamMeta
-    from wtcore.plan import PlannedRound
+    from wtcore.sharded.layout import Layout
+    from wtcore.sharded.plan import PlannedRound
     from wtcore.testing.contract import assert_state_equal
 
     worker, trainer, model, init = _synced_worker()

@@ -75,9 +75,9 @@ def test_mixin_must_be_set_up_and_only_once() -> None:
 
 
 def test_sink_factory_must_return_a_sink() -> None:
-    with pytest.raises(TypeError, match="returned dict, which has no load_weights"):
+    with pytest.raises(PayloadError, match="returned dict, which has no load_weights"):
         WeightSyncActor("inline", lambda: {})
-    with pytest.raises(TypeError, match="expected a WeightSink or a zero-argument callable"):
+    with pytest.raises(PayloadError, match="expected a WeightSink or a zero-argument callable"):
         WeightSyncActor("inline", 42)  # type: ignore[arg-type]
 
 
@@ -104,7 +104,7 @@ def test_json_payloads_pass() -> None:
 def test_client_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="needs at least one actor"):
         RayWeightSyncClient([])
-    with pytest.raises(TypeError, match=r"handles\[0\]: expected a Ray actor handle"):
+    with pytest.raises(PayloadError, match=r"handles\[0\]: expected a Ray actor handle"):
         RayWeightSyncClient([object()])  # type: ignore[list-item]
 
 

@@ -26,7 +26,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from wtcore.source import ModuleSource, ShardedModuleSource
+from wtcore.sharded import ShardedModuleSource
+from wtcore.source import ModuleSource
 from wtcore_http_client import HTTPWeightSyncClient, VLLMWeightSyncClient
 from wtcore_kit.synthetic import build_module
 from wtcore_tcp import TCPTrainerEngine, TCPTrainerInitInfo

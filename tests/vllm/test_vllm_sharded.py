@@ -37,8 +37,8 @@ import torch
 
 from tests.vllm.conftest import Checkpoint, make_checkpoints
 from tests.vllm.vllm_kit import HERE, MAIN_PYTHON, VLLMServer, generate, servers
-from wtcore.layout import Layout, Shard, volume
-from wtcore.receiver_layout import TPLayout
+from wtcore.sharded.layout import Layout, Shard, volume
+from wtcore.sharded.receiver_layout import TPLayout
 from wtcore.testing import torchrun
 from wtcore_http_client import VLLMWeightSyncClient
 

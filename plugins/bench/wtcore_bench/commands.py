@@ -82,7 +82,7 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=[],
         metavar="FIELD=VALUE",
         help="set a field of the engine's init info (VALUE is JSON, or else a string), e.g. "
-        "broadcast=chain for nccl; repeatable",
+        "topology=chain for tcp; repeatable",
     )
     b.add_argument(
         "--nodes",

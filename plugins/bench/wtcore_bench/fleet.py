@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from wtcore.errors import WrongTypeError
+from wtcore.errors import PayloadError
 from wtcore_bench.api import ClientBench, ModelSpec, ReceiverFleet
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def _inspectable(client: str, fleet: ReceiverFleet) -> ReceiverFleet:
     missing = [
         n for n in calls_of(InspectableClient) if not callable(getattr(fleet.client, n, None))
     ]
-    raise WrongTypeError(
+    raise PayloadError(
         f"client {client!r}: the bench needs a wtcore.client.InspectableClient, but its launcher "
         f"returned a {kind.__module__}.{kind.__qualname__}, which lacks {', '.join(missing)}"
     )

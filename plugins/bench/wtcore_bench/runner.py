@@ -45,7 +45,7 @@ class BenchOptions:
     timeout_s: float = 300.0
     host: str = "127.0.0.1"  # where rendezvous points and receivers listen
     corrupt_round: int | None = None  # testing only: corrupt receiver 0 after this round
-    #: Extra fields of the engine's init info (``--engine-option broadcast=chain``).
+    #: Extra fields of the engine's init info (``--engine-option topology=chain``).
     engine_options: dict[str, Any] = field(default_factory=dict)
     #: Measure the baselines that have a session in turns with the engine's rounds (one call
     #: of each before every round) instead of all before them (``--interleave``).

@@ -86,7 +86,7 @@ def _state(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _layout(args: argparse.Namespace, kind: str, index: int) -> Any:
-    from wtcore.receiver_layout import TPLayout
+    from wtcore.sharded.receiver_layout import TPLayout
 
     if kind == "tp" and args.layout == "tp":
         return TPLayout(index, args.receivers, RULES)
@@ -159,7 +159,7 @@ def trainer(args: argparse.Namespace) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from wtcore import ModuleSource, WeightTransferTrainerFactory
-    from wtcore.source import ShardedModuleSource
+    from wtcore.sharded.source import ShardedModuleSource
     from wtcore_bench.memory import PeakTracker
     from wtcore_http_client import HTTPWeightSyncClient
     from wtcore_kit.synthetic import build_module

@@ -6,7 +6,7 @@ the worker half of ``delta`` in ``wtcore.round_policies``): with wtcore-delta in
 delta rounds without knowing about them. A round whose first tensor is the header
 (:mod:`wtcore_delta.header`) is a delta round: the header's base must be the version this
 receiver published, with consistent weights, left by a round of the same trainer lineage (else
-:class:`~wtcore.errors.StaleBaseError`, before anything is applied: another trainer may have
+:class:`StaleBaseError`, before anything is applied: another trainer may have
 published weights under the same version name); every other tensor must be listed in the
 header, once; patches are checked (:func:`wtcore_delta.codec.decode`) before any of their batch
 is written; at finish every listed tensor must have arrived. A full round passes through
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from wtcore.errors import PayloadError, StaleBaseError
+from wtcore.errors import PayloadError, ProtocolStateError
 from wtcore.meta import ParamMeta, dtype_name
 from wtcore.sink import ReadableSink, WeightSink
 from wtcore_delta.codec import apply_patch, decode
@@ -37,7 +37,16 @@ if TYPE_CHECKING:
 
     from wtcore_delta.codec import Decoded
 
-__all__ = ["DeltaSink", "delta_sink_for", "sink_accepts_patches"]
+__all__ = ["DeltaSink", "StaleBaseError", "delta_sink_for", "sink_accepts_patches"]
+
+
+class StaleBaseError(ProtocolStateError):
+    """A delta round's patches were computed against a version this receiver does not hold.
+
+    Raised before anything of the round is applied (a new replica, one that failed a round or
+    restarted, a sink that cannot take patches): HTTP 409. The trainer recognizes the name in
+    a receiver's failure (over every transport) and answers with a full round.
+    """
 
 
 def sink_accepts_patches(sink: object) -> bool:

@@ -11,10 +11,10 @@ the base is refreshed as it goes. Engines see only a source, so every engine car
 
 The base follows what receivers hold: it is brought up to date while the round is encoded
 and is kept only if the round completes on every receiver (any failure drops it, and the next
-round is full). A receiver that refuses a delta round (:class:`~wtcore.errors.StaleBaseError`,
-the safety net for a receiver that changed between the check and the round) gets a full round
-at once, sent from the base (which then equals the new weights), so the source is iterated
-once per call however the round ends.
+round is full). A receiver that refuses a delta round
+(:class:`~wtcore_delta.receiver.StaleBaseError`, the safety net for a receiver that changed
+between the check and the round) gets a full round at once, sent from the base (which then
+equals the new weights), so the source is iterated once per call however the round ends.
 
 Cost control: a large tensor is first compared on a small strided sample; when even the
 densest encoding could not beat the whole tensor, it is sent whole without the exact

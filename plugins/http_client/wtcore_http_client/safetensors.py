@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from wtcore.errors import MissingFileError, PayloadError, PluginLoadError
+from wtcore.errors import PayloadError, PluginLoadError
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +45,7 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
 
     p = Path(path)
     if not p.is_file():
-        raise MissingFileError(f"{p}: no such safetensors file")
+        raise PayloadError(f"{p}: no such safetensors file")
     try:
         tensors: dict[str, torch.Tensor] = st.load_file(p, device="cpu")
     except SafetensorError as e:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from wtcore.errors import PayloadError
-from wtcore.layout import is_int
+from wtcore.sharded.layout import is_int
 from wtcore_http_client.client import HTTPWeightSyncClient
 
 __all__ = ["WORKER_INFO_METHOD", "VLLMWeightSyncClient", "worker_reports"]

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import ALIGNMENT, align
-from wtcore.errors import PayloadError, TransferError, WrongTypeError
+from wtcore.errors import PayloadError, TransferError
 from wtcore_kit.concurrency import BackgroundCall
 
 if TYPE_CHECKING:
@@ -644,7 +644,7 @@ class SegmentReader:
         for offset, out in reads:
             want = out.numel()
             if out.dtype != torch.uint8 or out.device.type != "cpu" or not out.is_contiguous():
-                raise WrongTypeError(
+                raise PayloadError(
                     f"read_many: expected a contiguous uint8 CPU tensor, got {out.dtype} on "
                     f"{out.device}{'' if out.is_contiguous() else ', not contiguous'}"
                 )

@@ -7,7 +7,7 @@ and a receiver's slice of a tensor is, on a trainer rank, often not one contiguo
 Read in place, that is one read per row, about 28 µs each over Mooncake's TCP transport: slower
 than gathering on rank 0. Packed by the trainer rank, it is one read per bucket. A trainer rank
 has ``packed_num_buffers`` slots (no more memory than a round of the other engines), so the
-round goes in the steps of :func:`wtcore_kit.schedule.schedule_pairs`, which every rank
+round goes in the steps of :func:`wtcore_kit.sharded.schedule.schedule_pairs`, which every rank
 computes alike from the plan: at most that many buckets per trainer rank and per receiver in a
 step. In each step every trainer rank packs its buckets of the step into its slots, rank 0
 tells each receiver which slot of which rank holds which of its buckets (one rank-indexed
@@ -17,7 +17,7 @@ returns, and only then does any rank pack the next step.
 Before the first step rank 0 sends every rank's endpoint and slots (``{"senders":
 [{"endpoint": "host:port", "slots": [[address, bytes]]}]}``), so a receiver checks every read
 against what was announced: the slot exists, the planned bucket fits in it, and the bucket is
-the next of that sender's, of its planned size (:class:`~wtcore_kit.pairs.PairAssembler`).
+the next of that sender's, of its planned size (:class:`~wtcore_kit.sharded.pairs.PairAssembler`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wtcore.errors import PayloadError
-from wtcore.layout import is_int
+from wtcore.sharded.layout import is_int
 
 __all__ = ["MAX_SLOTS", "Read", "ReadsUpdate", "SendersUpdate"]
 

@@ -49,10 +49,10 @@ if TYPE_CHECKING:
 
     from wtcore.buckets import Bucket
     from wtcore.meta import ParamMeta
-    from wtcore.plan import PlannedRound
+    from wtcore.sharded.plan import PlannedRound
     from wtcore.source import WeightSource
     from wtcore.stats import TransferStats
-    from wtcore_kit.schedule import Op
+    from wtcore_kit.sharded.schedule import Op
     from wtcore_mooncake.lending import Lender
 
 __all__ = ["MooncakeTrainerEngine"]
@@ -206,11 +206,11 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
         """Pack this rank's buckets of ``planned`` into its slots, step by step, for the
         receivers to read; rank 0 tells them where (see :mod:`wtcore_mooncake.pairs`)."""
-        from wtcore.sharded_round import gather, together
+        from wtcore.sharded.round import gather, together
         from wtcore_kit.bucketed import SETTLE_GRACE_S
         from wtcore_kit.concurrency import BackgroundCall
-        from wtcore_kit.pairs import pack_pair
-        from wtcore_kit.schedule import pair_cuts, schedule_pairs
+        from wtcore_kit.sharded.pairs import pack_pair
+        from wtcore_kit.sharded.schedule import pair_cuts, schedule_pairs
 
         info, rank = self.mc_info, self.init_info.rank
         cuts = pair_cuts(planned, info.packed_buffer_size_bytes)

@@ -53,7 +53,7 @@ from wtcore.parse import parse_dataclass
 from wtcore.sink import direct_destination
 from wtcore_kit.bucketed import BucketedWorkerEngine
 from wtcore_kit.concurrency import BackgroundCall
-from wtcore_kit.pairs import PlanReceiver, PlanUpdate
+from wtcore_kit.sharded.pairs import PlanReceiver, PlanUpdate
 from wtcore_mooncake import te
 from wtcore_mooncake.pairs import ReadsUpdate, SendersUpdate
 from wtcore_mooncake.wire import MooncakeInitInfo, MooncakeUpdateInfo

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 from wtcore.engine import WeightTransferConfig
-from wtcore.errors import ProtocolStateError, WrongTypeError
+from wtcore.errors import PayloadError, ProtocolStateError
 from wtcore.sink import WeightSink
 from wtcore.worker import WeightSyncWorker
 
@@ -39,12 +39,12 @@ def _build_sink(sink: SinkFactory) -> WeightSink:
     if isinstance(sink, WeightSink):
         return sink
     if not callable(sink):
-        raise WrongTypeError(
+        raise PayloadError(
             f"sink: expected a WeightSink or a zero-argument callable returning one, got {sink!r}"
         )
     built = sink()
     if not isinstance(built, WeightSink):
-        raise WrongTypeError(
+        raise PayloadError(
             f"sink factory {getattr(sink, '__name__', sink)!r} returned "
             f"{type(built).__name__}, which has no load_weights(weights)"
         )

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from wtcore.defaults import DEFAULT_TIMEOUT_S
-from wtcore.errors import PayloadError, ReceiverFailure, WrongTypeError
+from wtcore.errors import PayloadError, ReceiverFailure
 from wtcore_kit.fanout import FAIL_FAST_S, FanOutClient, Target, receiver_args
 from wtcore_ray_client._errors import failure_from_ray
 from wtcore_ray_client._json import check_json_safe
@@ -89,7 +89,7 @@ class RayWeightSyncClient(FanOutClient):
                 if not callable(getattr(h, "update_weights", None)) or not hasattr(
                     h.update_weights, "remote"
                 ):
-                    raise WrongTypeError(
+                    raise PayloadError(
                         f"handles[{i}]: expected a Ray actor handle of a WeightSyncActor or a "
                         f"named actor's name, got {type(h).__name__}"
                     )

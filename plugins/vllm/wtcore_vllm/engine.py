@@ -49,7 +49,7 @@ from wtcore.engine import WeightTransferConfig
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.registry import ENGINES
 from wtcore.rounds import ROUND_KEY, drop_round, round_stamp
-from wtcore_kit.pairs import PlanUpdate
+from wtcore_kit.sharded.pairs import PlanUpdate
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
 from wtcore_vllm.paths import weight_transfer
 from wtcore_vllm.reload import (

@@ -34,8 +34,8 @@ from typing import Any, Protocol
 import torch
 
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError
-from wtcore.layout import split
-from wtcore.receiver_layout import MAX_RULES, TPLayout
+from wtcore.sharded.layout import split
+from wtcore.sharded.receiver_layout import MAX_RULES, TPLayout
 
 
 class _Adapter(Protocol):
