@@ -23,8 +23,7 @@ Engines that announce a round once and stream its bytes (nccl, tcp) use :mod:`wt
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -50,7 +49,6 @@ __all__ = [
     "BucketedTrainerInitInfo",
     "BucketedWorkerEngine",
     "check_bucket_options",
-    "renamed_fields",
 ]
 
 InitT = TypeVar("InitT")
@@ -71,28 +69,6 @@ def check_bucket_options(
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise PayloadError(f"{name}: expected a positive integer, got {value!r}")
     check_timeout("timeout_s", timeout_s)
-
-
-def renamed_fields(
-    data: Mapping[str, Any], renames: Mapping[str, str], *, what: str
-) -> dict[str, Any]:
-    """``data`` with old field names mapped to new ones, warning once per old name used.
-
-    Renamed options keep working for one release; both names at once is an error.
-    """
-    out = dict(data)
-    for old, new in renames.items():
-        if old not in out:
-            continue
-        if new in out:
-            raise PayloadError(f"{what}: both {old!r} and its new name {new!r} were given")
-        warnings.warn(
-            f"{what}.{old} is deprecated and will be removed in the next release; use {new}",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        out[new] = out.pop(old)
-    return out
 
 
 @dataclass
@@ -283,19 +259,9 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
 
 
 class BucketedWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, UpdateT]):
-    """Worker half of a bucket engine: keeps the init info, one error when it is missing.
+    """Worker half of a bucket engine: keeps the init info, one error when it is missing."""
 
-    ``renamed_init_fields`` maps deprecated init-info field names to their new names; they are
-    accepted, with a ``DeprecationWarning``, for one release.
-    """
-
-    renamed_init_fields: ClassVar[Mapping[str, str]] = {}
     _init: InitT | None = None
-
-    def parse_init_info(self, data: Mapping[str, Any]) -> InitT:
-        if isinstance(data, Mapping) and self.renamed_init_fields:
-            data = renamed_fields(data, self.renamed_init_fields, what="init_info")
-        return super().parse_init_info(data)
 
     def init_transfer_engine(self, init_info: InitT) -> None:
         self._init = init_info

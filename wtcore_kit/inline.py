@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -57,26 +56,10 @@ DEFAULT_BUFFER_SIZE = 16 << 20
 @dataclass
 class InlineTrainerInitInfo(BucketedTrainerInitInfo):
     """Trainer settings of the ``inline`` engine (see
-    :class:`~wtcore_kit.bucketed.BucketedTrainerInitInfo`).
-
-    ``buffer_size_bytes`` is the deprecated name of ``packed_buffer_size_bytes`` (accepted,
-    with a ``DeprecationWarning``, until the next release).
-    """
+    :class:`~wtcore_kit.bucketed.BucketedTrainerInitInfo`)."""
 
     backend: ClassVar[str] = "inline"
     packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
-    buffer_size_bytes: int | None = field(default=None, kw_only=True, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.buffer_size_bytes is not None:
-            warnings.warn(
-                "InlineTrainerInitInfo.buffer_size_bytes is deprecated and will be removed in "
-                "the next release; use packed_buffer_size_bytes",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-            self.packed_buffer_size_bytes, self.buffer_size_bytes = self.buffer_size_bytes, None
-        super().__post_init__()
 
 
 @dataclass
@@ -117,9 +100,6 @@ class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, Inli
 
     init_info_cls = InlineInitInfo
     update_info_cls = InlineUpdateInfo
-    renamed_init_fields: ClassVar[dict[str, str]] = {
-        "buffer_size_bytes": "packed_buffer_size_bytes"
-    }
 
     def parse_update_info(self, data: Mapping[str, Any]) -> Any:
         plan = self.parse_plan(data)

@@ -298,43 +298,6 @@ def test_a_fleet_client_without_inspection_is_refused_once_and_its_receivers_sto
     assert len(closed) == 1, "the receivers it started must be stopped"
 
 
-def test_deprecated_launch_hook_is_a_fallback_that_warns() -> None:
-    from wtcore.hooks import register_hooks, unregister_hooks
-    from wtcore.hookspecs import hookimpl
-    from wtcore_bench.fleet import InProcessFleet
-    from wtcore_kit.inproc import InProcessClient
-
-    class Legacy:
-        @hookimpl
-        def wtcore_launch_receivers(
-            self, client: str, backend: str, count: int, model: Any, timeout_s: float, options: Any
-        ) -> Any:
-            if client != "thirdparty-nolaunch":
-                return None
-            return InProcessFleet(
-                InProcessClient, backend, count, model, timeout_s=timeout_s, options=options
-            )
-
-    CLIENTS.register("thirdparty-nolaunch", _NoLauncherClient)
-    name = register_hooks(Legacy(), name="legacy-launcher")
-    try:
-        with pytest.warns(DeprecationWarning, match="wtcore_launch_receivers hook, which is dep"):
-            record = run_bench(
-                BenchOptions(
-                    client="thirdparty-nolaunch",
-                    baselines="none",
-                    size_bytes=16 << 10,
-                    num_tensors=12,
-                    rounds=1,
-                    torch_threads=0,
-                )
-            )
-        assert record["ok"] is True
-    finally:
-        unregister_hooks(name=name)
-        CLIENTS.unregister("thirdparty-nolaunch")
-
-
 def test_plot_without_matplotlib_is_one_wtcore_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 

@@ -57,7 +57,7 @@ def test_unknown_key_lists_valid_keys(test_client: str) -> None:
     assert str(exc.value) == (
         "config: unknown key(s) 'bufer_size' for backend 'inline'; "
         "valid keys: backend, client, delta, delta_base_device, packed, "
-        "packed_buffer_size_bytes, packed_num_buffers, timeout_s, buffer_size_bytes"
+        "packed_buffer_size_bytes, packed_num_buffers, timeout_s"
     )
 
 
@@ -141,10 +141,9 @@ def test_sender_without_a_client_is_refused_before_anything_starts(backend: str)
         WeightTransferTrainerFactory.trainer_init(info_cls(**extra, rank=0), client=None)
 
 
-def test_old_buffer_option_name_still_works_with_a_warning(test_client: str) -> None:
-    with pytest.warns(DeprecationWarning, match="buffer_size_bytes is deprecated.*packed_buffer"):
-        engine = trainer_from_config(
+def test_the_buffer_option_name_0_1_deprecated_is_gone(test_client: str) -> None:
+    """0.1.0 said ``buffer_size_bytes`` would go in the next release: it is an unknown key."""
+    with pytest.raises(PayloadError, match="buffer_size_bytes"):
+        trainer_from_config(
             {"backend": "inline", "buffer_size_bytes": 512, "client": {"name": test_client}}
         )
-    assert engine.init_info.packed_buffer_size_bytes == 512  # type: ignore[attr-defined]
-    assert engine.init_info.buffer_size_bytes is None  # type: ignore[attr-defined]

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-#: Each old path of 0.1.0: its new module and 0.1.0's ``__all__`` there.
+#: Each old path of 0.1.0: its new module and 0.1.0's ``__all__`` there (less ``renamed_fields``,
+#: which served only the field names 0.1.0 deprecated for removal in 0.2.0).
 OLD_PATHS: dict[str, tuple[str, list[str]]] = {
     old: (new, names.split())
     for old, new, names in [
@@ -34,7 +35,7 @@ OLD_PATHS: dict[str, tuple[str, list[str]]] = {
             "wtcore.kit",
             "wtcore_kit.bucketed",
             "BucketUpdateInfo BucketedTrainerEngine BucketedTrainerInitInfo BucketedWorkerEngine "
-            "check_bucket_options renamed_fields",
+            "check_bucket_options",
         ),
         (
             "wtcore.local",

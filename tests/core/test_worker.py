@@ -350,14 +350,11 @@ def test_init_mid_round_abandons_it_and_leaves_it_inconsistent(worker: WeightSyn
     assert (info["state"], info["consistent"], info["weight_version"]) == ("idle", False, None)
 
 
-def test_old_init_field_name_is_accepted_with_a_warning(worker: WeightSyncWorker) -> None:
-    with pytest.warns(DeprecationWarning, match="init_info.buffer_size_bytes is deprecated"):
+def test_the_init_field_name_0_1_deprecated_is_refused(worker: WeightSyncWorker) -> None:
+    """0.1.0 said ``buffer_size_bytes`` would go in the next release: refused, naming it."""
+    with pytest.raises(PayloadError, match="buffer_size_bytes"):
         worker.init_weight_transfer_engine({"buffer_size_bytes": 1 << 20})
-    worker.start_weight_update()
-    worker.update_weights(_payload({"a.w": torch.ones(4), "b.w": torch.ones(2, 2)}))
-    worker.finish_weight_update("v1")
-    with pytest.raises(PayloadError, match="both 'buffer_size_bytes' and its new name"):
-        worker.init_weight_transfer_engine({"buffer_size_bytes": 1, "packed_buffer_size_bytes": 1})
+    assert worker.weight_info()["state"] == "uninitialized"
 
 
 @pytest.mark.parametrize("backend", ["inline", "ipc", "nccl"])

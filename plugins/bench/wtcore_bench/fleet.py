@@ -8,7 +8,6 @@ The bench gets receivers from the chosen client's :class:`~wtcore_bench.api.Clie
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -78,13 +77,8 @@ def launch_fleet(
 
     cls = CLIENTS.load(client)  # unknown name -> the registry's "did you mean" error
     opts = dict(options or {})
-    declared = find_client_bench(client, cls)
-    fleet = None
-    if declared is None:  # the deprecated hook is asked only when nothing is declared
-        fleet = _legacy_hook(client, backend, count, model, timeout_s, opts)
-    if fleet is None:
-        launcher = (declared or client_bench(client, cls)).launcher
-        fleet = launcher(cls, backend, count, model, timeout_s=timeout_s, options=opts)
+    launcher = (find_client_bench(client, cls) or client_bench(client, cls)).launcher
+    fleet = launcher(cls, backend, count, model, timeout_s=timeout_s, options=opts)
     return _inspectable(client, fleet)
 
 
@@ -103,40 +97,6 @@ def _inspectable(client: str, fleet: ReceiverFleet) -> ReceiverFleet:
         f"client {client!r}: the bench needs a wtcore.client.InspectableClient, but its launcher "
         f"returned a {kind.__module__}.{kind.__qualname__}, which lacks {', '.join(missing)}"
     )
-
-
-def _legacy_hook(
-    client: str,
-    backend: str,
-    count: int,
-    model: ModelSpec,
-    timeout_s: float,
-    options: dict[str, Any],
-) -> ReceiverFleet | None:
-    """The deprecated ``wtcore_launch_receivers`` hook, asked only when the client declares no
-    bench support."""
-    from wtcore.hooks import get_plugin_manager
-
-    caller = get_plugin_manager().hook.wtcore_launch_receivers
-    if not caller.get_hookimpls():
-        return None
-    fleet: ReceiverFleet | None = caller(
-        client=client,
-        backend=backend,
-        count=count,
-        model=model,
-        timeout_s=timeout_s,
-        options=options,
-    )
-    if fleet is not None:
-        warnings.warn(
-            f"receivers for client {client!r} came from the wtcore_launch_receivers hook, "
-            "which is deprecated and will be removed in 0.3: declare a wtcore_bench.ClientBench "
-            "as 'client.<name>' in the 'wtcore.bench' entry-point group instead",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-    return fleet
 
 
 #: What the core's ``inproc`` client declares: ``client.inproc`` in ``wtcore.bench``.

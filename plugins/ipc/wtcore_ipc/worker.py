@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from wtcore.buckets import Bucket, as_bytes, unpack_bucket
 from wtcore.errors import PayloadError, TransferError
@@ -64,10 +64,6 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     init_info_cls = IPCInitInfo
     update_info_cls = IPCUpdateInfo
-    renamed_init_fields: ClassVar[dict[str, str]] = {
-        "buffer_size_bytes": "packed_buffer_size_bytes",
-        "num_buffers": "packed_num_buffers",
-    }
 
     _reader: SegmentReader | None = None
     _importer: CudaImporter | None = None
