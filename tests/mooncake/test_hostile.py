@@ -31,7 +31,9 @@ from wtcore_kit.inproc import InProcessClient
 from wtcore_mooncake import MooncakeTrainerInitInfo, te
 from wtcore_mooncake.worker import MooncakeWorkerEngine
 
-pytestmark = [pytest.mark.timeout(120)]
+# Real transfer engines listening on ports, and rounds that stall on purpose until a timeout:
+# not for make quick.
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -140,7 +142,6 @@ def stalling_trainer(fill: int = 0) -> Iterator[tuple[subprocess.Popen[bytes], d
             proc.stdout.close()
 
 
-@pytest.mark.processes
 @pytest.mark.parametrize(
     ("fault", "form"),
     [(f, w) for f in ("killed", "stopped") for w in ("slot", "regions")] + [("unlent", "regions")],
