@@ -132,9 +132,12 @@ def test_missized_bucket_is_refused_and_the_receiver_survives(
             errors.append(info["last_error"])
         # The frame header's check, or the stream's own length check. Over tcp's fan-out the
         # trainer may abandon the round, after the first refusal, before the other worker read
-        # the bucket: its streams close, naming the sender. Over the chain the relay that
-        # refused shuts its onward streams: the receiver behind it fails naming the relay.
-        assert any("planned" in e for e in errors), errors
+        # the bucket: its streams close, naming the sender; and the worker that refused may
+        # report its next bucket's closed stream last (seen once under load in CI). Over the
+        # chain the relay that refused shuts its onward streams: the receiver behind it fails
+        # naming the relay.
+        fanout = two.variant == "tcp-fanout"  # type: ignore[attr-defined]
+        assert fanout or any("planned" in e for e in errors), errors
         for e in errors:
             closed = "from rank 0 (the sender)" in e
             cut = "from rank 1 (the previous rank of the chain)" in e
