@@ -257,9 +257,6 @@ class TrainerWeightTransferEngine(ABC):
             # end the round there now (so none keeps reporting consistent over what it got),
             # and start the next round with a fresh handshake (see the class docstring).
             self.needs_handshake = True
-            if isinstance(self.client, RoundStampingClient):
-                self.client.settle()
-            self.client = client
             self._abort_round(e)
             notify("wtcore_update_failed", engine=self, weight_version=weight_version, error=e)
             raise
@@ -302,8 +299,6 @@ class TrainerWeightTransferEngine(ABC):
             again = self.rounds.resend(e)
             if again is None:
                 raise
-            if isinstance(self.client, RoundStampingClient):
-                self.client.settle()
             self._abort_round(e)
             with stats.phase("control"):
                 self.handshake()
@@ -343,6 +338,8 @@ class TrainerWeightTransferEngine(ABC):
         from wtcore.client import InspectableClient
 
         client = self.client
+        if isinstance(client, RoundStampingClient):
+            client.settle()  # a start still in flight must not overtake the abort
         if not isinstance(client, InspectableClient):
             return
         reason = f"the trainer's round failed: {type(error).__name__}: {error}"[:500]
