@@ -13,7 +13,6 @@ from wtcore import ReceiverError, TensorSource, TransferTimeoutError, WeightTran
 from wtcore.testing import KillingSource, free_port
 from wtcore.testing.procs import freeze
 from wtcore.testing.sources import synthetic_state
-from wtcore.testing.waits import wait_until
 from wtcore_http_client import HTTPWeightSyncClient, ReceiverTimeoutError
 from wtcore_kit.inline import InlineTrainerInitInfo
 
@@ -32,26 +31,22 @@ def _pair(start_server: Any) -> list[Any]:
 def test_server_killed_mid_round(start_server: Any) -> None:
     alive, doomed = _pair(start_server)
     state = synthetic_state(SIZE, TENSORS, "float32", seed=3)
-    with HTTPWeightSyncClient([alive.url, doomed.url], timeout_s=TIMEOUT_S) as client:
+    with (
+        HTTPWeightSyncClient([alive.url, doomed.url], timeout_s=TIMEOUT_S) as client,
+        HTTPWeightSyncClient(doomed.url, timeout_s=TIMEOUT_S) as doomed_client,
+    ):
         trainer = WeightTransferTrainerFactory.trainer_init(
             InlineTrainerInitInfo(rank=0, packed_buffer_size_bytes=8 << 10), client=client
         )
-
-        def kill_once_the_round_is_open() -> None:
-            # The round opens in the background while the trainer reads its first tensors: kill
-            # the receiver mid-round, not before its start arrived.
-            with HTTPWeightSyncClient(doomed.url, timeout_s=TIMEOUT_S) as doomed_client:
-                wait_until(
-                    lambda: doomed_client.weight_info()[0]["state"] == "updating",
-                    TIMEOUT_S,
-                    "the doomed receiver to open the round",
-                )
-            doomed.stop(signal.SIGKILL)
-
         t0 = time.monotonic()
         with pytest.raises(ReceiverError) as err:
             trainer.send_weights(
-                KillingSource(TensorSource(state), kill_once_the_round_is_open, at=1),
+                KillingSource(
+                    TensorSource(state),
+                    lambda: doomed.stop(signal.SIGKILL),
+                    at=1,
+                    once=lambda: doomed_client.weight_info()[0]["state"] == "updating",
+                ),
                 weight_version="x",
             )
         assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S

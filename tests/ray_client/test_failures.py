@@ -56,10 +56,17 @@ def test_actor_killed_mid_round(ray_cluster: None, kit: Any) -> None:
         with WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
             trainer.send_weights(TensorSource(state), weight_version="good")
             victim = group.handles[1]
+            victim_client = RayWeightSyncClient([victim], timeout_s=timeout_s)
             t0 = time.monotonic()
             with pytest.raises(ReceiverError) as ei:
                 trainer.send_weights(
-                    KillingSource(TensorSource(state), _killer(victim), at=5), weight_version="bad"
+                    KillingSource(
+                        TensorSource(state),
+                        _killer(victim),
+                        at=5,
+                        once=lambda: victim_client.weight_info()[0]["state"] == "updating",
+                    ),
+                    weight_version="bad",
                 )
             assert time.monotonic() - t0 < timeout_s
         err = ei.value

@@ -157,11 +157,22 @@ class KillingSource(WeightSource):
     dies in the middle of a round (a process SIGKILLed, a server stopped, an actor killed).
 
     ``kill`` is whatever ends the peer for the transport under test, so one source serves every
-    engine's and client's failure tests.
+    engine's and client's failure tests. The round opens in the background while the trainer
+    reads its first tensors, so a test that needs the kill to land mid-round (not before the
+    start reached the peer) passes ``once``, a condition waited for (bounded) before the kill.
     """
 
-    def __init__(self, inner: WeightSource, kill: Callable[[], object], at: int) -> None:
+    def __init__(
+        self,
+        inner: WeightSource,
+        kill: Callable[[], object],
+        at: int,
+        *,
+        once: Callable[[], object] | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
         self.inner, self.kill, self.at = inner, kill, at
+        self.once, self.timeout_s = once, timeout_s
 
     def metadata(self) -> list[ParamMeta]:
         return self.inner.metadata()
@@ -169,6 +180,10 @@ class KillingSource(WeightSource):
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for i, item in enumerate(self.inner):
             if i == self.at:
+                if self.once is not None:
+                    from wtcore.testing.waits import wait_until
+
+                    wait_until(self.once, self.timeout_s, "the peer to open the round")
                 self.kill()
             yield item
 
