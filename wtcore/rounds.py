@@ -28,9 +28,11 @@ from wtcore.errors import PayloadError, ProtocolStateError, TransferTimeoutError
 
 __all__ = [
     "MAX_VERSION_CHARS",
+    "PREPARE_KEY",
     "ROUND_HEADER",
     "ROUND_ID_RE",
     "ROUND_KEY",
+    "STAGED_KEY",
     "RoundStampingClient",
     "check_required",
     "check_round_id",
@@ -48,6 +50,13 @@ ROUND_HEADER = "X-Wtcore-Round"
 #: ``update_info``, so this is how the vLLM adapter knows which trainer an update comes from.
 #: Receivers take it out before the engine parses the rest.
 ROUND_KEY = "wtcore_round"
+#: Stamped into every update of a staged round (``TrainerInitInfo(staged=True)``): a receiver
+#: that would write it into its live weights refuses it, before anything lands.
+STAGED_KEY = "wtcore_staged"
+#: The staged round's last update carries only this: the receiver checks that it holds the
+#: complete round, staged, and keeps it until the finish commits it (the fleet's barrier; vLLM's
+#: finish carries no body, so the prepare travels as an update).
+PREPARE_KEY = "wtcore_prepare"
 #: What a round id may look like: long enough to be unguessable, safe in a header.
 ROUND_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")  # always fullmatch: `$` lets "\n" through
 #: The longest ``weight_version`` a receiver publishes, on every transport (it is echoed in
@@ -92,12 +101,18 @@ def check_required(call: str, round_id: str | None, required: bool) -> None:
         )
 
 
-def stamp_round(update_info: Any, round_id: str) -> Any:
-    """``update_info`` (a dict, or a list of them) with ``round_id`` under :data:`ROUND_KEY`."""
+def stamp_round(update_info: Any, round_id: str | None, *, staged: bool = False) -> Any:
+    """``update_info`` (a dict, or a list of them) with ``round_id`` under :data:`ROUND_KEY`
+    (unless None) and, for a staged round, :data:`STAGED_KEY`."""
+    extra: dict[str, Any] = {} if round_id is None else {ROUND_KEY: round_id}
+    if staged:
+        extra[STAGED_KEY] = True
+    if not extra:
+        return update_info
     if isinstance(update_info, list):
-        return [{**e, ROUND_KEY: round_id} if isinstance(e, dict) else e for e in update_info]
+        return [{**e, **extra} if isinstance(e, dict) else e for e in update_info]
     if isinstance(update_info, dict):
-        return {**update_info, ROUND_KEY: round_id}
+        return {**update_info, **extra}
     return update_info
 
 
@@ -115,10 +130,11 @@ def round_stamp(update_info: Any) -> str | None:
 
 
 def drop_round(entry: dict[str, Any]) -> dict[str, Any]:
-    """``entry`` without :data:`ROUND_KEY`: what the engine parses."""
-    if ROUND_KEY not in entry:
+    """``entry`` without the keys the client stamps (:data:`ROUND_KEY`, :data:`STAGED_KEY`):
+    what the engine parses."""
+    if ROUND_KEY not in entry and STAGED_KEY not in entry:
         return entry
-    return {k: v for k, v in entry.items() if k != ROUND_KEY}
+    return {k: v for k, v in entry.items() if k not in (ROUND_KEY, STAGED_KEY)}
 
 
 class RoundStampingClient:
@@ -130,12 +146,14 @@ class RoundStampingClient:
 
     :meth:`open_round` sends ``start_weight_update`` from a helper thread, so that the engine
     reads (and packs) its first tensors during the round trip; the first update, the finish
-    and :meth:`opened` wait for it (bounded by ``timeout_s``) and raise its error.
+    and :meth:`opened` wait for it (bounded by ``timeout_s``) and raise its error. With
+    ``staged`` every update says so, and :meth:`prepare` sends the round's barrier.
     """
 
-    def __init__(self, inner: Any, timeout_s: float) -> None:
+    def __init__(self, inner: Any, timeout_s: float, *, staged: bool = False) -> None:
         self.inner = inner
         self.timeout_s = timeout_s
+        self.staged = staged
         self._done: threading.Event | None = None
         self._error: BaseException | None = None
 
@@ -178,9 +196,12 @@ class RoundStampingClient:
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         self.opened()
         round_id = getattr(self.inner, "round_id", None)
-        if isinstance(round_id, str):
-            update_info = stamp_round(update_info, round_id)
-        self.inner.update_weights(update_info)
+        round_id = round_id if isinstance(round_id, str) else None
+        self.inner.update_weights(stamp_round(update_info, round_id, staged=self.staged))
+
+    def prepare(self) -> None:
+        """A staged round's barrier: returns once every receiver holds the complete round."""
+        self.update_weights({PREPARE_KEY: True})
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.opened()

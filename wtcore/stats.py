@@ -38,6 +38,9 @@ class TransferStats:
     #: With a sharded source (``wtcore.sharded.round``): the payload bytes this trainer rank
     #: packed and sent, its planned chunks' (``num_bytes`` is what the plan gives it).
     bytes_sent: int | None = None
+    #: Each receiver's ``staged_s``, ``commit_s`` and ``paused_s`` of this round, from its
+    #: ``weight_info`` (docs/staged.md); None when the client cannot inspect its receivers.
+    receiver_times: list[dict[str, Any]] | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

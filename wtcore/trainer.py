@@ -42,6 +42,10 @@ class TrainerInitInfo:
     delta: bool | str = field(default=False, kw_only=True)
     #: Where delta keeps its copy of the base (``"cpu"`` for a model on GPU); None: with it.
     delta_base_device: str | None = field(default=None, kw_only=True)
+    #: Staged rounds (docs/staged.md): every receiver stages the round beside its live weights
+    #: and confirms it holds all of it before any commits; receivers must stage
+    #: (``transactional=True``), others refuse the round before anything lands.
+    staged: bool = field(default=False, kw_only=True)
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         """Every concrete subclass names its engine; ``abstract=True`` marks a shared base."""
@@ -57,6 +61,8 @@ class TrainerInitInfo:
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
             raise PayloadError(f"rank: expected a non-negative int, got {self.rank!r}")
+        if not isinstance(self.staged, bool):
+            raise PayloadError(f"staged: expected a bool, got {self.staged!r}")
         if not isinstance(self.delta, bool) and self.delta != "auto":
             raise PayloadError(f"delta: expected a bool or 'auto', got {self.delta!r}")
         if self.delta_base_device is not None and not isinstance(self.delta_base_device, str):
@@ -72,6 +78,22 @@ class TrainerInitInfo:
     def rounds(self) -> str:
         """The name of this engine's round policy in :data:`wtcore.registry.ROUND_POLICIES`."""
         return "delta" if self.delta else "full"
+
+
+def _receiver_times(client: object) -> list[dict[str, Any]] | None:
+    """Each receiver's ``staged_s``, ``commit_s`` and ``paused_s`` of the round just finished,
+    where the client can inspect its receivers and they report them; best effort."""
+    from wtcore.client import InspectableClient
+
+    if not isinstance(client, InspectableClient):
+        return None
+    keys = ("staged_s", "commit_s", "paused_s")
+    try:
+        infos = client.weight_info()
+    except Exception as e:  # the round is published; its times are only a report
+        log.warning("weight_info after the round failed: %s", str(e))
+        return None
+    return [{k: info.get(k) for k in keys} for info in infos]
 
 
 class RoundPolicy:
@@ -242,7 +264,9 @@ class TrainerWeightTransferEngine(ABC):
                 src = DigestingSource(src)
                 self.client = VerifyingClient(client, src)
             # the owner's id in every update
-            self.client = RoundStampingClient(self.client, self._timeout_s() + 30)
+            self.client = RoundStampingClient(
+                self.client, self._timeout_s() + 30, staged=self.init_info.staged
+            )
             if self.needs_handshake:
                 with stats.phase("control"):
                     self.handshake()
@@ -263,6 +287,7 @@ class TrainerWeightTransferEngine(ABC):
         finally:
             self.client = client
         stats.seconds = time.perf_counter() - t0
+        stats.receiver_times = _receiver_times(client)
         notify("wtcore_update_finished", engine=self, stats=stats, weight_version=weight_version)
         return stats
 
@@ -278,7 +303,6 @@ class TrainerWeightTransferEngine(ABC):
                     stats.num_bytes += meta.nbytes
             return
         self._send_round(source, stats, weight_version)
-        # Staged rounds plug in here: the bytes are moved, the round not yet finished.
         self._finish_round(stats, weight_version)
 
     def _send_round(
@@ -315,9 +339,15 @@ class TrainerWeightTransferEngine(ABC):
         return float(timeout) if isinstance(timeout, int | float) else DEFAULT_TIMEOUT_S
 
     def _finish_round(self, stats: TransferStats, weight_version: str | None) -> None:
-        """Sender only: finish the round; every receiver publishes ``weight_version``."""
-        assert self.client is not None, "the sender always has a client"
+        """Sender only: finish the round; every receiver publishes ``weight_version``.
+
+        A staged round first prepares on every receiver (each confirms it holds the complete
+        round), so a failure there aborts the round everywhere before any receiver commits.
+        """
+        assert isinstance(self.client, RoundStampingClient), "send_weights wraps the client"
         with stats.phase("control"):
+            if self.init_info.staged:
+                self.client.prepare()
             self.client.finish_weight_update(weight_version)
 
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:

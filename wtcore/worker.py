@@ -20,7 +20,12 @@ rules live in one place:
   weights that a round changed;
 * ``weight_version`` is published only by a successful finish;
 * with ``transactional=True`` a round is staged and applied only at finish, so a failed round
-  leaves the old weights serving and the receiver consistent (see :mod:`wtcore.staging`).
+  leaves the old weights serving and the receiver consistent (see :mod:`wtcore.staging`); a
+  staged round's prepare (:data:`~wtcore.rounds.PREPARE_KEY`) runs every check a finish runs,
+  so the trainer commits a fleet only once each receiver holds its complete round
+  (``docs/staged.md``);
+* each finished round reports how long the served weights were not a published version
+  (``paused_s``), how long the round was staging beside them (``staged_s``) and the commit.
 
 State reads (:meth:`weight_info`) never wait for a long call to end. An init that arrives
 while a call runs preempts it (the engine's :meth:`~wtcore.engine.WeightTransferEngine.abort`
@@ -45,7 +50,9 @@ from wtcore.finite import FiniteCheckSink
 from wtcore.ledger import ByteLedger
 from wtcore.registry import RECEIVER_LAYERS
 from wtcore.rounds import (
+    PREPARE_KEY,
     ROUND_KEY,
+    STAGED_KEY,
     check_required,
     check_round_id,
     check_weight_version,
@@ -192,6 +199,12 @@ class WeightSyncWorker:
         self._updates_in_round = 0
         self._touched = False  # whether an update of the open round reached the engine
         self._committing = False  # a transactional finish is writing the staged round
+        self._prepared = False  # the open round passed its prepare: only the commit is left
+        # When the open round started and first wrote the live weights (monotonic), and the
+        # last finished round's times (weight_info).
+        self._started_at = 0.0
+        self._live_from: float | None = None
+        self._times: dict[str, float | None] = dict.fromkeys(("staged_s", "commit_s", "paused_s"))
         # The open round's owner (None: unowned), its deadline, and the last ended round's
         # id with why it ended (for a clear error to a caller that still thinks it is open).
         self._round_id: str | None = None
@@ -465,8 +478,9 @@ class WeightSyncWorker:
             self._ledger.begin()
             self._state = WorkerState.UPDATING
             self._updates_in_round = 0
-            self._touched = False
+            self._touched = self._prepared = False
             self._round_id = round_id
+            self._started_at, self._live_from = time.monotonic(), None
 
     def update_weights(
         self,
@@ -490,8 +504,21 @@ class WeightSyncWorker:
                 "nothing was applied"
             )
         with self._round_call(name, round_id) as generation:
-            entry = drop_round(self._entry_for_rank(update_info))
-            typed = self.engine.parse_update_info(entry)  # PayloadError: round stays open
+            entry = self._entry_for_rank(update_info)
+            if self._staging is None and entry.get(STAGED_KEY) is True:
+                raise PayloadError(
+                    f"update_info.{STAGED_KEY}: this round is staged (the trainer's staged=True) "
+                    "and this receiver writes its live weights; start it with "
+                    "transactional=True (wtcore serve --transactional); nothing was applied"
+                )
+            if self._prepared:
+                raise ProtocolStateError(
+                    f"{name}: refused, this round was prepared; only its finish may follow"
+                )
+            if PREPARE_KEY in entry:
+                self._prepare(generation)
+                return
+            typed = self.engine.parse_update_info(drop_round(entry))  # PayloadError: stays open
             self._ledger.plan(getattr(typed, "metas", None))
             self._touched = True
             was_consistent = self._consistent
@@ -499,6 +526,8 @@ class WeightSyncWorker:
                 # From the first byte applied until finish, the model may be half new, half
                 # old: say so, so that a round abandoned later never reads as consistent.
                 self._consistent = False
+                if self._live_from is None:
+                    self._live_from = time.monotonic()
             try:
                 self.engine.receive_weights(typed)
             except BaseException as e:
@@ -515,6 +544,42 @@ class WeightSyncWorker:
                 self._current(name, generation)
                 self._updates_in_round += 1
 
+    def _prepare(self, generation: int) -> None:
+        """A staged round's barrier: every check its finish would run, nothing applied; after
+        it only the commit is left, which cannot fail for a reason the trainer could have
+        learned before committing the fleet."""
+        name = "update_weights (prepare)"
+        if self._staging is None:
+            raise PayloadError(
+                f"update_info.{PREPARE_KEY}: only a receiver that stages its rounds can prepare "
+                "(transactional=True); nothing was applied"
+            )
+        self._require_updates(name)
+        try:
+            self._check_round()
+        except BaseException as e:
+            self._call_failed(name, generation, e)
+            raise
+        with self._lock:
+            self._current(name, generation)
+            self._prepared = True
+
+    def _require_updates(self, name: str) -> None:
+        if self._updates_in_round == 0:
+            raise ProtocolStateError(
+                f"{name}: refused, this round applied no update_weights; a version is "
+                "published only over weights a round changed (send an update, or end the "
+                "round with abort_weight_update); the round stays open"
+            )
+
+    def _check_round(self) -> None:
+        """Everything that must hold before a round is published (the ledger, the layers, the
+        engine's own finish)."""
+        self._ledger.check()
+        for _, layer in self._layers:
+            layer.finish()
+        self.engine.finish_weight_update()
+
     def finish_weight_update(
         self, weight_version: str | None = None, *, round_id: str | None = None
     ) -> None:
@@ -522,17 +587,11 @@ class WeightSyncWorker:
         name = "finish_weight_update"
         with self._round_call(name, round_id) as generation:
             check_weight_version(weight_version)
-            if self._updates_in_round == 0:
-                raise ProtocolStateError(
-                    f"{name}: refused, this round applied no update_weights; a version is "
-                    "published only over weights a round changed (send an update, or end the "
-                    "round with abort_weight_update); the round stays open"
-                )
+            self._require_updates(name)
+            t0 = time.monotonic()
             try:
-                self._ledger.check()
-                for _, layer in self._layers:
-                    layer.finish()
-                self.engine.finish_weight_update()
+                if not self._prepared:
+                    self._check_round()
             except BaseException as e:
                 self._call_failed(name, generation, e)
                 raise
@@ -541,6 +600,7 @@ class WeightSyncWorker:
                 # being written, or it would keep the old version consistent over new bytes.
                 with self._lock:
                     self._committing = True
+                t0 = time.monotonic()
                 try:
                     self._staging.commit()
                 except BaseException as e:
@@ -558,6 +618,21 @@ class WeightSyncWorker:
                 self._rounds_ok += 1
                 self._round_id = None
                 self._ended = None
+                self._times = self._round_times(t0, time.monotonic())
+
+    def _round_times(self, commit_from: float, end: float) -> dict[str, float | None]:
+        """A finished round's times: staged (beside the live weights), the commit, and paused
+        (the live weights were no published version: the commit when staged, else from the
+        first byte written to the end)."""
+        commit_s = end - commit_from
+        if self._staging is not None:
+            return {
+                "staged_s": commit_from - self._started_at,
+                "commit_s": commit_s,
+                "paused_s": commit_s,
+            }
+        live_from = self._live_from if self._live_from is not None else commit_from
+        return {"staged_s": None, "commit_s": commit_s, "paused_s": end - live_from}
 
     def update_weight_version(self, new_version: str, *, round_id: str | None = None) -> None:
         """Rename the version of the weights held, between rounds (vLLM's route of the name).
@@ -643,6 +718,8 @@ class WeightSyncWorker:
             "layout": self._layout_report(),
             # Bytes announced and landed in the open (or last) round, every tensor counted.
             "round_bytes": self._ledger.totals(),
+            # The last finished round's seconds: staged_s, commit_s, paused_s (docs/staged.md).
+            **self._times,
             # Trainers read "delta" (wtcore-delta's rounds): False unless its layer takes them.
             "delta": False,
             **{name: layer.accepts for name, layer in self._layers},

@@ -56,7 +56,7 @@ def test_unknown_key_lists_valid_keys(test_client: str) -> None:
         trainer_from_config({"backend": "inline", "bufer_size": 1, "client": {"name": test_client}})
     assert str(exc.value) == (
         "config: unknown key(s) 'bufer_size' for backend 'inline'; "
-        "valid keys: backend, client, delta, delta_base_device, packed, "
+        "valid keys: backend, client, delta, delta_base_device, staged, packed, "
         "packed_buffer_size_bytes, packed_num_buffers, timeout_s"
     )
 

@@ -112,3 +112,15 @@ def test_a_sharded_source_needs_an_engine_that_executes_plans() -> None:
         InlineTrainerEngine.trainer_init(
             InlineTrainerInitInfo(rank=0), client=InProcessClient(receivers(1, False))
         ).send_weights(PartsSource(whole(), {}, 0), verify=True)
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(300)
+def test_a_staged_sharded_round_prepares_every_slice_before_any_commit() -> None:
+    got = run_ranks(inline_info, "inline", 2, 2, "S0", staged=True)
+    assert all("error" not in g for g in got), got
+    infos, exact = got[0]["infos"], got[0]["exact"]
+    assert all(all(e.values()) for e in exact)  # every slice bit-exact after the commit
+    for info in infos:
+        assert (info["weight_version"], info["consistent"]) == ("sharded-1", True)
+        assert info["staged_s"] is not None and info["paused_s"] == info["commit_s"]

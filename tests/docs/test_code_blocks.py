@@ -175,6 +175,7 @@ EXECUTED: dict[str, Callable[[Path], Generator[dict[str, Any], None, None]]] = {
     "docs/tcp.md": _self_contained,
     "docs/mooncake.md": _self_contained,
     "docs/sharded.md": _self_contained,
+    "docs/staged.md": _self_contained,
 }
 
 

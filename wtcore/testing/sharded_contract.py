@@ -27,6 +27,7 @@ published, the next round is exact).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from collections.abc import Callable
@@ -125,7 +126,9 @@ def source_for(kind: str, m: int, rank: int) -> ShardedSource:
     return PartsSource(full, trainer_layouts(kind, m), rank)
 
 
-def receivers(n: int, tp: bool, backend: str = "inline") -> list[WeightSyncWorker]:
+def receivers(
+    n: int, tp: bool, backend: str = "inline", *, transactional: bool = False
+) -> list[WeightSyncWorker]:
     """``n`` receivers of the suite's model: TP slices by :data:`RULES`, or whole replicas."""
     full = whole()
     out = []
@@ -133,7 +136,9 @@ def receivers(n: int, tp: bool, backend: str = "inline") -> list[WeightSyncWorke
         lay = TPLayout(r, n, RULES) if tp else None
         held = {k: torch.zeros_like(lay.local(k, t) if lay else t) for k, t in full.items()}
         sink = ModuleSink(build_module(held), layout=lay)
-        out.append(WeightSyncWorker(backend, sink, rank=r, world_size=n))
+        out.append(
+            WeightSyncWorker(backend, sink, rank=r, world_size=n, transactional=transactional)
+        )
     return out
 
 
@@ -162,6 +167,7 @@ def _rank_main(
     n: int,
     kind: str,
     tp: bool,
+    staged: bool,
 ) -> None:
     import torch.distributed as dist
 
@@ -169,9 +175,10 @@ def _rank_main(
     dist.init_process_group("gloo", rank=rank, world_size=m, timeout=datetime.timedelta(seconds=60))
     engine = None
     try:
-        fleet = receivers(n, tp, backend) if rank == 0 else []
+        fleet = receivers(n, tp, backend, transactional=staged) if rank == 0 else []
         client = client_cls(fleet, timeout_s=60) if rank == 0 else None
-        engine = WeightTransferTrainerFactory.trainer_init(info(rank, BUFFER, n), client=client)
+        trainer_info = dataclasses.replace(info(rank, BUFFER, n), staged=staged)
+        engine = WeightTransferTrainerFactory.trainer_init(trainer_info, client=client)
         try:
             stats = engine.send_weights(source_for(kind, m, rank), weight_version="sharded-1")
             result: dict[str, Any] = {"sent": stats.bytes_sent, "planned": stats.num_bytes}
@@ -204,11 +211,13 @@ def run_ranks(
     *,
     tp: bool = True,
     client_cls: type[InProcessClient] = InProcessClient,
+    staged: bool = False,
 ) -> list[dict[str, Any]]:
     """One sharded round of the suite's model on ``m`` trainer processes into ``n``
-    receivers; each rank's result (``sent``, ``planned`` or ``error``; rank 0 also the
-    receivers' ``infos`` and which of their tensors are ``exact``), in rank order."""
-    args = (info, backend, client_cls, m, n, kind, tp)
+    receivers (``staged``: a staged round into receivers that stage); each rank's result
+    (``sent``, ``planned`` or ``error``; rank 0 also the receivers' ``infos`` and which of
+    their tensors are ``exact``), in rank order."""
+    args = (info, backend, client_cls, m, n, kind, tp, staged)
     got = on_ranks(_rank_main, m, *args, timeout_s=150)
     return sorted(got, key=lambda x: x["rank"])
 

@@ -48,7 +48,7 @@ import torch
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.registry import ENGINES
-from wtcore.rounds import ROUND_KEY, drop_round, round_stamp
+from wtcore.rounds import PREPARE_KEY, ROUND_KEY, STAGED_KEY, drop_round, round_stamp
 from wtcore_kit.sharded.pairs import PlanUpdate
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
 from wtcore_vllm.paths import weight_transfer
@@ -220,6 +220,11 @@ class WtcoreVLLMEngine(VLLMEngine):
         error: BaseException | None = None
         try:
             self._check_owner(round_stamp(update_info))
+            if update_info.get(STAGED_KEY) or PREPARE_KEY in update_info:
+                raise PayloadError(
+                    f"update_info.{STAGED_KEY}: this vLLM receiver writes its live model and "
+                    "cannot stage a round (the trainer's staged=True); nothing was applied"
+                )
             self.receive_weights(self.parse_update_info(drop_round(update_info)))
             if self.device.type != "cpu":
                 # Like vLLM's base class: the next step must see the new weights.
