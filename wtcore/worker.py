@@ -193,6 +193,9 @@ class WeightSyncWorker:
         self._abort_pending: tuple[int, str] | None = None
         self._version: str | None = None
         self._consistent = True
+        # Names that may hold no published version (after a reset, a failed or abandoned
+        # round): a later round is consistent only once rounds have written all of them.
+        self._unwritten: set[str] = set()
         self._last_error: str | None = None
         self._rounds_ok = 0
         self._rounds_failed = 0
@@ -383,13 +386,20 @@ class WeightSyncWorker:
         if self._staging is not None and not sink_touched and not self._committing:
             self._staging.rollback()  # the old weights keep serving, untouched
         elif self._touched or sink_touched:
-            self._consistent = False  # (a round that began no update changed nothing)
+            self._mark_mixed()  # (a round that began no update changed nothing)
         self._rounds_failed += 1
         self._last_error = f"{name}: {type(error).__name__}: {error}"
         if self._round_id is not None:
             self._ended = (self._round_id, self._last_error)
         self._round_id = None
         self._disarm()
+
+    def _mark_mixed(self) -> None:
+        """Under the lock: the weights may be mixed; every tensor must be written again before
+        they are reported consistent (a partial round after this publishes, inconsistent)."""
+        self._consistent = False
+        if isinstance(self.sink, ReadableSink):
+            self._unwritten = {n for n, t in self.sink.named_tensors() if t.numel()}
 
     def _preempt(self, name: str) -> None:
         """Under the lock: end the running call early (engine ``abort``) and wait for it.
@@ -613,7 +623,8 @@ class WeightSyncWorker:
                 self._current(name, generation)
                 self._state = WorkerState.IDLE
                 self._version = weight_version
-                self._consistent = True
+                self._unwritten.difference_update(self._ledger.landed)
+                self._consistent = not self._unwritten
                 self._last_error = None
                 self._rounds_ok += 1
                 self._round_id = None
@@ -744,7 +755,7 @@ class WeightSyncWorker:
         hint = "reset between rounds"
         with self._call(name, (WorkerState.UNINITIALIZED, WorkerState.IDLE), hint):
             with self._lock:
-                self._consistent = False
+                self._mark_mixed()
             for _, t in self.sink.named_tensors():
                 t.detach().zero_()
 

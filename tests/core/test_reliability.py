@@ -172,3 +172,36 @@ def test_verify_needs_a_client_with_checksums() -> None:
     )
     engine.send_weights(TensorSource(state), weight_version="v1", verify=True)
     assert engine.client.__class__ is InProcessClient  # the wrapper never leaks
+
+
+@pytest.mark.parametrize("mixed_by", ["reset", "failed round"])
+def test_a_partial_round_over_mixed_weights_publishes_but_is_not_consistent(mixed_by: str) -> None:
+    """After a reset or a failed round, only rounds that wrote every tensor again make the
+    weights consistent; a partial round publishes its version, reported inconsistent."""
+    good = _state(0)
+    engine, worker, model = _setup(good)
+    engine.send_weights(TensorSource(good), weight_version="v1")
+    names = list(good)
+    if mixed_by == "reset":
+        worker.reset_weights()
+    else:
+        bad = {**_state(1), "zz.unknown": torch.ones(3)}  # fails in its last bucket
+        with pytest.raises(ReceiverError):
+            engine.send_weights(TensorSource(bad), weight_version="bad")
+    assert worker.weight_info()["consistent"] is False
+    first_half = {n: good[n] for n in names[: len(names) // 2]}
+    engine.send_weights(TensorSource(first_half), weight_version="v2")
+    info = worker.weight_info()
+    assert (info["weight_version"], info["consistent"]) == ("v2", False)
+    # The rest, in a later round: every tensor has now been written since the weights mixed.
+    engine.send_weights(
+        TensorSource({n: good[n] for n in names[len(names) // 2 :]}), weight_version="v3"
+    )
+    assert (worker.weight_info()["weight_version"], worker.weight_info()["consistent"]) == (
+        "v3",
+        True,
+    )
+    assert_state_equal(model, good)
+    # A partial round over consistent weights stays consistent (only what changed is sent).
+    engine.send_weights(TensorSource(first_half), weight_version="v4")
+    assert worker.weight_info()["consistent"] is True

@@ -57,9 +57,16 @@ def test_check_round_trip(start_server: Any) -> None:
     assert len(lines) == 2 and all(f"MISMATCH in 1 of {n} tensors" in ln for ln in lines)
     second = list(synthetic_state(SIZE, TENSORS, "float32", seed=SEED))[1]
     assert all(f"({second})" in ln for ln in lines)
-    # The partial sync was still a complete round of what it announced: published.
-    info = requests.get(f"{urls[0]}/weight_info", timeout=30).json()
-    assert (info["weight_version"], info["consistent"]) == ("synced", True)
+    # The partial sync was a complete round of what it announced: its version is published,
+    # but after the reset the tensor it left out is zeros, so the weights are not consistent.
+    for url in urls:
+        info = requests.get(f"{url}/weight_info", timeout=30).json()
+        assert (info["weight_version"], info["consistent"]) == ("synced", False)
+    # A round that writes every tensor makes them consistent again.
+    subprocess.run([sys.executable, "-c", SYNC, ",".join(urls)], check=True, timeout=240)
+    for url in urls:
+        info = requests.get(f"{url}/weight_info", timeout=30).json()
+        assert (info["weight_version"], info["consistent"]) == ("synced", True)
 
 
 def test_a_failing_sync_command_is_exit_2(start_server: Any) -> None:
