@@ -1,31 +1,12 @@
 """What an engine or a client declares so that ``wtcore bench`` (or any tool) can drive it.
 
-The bench never picks a plugin by name and never guesses field names. Everything it needs
-comes from two declarations, entry points of the group ``wtcore.bench`` keyed by the name the
-plugin is registered under in the core (:mod:`wtcore_bench.support`):
-
-* for a **trainer engine**, an :class:`EngineBench` as ``engine.<name>``: how to build
-  its init info for ``N`` receivers on this host (choosing free ports itself), which init-info
-  field sets its bucket size (``buffer_option``), and the limits and naive baselines worth
-  measuring next to it (``baselines``, a mapping of name to :class:`Baseline`);
-* for a **client**, a :class:`ClientBench` as ``client.<name>``: a
-  :class:`ReceiverLauncher`, which starts receivers it can reach and returns a
-  :class:`ReceiverFleet`, and the peers its transport makes possible (such as Ray's object
-  store).
-
-An engine that declares nothing runs with a plain :class:`EngineBench` (rank 0 and its init
-info's own defaults, the generic limits only). The engine and client classes themselves carry
-nothing for the bench: the protocol knows no tooling, and loading an engine never loads the
-bench.
-
-A :class:`Baseline` is a **limit** (a ceiling of this machine: memcpy, a raw collective) or,
-with ``peer=True``, a **peer**: what a user would run instead of wtcore (another library's
-way of moving the same bytes). ``--baselines peers`` measures every installed peer in the same
-run, so wtcore's ratio to each comes from one machine under one load.
-
-Each receiver hosts :meth:`ModelSpec.build_zeros`, the same names, shapes and dtypes as the
-trainer's model, so only the four numbers of a :class:`ModelSpec` travel. See
-``docs/writing-an-engine.md`` for a worked example.
+The bench never picks a plugin by name and never guesses field names: a trainer engine
+declares an :class:`EngineBench` as ``engine.<name>`` in the entry-point group
+``wtcore.bench`` (its init info for ``N`` receivers on this host, its buffer-size field, its
+baselines), a client a :class:`ClientBench` as ``client.<name>`` (a :class:`ReceiverLauncher`
+and the peers its transport makes possible); see :mod:`wtcore_bench.support`. An engine that
+declares nothing runs with a plain :class:`EngineBench`. The protocol's classes carry nothing
+for the bench, so loading an engine never loads it. See ``docs/writing-an-engine.md``.
 """
 
 from __future__ import annotations
@@ -77,12 +58,10 @@ class ModelSpec:
     #: Where receivers hold the model (``"cpu"`` or ``"cuda[:N]"``, ``wtcore bench --device``).
     device: str = "cpu"
 
-    def build_state(self, seed: int | None = None) -> dict[str, torch.Tensor]:
+    def build_state(self) -> dict[str, torch.Tensor]:
         from wtcore_kit.synthetic import synthetic_state
 
-        return synthetic_state(
-            self.size_bytes, self.num_tensors, self.dtype, self.seed if seed is None else seed
-        )
+        return synthetic_state(self.size_bytes, self.num_tensors, self.dtype, self.seed)
 
     def build_zeros(self) -> torch.nn.Module:
         """A receiver model: the right names, shapes and dtypes, all zeros."""
@@ -118,21 +97,15 @@ BaselineSession = Callable[[BaselineContext], AbstractContextManager[Callable[[]
 class Baseline:
     """One limit, naive baseline or peer: a label for tables and plots, and how to measure it.
 
-    ``measure`` returns GB/s (1e9 bytes per second of wall time), typically the median of a
-    few repeats; it must release everything it started (processes, segments, a Ray session)
-    before returning, and should check that what arrived is what was sent (a peer that moved
-    the wrong bytes is no yardstick). ``peer`` marks what a user would use instead of wtcore
-    (measured with ``--baselines peers``); ``devices`` are the device kinds it can run on (a
-    baseline is skipped, with the reason in the record, on any other). A measure that needs
-    a missing package raises :class:`OptionalDependencyError`: the run goes on without it.
-
-    ``session``, optional, is the same baseline set up once and then run round by round: a
-    context manager (``session(ctx)``) that starts what the baseline needs and yields a
-    callable moving ``ctx.nbytes`` once per call, releasing everything on exit. Only a
-    baseline with a session can be measured in turns with the engine's rounds
-    (``wtcore bench --interleave``): on a shared host a limit measured a minute earlier moves
-    by a third, one measured between the engine's rounds does not.
-    :func:`wtcore_bench.limits.session_gbps` derives ``measure`` from it.
+    ``measure`` returns GB/s (1e9 bytes per second of wall time); it releases everything it
+    started before returning, and checks that what arrived is what was sent. ``peer`` marks
+    what a user would use instead of wtcore (``--baselines peers``); ``devices`` are the device
+    kinds it runs on (elsewhere it is skipped, with the reason). A missing package is an
+    :class:`OptionalDependencyError`: the run goes on without it. ``session``, optional, is
+    the same baseline set up once and run call by call (a context manager yielding a callable
+    that moves ``ctx.nbytes`` once): only such a baseline can be measured in turns with the
+    engine's rounds (``--interleave``); :func:`wtcore_bench.limits.session_gbps` derives
+    ``measure`` from it.
     """
 
     label: str
@@ -143,12 +116,9 @@ class Baseline:
 
 
 class ReceiverFleet(Protocol):
-    """A started set of receivers: a fan-out ``client`` and the PIDs behind it.
-
-    ``client`` is an :class:`~wtcore.client.InspectableClient` (the four vLLM calls plus
-    ``weight_info()``, ``checksums()``, ...; ``launch_fleet`` checks it); ``close`` stops every
-    receiver (always, even after a failure) and may be called once.
-    """
+    """A started set of receivers: a fan-out ``client`` (an
+    :class:`~wtcore.client.InspectableClient`) and the PIDs behind it; ``close`` stops every
+    receiver, always, once."""
 
     client: InspectableClient
 
@@ -158,13 +128,12 @@ class ReceiverFleet(Protocol):
 
 
 class ReceiverLauncher(Protocol):
-    """Starts receivers for the bench; what a client's :class:`ClientBench` holds.
+    """Starts ``count`` receivers (rank ``i`` of ``count``, each hosting ``model.build_zeros()``
+    behind worker engine ``backend``) and a ``client_cls`` instance reaching them all.
 
-    Starts ``count`` receivers, rank ``i`` of ``count``, each hosting ``model.build_zeros()``
-    behind worker engine ``backend``, and returns them with a ``client_cls`` instance that
-    reaches them all. ``options`` are extra ``WeightSyncWorker`` keyword arguments (e.g.
-    ``transactional``); one it cannot honour is a :class:`~wtcore.errors.WtcoreError`. A class
-    whose ``__init__`` has this signature qualifies.
+    ``options`` are extra ``WeightSyncWorker`` keyword arguments (e.g. ``transactional``); one
+    it cannot honour is a :class:`~wtcore.errors.WtcoreError`. A class whose ``__init__`` has
+    this signature qualifies.
     """
 
     def __call__(
@@ -183,9 +152,8 @@ class ReceiverLauncher(Protocol):
 class EngineBench:
     """How a trainer engine runs in ``wtcore bench``: ``engine.<name>`` in ``wtcore.bench``.
 
-    The default :meth:`init_info` suits engines whose init info needs nothing but the rank and
-    the buffer size (no rendezvous); engines with an address to meet at subclass it and choose
-    free ports themselves (:func:`wtcore.testing.net.free_port`).
+    The default :meth:`init_info` fills only the rank and the buffer size; engines with an
+    address to meet at subclass it and choose free ports themselves.
     """
 
     #: The init-info field that sets the size of one packed bucket (``--buffer-size``);
@@ -220,11 +188,8 @@ class EngineBench:
         buffer_size_bytes: int | None,
         device: str = "cpu",
     ) -> TrainerInitInfo:
-        """The sender's (rank 0) init info for ``receivers`` receivers on ``host``.
-
-        ``device`` is passed (by the bench) only when it is not ``"cpu"``, so subclasses
-        written before ``--device`` existed keep working on the CPU.
-        """
+        """The sender's (rank 0) init info for ``receivers`` receivers on ``host``; ``device``
+        is passed only when it is not ``"cpu"``, so older subclasses keep working on the CPU."""
         kwargs: dict[str, Any] = dict(self.buffer_kwargs(engine, buffer_size_bytes))
         if device != "cpu":
             kwargs["device"] = device
@@ -255,11 +220,9 @@ class EngineBench:
 class ClientBench:
     """How the bench starts receivers for one client: ``client.<name>`` in ``wtcore.bench``.
 
-    ``launcher`` starts them (a :class:`ReceiverLauncher`; one whose class sets
-    ``places_on_nodes = True`` can also start them on ``wtcore bench --nodes`` nodes);
-    ``baselines`` are the peers the client's transport makes possible, by name.
+    ``launcher`` is a :class:`ReceiverLauncher` (one whose class sets ``places_on_nodes =
+    True`` can start them on ``--nodes`` nodes); ``baselines`` are its transport's peers.
     """
 
-    #: A :class:`ReceiverLauncher` (checked when called: its fleet's client must inspect).
     launcher: Callable[..., Any]
     baselines: Mapping[str, Baseline] = field(default_factory=dict)

@@ -1,14 +1,9 @@
 """Which baselines a bench run measures (limits, naive baselines and peers), and measuring them.
 
-"Baseline" is the umbrella: anything measured next to the engine. A *limit* is one kind (a
-ceiling of this machine: memcpy, a raw collective), a naive baseline another (``file``), a
-*peer* the third (what a user would run instead of wtcore). ``--baselines`` picks a set
-(:data:`BASELINE_SETS`); the baselines come from the generic ones
-(:mod:`wtcore_bench.limits`, which holds only those and the measuring kit), the engine's
-:class:`~wtcore_bench.api.EngineBench`, and, for ``peers`` and ``all``, every installed engine
-and client (its :class:`~wtcore_bench.api.ClientBench`). Nothing is named here: what is
-installed decides. The record lists what was measured under ``baselines_gbps``
-(:mod:`wtcore_bench.record`).
+``--baselines`` picks a set (:data:`BASELINE_SETS`) from the generic baselines
+(:mod:`wtcore_bench.limits`), the engine's :class:`~wtcore_bench.api.EngineBench` and, for
+``peers`` and ``all``, what every installed engine and client declares. Nothing is named
+here: what is installed decides.
 """
 
 from __future__ import annotations
@@ -38,11 +33,9 @@ def select_baselines(
 ) -> tuple[dict[str, Baseline], dict[str, str]]:
     """The baselines to measure, and those left out with the reason (``{name: why}``).
 
-    ``auto``: the generic baselines and the engine's own (its limits and naive baselines).
-    ``peers``: those plus every peer declared by any installed engine or client. ``all``:
-    every installed engine's baselines and every peer. A plugin that cannot load, or a
-    baseline that cannot run on ``--device``, is left out with its reason rather than failing
-    the run.
+    ``auto``: the generic baselines and the engine's own. ``peers``: those plus every peer of
+    any installed engine or client. ``all``: every installed engine's baselines and every peer.
+    A plugin that cannot load, or a baseline that cannot run on ``device``, is left out.
     """
     from wtcore_bench.limits import GENERIC_BASELINES
 
@@ -60,8 +53,7 @@ def select_baselines(
         (support.baselines, True, peers),
     ]
     if peers:
-        everything = baselines == "all"
-        found += [(b, everything, True) for b in _installed_baselines(skipped)]
+        found += [(b, baselines == "all", True) for b in _installed_baselines(skipped)]
     out: dict[str, Baseline] = {}
     for declared, with_others, with_peers in found:
         for name, b in declared.items():
@@ -75,31 +67,24 @@ def select_baselines(
 
 
 def _installed_baselines(skipped: dict[str, str]) -> list[Mapping[str, Baseline]]:
-    """What every installed engine and client declares for the bench.
-
-    A plugin that fails to load lands in ``skipped`` under
-    ``engine:<name>`` / ``client:<name>``.
-    """
+    """What every installed engine and client declares; one that fails to load lands in
+    ``skipped`` as ``engine:<name>`` / ``client:<name>``."""
     from wtcore.registry import CLIENTS, TRAINER_ENGINES
     from wtcore_bench.support import find_client_bench, find_engine_bench
 
     out: list[Mapping[str, Baseline]] = []
-    for name in TRAINER_ENGINES.names():
-        try:
-            engine = find_engine_bench(name, TRAINER_ENGINES.load(name))
-        except WtcoreError as e:
-            skipped[f"engine:{name}"] = str(e)
-            continue
-        if engine is not None:
-            out.append(engine.baselines)
-    for name in CLIENTS.names():
-        try:
-            client = find_client_bench(name, CLIENTS.load(name))
-        except (WtcoreError, ImportError) as e:
-            skipped[f"client:{name}"] = str(e)
-            continue
-        if client is not None:
-            out.append(client.baselines)
+    for kind, registry, find in (
+        ("engine", TRAINER_ENGINES, find_engine_bench),
+        ("client", CLIENTS, find_client_bench),
+    ):
+        for name in registry.names():
+            try:
+                found = find(name, registry.load(name))
+            except (WtcoreError, ImportError) as e:
+                skipped[f"{kind}:{name}"] = str(e)
+                continue
+            if found is not None:
+                out.append(found.baselines)
     return out
 
 

@@ -136,13 +136,17 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     b.set_defaults(func=_cmd_bench)
 
 
+def _usage(message: str) -> int:
+    print(f"wtcore bench: {message}", file=sys.stderr)
+    return 2
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from wtcore_bench import run_bench
+    from wtcore_bench import BenchOptions, run_bench
     from wtcore_bench.report import check_plot_available, print_table, write_json, write_plot
 
     if args.receivers < 1 or args.rounds < 1:
-        print("wtcore bench: --receivers and --rounds must be at least 1", file=sys.stderr)
-        return 2
+        return _usage("--receivers and --rounds must be at least 1")
     if args.delta:
         return _cmd_bench_delta(args)
     if args.trainer_ranks is not None:
@@ -150,13 +154,31 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_available()  # fail in one line now, not after the whole run
     if args.link_rate is not None and not args.nodes:
-        print("wtcore bench: --link-rate needs --nodes", file=sys.stderr)
-        return 2
+        return _usage("--link-rate needs --nodes")
     engine_options = _engine_options(args.engine_option)
     if args.nodes:
         record = _bench_on_nodes(args)
     else:
-        record = run_bench(_bench_options(args, engine_options))
+        record = run_bench(
+            BenchOptions(
+                backend=args.backend,
+                client=args.client,
+                receivers=args.receivers,
+                size_bytes=args.size,
+                num_tensors=args.tensors,
+                dtype=args.dtype,
+                rounds=args.rounds,
+                buffer_sizes=args.buffer_size,
+                baselines=args.baselines,
+                device=args.device,
+                transactional=args.transactional,
+                torch_threads=args.torch_threads,
+                timeout_s=args.timeout,
+                corrupt_round=args.corrupt_round,
+                engine_options=engine_options,
+                interleave=args.interleave,
+            )
+        )
     print_table(record, sys.stdout)
     if args.json:
         write_json(record, args.json)
@@ -208,93 +230,59 @@ def _bench_on_nodes(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _bench_options(args: argparse.Namespace, engine_options: dict[str, Any]) -> Any:
-    from wtcore_bench import BenchOptions
-
-    return BenchOptions(
-        backend=args.backend,
-        client=args.client,
-        receivers=args.receivers,
-        size_bytes=args.size,
-        num_tensors=args.tensors,
-        dtype=args.dtype,
-        rounds=args.rounds,
-        buffer_sizes=args.buffer_size,
-        baselines=args.baselines,
-        device=args.device,
-        transactional=args.transactional,
-        torch_threads=args.torch_threads,
-        timeout_s=args.timeout,
-        corrupt_round=args.corrupt_round,
-        engine_options=engine_options,
-        interleave=args.interleave,
-    )
-
-
 def _cmd_bench_delta(args: argparse.Namespace) -> int:
-
     from wtcore_bench.delta import DeltaBenchOptions, print_delta_table, run_delta_bench
 
     if args.torch_threads > 0:
         import torch
 
         torch.set_num_threads(args.torch_threads)
-    record = run_delta_bench(
-        DeltaBenchOptions(
-            backend=args.backend,
-            receivers=args.receivers,
-            steps=args.delta_steps,
-            width=args.delta_width,
-            timeout_s=args.timeout,
-            mode=args.delta_mode,
-        )
+    opts = DeltaBenchOptions(
+        backend=args.backend,
+        receivers=args.receivers,
+        steps=args.delta_steps,
+        width=args.delta_width,
+        timeout_s=args.timeout,
+        mode=args.delta_mode,
     )
-    return _report(record, print_delta_table, args.json)
+    return _report(run_delta_bench(opts), print_delta_table, args.json)
 
 
 def _cmd_bench_sharded(args: argparse.Namespace) -> int:
-
     from wtcore_bench.sharded import ShardedBenchOptions, print_sharded_table, run_sharded_bench
 
     m, n = args.trainer_ranks, args.receivers
     if m < 1:
-        print("wtcore bench: --trainer-ranks must be at least 1", file=sys.stderr)
-        return 2
+        return _usage("--trainer-ranks must be at least 1")
     if args.nodes and args.nodes != m + 2 * n:
-        print(
-            f"wtcore bench: --nodes with --trainer-ranks puts every trainer rank and every "
-            f"receiver of both fleets on a node of its own: {m} + 2 x {n} = {m + 2 * n}",
-            file=sys.stderr,
+        return _usage(
+            "--nodes with --trainer-ranks puts every trainer rank and every receiver of both "
+            f"fleets on a node of its own: {m} + 2 x {n} = {m + 2 * n}"
         )
-        return 2
     if args.link_rate is not None and not args.nodes:
-        print("wtcore bench: --link-rate needs --nodes", file=sys.stderr)
-        return 2
-    record = run_sharded_bench(
-        ShardedBenchOptions(
-            backend=args.backend,
-            trainer_ranks=m,
-            receivers=n,
-            layout=args.layout,
-            size_bytes=args.size,
-            num_tensors=args.tensors,
-            dtype=args.dtype,
-            rounds=args.rounds,
-            buffer_size_bytes=args.buffer_size[0] if args.buffer_size else 16 << 20,
-            nodes=bool(args.nodes),
-            link_rate=args.link_rate,
-            timeout_s=args.timeout,
-        )
+        return _usage("--link-rate needs --nodes")
+    opts = ShardedBenchOptions(
+        backend=args.backend,
+        trainer_ranks=m,
+        receivers=n,
+        layout=args.layout,
+        size_bytes=args.size,
+        num_tensors=args.tensors,
+        dtype=args.dtype,
+        rounds=args.rounds,
+        buffer_size_bytes=args.buffer_size[0] if args.buffer_size else 16 << 20,
+        nodes=bool(args.nodes),
+        link_rate=args.link_rate,
+        timeout_s=args.timeout,
     )
-    return _report(record, print_sharded_table, args.json)
+    return _report(run_sharded_bench(opts), print_sharded_table, args.json)
 
 
 def _report(record: dict[str, Any], table: Any, json_path: str | None) -> int:
     """Print ``record``'s table, write it as JSON if asked; the exit status it deserves."""
-    import json
+    from wtcore_bench.report import write_json
 
     table(record, sys.stdout)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(record, f, indent=2)
+        write_json(record, json_path)
     return 0 if record["ok"] else 1

@@ -1,11 +1,9 @@
 """``wtcore bench --delta``: delta rounds against full rounds, on real training steps.
 
-Two fleets of in-process receivers over the chosen engine get the same weights each round,
-one from a trainer with ``delta=True``, one from a plain trainer (before and after the delta
-round; its time is the mean of the two). The
-weights are real training steps (:func:`wtcore.testing.realistic.realistic_steps`); then the
-bench alternates steps where every element changes, to measure what delta costs when it cannot
-help. Every round is checked (checksums of every receiver against the trainer's weights).
+Two fleets of in-process receivers get the same weights each round, one from a delta trainer,
+one from a plain trainer (before and after the delta round; its time is the mean). The weights
+are real training steps, then steps where every element changes (what delta costs when it
+cannot help). Every receiver's checksums are checked every round.
 """
 
 from __future__ import annotations
@@ -132,8 +130,7 @@ def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
                 "kind": "initial" if r == 0 else ("real step" if r <= opts.steps else "dense"),
                 "changed_fraction": 1.0 if prev is None else changed_fraction(prev, new),
             }
-            # The full round runs before and after the delta round (its time is the mean), so
-            # neither pays or gains from going first on a busy machine.
+            # full rounds before and after: neither pays or gains from going first
             full_seconds = []
             for i, k in enumerate(("f", "d", "f")):
                 stats = trainers[k].send_weights(weight_version=f"r{r}.{i}")

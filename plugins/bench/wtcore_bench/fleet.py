@@ -1,9 +1,6 @@
-"""Receivers that the bench starts and always stops.
-
-The bench gets receivers from the chosen client's :class:`~wtcore_bench.api.ClientBench`
-(:func:`wtcore_bench.support.client_bench`), so the bench never names a plugin.
-:class:`InProcessFleet` is the core's in-process client's launcher (:data:`INPROC`).
-"""
+"""Receivers that the bench starts, through the chosen client's
+:class:`~wtcore_bench.api.ClientBench`, and always stops; :data:`INPROC` is the in-process
+client's."""
 
 from __future__ import annotations
 
@@ -66,26 +63,17 @@ def launch_fleet(
     timeout_s: float,
     options: Mapping[str, Any] | None = None,
 ) -> ReceiverFleet:
-    """Start ``count`` receivers reachable by the client registered as ``client``.
-
-    The fleet's client must be an :class:`~wtcore.client.InspectableClient` (the bench reads
-    every receiver's ``checksums()`` and ``weight_info()``); checked here, once, so the runner
-    never guesses at return shapes.
-    """
+    """Start ``count`` receivers reachable by the client registered as ``client``; its client
+    must be an :class:`~wtcore.client.InspectableClient` (checked once, here)."""
+    from wtcore.client import InspectableClient, calls_of
     from wtcore.registry import CLIENTS
-    from wtcore_bench.support import client_bench, find_client_bench
+    from wtcore_bench.support import client_bench
 
     cls = CLIENTS.load(client)  # unknown name -> the registry's "did you mean" error
-    opts = dict(options or {})
-    launcher = (find_client_bench(client, cls) or client_bench(client, cls)).launcher
-    fleet = launcher(cls, backend, count, model, timeout_s=timeout_s, options=opts)
-    return _inspectable(client, fleet)
-
-
-def _inspectable(client: str, fleet: ReceiverFleet) -> ReceiverFleet:
-    """``fleet``, if its client can inspect its receivers; else stop them and say so."""
-    from wtcore.client import InspectableClient, calls_of
-
+    launcher = client_bench(client, cls).launcher
+    fleet: ReceiverFleet = launcher(
+        cls, backend, count, model, timeout_s=timeout_s, options=dict(options or {})
+    )
     if isinstance(fleet.client, InspectableClient):
         return fleet
     fleet.close()

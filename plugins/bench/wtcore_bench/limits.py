@@ -1,23 +1,12 @@
 """The generic baselines every engine is measured against, and the kit for measuring one.
 
 Absolute numbers on shared machines are noise; ratios taken in one run are not. So every
-figure the bench prints for an engine is set against, measured in the same run, the generic
-baselines here (:data:`GENERIC_BASELINES`):
-
-* ``memcpy``, a *limit*: one single-threaded copy into a preallocated buffer (the practical
-  ceiling);
-* ``file``, a naive baseline: ``torch.save`` to a file, ``torch.load``, copy into the model;
-
-plus those the engine declares in its :class:`~wtcore_bench.api.EngineBench` (for example the
-raw collective its data plane is built on, another limit). The helpers here
-(:func:`median_gbps`, :func:`copy_out_gbps`, :func:`session_gbps`) are for engines and peers
-writing their own. The name is historical (engines import these helpers from it): this module
-holds the generic baselines and the measuring kit; which baselines a run measures, limits,
-naive ones and peers alike, is :mod:`wtcore_bench.baselines`.
-
-Each returns GB/s (1e9 bytes per second of wall time, median of ``repeats``). A limit that
-can also run round by round has a ``session`` (``memcpy`` here, the raw collective of the nccl
-engine), so ``wtcore bench --interleave`` can measure it between the engine's rounds.
+engine is set against, in the same run, :data:`GENERIC_BASELINES`: ``memcpy``, a *limit* (one
+single-threaded copy into a preallocated buffer) and ``file``, a naive baseline
+(``torch.save``, ``torch.load``, copy into the model), plus those its
+:class:`~wtcore_bench.api.EngineBench` declares. The helpers (:func:`median_gbps`,
+:func:`copy_session`, :func:`session_gbps`) are for engines and peers writing their own; each
+figure is GB/s (1e9 bytes per second of wall time, median of ``repeats``).
 """
 
 from __future__ import annotations
@@ -38,7 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GENERIC_BASELINES",
-    "copy_out_gbps",
     "copy_session",
     "file_gbps",
     "median_gbps",
@@ -60,8 +48,7 @@ def median_gbps(nbytes: int, run: Callable[[], object], repeats: int) -> float:
 @contextlib.contextmanager
 def copy_session(buffer: Any, nbytes: int) -> Iterator[Callable[[], object]]:
     """Single-threaded copies of ``nbytes`` out of ``buffer`` (anything with the buffer
-    protocol), one per call of what it yields; every view of ``buffer`` is gone on exit, so
-    the caller can close it."""
+    protocol), one per call; every view of ``buffer`` is gone on exit, so it can be closed."""
     import numpy as np
     import torch
 
@@ -94,18 +81,13 @@ def session_gbps(session: BaselineSession, ctx: BaselineContext, repeats: int = 
         return median_gbps(ctx.nbytes, run, repeats)
 
 
-def copy_out_gbps(buffer: Any, nbytes: int, repeats: int = 3) -> float:
-    """Single-threaded copies of ``nbytes`` out of ``buffer`` (see :func:`copy_session`)."""
-    with copy_session(buffer, nbytes) as run:
-        return median_gbps(nbytes, run, repeats)
-
-
 def _memcpy_session(ctx: BaselineContext) -> AbstractContextManager[Callable[[], object]]:
     return copy_session(bytearray(max(ctx.nbytes, 1)), ctx.nbytes)
 
 
 def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
-    return copy_out_gbps(bytearray(max(nbytes, 1)), nbytes, repeats)
+    with copy_session(bytearray(max(nbytes, 1)), nbytes) as run:
+        return median_gbps(nbytes, run, repeats)
 
 
 def file_gbps(state: Mapping[str, torch.Tensor], repeats: int = 2) -> float:
@@ -127,16 +109,12 @@ def file_gbps(state: Mapping[str, torch.Tensor], repeats: int = 2) -> float:
         return median_gbps(nbytes, run, repeats)
 
 
-def _memcpy(ctx: BaselineContext) -> float:
-    return session_gbps(_memcpy_session, ctx)
-
-
-def _file(ctx: BaselineContext) -> float:
-    return file_gbps(ctx.state)
-
-
 #: Measured for every engine.
 GENERIC_BASELINES: dict[str, Baseline] = {
-    "memcpy": Baseline("single-thread memcpy", _memcpy, session=_memcpy_session),
-    "file": Baseline("torch.save -> torch.load -> copy", _file),
+    "memcpy": Baseline(
+        "single-thread memcpy",
+        lambda ctx: session_gbps(_memcpy_session, ctx),
+        session=_memcpy_session,
+    ),
+    "file": Baseline("torch.save -> torch.load -> copy", lambda ctx: file_gbps(ctx.state)),
 }

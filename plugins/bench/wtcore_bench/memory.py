@@ -1,8 +1,7 @@
-"""Peak extra resident memory of a process during a round (Linux ``/proc``).
+"""Peak extra resident memory of a process during a round (Linux ``/proc``; else ``None``).
 
 Writing ``5`` to ``/proc/PID/clear_refs`` resets the peak (``VmHWM``) to the current RSS, so
-``peak - rss_before`` is what the round added. Where ``/proc`` is unavailable the figures are
-``None`` rather than made up.
+``peak - rss_before`` is what the round added.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """A cluster of network-namespace "nodes" on one machine, for multi-node tests; always torn down.
 
-Each node is a Linux network namespace with one interface (``eth0``) and its own private
-address; a separate "switch" namespace holds the bridge that joins them, so nothing is added
-to the host's own network namespace and deleting the namespaces removes every link with them.
-Processes started in a node (``ip netns exec``) see only that node's network: its address,
-its loopback, and the other nodes through the bridge. Per-link bandwidth caps use ``tc``'s
-``tbf`` qdisc on both ends of a node's link (its uplink and its downlink).
-
-Namespace names carry the creating process' PID and a random token, so parallel runs never
-collide, and a run killed before its teardown is swept by the next one (its PID is gone).
-Needs root and iproute2; :func:`unavailable_reason` says why not (for a test to skip with,
-or for ``wtcore bench --nodes`` to refuse with a clear error). Used by ``wtcore bench
---nodes/--link-rate`` and by the multinode tests (``wtcore_bench.netns`` re-exports it).
+Each node is a network namespace with one interface (``eth0``) and a private address; a
+"switch" namespace holds the bridge joining them, so nothing is added to the host's namespace
+and deleting the namespaces removes every link. Link caps are ``tc`` ``tbf`` qdiscs on both
+ends of a node's link. Names carry the creator's PID and a random token, so parallel runs never
+collide and a run killed before its teardown is swept by the next. Needs root and iproute2
+(:func:`unavailable_reason` says why not).
 """
 
 from __future__ import annotations
@@ -85,19 +79,19 @@ def rate_bits(rate: str) -> float:
     return value * (_RATE_BITS.get(unit) or _RATE_BYTES[unit])
 
 
-def _ip(*args: str, check: bool = True, netns: str | None = None) -> str:
-    argv = ["ip", *(("-n", netns) if netns else ()), *args]
+def _run(argv: list[str], check: bool) -> str:
     r = subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
     if check and r.returncode != 0:
         raise NetnsError(f"`{' '.join(argv)}` failed ({r.returncode}): {r.stderr.strip()}")
     return r.stdout
 
 
+def _ip(*args: str, check: bool = True, netns: str | None = None) -> str:
+    return _run(["ip", *(("-n", netns) if netns else ()), *args], check)
+
+
 def _tc(netns: str, *args: str, check: bool = True) -> None:
-    argv = ["ip", "netns", "exec", netns, "tc", *args]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
-    if check and r.returncode != 0:
-        raise NetnsError(f"`{' '.join(argv)}` failed ({r.returncode}): {r.stderr.strip()}")
+    _run(["ip", "netns", "exec", netns, "tc", *args], check)
 
 
 def _netns_pids(netns: str) -> list[int]:
@@ -106,11 +100,9 @@ def _netns_pids(netns: str) -> list[int]:
 
 
 def _netns_inode(pid: int) -> int | None:
-    """The inode of process ``pid``'s network namespace (``None``: it is gone)."""
-    try:
+    with contextlib.suppress(OSError):
         return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
+    return None
 
 
 def _kill_pids(pids: Sequence[int], timeout_s: float = 5.0) -> None:
@@ -124,8 +116,7 @@ def _kill_pids(pids: Sequence[int], timeout_s: float = 5.0) -> None:
             with contextlib.suppress(ChildProcessError, OSError):
                 if os.waitpid(pid, os.WNOHANG) != (0, 0):
                     break
-            state = _proc_state(pid)
-            if state in (None, "Z"):
+            if _proc_state(pid) in (None, "Z"):
                 break
             time.sleep(0.02)
 
@@ -192,8 +183,7 @@ class Node:
             **kwargs,
         )
         self.procs.append(proc)  # `ip netns exec` execs argv, so this PID is argv's
-        # Return once it is inside the node (or gone), so that running() and kill_all() see
-        # it: `ip` enters the namespace only after it started.
+        # Return once it is inside the node (or gone), so that running() and kill_all() see it.
         deadline = time.monotonic() + CMD_TIMEOUT_S
         node = os.stat(f"/run/netns/{self.netns}").st_ino
         while proc.poll() is None and _netns_inode(proc.pid) != node:
@@ -273,9 +263,6 @@ class Cluster:
     def __getitem__(self, index: int) -> Node:
         return self.nodes[index]
 
-    def __len__(self) -> int:
-        return len(self.nodes)
-
     def up(self) -> None:
         """Create the switch and every node; on any failure, undo what was created."""
         try:
@@ -308,26 +295,14 @@ class Cluster:
         procs = [p for node in self.nodes for p in node.procs]
         with contextlib.suppress(Exception):
             stop_processes(procs, 5.0, sig=signal.SIGTERM)
-        nodes_first = [n for n in self._created if n != self.switch] + [
-            n for n in self._created if n == self.switch
-        ]
-        _delete_namespaces(nodes_first)
+        _delete_namespaces(sorted(self._created, key=lambda n: n == self.switch))  # nodes first
         self._created.clear()
-
-    def running(self) -> dict[str, list[int]]:
-        """Processes still alive per node (only nodes that have any)."""
-        return {n.name: pids for n in self.nodes if (pids := n.running())}
 
 
 @contextlib.contextmanager
 def cluster(n: int, *, subnet: str = DEFAULT_SUBNET, rate: str | None = None) -> Iterator[Cluster]:
-    """``n`` nodes on a bridge, each link optionally capped to ``rate``; always torn down.
-
-    Teardown runs on any exit, including a failing test and ``KeyboardInterrupt``: processes
-    started in the nodes are stopped by PID, then the namespaces (with their links and the
-    bridge) are deleted. Namespaces left behind by a run that was killed outright are swept
-    the next time a cluster starts.
-    """
+    """``n`` nodes on a bridge, each link optionally capped to ``rate``; torn down on any exit
+    (processes stopped by PID, then the namespaces deleted), after sweeping stale ones."""
     sweep_stale()
     c = Cluster(n, subnet=subnet, rate=rate)
     c.up()

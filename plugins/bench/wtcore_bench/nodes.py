@@ -1,17 +1,11 @@
 """``wtcore bench --nodes N --link-rate R``: receivers on namespaced nodes behind capped links.
 
-On one machine the loopback device is far faster than a real network, so a bench there
-measures CPU, not the network. With ``--nodes`` the bench builds a :mod:`wtcore_bench.netns`
-cluster (root only): node 0 runs the trainer (the bench itself, started again inside that
-node), nodes ``1 .. N`` run the receivers (receiver ``i`` on node ``1 + i % N``), and with
-``--link-rate`` every node's link is capped in both directions. The report then holds the
-achieved rate against the cap (``record["link"]``), the limit that matters here.
-
-The two halves talk through one environment variable: the outer bench (in the host's
-namespace) sets :data:`NODES_ENV` to a :class:`Placement` for the inner one, whose receiver
-launcher (a :class:`~wtcore_bench.api.ClientBench` launcher that sets ``places_on_nodes =
-True``) starts each receiver in its node, listening on that node's address. Everything is
-stopped and every namespace deleted when the run ends, however it ends.
+Loopback measures CPU, not a network. With ``--nodes`` the bench builds a
+:mod:`wtcore_bench.netns` cluster (root only): node 0 runs the trainer (the bench itself,
+started again there), nodes ``1 .. N`` the receivers (receiver ``i`` on node ``1 + i % N``),
+every link capped at ``--link-rate``; the record then holds the achieved rate against the cap.
+The outer bench passes a :class:`Placement` to the inner one in :data:`NODES_ENV`, where a
+launcher with ``places_on_nodes = True`` starts each receiver in its node.
 """
 
 from __future__ import annotations
@@ -84,19 +78,6 @@ def placement() -> Placement | None:
     return Placement.from_env(text) if text else None
 
 
-def check_client_places(client: str) -> None:
-    """Refuse a client whose bench launcher cannot start receivers on nodes."""
-    from wtcore.registry import CLIENTS
-    from wtcore_bench.support import client_bench
-
-    launcher = client_bench(client, CLIENTS.load(client)).launcher
-    if not getattr(launcher, "places_on_nodes", False):
-        raise BenchNotSupportedError(
-            f"--nodes: client {client!r} cannot start receivers on other nodes (its bench "
-            "launcher does not set places_on_nodes); use a network client such as --client http"
-        )
-
-
 def run_on_nodes(
     argv: Sequence[str],
     *,
@@ -107,17 +88,20 @@ def run_on_nodes(
     timeout_s: float,
     rounds: int,
 ) -> dict[str, Any]:
-    """Run ``wtcore bench *argv`` in node 0 of a fresh cluster; return its record + ``link``.
-
-    ``argv`` are the bench's own arguments without ``--nodes``, ``--link-rate``, ``--json``
-    and ``--plot`` (the inner bench writes its record to a file of ours).
-    """
+    """Run ``wtcore bench *argv`` (without ``--nodes``, ``--link-rate``, ``--json``, ``--plot``)
+    in node 0 of a fresh cluster; return its record with ``link``."""
+    from wtcore.registry import CLIENTS
     from wtcore_bench.netns import cluster, rate_bits, unavailable_reason
+    from wtcore_bench.support import client_bench
 
     if nodes < 1:
         raise PayloadError(f"--nodes: expected at least 1, got {nodes}")
     bits = rate_bits(link_rate) if link_rate is not None else None
-    check_client_places(client)
+    if not getattr(client_bench(client, CLIENTS.load(client)).launcher, "places_on_nodes", False):
+        raise BenchNotSupportedError(
+            f"--nodes: client {client!r} cannot start receivers on other nodes (its bench "
+            "launcher does not set places_on_nodes); use a network client such as --client http"
+        )
     reason = unavailable_reason()
     if reason is not None:
         raise BenchNotSupportedError(f"--nodes: {reason}")

@@ -1,23 +1,33 @@
-"""What a baseline's receivers hold, checked against what was sent.
+"""What a baseline's receivers hold, checked against what was sent, and the receiver processes.
 
-A baseline that measures someone else's way of moving weights (a peer) is a yardstick only if
-it moved them exactly, so its receivers report digests after the last round and the sender
-checks them here. Tests also fetch the bytes themselves (:func:`raw_state`,
-:func:`state_from_raw`: plain bytes with the spec beside them, never a pickled tensor) and
-compare them with ``torch.equal``.
+A peer is a yardstick only if it moved the weights exactly, so its receivers report digests
+that the sender checks here. Tests also fetch the bytes themselves (:func:`raw_state`,
+:func:`state_from_raw`: plain bytes with the spec beside them, never a pickled tensor).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+import contextlib
+import multiprocessing as mp
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
-from wtcore.errors import TransferError
+from wtcore.errors import TransferError, TransferTimeoutError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Spec", "check_digests", "raw_state", "state_from_raw", "state_spec", "zeros_from_spec"]
+__all__ = [
+    "Spec",
+    "answer",
+    "check_digests",
+    "next_message",
+    "raw_state",
+    "spawned",
+    "state_from_raw",
+    "state_spec",
+    "zeros_from_spec",
+]
 
 #: ``[(name, dtype name, shape)]``: enough to rebuild zeros or decode raw bytes.
 Spec = list[tuple[str, str, list[int]]]
@@ -73,3 +83,39 @@ def state_from_raw(raw: Mapping[str, bytes], spec: Spec) -> dict[str, torch.Tens
         )
         out[name] = flat.view(dtype_from_name(dtype)).reshape(shape)
     return out
+
+
+@contextlib.contextmanager
+def spawned(target: Callable[..., None], count: int, *args: Any) -> Iterator[list[Any]]:
+    """Processes ``1 .. count`` running ``target(rank, *args, pipe)`` (``spawn``, daemons);
+    yields this side's pipe ends. On exit the pipes close and the processes are reaped."""
+    from wtcore.testing.procs import stop_processes
+
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe() for _ in range(count)]
+    procs = []
+    try:
+        for rank, (_, child) in enumerate(pipes, start=1):
+            p = ctx.Process(target=target, args=(rank, *args, child), daemon=True)
+            p.start()
+            procs.append(p)
+        yield [parent for parent, _ in pipes]
+    finally:
+        for parent, _ in pipes:
+            parent.close()
+        stop_processes(procs, 30.0)
+
+
+def answer(conn: Any, timeout_s: float, label: str, what: str) -> Any:
+    """The next message from a receiver, or a :class:`~wtcore.errors.TransferTimeoutError`."""
+    if not conn.poll(timeout_s):
+        raise TransferTimeoutError(f"{label}: a receiver sent no {what} within {timeout_s}s")
+    return conn.recv()
+
+
+def next_message(conn: Any) -> Any:
+    """The sender's next message; ``None`` (stop) also when its end of the pipe closed."""
+    try:
+        return conn.recv()
+    except EOFError:
+        return None

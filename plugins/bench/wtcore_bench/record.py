@@ -1,8 +1,6 @@
-"""The JSON record of ``wtcore bench``: what its keys hold, and the old names kept a release.
+"""The JSON record of ``wtcore bench`` (``--json``): its keys, an interface, and the old names.
 
-Scripts read this record (``--json``), so its keys are an interface; this module is where they
-are described, and where the deprecated names are written. Top level
-(:func:`wtcore_bench.runner.run_bench`):
+Top level (:func:`wtcore_bench.runner.run_bench`):
 
 * ``ok``: every receiver verified bit for bit in every round;
 * ``host``, ``versions``, ``settings``: where the run was, with what, and its options;
@@ -20,10 +18,8 @@ are described, and where the deprecated names are written. Top level
 * ``best_median_gbps`` and ``ratios``: the best run's median, and it divided by each baseline;
 * ``link`` (``--nodes`` only): the link cap, also in ``baselines_gbps`` as ``link_cap``.
 
-**Deprecated** (0.2.0, removed in 0.3): ``limits_gbps`` and ``limit_labels`` are 0.1.0's
-names of ``baselines_gbps`` and ``baseline_labels``, from when the whole set was called limits
-although a limit is one kind of baseline. The record still carries them, with the same values,
-so a script that reads them keeps working; read the new names.
+**Deprecated** (0.2.0, removed in 0.3): ``limits_gbps`` and ``limit_labels``, 0.1.0's names of
+``baselines_gbps`` and ``baseline_labels``, repeat their values.
 """
 
 from __future__ import annotations
@@ -37,8 +33,7 @@ DEPRECATED_KEYS = {"limits_gbps": "baselines_gbps", "limit_labels": "baseline_la
 
 
 def with_deprecated_keys(record: dict[str, Any]) -> dict[str, Any]:
-    """Write (or rewrite, after a change to the new keys) the deprecated keys of ``record``
-    as copies of the new ones; returns ``record``."""
+    """(Re)write the deprecated keys of ``record`` as copies of the new ones; returns it."""
     for old, new in DEPRECATED_KEYS.items():
         if new in record:
             record[old] = dict(record[new])

@@ -77,10 +77,8 @@ def write_json(record: dict[str, Any], path: str | Path) -> None:
 
 
 def check_plot_available() -> None:
-    """Raise :class:`~wtcore_bench.api.OptionalDependencyError` unless matplotlib imports.
-
-    The CLI calls this before the run, so a missing package costs one line, not a whole bench.
-    """
+    """Raise :class:`~wtcore_bench.api.OptionalDependencyError` unless matplotlib imports
+    (before the run, so a missing package costs one line, not a whole bench)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError as e:

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from wtcore.errors import PayloadError
-from wtcore_bench.api import BaselineContext, BenchNotSupportedError, ModelSpec, device_kind
+from wtcore_bench.api import (
+    BaselineContext,
+    BenchNotSupportedError,
+    EngineBench,
+    ModelSpec,
+    device_kind,
+)
 from wtcore_bench.baselines import measure_baselines, select_baselines
 from wtcore_bench.fleet import launch_fleet
 from wtcore_bench.memory import PeakTracker
@@ -36,9 +42,7 @@ class BenchOptions:
     dtype: str = "bfloat16"
     rounds: int = 3
     buffer_sizes: list[int] = field(default_factory=list)  # empty: the engine's default
-    # auto: the generic baselines + the engine's | peers: auto + every installed peer |
-    # all: every installed engine's baselines + every peer | none
-    baselines: str = "auto"
+    baselines: str = "auto"  # auto, peers, all or none (wtcore_bench.baselines)
     device: str = "cpu"  # where sources, staging and sinks live: "cpu" or "cuda[:N]"
     transactional: bool = False
     torch_threads: int = 1  # 0: leave torch's default
@@ -47,17 +51,8 @@ class BenchOptions:
     corrupt_round: int | None = None  # testing only: corrupt receiver 0 after this round
     #: Extra fields of the engine's init info (``--engine-option topology=chain``).
     engine_options: dict[str, Any] = field(default_factory=dict)
-    #: Measure the baselines that have a session in turns with the engine's rounds (one call
-    #: of each before every round) instead of all before them (``--interleave``).
+    #: Measure the baselines that have a session in turns with the rounds (``--interleave``).
     interleave: bool = False
-
-
-def _progress(total: int, desc: str) -> Any:
-    try:
-        from tqdm import tqdm  # type: ignore[import-untyped]
-    except ImportError:  # tqdm is a dependency, but the bar stays optional
-        return None
-    return tqdm(total=total, desc=desc, file=sys.stderr, unit="round", leave=False)
 
 
 def _check_device(device: str) -> None:
@@ -77,16 +72,12 @@ def _check_device(device: str) -> None:
 
 def _versions(opts: BenchOptions) -> dict[str, str]:
     """Python, torch, and the distributions that provide the chosen engine and client."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import version
 
     from wtcore._version import __version__
     from wtcore.registry import CLIENTS, TRAINER_ENGINES
 
-    out = {"python": platform.python_version(), "wtcore": __version__}
-    try:
-        out["torch"] = version("torch")
-    except PackageNotFoundError:
-        pass
+    out = {"python": platform.python_version(), "wtcore": __version__, "torch": version("torch")}
     for info in (TRAINER_ENGINES.info(opts.backend), CLIENTS.info(opts.client)):
         if info.distribution is not None:
             out[info.distribution] = info.version or "?"
@@ -96,6 +87,7 @@ def _versions(opts: BenchOptions) -> dict[str, str]:
 def _run_engine(
     opts: BenchOptions,
     engine_cls: type[TrainerWeightTransferEngine],
+    support: EngineBench,
     spec: ModelSpec,
     model: Any,
     buffer_size: int | None,
@@ -110,7 +102,6 @@ def _run_engine(
     from wtcore.source import ModuleSource
 
     on_device = {} if opts.device == "cpu" else {"device": opts.device}
-    support = engine_bench(opts.backend, engine_cls)
     prepare = {k: v for k, v in opts.engine_options.items() if k in support.model_options}
     fields = {k: v for k, v in opts.engine_options.items() if k not in prepare}
     info = support.init_info(
@@ -137,58 +128,48 @@ def _run_engine(
         options={"transactional": opts.transactional},
     )
     rounds: list[dict[str, Any]] = []
-    stack = contextlib.ExitStack()
-    try:
+    with contextlib.ExitStack() as stack:  # on exit: the engine, the model options, the fleet
+        stack.callback(fleet.close)
         for name, value in prepare.items():
             stack.enter_context(support.model_options[name](model, value))
         engine = engine_cls.trainer_init(info, source=ModuleSource(model), client=fleet.client)
-        try:
-            tracker = PeakTracker([os.getpid(), *(p for p in fleet.pids() if p != os.getpid())])
-            for r in range(opts.rounds):
-                baseline_seconds = turns.run_each()
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.add_(1)
-                tracker.start()
-                stats = engine.send_weights(weight_version=f"bench-{r}")
-                mem = tracker.extra_mib()
-                if opts.corrupt_round == r:
-                    _corrupt(fleet)
-                want = digest_named(model.named_parameters())
-                per = fleet.client.checksums()
-                bad = [sum(d.get(n) != v for n, v in want.items()) for d in per]
-                infos = fleet.client.weight_info()
-                versions = [i.get("weight_version") for i in infos]
-                rounds.append(
-                    {
-                        **{
-                            k: stats.to_dict()[k]
-                            for k in ("seconds", "gbps", "num_bytes", "num_tensors", "num_buckets")
-                        },
-                        "phases": dict(stats.phase_seconds),
-                        "trainer_extra_mib": mem[0],
-                        "receivers_extra_mib": mem[1:] if len(mem) > 1 else mem[:1],
-                        "verified": all(b == 0 for b in bad)
-                        and len(per) == opts.receivers
-                        and versions == [f"bench-{r}"] * opts.receivers,
-                        "mismatched_tensors": bad,
-                        "receiver_versions": versions,
-                        "baseline_seconds": baseline_seconds,
-                    }
-                )
-                if bar is not None:
-                    bar.update(1)
-        finally:
-            engine.shutdown()
-    finally:
-        stack.close()
-        fleet.close()
-    gbps = [r["gbps"] for r in rounds]
+        stack.callback(engine.shutdown)
+        tracker = PeakTracker([os.getpid(), *(p for p in fleet.pids() if p != os.getpid())])
+        for r in range(opts.rounds):
+            baseline_seconds = turns.run_each()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1)
+            tracker.start()
+            stats = engine.send_weights(weight_version=f"bench-{r}")
+            mem = tracker.extra_mib()
+            if opts.corrupt_round == r:
+                _corrupt(fleet)
+            want = digest_named(model.named_parameters())
+            per = fleet.client.checksums()
+            bad = [sum(d.get(n) != v for n, v in want.items()) for d in per]
+            versions = [i.get("weight_version") for i in fleet.client.weight_info()]
+            keys = ("seconds", "gbps", "num_bytes", "num_tensors", "num_buckets")
+            rounds.append(
+                {
+                    **{k: v for k, v in stats.to_dict().items() if k in keys},
+                    "phases": dict(stats.phase_seconds),
+                    "trainer_extra_mib": mem[0],
+                    "receivers_extra_mib": mem[1:] if len(mem) > 1 else mem[:1],
+                    "verified": not any(bad)
+                    and len(per) == opts.receivers
+                    and versions == [f"bench-{r}"] * opts.receivers,
+                    "mismatched_tensors": bad,
+                    "receiver_versions": versions,
+                    "baseline_seconds": baseline_seconds,
+                }
+            )
+            bar.update(1)
     return {
         "buffer_size": buffer_size,
         "rounds": rounds,
         "median_seconds": statistics.median(r["seconds"] for r in rounds),
-        "median_gbps": statistics.median(gbps),
+        "median_gbps": statistics.median(r["gbps"] for r in rounds),
         "verified": all(r["verified"] for r in rounds),
     }
 
@@ -206,11 +187,10 @@ def _corrupt(fleet: Any) -> None:
 
 
 def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run everything; returns the JSON-ready record (``record["ok"]`` says if all verified).
+    """Run everything; returns the JSON-ready record (``record["ok"]`` says if all verified),
+    described in :mod:`wtcore_bench.record`."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
-    Its keys, and the deprecated ones it also carries, are described in
-    :mod:`wtcore_bench.record`.
-    """
     from wtcore.registry import TRAINER_ENGINES
     from wtcore_bench.nodes import placement
     from wtcore_kit.synthetic import build_module
@@ -246,12 +226,12 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
             import torch
 
             torch.set_num_threads(opts.torch_threads)
-        bar = _progress(opts.rounds * len(configs), f"wtcore bench {opts.backend}/{opts.client}")
-        try:
-            runs = [_run_engine(opts, engine_cls, spec, model, b, bar, turns) for b in configs]
-        finally:
-            if bar is not None:
-                bar.close()
+        desc = f"wtcore bench {opts.backend}/{opts.client}"
+        total = opts.rounds * len(configs)
+        with tqdm(total=total, desc=desc, file=sys.stderr, unit="round", leave=False) as bar:
+            runs = [
+                _run_engine(opts, engine_cls, support, spec, model, b, bar, turns) for b in configs
+            ]
     measured.update(turns.gbps(nbytes))
     measured = {n: measured[n] for n in baselines if n in measured}  # the declared order
     best = max(r["median_gbps"] for r in runs)

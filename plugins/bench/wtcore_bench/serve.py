@@ -1,8 +1,5 @@
-"""Start ``wtcore serve`` as a child process, read its URL, and always stop it by PID.
-
-Used by ``wtcore bench --client http`` and by the tests: the receiver runs as a real process
-exactly as a user would run it, and the parent never leaves it behind.
-"""
+"""Start ``wtcore serve`` as a child process, read its URL, and always stop it by PID
+(``wtcore bench --client http`` and the tests)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from wtcore.errors import TransferError
@@ -34,7 +31,6 @@ class ServeProcess:
     url: str
     stdout: Path
     stderr: Path
-    closed: bool = field(default=False)
 
     @property
     def pid(self) -> int:
@@ -54,14 +50,10 @@ def launch_serve(
     *,
     workdir: str | Path | None = None,
     via_cli: bool = True,
-    start_timeout_s: float = START_TIMEOUT_S,
     prefix: Sequence[str] = (),
 ) -> ServeProcess:
-    """Start ``wtcore serve --host 127.0.0.1 --port 0 *args`` and wait for its URL line.
-
-    ``prefix`` goes before the interpreter (``ip netns exec <node>`` under ``wtcore bench
-    --nodes``, where ``args`` also name the node's address and an API key).
-    """
+    """Start ``wtcore serve --host 127.0.0.1 --port 0 *args`` and wait for its URL line;
+    ``prefix`` goes before the interpreter (``ip netns exec <node>`` under ``--nodes``)."""
     base = Path(tempfile.mkdtemp(dir=workdir, prefix="wtcore-serve-"))
     out_path, err_path = base / "stdout", base / "stderr"
     module = ["-m", "wtcore.cli", "serve"] if via_cli else ["-m", "wtcore_http_client.server"]
@@ -77,7 +69,7 @@ def launch_serve(
             env=env,
         )
     server = ServeProcess(proc, "", out_path, err_path)
-    deadline = time.monotonic() + start_timeout_s
+    deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         first = server.stdout.read_text().splitlines()
         if first and first[0].startswith(LISTENING):

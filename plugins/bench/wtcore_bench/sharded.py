@@ -1,30 +1,14 @@
 """``wtcore bench --trainer-ranks M``: sharded rounds against gather-then-broadcast, in turns.
 
-``M`` trainer processes (a gloo group) hold an FSDP2 model (``fully_shard`` over a CPU mesh
-of every rank: each rank a ``Shard(0)`` of every tensor) of ``size`` bytes in about
-``tensors`` tensors (``wtcore_kit.synthetic``). Two fleets of ``N`` receiver processes, each an
-HTTP receiver on the same engine, serve the same model:
-
-* **sharded**: every rank sends its own shards (``ShardedModuleSource``) straight to the
-  receivers that need them; with ``layout="tp"`` each receiver holds its TP slice (vLLM's
-  rules: q/k/v/gate/up column, o/down row, embedding and head vocabulary, norms replicated),
-  with ``layout="replica"`` a whole replica;
-* **gathered**, gather-then-broadcast as users run it today: every tensor gathered whole on
-  rank 0 (``ModuleSource``: an FSDP all-gather per tensor), then rank 0 sends the whole model
-  to every receiver, each holding a whole replica (a TP server slices it as it loads).
-
-Why two fleets and turns: the two modes are measured in the same run, one round of each in
-alternating order after the model changed on every rank, so a shared, noisy host slows both
-alike. Every round is checked on every receiver (published, consistent, every planned byte
-landed) and the last one bit-exact (each receiver's checksums against the model's slices).
-Reported: each mode's median round time on rank 0 and their ratio, the bytes each trainer
-rank put on the wire, and each trainer rank's peak extra resident memory during its rounds.
-With ``nodes`` every trainer rank and every receiver runs on a node of its own
-(:mod:`wtcore_bench.netns`: namespaces on one bridge), every link capped at ``link_rate``
-(``tc``).
-
-The roles run as ``python -m wtcore_bench.sharded --role receiver|trainer`` (spawned by
-:func:`run_sharded_bench`).
+``M`` trainer processes (gloo) hold an FSDP2 model (every rank a ``Shard(0)`` of every
+tensor). Two fleets of ``N`` HTTP receiver processes on the same engine serve it:
+**sharded**, every rank sends its own shards (``ShardedModuleSource``) straight to the
+receivers that need them (``layout="tp"``: each holds its TP slice by vLLM's rules; ``replica``:
+a whole replica); **gathered**, as users run it today: rank 0 gathers every tensor whole
+(``ModuleSource``) and sends the model to every receiver. One round of each, in alternating
+order, so a noisy host slows both alike; every round is checked on every receiver and the last
+one bit-exact. With ``nodes`` every process runs on a :mod:`wtcore_bench.netns` node of its
+own, links capped at ``link_rate``. The roles run as ``python -m wtcore_bench.sharded``.
 """
 
 from __future__ import annotations
@@ -225,9 +209,7 @@ def trainer(args: argparse.Namespace) -> None:
 
 
 def _spawn(node: Any, argv: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen[Any]:
-    if node is None:
-        return subprocess.Popen(argv, env=env, **kw)
-    proc: subprocess.Popen[Any] = node.popen(argv, env=env, **kw)
+    proc: subprocess.Popen[Any] = (node.popen if node else subprocess.Popen)(argv, env=env, **kw)
     return proc
 
 
@@ -248,19 +230,15 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 def _wait_all(trainers: list[subprocess.Popen[Any]], timeout_s: float) -> list[str]:
     """Every trainer rank's stdout; the first rank that fails stops the run, with its stderr."""
     deadline = time.monotonic() + timeout_s
-    while any(p.poll() is None for p in trainers):
-        for r, p in enumerate(trainers):
-            if p.poll() not in (None, 0):
-                err = p.communicate(timeout=30)[1]
-                raise BenchNotSupportedError(
-                    f"trainer rank {r} failed ({p.returncode}):\n{err[-4000:]}"
-                )
+    while any(p.poll() is None for p in trainers) and not any(p.returncode for p in trainers):
         if time.monotonic() > deadline:
             raise BenchNotSupportedError(f"the trainer ranks did not finish in {timeout_s:g} s")
         time.sleep(0.2)
-    outs = [p.communicate(timeout=60) for p in trainers]
-    for r, (p, (_, err)) in enumerate(zip(trainers, outs, strict=True)):
-        if p.returncode != 0:
+    done = [p for p in trainers if p.returncode] or trainers  # those that failed, else all
+    outs = [p.communicate(timeout=60) for p in done]
+    for p, (_, err) in zip(done, outs, strict=True):
+        if p.returncode:
+            r = trainers.index(p)
             raise BenchNotSupportedError(
                 f"trainer rank {r} failed ({p.returncode}):\n{err[-4000:]}"
             )

@@ -1,11 +1,8 @@
 """Baselines measured in turns with the engine's rounds (``wtcore bench --interleave``).
 
-On a shared host the raw collective an engine is compared with moves by a third from one
-minute to the next, so a limit measured before the engine's rounds can make the same engine
-look 0.7x or 1.05x of it. In turns, every baseline that has a ``session``
-(:class:`~wtcore_bench.api.Baseline`) is set up once, before the engine's receivers start,
-and called once, timed, right before every engine round: each is then the median over the
-same seconds the engine's rounds ran in (each round's ``baseline_seconds`` in the record).
+On a shared host a limit moves by a third from one minute to the next, so every baseline with
+a ``session`` is set up once, before the engine's receivers start, and called once, timed,
+right before every engine round: its figure is the median over the seconds the engine ran in.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ class Turns:
     def open(
         cls, baselines: Mapping[str, Baseline], ctx: BaselineContext, skipped: dict[str, str]
     ) -> Iterator[Turns]:
-        """Set up every baseline's session (one untimed warm-up call each), and release them
-        all on exit, whatever happened in between. One whose package is missing joins
-        ``skipped`` instead."""
+        """Set up every baseline's session (one untimed warm-up call each), released on any
+        exit; one whose package is missing joins ``skipped`` instead."""
         with contextlib.ExitStack() as stack:
             runs: dict[str, Callable[[], object]] = {}
             for name, b in baselines.items():

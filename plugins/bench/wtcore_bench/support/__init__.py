@@ -1,17 +1,11 @@
 """Which engines and clients the bench can drive, found by their registered names.
 
-Both are declared in one entry-point group, ``wtcore.bench``: ``engine.<name>`` names an
-:class:`~wtcore_bench.api.EngineBench` (the limits and peers worth measuring next to engine
-``<name>``, and how to build its init info), ``client.<name>`` a
-:class:`~wtcore_bench.api.ClientBench` (how the bench starts receivers the client can reach).
-An engine that declares nothing runs with the default :class:`~wtcore_bench.api.EngineBench`
-(rank 0 and its init info's own defaults). The protocol's classes carry nothing for the
-bench, so loading an engine never loads the bench.
-
-Classes written for earlier releases that still set ``bench`` (engine) or ``bench_launcher`` /
-``bench_baselines`` (client) class attributes keep working for this release, with a
-``DeprecationWarning``. :func:`register_engine_bench` / :func:`register_client_bench` register
-support in code (tests, notebooks) without an entry point.
+``engine.<name>`` in the entry-point group ``wtcore.bench`` names an
+:class:`~wtcore_bench.api.EngineBench`, ``client.<name>`` a
+:class:`~wtcore_bench.api.ClientBench`; :func:`register_engine_bench` /
+:func:`register_client_bench` do the same in code (tests, notebooks). Classes that still set
+``bench`` (engine) or ``bench_launcher`` / ``bench_baselines`` (client) attributes keep
+working until 0.3, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
@@ -53,9 +47,8 @@ def register_client_bench(name: str, bench: ClientBench | None) -> None:
 
 
 def _register(key: str, value: object | None) -> None:
-    if value is None:
-        _explicit.pop(key, None)
-    else:
+    _explicit.pop(key, None)
+    if value is not None:
         _explicit[key] = value
 
 
@@ -109,18 +102,17 @@ def find_engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench | 
     return _checked(found, EngineBench, f"engine {name!r}: {GROUP} engine.{name}")
 
 
-#: What an engine that declares nothing runs with: rank 0 and its init info's own defaults,
-#: no buffer option, only the generic limits.
+#: What an engine that declares nothing runs with.
 DEFAULT_ENGINE_BENCH = EngineBench()
 
 
 def engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench:
-    """:func:`find_engine_bench`, else the default; an error naming the init-info fields the
-    default cannot fill (those without a default), if ``cls`` has any."""
+    """:func:`find_engine_bench`, else the default, unless ``cls``'s init info has fields
+    without a default (an error naming them)."""
     found = find_engine_bench(name, cls)
     if found is not None:
         return found
-    info_cls = getattr(cls, "init_info_cls", None)
+    info_cls: Any = getattr(cls, "init_info_cls", None)
     fields = dataclasses.fields(info_cls) if dataclasses.is_dataclass(info_cls) else ()
     missing = dataclasses.MISSING
     unset = [
@@ -129,7 +121,6 @@ def engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench:
         if f.init and f.name != "rank" and f.default is missing and f.default_factory is missing
     ]
     if unset:
-        assert cls is not None and info_cls is not None
         raise BenchNotSupportedError(
             f"trainer engine {name!r} declares no bench support, and the bench cannot guess "
             f"{', '.join(unset)} of its {info_cls.__name__}: declare a wtcore_bench.EngineBench "

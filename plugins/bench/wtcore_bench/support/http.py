@@ -1,10 +1,4 @@
-"""``wtcore bench --client http``: start the bench's receivers as ``wtcore serve`` processes.
-
-``client.http`` in ``wtcore.bench`` is :data:`CLIENT`: :class:`HTTPFleet`, one real server
-process per receiver, each hosting the bench's synthetic model (same names, shapes and dtypes as the
-trainer's), all driven by one fan-out :class:`~wtcore_http_client.client.HTTPWeightSyncClient`
-and always stopped by PID.
-"""
+"""``wtcore bench --client http``: the bench's receivers as ``wtcore serve`` processes."""
 
 from __future__ import annotations
 
@@ -21,11 +15,8 @@ _FLAGS = {"transactional": "--transactional", "reject_nonfinite": "--reject-nonf
 
 
 class HTTPFleet:
-    """``count`` ``wtcore serve`` processes and the client that drives them.
-
-    Under ``wtcore bench --nodes`` (:func:`wtcore_bench.nodes.placement`) each server runs in
-    its node, on that node's address, with the run's API key.
-    """
+    """``count`` ``wtcore serve`` processes and the client that drives them; under ``--nodes``
+    each runs in its node, on that node's address, with the run's API key."""
 
     places_on_nodes: ClassVar[bool] = True
 
@@ -43,7 +34,6 @@ class HTTPFleet:
         from wtcore_bench.serve import ServeProcess, launch_serve
 
         where = placement()
-
         unknown = sorted(set(options) - set(_FLAGS))
         if unknown:
             raise PayloadError(f"options {unknown} are not supported by wtcore serve")
@@ -52,11 +42,9 @@ class HTTPFleet:
         try:
             for rank in range(count):
                 node = where.node_for(rank) if where is not None else None
-                remote = (
-                    ["--host", node.address, "--port", "0", "--api-key", where.api_key]
-                    if node is not None and where is not None
-                    else []
-                )
+                remote = []
+                if node is not None and where is not None:
+                    remote = ["--host", node.address, "--port", "0", "--api-key", where.api_key]
                 self.servers.append(
                     launch_serve(
                         [

@@ -1,8 +1,4 @@
-"""``wtcore bench --backend inline``: the built-in engine's bench API.
-
-``inline`` has no rendezvous, so the default :class:`~wtcore_bench.api.EngineBench` init info
-(rank 0 plus the buffer size) is all it takes, and only the generic baselines apply.
-"""
+"""``wtcore bench --backend inline``: no rendezvous, so the default init info serves."""
 
 from __future__ import annotations
 

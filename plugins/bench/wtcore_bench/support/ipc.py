@@ -3,9 +3,7 @@
 ``shm_copy`` is one copy out of a POSIX shared-memory segment that already holds the weights:
 the ceiling of this engine's CPU path, where every receiver copies the sender's segment once.
 ``--engine-option shared_weights=true`` measures the one-copy path (the trainer's model in
-shared memory). The engine needs no rendezvous, so the default
-:class:`~wtcore_bench.api.EngineBench` init info
-(rank 0, the buffer size and, on ``--device cuda``, the device: CUDA IPC) is all it takes.
+shared memory).
 """
 
 from __future__ import annotations
@@ -19,17 +17,16 @@ from typing import Any
 
 from wtcore.errors import PayloadError
 from wtcore_bench.api import Baseline, BaselineContext, EngineBench
+from wtcore_bench.limits import copy_session, session_gbps
 
 __all__ = ["BENCH", "shared_weights", "shm_copy_gbps", "shm_copy_session"]
 
 
 @contextlib.contextmanager
 def shm_copy_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
-    """One copy out of a fresh shared-memory segment of the model's size per call; the
-    segment is gone on exit."""
+    """One copy out of a fresh shared-memory segment of the model's size per call."""
     import mmap
 
-    from wtcore_bench.limits import copy_session
     from wtcore_ipc.shm import SHM_DIR
 
     size = max(ctx.nbytes, 1)
@@ -44,8 +41,6 @@ def shm_copy_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
 
 
 def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
-    from wtcore_bench.limits import session_gbps
-
     return session_gbps(shm_copy_session, ctx, repeats)
 
 
@@ -61,7 +56,7 @@ def shared_weights(model: Any, value: Any) -> AbstractContextManager[object]:
     return share_weights(model)
 
 
-#: ``engine.ipc`` in ``wtcore.bench``.
+#: ``engine.ipc`` in ``wtcore.bench``: no rendezvous, so the default init info serves.
 BENCH = EngineBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={

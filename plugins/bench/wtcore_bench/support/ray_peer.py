@@ -1,31 +1,99 @@
-"""The Ray object-store peer for ``wtcore bench --baselines peers``: what a Ray user does instead.
+"""``wtcore bench --client ray``: Ray actors as receivers, and the object-store peer.
 
-Per bucket (the wtcore bucket rule, the nccl engine's default size), the trainer packs a fresh
-buffer, ``ray.put`` s it, and hands the reference to every receiver actor, which ``ray.get`` s
-it (Ray resolves the argument; a numpy array is read zero-copy from the object store) and
-copies each tensor's bytes into its model. The round ends when every actor has answered.
-Actors report digests after the last round, checked against the trainer's: a peer that
-moved the wrong bytes is no yardstick.
-
-The ``ray`` client's :class:`~wtcore_bench.api.ClientBench` (:data:`CLIENT`) carries them. The CPU
-only: the object store is host memory. Ray is started for the measurement unless the process is
-connected already (:class:`~wtcore_bench.support.ray.RaySession`).
+``client.ray`` in ``wtcore.bench`` is :data:`CLIENT`: :class:`RayFleet` starts the receivers
+(driven by the group's own ``RayWeightSyncClient``; on ``--device cuda`` each actor asks for an
+equal share of one GPU), and ``ray_object_store`` (``--baselines peers``, CPU only) is what a
+Ray user does instead: per bucket (the wtcore bucket rule) the trainer packs a fresh buffer,
+``ray.put`` s it and hands the reference to every receiver actor, which copies each tensor's
+bytes into its model; the actors' digests are checked after the last round. Ray is started
+here (a local cluster) unless the process is connected to one, and then only stopped again.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 from wtcore_bench.api import Baseline, BaselineContext, ClientBench
-from wtcore_bench.support.ray import RayFleet, RaySession
 
 __all__ = [
     "BASELINES",
     "CLIENT",
     "ObjectStoreReceiver",
+    "RayFleet",
     "object_store_gbps",
     "object_store_run",
+    "start_ray",
 ]
+
+
+def start_ray() -> bool:
+    """Start a local Ray cluster unless one is connected; whether it was started here (and
+    is the caller's to ``ray.shutdown()``)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def _stop_ray(started: bool) -> None:
+    if started:
+        import ray
+
+        ray.shutdown()
+
+
+def _zeros_sink(model: Any) -> Any:
+    """Built inside each actor, so the receiver's model lives there."""
+    from wtcore.sink import ModuleSink
+
+    return ModuleSink(model.build_zeros())
+
+
+class RayFleet:
+    """Receiver actors for the bench, with the client that drives them."""
+
+    def __init__(
+        self,
+        client_cls: type[Any],
+        backend: str,
+        count: int,
+        model: Any,
+        *,
+        timeout_s: float,
+        options: Mapping[str, Any],
+    ) -> None:
+        from wtcore_ray_client.launch import launch_receivers
+
+        self._started = start_ray()
+        on_gpu = str(model.device).startswith("cuda")
+        try:
+            self.group = launch_receivers(
+                count,
+                backend,
+                functools.partial(_zeros_sink, model),
+                device=model.device,
+                num_cpus=0,
+                num_gpus=1 / count if on_gpu else None,
+                worker_options=dict(options),
+                ready_timeout_s=timeout_s,
+            )
+            self.client = self.group.client(timeout_s=timeout_s)
+        except BaseException:
+            _stop_ray(self._started)
+            raise
+
+    def pids(self) -> list[int]:
+        return [int(i["pid"]) for i in self.client.identities()]
+
+    def close(self) -> None:
+        try:
+            self.group.shutdown()
+        finally:
+            _stop_ray(self._started)
 
 
 class ObjectStoreReceiver:
@@ -66,12 +134,7 @@ def object_store_run(
     send_models: bool = False,
 ) -> tuple[float, list[dict[str, Any]]]:
     """GB/s through Ray's object store, and (with ``send_models``) every receiver's model."""
-    from wtcore_bench.api import OptionalDependencyError
-
-    try:
-        import ray
-    except ImportError as e:  # pragma: no cover - the plugin depends on ray
-        raise OptionalDependencyError("the ray_object_store peer needs ray: pip install ray") from e
+    import ray
     import torch
 
     from wtcore.buckets import pack_bucket, plan_buckets
@@ -87,8 +150,7 @@ def object_store_run(
         [(m.name, off, m.nbytes) for m, off in zip(b.metas, b.offsets, strict=True)]
         for b in buckets
     ]
-    session = RaySession()
-    session.start()
+    started = start_ray()
     actors: list[Any] = []
     try:
         remote = ray.remote(num_cpus=0)(ObjectStoreReceiver)
@@ -110,10 +172,10 @@ def object_store_run(
         run()  # warm-up
         gbps = median_gbps(ctx.nbytes, run, repeats)
         want = digest_named(ctx.state.items())
-        models: list[dict[str, Any]] = []
         digests = ray.get([a.digests.remote() for a in actors], timeout=ctx.timeout_s)
         for rank, got in enumerate(digests):
             check_digests("ray_object_store peer", str(rank), want, got)
+        models: list[dict[str, Any]] = []
         if send_models:
             raws = ray.get([a.raw.remote() for a in actors], timeout=ctx.timeout_s)
             models = [state_from_raw(raw, metas) for raw in raws]
@@ -121,7 +183,7 @@ def object_store_run(
     finally:
         for a in actors:
             ray.kill(a)
-        session.stop()
+        _stop_ray(started)
 
 
 def object_store_gbps(ctx: BaselineContext) -> float:
@@ -129,7 +191,7 @@ def object_store_gbps(ctx: BaselineContext) -> float:
     return object_store_run(ctx)[0]
 
 
-#: The peers of ``client.ray`` in ``wtcore.bench`` (:data:`CLIENT`).
+#: The peers of ``client.ray`` in ``wtcore.bench``.
 BASELINES: dict[str, Baseline] = {
     "ray_object_store": Baseline("Ray object store (put, get, copy)", object_store_gbps, peer=True),
 }

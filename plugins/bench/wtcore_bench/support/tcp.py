@@ -1,15 +1,11 @@
 """``wtcore bench --backend tcp``: the engine's bench API and the baselines that matter for it.
 
-* ``raw_gloo`` and ``per_tensor``: the same limit and naive loop as nccl's
-  (:mod:`wtcore_bench.support.nccl`), so tcp and nccl are measured against one yardstick;
-* ``zmq`` (a peer, ``--baselines peers``): the round over a maintained transport library,
-  pyzmq, as a user would write it with its fastest calls: one PUSH socket per receiver, every
-  tensor one message sent zero-copy (``copy=False``), received with ``recv_into`` straight
-  into the receiver's tensor (no copy), a round's end acknowledged on a pipe. It answers
-  "would a library carry our stream as fast?" in the same run. Every receiver's digests are
-  checked after the session (a mismatch is a :class:`~wtcore.errors.TransferError`).
-
-Nothing here is imported until the bench asks.
+* ``raw_gloo`` and ``per_tensor``: nccl's limit and naive loop
+  (:data:`wtcore_bench.support.nccl.GLOO_BASELINES`), so tcp and nccl share one yardstick;
+* ``zmq`` (a peer): the round over pyzmq as a user would write it with its fastest calls: a
+  PUSH socket per receiver, every tensor one zero-copy message, received with ``recv_into``
+  straight into the receiver's tensor, a round's end acknowledged on a pipe. Every receiver's
+  digests are checked after the session.
 """
 
 from __future__ import annotations
@@ -17,24 +13,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import TransferError
 from wtcore_bench.api import Baseline, BaselineContext, EngineBench, OptionalDependencyError
-from wtcore_bench.received import Spec
-from wtcore_bench.support.nccl import (
-    _next_message,
-    _spawn,
-    per_tensor_gbps,
-    per_tensor_session,
-    raw_gloo_gbps,
-    raw_gloo_session,
-)
+from wtcore_bench.limits import session_gbps
+from wtcore_bench.received import Spec, answer, next_message, spawned
+from wtcore_bench.support.nccl import GLOO_BASELINES
 
 if TYPE_CHECKING:
     from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
 
-__all__ = ["BENCH", "TCPBench", "zmq_gbps", "zmq_session"]
+__all__ = ["BENCH", "TCPBench", "zmq_session"]
 
 
 def _zmq() -> Any:
@@ -47,9 +38,8 @@ def _zmq() -> Any:
     return zmq
 
 
-def _zmq_receiver(rank: int, endpoint: str, timeout_s: float, metas: Spec, conn: Any) -> None:
-    """Receive a round into the model per ``True`` from the sender, until ``None``; then
-    send the model's digests."""
+def _zmq_receiver(rank: int, endpoint: str, timeout_s: float, spec: Spec, conn: Any) -> None:
+    """A round into the model per ``True`` from the sender, until ``None``; then its digests."""
     import torch
 
     from wtcore.digest import digest_named
@@ -57,7 +47,7 @@ def _zmq_receiver(rank: int, endpoint: str, timeout_s: float, metas: Spec, conn:
 
     zmq = _zmq()
     torch.set_num_threads(1)
-    model = zeros_from_spec(metas)
+    model = zeros_from_spec(spec)
     flat = [t.reshape(-1).view(torch.uint8) for t in model.values()]
     sock = zmq.Context.instance().socket(zmq.PULL)
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
@@ -65,7 +55,7 @@ def _zmq_receiver(rank: int, endpoint: str, timeout_s: float, metas: Spec, conn:
     sock.bind(endpoint)
     conn.send(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
     try:
-        while _next_message(conn) is not None:
+        while next_message(conn) is not None:
             for buf in flat:
                 n = sock.recv_into(buf.numpy())
                 if n != buf.numel():
@@ -81,68 +71,48 @@ def _zmq_receiver(rank: int, endpoint: str, timeout_s: float, metas: Spec, conn:
 @contextlib.contextmanager
 def zmq_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
     """The ``zmq`` peer, one round per call of what it yields (see the module docstring)."""
-    import multiprocessing as mp
-
     import torch
 
     from wtcore.digest import digest_named
-    from wtcore.errors import TransferTimeoutError
-    from wtcore.testing.procs import stop_processes
     from wtcore_bench.received import check_digests, state_spec
 
     zmq = _zmq()
-    metas = state_spec(ctx.state)
-    pipes = [mp.get_context("spawn").Pipe() for _ in range(ctx.receivers)]
-    procs = _spawn(
-        _zmq_receiver,
-        ctx.receivers,
-        (f"tcp://{ctx.host}:*", ctx.timeout_s, metas),
-        per_rank=[(child,) for _, child in pipes],
-    )
+    args = (f"tcp://{ctx.host}:*", ctx.timeout_s, state_spec(ctx.state))
     socks: list[Any] = []
+    with spawned(_zmq_receiver, ctx.receivers, *args) as pipes:
 
-    def answer(parent: Any, what: str) -> Any:
-        if not parent.poll(ctx.timeout_s):
-            raise TransferTimeoutError(f"zmq peer: a receiver sent no {what} in {ctx.timeout_s}s")
-        return parent.recv()
+        def wait(parent: Any, what: str) -> Any:
+            return answer(parent, ctx.timeout_s, "zmq peer", what)
 
-    try:
-        for parent, _ in pipes:
-            sock = zmq.Context.instance().socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.setsockopt(zmq.SNDTIMEO, int(ctx.timeout_s * 1000))
-            sock.connect(answer(parent, "endpoint"))
-            socks.append(sock)
-        tensors = [t.contiguous().reshape(-1).view(torch.uint8).numpy() for t in ctx.state.values()]
+        try:
+            for parent in pipes:
+                sock = zmq.Context.instance().socket(zmq.PUSH)
+                sock.setsockopt(zmq.SNDHWM, 0)
+                sock.setsockopt(zmq.SNDTIMEO, int(ctx.timeout_s * 1000))
+                sock.connect(wait(parent, "endpoint"))
+                socks.append(sock)
+            tensors = [
+                t.contiguous().reshape(-1).view(torch.uint8).numpy() for t in ctx.state.values()
+            ]
 
-        def run() -> None:
-            for parent, _ in pipes:
-                parent.send(True)
-            trackers = [s.send(t, copy=False, track=True) for t in tensors for s in socks]
-            for parent, _ in pipes:
-                answer(parent, "end of round")
-            for tracker in trackers:
-                tracker.wait(ctx.timeout_s)  # zmq let go of the tensor's memory
+            def run() -> None:
+                for parent in pipes:
+                    parent.send(True)
+                trackers = [s.send(t, copy=False, track=True) for t in tensors for s in socks]
+                for parent in pipes:
+                    wait(parent, "end of round")
+                for tracker in trackers:
+                    tracker.wait(ctx.timeout_s)  # zmq let go of the tensor's memory
 
-        yield run
-        for parent, _ in pipes:
-            parent.send(None)
-        want = digest_named(ctx.state.items())
-        for rank, (parent, _) in enumerate(pipes, start=1):
-            check_digests("zmq peer", f"rank {rank}", want, answer(parent, "digests"))
-    finally:
-        for sock in socks:
-            sock.close(linger=0)
-        for parent, _ in pipes:
-            parent.close()
-        stop_processes(procs, 30.0)
-
-
-def zmq_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
-    """The ``zmq`` peer: see :func:`zmq_session`."""
-    from wtcore_bench.limits import session_gbps
-
-    return session_gbps(zmq_session, ctx, repeats)
+            yield run
+            for parent in pipes:
+                parent.send(None)
+            want = digest_named(ctx.state.items())
+            for rank, parent in enumerate(pipes, start=1):
+                check_digests("zmq peer", f"rank {rank}", want, wait(parent, "digests"))
+        finally:
+            for sock in socks:
+                sock.close(linger=0)
 
 
 @dataclass(frozen=True)
@@ -173,12 +143,12 @@ class TCPBench(EngineBench):
 BENCH = TCPBench(
     buffer_option="packed_buffer_size_bytes",
     baselines={
-        "raw_gloo": Baseline("raw gloo broadcast", raw_gloo_gbps, session=raw_gloo_session),
-        "per_tensor": Baseline(
-            "per-tensor broadcast + control call", per_tensor_gbps, session=per_tensor_session
-        ),
+        **GLOO_BASELINES,
         "zmq": Baseline(
-            "pyzmq, zero-copy send, recv_into the model", zmq_gbps, peer=True, session=zmq_session
+            "pyzmq, zero-copy send, recv_into the model",
+            partial(session_gbps, zmq_session),
+            peer=True,
+            session=zmq_session,
         ),
     },
 )
