@@ -134,7 +134,8 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
     Hooks: :meth:`worker_init_info` (what receivers learn at init), :meth:`send_bucket` (move
     one packed bucket; return the ``update_weights`` payload that announces it, or ``None``),
     optionally :meth:`allocate_staging` / :meth:`release_staging` (shared memory, CUDA...),
-    :meth:`begin_round` / :meth:`end_round`. Engines with a pipeline of their own may override
+    :meth:`fill`, :meth:`begin_round` / :meth:`end_round`, :meth:`abandon_round` /
+    :meth:`round_failed`. Engines with a pipeline of their own may override
     ``_send`` and still use the rest.
     """
 
@@ -184,6 +185,11 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         """
         nbuf = len(slots)
         return pack_source(source, metas, buckets, lambda b: slots[b.index % nbuf], stats)
+
+    def abandon_round(self) -> None:
+        """Called first once a round failed, before the call in flight is waited for: tell
+        receivers waiting for bytes that will never come (a ring's next slot) to give up, so
+        that wait ends at once. Does nothing by default."""
 
     def round_failed(self) -> None:
         """Called once a round failed, before its error propagates: frees the staging, so a
@@ -247,6 +253,7 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         except BaseException as e:
             # Let a call still reading our buffer end (bounded) so no transfer outlives
             # send_weights, then free the staging: a failure never leaks buffers.
+            self.abandon_round()
             call, self._inflight = self._inflight, None
             if call is not None and not isinstance(e, TransferTimeoutError):
                 call.wait(self.info.timeout_s)

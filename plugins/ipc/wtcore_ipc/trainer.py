@@ -1,15 +1,17 @@
 """The trainer half of ``ipc``: pack buckets into reused staging buffers, announce them as JSON.
 
-Built on :class:`wtcore_kit.bucketed.BucketedTrainerEngine` (planning, staging reuse, recovery).
-CPU (``shm``): ONE ``update_weights`` per round announces the ring (segment, slots, first sequence
-number) and the whole plan; the trainer then packs bucket after bucket into the ring while the
-workers copy the previous ones out, with no control call per bucket, so buckets can be small
-and packing and copying overlap. GPU (``cuda``): the kit's per-bucket pipeline, one call per
-bucket. Shared weights (:mod:`wtcore_ipc.shared`): when the source's tensors already live in a
-segment made by :func:`~wtcore_ipc.share_weights`, the round sends their offsets instead, with
-no ring and no copy on this side. With ``share_weights`` on (the default), the engine makes that
-segment itself at the first round of a :class:`~wtcore.source.ModuleSource` whose model can move
-without anyone noticing (:func:`~wtcore_ipc.shared.why_not_movable`), and closes it at shutdown.
+Built on :class:`wtcore_kit.bucketed.BucketedTrainerEngine` (planning, staging reuse, the bucket
+loop, recovery). CPU (``shm``): ONE ``update_weights`` per round announces the ring (segment,
+slots, first sequence number) and the whole plan (:meth:`~IPCTrainerEngine.begin_round`); the
+kit's loop then packs bucket after bucket into the ring's next free slot while the workers copy
+the previous ones out, with no control call per bucket, so buckets can be small and packing and
+copying overlap. GPU (``cuda``): the kit's per-bucket pipeline, one call per bucket. Shared
+weights (:mod:`wtcore_ipc.shared`): when the source's tensors already live in a segment made by
+:func:`~wtcore_ipc.share_weights`, the round sends their offsets instead, with no ring and no
+copy on this side (one call of its own: no buckets, so not the kit's loop). With
+``share_weights`` on (the default), the engine makes that segment itself at the first round of
+a :class:`~wtcore.source.ModuleSource` whose model can move without anyone noticing
+(:func:`~wtcore_ipc.shared.why_not_movable`), and closes it at shutdown.
 
 Multi-rank trainers: only the sender (rank 0) stages. Every rank materializes the full tensors
 in lockstep anyway (that is what gathers FSDP shards), so a second gather would add nothing;
@@ -27,7 +29,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from wtcore.buckets import pack_source
-from wtcore.errors import TransferError, TransferTimeoutError
+from wtcore.errors import TransferError
 from wtcore.source import ModuleSource, WeightSource, iter_checked
 from wtcore_ipc.ring import chunks, wait_until
 from wtcore_ipc.shared import SharedWeights, locate, share_weights, why_not_movable
@@ -69,18 +71,22 @@ class _Resumed(WeightSource):
 
 
 class _Ring:
-    """The trainer's view of one round in the ring: which slots every worker has released.
+    """One round in the ring, on the trainer's side: chunk ``f`` of the round (a bucket, or a
+    slot-sized piece of a bucket larger than a slot) goes into slot ``f % num_slots`` once
+    every worker has acknowledged chunk ``f - num_slots``.
 
     The workers' acknowledgements live in shared memory and are checked before use: a world
     size out of range, entries that disagree, or a count beyond what was published is an
     error naming the rank, never a reason to overwrite a slot early.
     """
 
-    def __init__(self, memory: StagingSegment, first: int, timeout_s: float) -> None:
-        self.memory = memory
-        self.first = first
-        self.timeout_s = timeout_s
-        self.call: BackgroundCall[Any] | None = None
+    def __init__(
+        self, memory: StagingSegment, first: int, total: int, timeout_s: float, stats: TransferStats
+    ) -> None:
+        self.memory, self.first, self.total = memory, first, total
+        self.timeout_s, self.stats = timeout_s, stats
+        self.published = 0  # chunks stamped so far
+        self.call: BackgroundCall[Any] | None = None  # the round's one update_weights
 
     def consumed(self, published: int) -> int:
         """How many buckets of this round every worker has consumed (0 before all reported)."""
@@ -109,11 +115,10 @@ class _Ring:
             low = min(low, ack.consumed)
         return low
 
-    def wait_free(self, index: int) -> None:
-        """Block until chunk ``index - num_slots`` (the slot's last tenant) was consumed."""
-        need = index - self.memory.num_slots + 1
-        if need <= 0:
-            return
+    def free_slot(self) -> torch.Tensor:
+        """The next chunk's slot, once every worker consumed its last tenant."""
+        index, nslots = self.published, self.memory.num_slots
+        need = index - nslots + 1  # chunks consumed by then: chunk index - nslots included
 
         def check() -> None:
             call = self.call
@@ -125,12 +130,34 @@ class _Ring:
                     f"before chunk {index} was published"
                 )
 
-        wait_until(
-            lambda: self.consumed(index) >= need,
-            timeout_s=self.timeout_s,
-            check=check,
-            what=f"every worker consuming chunk {need - 1} (to free a slot for chunk {index})",
-        )
+        if need > 0:
+            with self.stats.phase("wire"):
+                wait_until(
+                    lambda: self.consumed(index) >= need,
+                    timeout_s=self.timeout_s,
+                    check=check,
+                    what=f"every worker consuming chunk {need - 1} (to free a slot for chunk "
+                    f"{index})",
+                )
+        return self.memory.slot(index % nslots)
+
+    def put(self, nbytes: int, filled: torch.Tensor) -> None:
+        """Publish a bucket of ``nbytes``: one chunk already packed in its slot, or (larger
+        than a slot) slot-sized chunks copied into the next slots one by one."""
+        for start, length in chunks(nbytes, self.memory.capacity):
+            if nbytes > self.memory.capacity:
+                slot = self.free_slot()
+                with self.stats.phase("pack"):
+                    slot[:length].copy_(filled[start : start + length])
+            at = self.published % self.memory.num_slots
+            self.memory.publish(at, self.first + self.published, length)  # seq last: commits
+            self.published += 1
+
+    def cancel(self) -> None:
+        """Mark the chunk workers wait for as cancelled: they give up at once."""
+        if self.published < self.total:
+            at = self.published % self.memory.num_slots
+            self.memory.cancel(at, self.first + self.published)
 
 
 class IPCTrainerEngine(BucketedTrainerEngine):
@@ -158,8 +185,11 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         source: WeightSource | None,
     ) -> None:
         super().__init__(init_info, client=client, source=source)
-        self._shm = isinstance(init_info, IPCTrainerInitInfo) and init_info.transport == "shm"
+        assert isinstance(init_info, IPCTrainerInitInfo)  # the kit refuses any other
+        self.ipc = init_info
+        self._shm = init_info.transport == "shm"
         self._picked: Callable[[], None] | None = None  # shm: the round _prepare picked
+        self._ring: _Ring | None = None  # shm: this round's ring, when it goes through one
         #: Models :meth:`_share_once` has looked at (it looks once), and what it shared of
         #: which model (its first tensor: the model has left the segment once that has).
         self._considered: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -185,8 +215,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         """``share_weights``: move ``source``'s model into shared memory, once per model,
         where that is safe; otherwise (or when it already is) leave it, and rounds go as
         before. Every later round then copies straight out of the model (:meth:`_send`)."""
-        info = self.info
-        assert isinstance(info, IPCTrainerInitInfo)
+        info = self.ipc
         module = source.module
         if not info.share_weights or module in self._considered:
             return  # (only the sender's shm path calls this)
@@ -231,8 +260,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             self._owned.pop()[0].close()
 
     def worker_init_info(self) -> dict[str, Any]:
-        info = self.info
-        assert isinstance(info, IPCTrainerInitInfo)
+        info = self.ipc
         return asdict(
             IPCInitInfo(
                 transport=info.transport,
@@ -244,8 +272,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         )
 
     def allocate_staging(self, capacity: int, count: int) -> list[torch.Tensor]:
-        info = self.info
-        assert isinstance(info, IPCTrainerInitInfo)
+        info = self.ipc
         if info.transport == "shm":
             self._memory = StagingSegment(capacity, count)
         else:
@@ -276,8 +303,53 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             self._big = torch.empty(nbytes, dtype=torch.uint8)
         return self._big
 
-    def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
-        """The ``cuda`` transport: one ``update_weights`` per bucket (the kit's pipeline)."""
+    def fill(
+        self,
+        source: WeightSource,
+        metas: list[ParamMeta],
+        buckets: list[Bucket],
+        slots: list[torch.Tensor],
+        stats: TransferStats,
+    ) -> Iterator[tuple[Bucket, Any]]:
+        """``shm``: each bucket packed into the ring's next slot once the workers released it,
+        or, larger than a slot, into one private buffer, for :meth:`send_bucket` to stream."""
+        ring = self._ring
+        if ring is None:
+            return super().fill(source, metas, buckets, slots, stats)
+
+        def buffer_for(bucket: Bucket) -> torch.Tensor:
+            if bucket.nbytes <= ring.memory.capacity:
+                return ring.free_slot()
+            return self._oversized(bucket.nbytes)
+
+        return pack_source(source, metas, buckets, buffer_for, stats)
+
+    def begin_round(self, metas: list[ParamMeta], buckets: list[Bucket]) -> None:
+        """``shm``: the ring round's one ``update_weights`` goes out first, on a helper thread;
+        it blocks in every worker, which consumes slot after slot as they are stamped."""
+        super().begin_round(metas, buckets)
+        ring = self._ring
+        if ring is None:
+            return
+        assert self.client is not None, "the sender always has a client"
+        payload = {
+            **BucketUpdateInfo.wire(metas),
+            "segment": ring.memory.name,
+            "segment_fd": ring.memory.fd,
+            "seq": ring.first,
+            "num_slots": ring.memory.num_slots,
+            "slot_bytes": ring.memory.capacity,
+        }
+        self._inflight = ring.call = BackgroundCall(
+            self.client.update_weights, payload, name="update_weights"
+        )
+
+    def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any] | None:
+        """``shm``: stamp the bucket in the ring (the round's one call announced it); ``cuda``:
+        one ``update_weights`` per bucket (the kit's pipeline)."""
+        if self._ring is not None:
+            self._ring.put(bucket.nbytes, filled)
+            return None
         memory = self._memory
         assert memory is not None and not isinstance(memory, StagingSegment)
         self._seq += 1
@@ -291,10 +363,16 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             "cuda": dict(memory.handles[slot]),
         }
 
+    def abandon_round(self) -> None:
+        """``shm``: workers waiting on the ring find the cancel mark and give up at once."""
+        if self._ring is not None:
+            self._ring.cancel()
+
     def _prepare(self, source: WeightSource, stats: TransferStats) -> None:
         """``shm``, before the round opens: the model moves into shared memory (once), and the
         source's first tensor picks the round, out of shared weights or through the ring,
         which is staged now."""
+        self._ring = None
         if not self._shm:
             super()._prepare(source, stats)
             return
@@ -314,7 +392,15 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         elif first is not None:
             source = _Resumed(source, (first[0].name, first[1]), items)
         self.staging(self.info.packed_buffer_size_bytes)
-        self._picked = lambda: self._send_ring(source, metas, stats)
+        memory = self._memory
+        assert isinstance(memory, StagingSegment)
+        buckets = self.info.plan(metas)
+        total = sum(len(chunks(b.nbytes, memory.capacity)) for b in buckets)
+        self._ring = _Ring(memory, self._seq + 1, total, self.info.timeout_s, stats)
+        self._seq += total
+        self._planned = metas, buckets
+        send = super()._send  # the kit's loop, with the ring's hooks
+        self._picked = lambda: send(source, stats)
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         """``shm``: the whole round in one ``update_weights``: straight out of shared weights
@@ -380,76 +466,4 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             # A worker still copying (this call timed out) must not report weights the
             # trainer goes on to change: it re-reads the header after its copy.
             segment.publish(0, seq, CANCELLED)
-            raise
-
-    def _send_ring(
-        self, source: WeightSource, metas: list[ParamMeta], stats: TransferStats
-    ) -> None:
-        """The call goes out first (on a helper thread) and blocks in every worker, which then
-        consumes slot after slot as they are stamped here. Chunk ``f`` of the round (a bucket,
-        or a slot-sized piece of a bucket larger than a slot) goes into slot ``f % num_slots``
-        once every worker has acknowledged chunk ``f - num_slots``.
-        """
-        assert self.client is not None, "the sender always has a client"
-        assert isinstance(self.info, IPCTrainerInitInfo)
-        buckets = self.info.plan(metas)
-        stats.num_tensors = len(metas)
-        stats.num_bytes = sum(m.nbytes for m in metas)
-        slots = self.staging(self.info.packed_buffer_size_bytes)
-        memory = self._memory
-        assert isinstance(memory, StagingSegment)
-        nslots, slot_bytes = memory.num_slots, memory.capacity
-        first = self._seq + 1
-        total = sum(len(chunks(b.nbytes, slot_bytes)) for b in buckets)
-        self._seq += total
-        ring = _Ring(memory, first, self.info.timeout_s)
-        published = 0
-
-        def free_slot() -> torch.Tensor:
-            with stats.phase("wire"):
-                ring.wait_free(published)
-            return slots[published % nslots]
-
-        def stamp(length: int) -> None:
-            nonlocal published
-            memory.publish(published % nslots, first + published, length)
-            published += 1
-
-        def buffer_for(bucket: Bucket) -> torch.Tensor:
-            if bucket.nbytes <= slot_bytes:
-                return free_slot()
-            return self._oversized(bucket.nbytes)  # packed once, then streamed in chunks
-
-        try:
-            self.begin_round(metas, buckets)
-            payload = {
-                **BucketUpdateInfo.wire(metas),
-                "segment": memory.name,
-                "segment_fd": memory.fd,
-                "seq": first,
-                "num_slots": nslots,
-                "slot_bytes": slot_bytes,
-            }
-            self._inflight = ring.call = BackgroundCall(
-                self.client.update_weights, payload, name="update_weights"
-            )
-            for bucket, filled in pack_source(source, metas, buckets, buffer_for, stats):
-                if bucket.nbytes <= slot_bytes:
-                    stamp(bucket.nbytes)
-                else:
-                    for start, length in chunks(bucket.nbytes, slot_bytes):
-                        slot = free_slot()
-                        with stats.phase("pack"):
-                            slot[:length].copy_(filled[start : start + length])
-                        stamp(length)
-                stats.num_buckets += 1
-            self._settle(stats)
-            self.end_round(stats)
-        except BaseException as e:
-            if published < total:
-                memory.cancel(published % nslots, first + published)
-            call, self._inflight = self._inflight, None
-            if call is not None and not isinstance(e, TransferTimeoutError):
-                call.wait(self.info.timeout_s)  # workers see the cancel mark at once
-            self.release_staging()
             raise
