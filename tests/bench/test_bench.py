@@ -105,6 +105,28 @@ def test_corrupted_receiver_fails_the_run(tmp_path: Path) -> None:
     assert "FAILED: a receiver does not match the trainer" in proc.stdout
 
 
+@pytest.mark.timeout(300)
+def test_staged_and_classic_rounds_in_turns_report_paused_time(tmp_path: Path) -> None:
+    proc, record = _bench("--baselines", "none", "--staged", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    staged, classic = record["runs"]
+    assert (staged["round_kind"], classic["round_kind"]) == ("staged", "classic")
+    assert record["ok"] and staged["verified"] and classic["verified"]
+    for run in record["runs"]:
+        for r in run["rounds"]:
+            assert len(r["paused_s"]) == len(r["receiver_times"]) == 2
+            assert r["paused_ratio"] == [p / r["seconds"] for p in r["paused_s"]]
+    for r in staged["rounds"]:  # paused for the commit only, staged the rest of the round
+        assert [t["paused_s"] for t in r["receiver_times"]] == [
+            t["commit_s"] for t in r["receiver_times"]
+        ]
+        assert all(t["staged_s"] > 0 for t in r["receiver_times"])
+    for r in classic["rounds"]:  # paused from the first byte written to the finish
+        assert all(t["staged_s"] is None for t in r["receiver_times"])
+        assert all(t["paused_s"] >= t["commit_s"] for t in r["receiver_times"])
+    assert "staged rounds" in proc.stdout and "classic rounds" in proc.stdout
+
+
 def test_unknown_client_is_a_clear_error(tmp_path: Path) -> None:
     proc, _ = _bench("--client", "htp", "--baselines", "none", tmp_path=tmp_path)
     assert proc.returncode != 0

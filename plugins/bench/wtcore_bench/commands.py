@@ -67,6 +67,12 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     b.add_argument("--transactional", action="store_true", help="receivers stage each round")
     b.add_argument(
+        "--staged",
+        action="store_true",
+        help="staged rounds (receivers stage, prepare, then commit) and classic rounds in turns, "
+        "each on its own fleet; the table and JSON give each receiver's paused time",
+    )
+    b.add_argument(
         "--torch-threads",
         type=int,
         default=1,
@@ -172,6 +178,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 baselines=args.baselines,
                 device=args.device,
                 transactional=args.transactional,
+                staged=args.staged,
                 torch_threads=args.torch_threads,
                 timeout_s=args.timeout,
                 corrupt_round=args.corrupt_round,
@@ -217,6 +224,7 @@ def _bench_on_nodes(args: argparse.Namespace) -> dict[str, Any]:
         "--timeout", str(args.timeout),
         *(["--buffer-size", ",".join(map(str, args.buffer_size))] if args.buffer_size else []),
         *(["--transactional"] if args.transactional else []),
+        *(["--staged"] if args.staged else []),
         *(a for item in args.engine_option for a in ("--engine-option", item)),
     ]  # fmt: skip
     return run_on_nodes(

@@ -27,15 +27,18 @@ def print_table(record: dict[str, Any], out: TextIO) -> None:
     phase_cols = "".join(f"{p[:6]:>8}" for p in PHASES)
     for run in record["runs"]:
         buf = "engine default" if run["buffer_size"] is None else format_size(run["buffer_size"])
-        out.write(f"buffer: {buf}\n")
+        kind = f", {run['round_kind']} rounds" if "round_kind" in run else ""
+        out.write(f"buffer: {buf}{kind}\n")
         out.write(f"{'round':>5} {'seconds':>8} {'GB/s':>7}{phase_cols}")
-        out.write(f" {'trainer+MiB':>11} {'recv+MiB':>9}  verified\n")
+        out.write(f" {'trainer+MiB':>11} {'recv+MiB':>9} {'paused':>7}  verified\n")
         for i, r in enumerate(run["rounds"]):
             phases = "".join(f"{r['phases'][p]:8.3f}" for p in PHASES)
             recv = max((m for m in r["receivers_extra_mib"] if m is not None), default=None)
+            ratios = [x for x in r.get("paused_ratio", []) if x is not None]
+            paused = f"{max(ratios):7.1%}" if ratios else f"{'-':>7}"
             verdict = "yes" if r["verified"] else f"NO: {r['mismatched_tensors']}"
             out.write(f"{i:>5} {r['seconds']:8.3f} {r['gbps']:7.2f}{phases}")
-            out.write(f" {_mib(r['trainer_extra_mib']):>11} {_mib(recv):>9}  {verdict}\n")
+            out.write(f" {_mib(r['trainer_extra_mib']):>11} {_mib(recv):>9} {paused}  {verdict}\n")
         out.write(f"{'median':>5} {run['median_seconds']:8.3f} {run['median_gbps']:7.2f}\n\n")
     measured = record["baselines_gbps"]
     given = record.get("baseline_labels", {})

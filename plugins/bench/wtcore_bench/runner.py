@@ -8,6 +8,7 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -45,6 +46,8 @@ class BenchOptions:
     baselines: str = "auto"  # auto, peers, all or none (wtcore_bench.baselines)
     device: str = "cpu"  # where sources, staging and sinks live: "cpu" or "cuda[:N]"
     transactional: bool = False
+    #: A staged fleet and a classic one, their rounds in turns (``--staged``).
+    staged: bool = False
     torch_threads: int = 1  # 0: leave torch's default
     timeout_s: float = 300.0
     host: str = "127.0.0.1"  # where rendezvous points and receivers listen
@@ -93,9 +96,46 @@ def _run_engine(
     buffer_size: int | None,
     bar: Any,
     turns: Turns,
-) -> dict[str, Any]:
+) -> list[dict[str, Any]]:
     """One engine configuration: fresh receivers, ``rounds`` verified rounds, each after one
-    timed call of every baseline in ``turns``."""
+    timed call of every baseline in ``turns``. With ``staged``, a staged fleet and a classic
+    one take their rounds in turns (one run each)."""
+    kinds: list[bool | None] = [True, False] if opts.staged else [None]
+    with contextlib.ExitStack() as stack:
+        sessions = [
+            stack.enter_context(_session(opts, engine_cls, support, spec, model, buffer_size, k))
+            for k in kinds
+        ]
+        rounds: list[list[dict[str, Any]]] = [[] for _ in kinds]
+        for r in range(opts.rounds):
+            for one_round, done in zip(sessions, rounds, strict=True):
+                done.append(one_round(r, turns.run_each()))
+            bar.update(1)
+    return [
+        {
+            "buffer_size": buffer_size,
+            **({} if k is None else {"round_kind": "staged" if k else "classic"}),
+            "rounds": done,
+            "median_seconds": statistics.median(r["seconds"] for r in done),
+            "median_gbps": statistics.median(r["gbps"] for r in done),
+            "verified": all(r["verified"] for r in done),
+        }
+        for k, done in zip(kinds, rounds, strict=True)
+    ]
+
+
+@contextlib.contextmanager
+def _session(
+    opts: BenchOptions,
+    engine_cls: type[TrainerWeightTransferEngine],
+    support: EngineBench,
+    spec: ModelSpec,
+    model: Any,
+    buffer_size: int | None,
+    staged: bool | None,
+) -> Iterator[Callable[[int, dict[str, float]], dict[str, Any]]]:
+    """A fleet and a trainer engine (``staged``: True or False for ``--staged``'s two kinds,
+    None otherwise); yields ``one_round(r, baseline_seconds)``."""
     import torch
 
     from wtcore.digest import digest_named
@@ -104,6 +144,8 @@ def _run_engine(
     on_device = {} if opts.device == "cpu" else {"device": opts.device}
     prepare = {k: v for k, v in opts.engine_options.items() if k in support.model_options}
     fields = {k: v for k, v in opts.engine_options.items() if k not in prepare}
+    if staged is not None:
+        fields["staged"] = staged
     info = support.init_info(
         engine_cls,
         receivers=opts.receivers,
@@ -125,9 +167,8 @@ def _run_engine(
         opts.receivers,
         spec,
         timeout_s=opts.timeout_s,
-        options={"transactional": opts.transactional},
+        options={"transactional": bool(staged) or opts.transactional},
     )
-    rounds: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:  # on exit: the engine, the model options, the fleet
         stack.callback(fleet.close)
         for name, value in prepare.items():
@@ -135,8 +176,8 @@ def _run_engine(
         engine = engine_cls.trainer_init(info, source=ModuleSource(model), client=fleet.client)
         stack.callback(engine.shutdown)
         tracker = PeakTracker([os.getpid(), *(p for p in fleet.pids() if p != os.getpid())])
-        for r in range(opts.rounds):
-            baseline_seconds = turns.run_each()
+
+        def one_round(r: int, baseline_seconds: dict[str, float]) -> dict[str, Any]:
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(1)
@@ -150,28 +191,25 @@ def _run_engine(
             bad = [sum(d.get(n) != v for n, v in want.items()) for d in per]
             versions = [i.get("weight_version") for i in fleet.client.weight_info()]
             keys = ("seconds", "gbps", "num_bytes", "num_tensors", "num_buckets")
-            rounds.append(
-                {
-                    **{k: v for k, v in stats.to_dict().items() if k in keys},
-                    "phases": dict(stats.phase_seconds),
-                    "trainer_extra_mib": mem[0],
-                    "receivers_extra_mib": mem[1:] if len(mem) > 1 else mem[:1],
-                    "verified": not any(bad)
-                    and len(per) == opts.receivers
-                    and versions == [f"bench-{r}"] * opts.receivers,
-                    "mismatched_tensors": bad,
-                    "receiver_versions": versions,
-                    "baseline_seconds": baseline_seconds,
-                }
-            )
-            bar.update(1)
-    return {
-        "buffer_size": buffer_size,
-        "rounds": rounds,
-        "median_seconds": statistics.median(r["seconds"] for r in rounds),
-        "median_gbps": statistics.median(r["gbps"] for r in rounds),
-        "verified": all(r["verified"] for r in rounds),
-    }
+            paused = [t.get("paused_s") for t in stats.receiver_times or []]
+            return {
+                **{k: v for k, v in stats.to_dict().items() if k in keys},
+                "phases": dict(stats.phase_seconds),
+                "trainer_extra_mib": mem[0],
+                "receivers_extra_mib": mem[1:] if len(mem) > 1 else mem[:1],
+                "verified": not any(bad)
+                and len(per) == opts.receivers
+                and versions == [f"bench-{r}"] * opts.receivers,
+                "mismatched_tensors": bad,
+                "receiver_versions": versions,
+                "baseline_seconds": baseline_seconds,
+                # each receiver's time not serving a published version, and its share of the round
+                "receiver_times": stats.receiver_times,
+                "paused_s": paused,
+                "paused_ratio": [None if p is None else p / stats.seconds for p in paused],
+            }
+
+        yield one_round
 
 
 def _corrupt(fleet: Any) -> None:
@@ -230,7 +268,9 @@ def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
         total = opts.rounds * len(configs)
         with tqdm(total=total, desc=desc, file=sys.stderr, unit="round", leave=False) as bar:
             runs = [
-                _run_engine(opts, engine_cls, support, spec, model, b, bar, turns) for b in configs
+                run
+                for b in configs
+                for run in _run_engine(opts, engine_cls, support, spec, model, b, bar, turns)
             ]
     measured.update(turns.gbps(nbytes))
     measured = {n: measured[n] for n in baselines if n in measured}  # the declared order
