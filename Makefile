@@ -62,16 +62,14 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
-ifneq ($(filter test,$(MAKECMDGOALS)),)
-pytest-rest: $(VLLM_STAMP)
-endif
-
 # Everything CI runs, in two pytest sessions that together are `make pytest`: the quick loop
-# first (ruff, mypy and the in-process tests, failing fast and printing its count and time),
-# then every test it leaves out.
-test: quick pytest-rest
+# first (ruff, mypy and the in-process tests, printing its count and time) while .venv-vllm is
+# built beside it (one core each), then every test the quick loop leaves out, vLLM's included.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 --output-sync=target quick $(VLLM_STAMP)
+	$(MAKE) --no-print-directory pytest-rest
 
-pytest-rest: $(STAMP) quick
+pytest-rest: $(STAMP)
 	$(BIN)/python -m pytest -m "not ($(QUICK_MARKERS))"
 
 # The loop while you work (under 3 minutes on 2 cores): lint, typecheck, then the tests that
