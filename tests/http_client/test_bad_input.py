@@ -33,9 +33,8 @@ def server(start_server: Any) -> Any:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def baseline(server: Any) -> Iterator[dict[str, str]]:
-    """One good round (version ``v1``); returns the digests every bad request must keep."""
+def _send_v1(server: Any) -> dict[str, str]:
+    """A full round of version ``v1``; returns its digests."""
     state = synthetic_state(SIZE, TENSORS, "float32", seed=5)
     with HTTPWeightSyncClient(server.url, api_key=KEY, timeout_s=60) as client:
         trainer = WeightTransferTrainerFactory.trainer_init(
@@ -46,7 +45,13 @@ def baseline(server: Any) -> Iterator[dict[str, str]]:
         trainer.send_weights(weight_version="v1")
         want = digest_named(state.items())
         assert client.checksums() == [want]
-        yield want
+        return want
+
+
+@pytest.fixture(scope="module")
+def baseline(server: Any) -> Iterator[dict[str, str]]:
+    """One good round (version ``v1``); returns the digests every bad request must keep."""
+    yield _send_v1(server)
 
 
 def call(server: Any, method: str, path: str, body: Any = b"", **headers: str) -> Any:
@@ -299,9 +304,13 @@ def test_a_rejected_batch_is_not_applied(
     assert info["consistent"] is False and fragments[0] in info["last_error"]
     assert call(server, "POST", "/weight_checksums").json()["checksums"] == baseline
     check(call(server, "POST", "/finish_weight_update", {}), 409, "start_weight_update first")
-    # a good (here: one empty update) round makes the receiver consistent again
+    # a round that writes nothing (one empty update) publishes, but the weights stay
+    # inconsistent: the worker cannot know what the failed round wrote
     empty = {"names": [], "dtype_names": [], "shapes": [], "data": ""}
     assert call(server, "POST", "/start_weight_update").status_code == 200
     assert call(server, "POST", "/update_weights", {"update_info": empty}).ok
     assert call(server, "POST", "/finish_weight_update", {"weight_version": "v1"}).ok
+    assert call(server, "GET", "/weight_info").json()["consistent"] is False
+    # a full round makes the receiver consistent again
+    assert _send_v1(server) == baseline
     assert_unchanged(server, baseline)

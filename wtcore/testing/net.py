@@ -117,15 +117,10 @@ def on_ranks(
     dies) fails the call at once, naming the rank and its error, instead of leaving the
     others to wait out ``timeout_s`` for a rendezvous that cannot happen.
     """
-    for _ in range(attempts - 1):
+    for _ in range(attempts):
         with contextlib.suppress(_PortTaken):
             return _one_try(target, world, args, timeout_s)
-    try:
-        return _one_try(target, world, args, timeout_s)
-    except _PortTaken:
-        raise TransferError(
-            f"on_ranks: the rendezvous port was taken {attempts} times in a row"
-        ) from None
+    raise TransferError(f"on_ranks: the rendezvous port was taken {attempts} times in a row")
 
 
 class _PortTaken(Exception):

@@ -1,15 +1,11 @@
 """A control plane over ``multiprocessing`` pipes, for tests and benchmarks with real processes.
 
-Engine tests need receivers in *other* processes, but not an HTTP server or a Ray cluster. The
-child runs :func:`serve` (or :func:`serve_worker` for a :class:`~wtcore.worker.WeightSyncWorker`);
-the parent's :class:`PipeClient` is a :class:`~wtcore_kit.fanout.FanOutClient` (one
-:class:`~wtcore.errors.ReceiverError` per fanned-out call) whose every wait is bounded, and
-:func:`pipe_fleet` starts the children and always stops them. Messages are JSON, never pickles,
-as on every production control plane. A child's error crosses as its
-:class:`~wtcore.errors.ErrorRecord` (the keys of an HTTP error body, beside the answer's ``id``
-and ``"ok": false``) and is raised again as a :class:`~wtcore.errors.RemoteError`, of the
-remote class when that is one of wtcore's, so :func:`~wtcore_kit.fanout.failure_of` reports it as
-it reports every other transport's.
+Engine tests need receivers in *other* processes, but not an HTTP server or a Ray cluster: a
+child runs :func:`serve_worker`, the parent's :class:`PipeClient` is a
+:class:`~wtcore_kit.fanout.FanOutClient`, and :func:`pipe_fleet` starts the children and always
+stops them. Messages are JSON, never pickles, as on every production control plane; every wait
+is bounded. A child's error crosses as its :class:`~wtcore.errors.ErrorRecord` and is raised
+again as a :class:`~wtcore.errors.RemoteError`, so it is reported as every transport's is.
 """
 
 from __future__ import annotations
@@ -102,8 +98,8 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
                 _send(conn, {"id": req_id, "ok": True, "result": None})
             return
         try:
-            if call in ("exit", "ping"):
-                result: Any = call == "ping"
+            if call == "ping":
+                result: Any = True
             elif call in handlers:
                 result = handlers[call](*args, **kwargs)
             else:
@@ -114,8 +110,6 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
         try:
             conn.send_bytes(data)
         except OSError:
-            return
-        if call == "exit":
             return
 
 

@@ -24,7 +24,8 @@ class RecordingClient:
         self.calls: list[tuple[str, Any]] = []
         self._lock = threading.Lock()
 
-    def _record(self, call: str, payload: Any) -> None:
+    def _record(self, call: str, payload: Any, *args: Any) -> None:
+        """Check and record ``payload``, then forward ``call(*args)`` to ``inner``."""
         try:
             same = json.loads(json.dumps(payload)) == payload
         except (TypeError, ValueError) as e:
@@ -33,27 +34,21 @@ class RecordingClient:
             raise PayloadError(f"{call}: payload changes in a JSON round trip: {payload!r}")
         with self._lock:
             self.calls.append((call, payload))
+        if self.inner is not None:
+            getattr(self.inner, call)(*args)
 
     def names(self) -> list[str]:
         """The sequence of call names so far."""
         return [c for c, _ in self.calls]
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._record("init_weight_transfer_engine", init_info)
-        if self.inner is not None:
-            self.inner.init_weight_transfer_engine(init_info)
+        self._record("init_weight_transfer_engine", init_info, init_info)
 
     def start_weight_update(self) -> None:
         self._record("start_weight_update", None)
-        if self.inner is not None:
-            self.inner.start_weight_update()
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._record("update_weights", update_info)
-        if self.inner is not None:
-            self.inner.update_weights(update_info)
+        self._record("update_weights", update_info, update_info)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._record("finish_weight_update", weight_version)
-        if self.inner is not None:
-            self.inner.finish_weight_update(weight_version)
+        self._record("finish_weight_update", weight_version, weight_version)

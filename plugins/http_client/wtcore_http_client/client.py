@@ -1,20 +1,16 @@
 """``http``: a :class:`~wtcore.WeightSyncClient` that speaks vLLM's RL HTTP routes.
 
 The same trainer code drives a vLLM server (started with its RL routes enabled) or any process
-running :mod:`wtcore_http_client.server`. The request bodies are exactly those of vLLM's
-routes (docs/http.md).
-
-Several base URLs (data-parallel replicas) are called concurrently through the core fan-out
-(:class:`wtcore_kit.fanout.FanOutClient`, shared with the in-process and Ray clients): a call
-returns when every replica has answered, and a failure raises one
-:class:`~wtcore.errors.ReceiverError` naming each failing URL, its HTTP status and the
-server's message; when every failure is a timeout it is a ``TimeoutError`` too.
+running :mod:`wtcore_http_client.server`; the request bodies are exactly those of vLLM's routes
+(docs/http.md). Several base URLs (data-parallel replicas) are called through the core fan-out
+(:class:`wtcore_kit.fanout.FanOutClient`): a failure names each failing URL, its HTTP status
+and the server's message.
 
 Retries: the four protocol calls are never retried (they are not idempotent). The idempotent
-ones (:data:`IDEMPOTENT_CALLS`: ``pause``, ``resume``, ``weight_info``, ``health``, ...) are
-retried once, on a fresh connection, when a pooled connection turns out to be closed before
-any answer came (a server may close its side after an error), so a ``finally:
-client.resume()`` does not leave a server paused because of a stale socket.
+ones (:data:`IDEMPOTENT_CALLS`) are retried once, on a fresh connection, when a pooled
+connection turns out to be closed before any answer came (a server may close its side after an
+error), so a ``finally: client.resume()`` does not leave a server paused because of a stale
+socket.
 
 What a receiver sends back is bounded: an answer is read as it arrives, at most
 :data:`MAX_ANSWER_BYTES` (an error body at most :data:`MAX_ERROR_BYTES`, the rest unread and
@@ -222,42 +218,38 @@ class HTTPWeightSyncClient(FanOutClient):
 
         ``round_id`` travels in the ``X-Wtcore-Round`` header, so the bodies stay vLLM's.
         """
+        post = functools.partial(self._request, url, "POST", f"/{call}", round_id=round_id)
         if call == "init_weight_transfer_engine":
-            info = {"init_info": args[0]}
-            return self._request(url, "POST", f"/{call}", info, round_id=round_id)
+            return post({"init_info": args[0]})
         if call == "update_weights":
-            return self._request(
-                url, "POST", f"/{call}", {"update_info": args[0]}, round_id=round_id
-            )
+            return post({"update_info": args[0]})
         if call == "finish_weight_update":
-            body = None if args[0] is None else {"weight_version": args[0]}
-            return self._request(url, "POST", f"/{call}", body, round_id=round_id)
+            return post(None if args[0] is None else {"weight_version": args[0]})
         if call == "update_weight_version":
-            body = {"new_version": args[0]}
-            return self._request(url, "POST", f"/{call}", body, round_id=round_id)
+            return post({"new_version": args[0]})
         if call == "start_weight_update":
-            return self._request(url, "POST", f"/{call}", round_id=round_id)
-        if call == "resume":
-            return self._request_retrying(url, "POST", f"/{call}")
-        if call == "pause":
-            return self._request_retrying(url, "POST", "/pause", params=args[0])
+            return post()
+        if call == "weight_checker":
+            action, baseline = args
+            return post({"action": action, **({} if baseline is None else {"baseline": baseline})})
+        if call == "abort_weight_update":
+            return self._abort(url, args[0], round_id)
+        if call in ("pause", "resume"):
+            return self._request_retrying(url, "POST", f"/{call}", params=args[0] if args else None)
         if call == "get_world_size":
             flag = None if args[0] else {"include_dp": "false"}  # vLLM's default is true
             return self._request_retrying(url, "GET", "/get_world_size", params=flag)
-        if call == "weight_checker":
-            action, baseline = args
-            body = {"action": action}
-            if baseline is not None:
-                body["baseline"] = baseline
-            return self._request(url, "POST", "/weight_checker", body, round_id=round_id)
         if call == "checksums":
             return self._request_retrying(url, "POST", "/weight_checksums")["checksums"]
-        if call == "abort_weight_update":
-            return self._abort(url, args[0], round_id)
         assert call in IDEMPOTENT_CALLS, call
-        return self._request_retrying(url, "GET", f"/{call}")  # weight_info, get_world_size, ...
+        return self._request_retrying(url, "GET", f"/{call}")  # weight_info, health, is_paused
 
     def _abort(self, url: str, reason: str, round_id: str | None) -> None:
+        """``POST /abort_weight_update {"reason": ...}``: wtcore's own route, not vLLM's.
+
+        A replica without it answers 404, which means "abort unsupported here": skipped
+        (logged at INFO), not raised; its open round is abandoned by the next init instead.
+        """
         try:
             self._request(
                 url, "POST", "/abort_weight_update", {"reason": reason}, round_id=round_id
@@ -267,16 +259,7 @@ class HTTPWeightSyncClient(FanOutClient):
                 raise
             log.info("%s has no /abort_weight_update route; abort skipped there", url)
 
-    # ------------------------------------------------------------------ the protocol
-    # init_weight_transfer_engine, start_weight_update, update_weights and
-    # finish_weight_update come from FanOutClient: POST /<call> with the body
-    # {"init_info": ...}, none, {"update_info": ...}, and {"weight_version": ...} if one is given.
-
     # ------------------------------------------------------------------ inspection
-    def weight_info(self) -> list[dict[str, Any]]:
-        """``GET /weight_info`` of every replica, in ``base_urls`` order."""
-        return self._each("weight_info")
-
     def weight_checker(
         self, action: str, baselines: Sequence[dict[str, str]] | None = None
     ) -> list[dict[str, Any]]:
@@ -288,20 +271,6 @@ class HTTPWeightSyncClient(FanOutClient):
             )
         each = None if baselines is None else PerReceiver(tuple(baselines))
         return self._each("weight_checker", action, each, round_id=new_round_id())
-
-    def checksums(self) -> list[dict[str, str]]:
-        """``POST /weight_checksums``: ``{name: digest}`` of what each replica holds."""
-        return self._each("checksums")
-
-    def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
-        """``POST /abort_weight_update {"reason": ...}`` on every replica (best effort).
-
-        That route is wtcore's own (``wtcore serve``), not vLLM's: a replica without it
-        answers 404, which means "abort unsupported here" and is skipped (logged at INFO),
-        not raised. Such a replica's open round is abandoned by the next
-        ``init_weight_transfer_engine`` instead.
-        """
-        super().abort_weight_update(reason)
 
     def world_sizes(self, *, include_dp: bool = True) -> list[int]:
         """``GET /get_world_size`` of every replica, in ``base_urls`` order (``include_dp``:

@@ -5,29 +5,20 @@ object)``. The stdlib server in :mod:`wtcore_http_client.server` wraps it, and s
 FastAPI or Starlette app (see docs/http.md): the rules live here once.
 
 Every protocol call is delegated to a :class:`wtcore.WeightSyncWorker`, which owns the state
-rules; this module only checks the *envelope* (JSON, the one allowed key, auth, size) and
-answers every error with its :class:`wtcore.errors.ErrorRecord`, whose status comes from the
-core's one table, :func:`wtcore.errors.http_status` (:class:`~wtcore.errors.PayloadError` ->
-400, :class:`~wtcore.errors.ProtocolStateError` -> 409,
-:class:`~wtcore.errors.TransferTimeoutError` -> 504, any other failure -> 500), so a condition
-gets the same status and body whatever the engine. Nothing is applied when a request is
-refused.
-
-Beyond vLLM's routes, ``POST /abort_weight_update`` (optional body ``{"reason": "..."}``) is
-wtcore's own: it ends an open round without publishing. A vLLM server answers it with 404,
-which the HTTP client reads as "abort unsupported here".
+rules; this module only checks the *envelope* (JSON, the allowed keys, auth, size) and answers
+every error with its :class:`wtcore.errors.ErrorRecord` under the core's one status table,
+:func:`wtcore.errors.http_status`, so a condition gets the same status and body whatever the
+engine. Nothing is applied when a request is refused. ``POST /abort_weight_update`` is wtcore's
+own route: a vLLM server answers it with 404, which the HTTP client reads as "unsupported".
 
 :meth:`ReceiverRoutes.handle` blocks for as long as the call does (an ``update_weights`` waits
 for its broadcast): an async framework must run it in a thread pool. ``/health``,
 ``/weight_info`` and ``/is_paused`` never wait for a running call.
 
 Bounds (issue 14): every route but ``/health`` authenticates before anything else, so an
-unauthenticated caller learns no route names and sends no body; a ``GET`` takes no body, the
-small control routes at most :data:`CONTROL_MAX_BODY_BYTES`, and only ``update_weights`` and
-``init_weight_transfer_engine`` up to ``max_body_bytes``. A JSON body is parsed with limits on
-nesting (:data:`MAX_JSON_DEPTH`), integer digits (:data:`MAX_INT_DIGITS`), non-finite numbers
-and key lengths, and ``weight_version`` is at most :data:`MAX_VERSION_CHARS` characters: past
-any of them the answer is a 400 naming the limit, never a 500.
+unauthenticated caller learns no route names and sends no body. Bodies, JSON nesting, integer
+digits, key lengths and ``weight_version`` have limits (the constants below); past any of them
+the answer is a 400 or 413 naming the limit, never a 500.
 """
 
 from __future__ import annotations

@@ -1,35 +1,22 @@
 """The reference receiver server: a :class:`wtcore.WeightSyncWorker` over HTTP.
 
-Why the standard library's :class:`~http.server.ThreadingHTTPServer` and not uvicorn:
+Why the standard library's :class:`~http.server.ThreadingHTTPServer` and not uvicorn: no new
+dependency (the plugin needs only ``requests``, for the client), and one thread per connection
+is exactly the concurrency the protocol needs: an ``update_weights`` blocking in a broadcast
+keeps its thread while ``/health`` and ``/weight_info`` are answered on others (an ASGI server
+would push every blocking worker call into a thread pool anyway).
 
-* no new dependency: the plugin needs only ``requests`` (for the client);
-* one thread per connection is exactly the concurrency the protocol needs: an
-  ``update_weights`` that blocks in a broadcast keeps its thread, while ``/health`` and
-  ``/weight_info`` are answered on others. An ASGI server would have to push every blocking
-  worker call into a thread pool anyway;
-* control messages are tiny; bulk bodies (the ``inline`` engine's base64 buckets) are read in
-  chunks as they arrive, never allocated from what a header declares.
-
-What keeps it bounded against a hostile peer (issue 14; the numbers are :class:`ServerLimits`):
-
-* **framing** is strict (:mod:`wtcore_http_client.framing`), request line and headers together
-  are at most ``max_header_bytes``, and auth, route and size are checked before a body byte is
-  read;
-* **connections**: at most ``max_connections`` are served at once (one thread each); one more
-  is answered ``503`` at once and closed, so threads and descriptors stay bounded;
-* **deadlines**, enforced by one reaper thread that shuts a late connection's socket (a
-  per-read socket timeout alone would let a peer trickle one byte per timeout forever):
-  ``idle_timeout_s`` for the next request to begin, ``header_timeout_s`` for its headers,
-  ``body_timeout_s`` for its body and again for the answer to be taken. A running call
-  (an ``update_weights`` waiting for its broadcast) has no deadline here: the worker's own
-  timeouts bound it.
-
-So the receiver's memory is bounded by ``max_connections x (max_body_bytes +
-max_header_bytes)`` plus a constant, whatever the peers do.
+Bounded against a hostile peer (issue 14; the numbers are :class:`ServerLimits`): strict
+framing (:mod:`wtcore_http_client.framing`); auth, route and size checked before a body byte
+is read; bodies read in chunks as they arrive, never allocated from what a header declares; at
+most ``max_connections`` served at once (one more is answered 503 and closed); and a deadline
+per phase, enforced by one reaper thread that shuts a late connection's socket (a per-read
+socket timeout alone would let a peer trickle one byte per timeout forever). A running call has
+no deadline here: the worker's own timeouts bound it. So memory stays under ``max_connections
+x (max_body_bytes + max_header_bytes)`` plus a constant, whatever the peers do.
 
 The request rules live in :class:`~wtcore_http_client.routes.ReceiverRoutes`; this module only
-moves bytes; :mod:`wtcore_http_client.commands` builds the worker and the model around it.
-Run it as ``wtcore serve`` or ``python -m wtcore_http_client.server``.
+moves bytes. Run it as ``wtcore serve`` or ``python -m wtcore_http_client.server``.
 """
 
 from __future__ import annotations
@@ -170,25 +157,6 @@ class _Handler(BaseHTTPRequestHandler):
             text = f"{text}: {explain}"
         self._send(Response(code, ErrorRecord("HTTPError", text, code).to_json()))
 
-    def do_GET(self) -> None:
-        self._serve()
-
-    def do_POST(self) -> None:
-        self._serve()
-
-    def do_PUT(self) -> None:
-        self._serve()
-
-    def do_DELETE(self) -> None:
-        self._serve()
-
-    # Standard methods no route accepts: a JSON 405 (or 404), not the stdlib's HTML 501.
-    def do_PATCH(self) -> None:
-        self._serve()
-
-    def do_OPTIONS(self) -> None:
-        self._serve()
-
     def do_HEAD(self) -> None:
         self.close_connection = True  # a HEAD answer has no body; start afresh after it
         self._serve()
@@ -227,6 +195,10 @@ class _Handler(BaseHTTPRequestHandler):
         del body
         self.server.deadline(self.connection, self.server.limits.body_timeout_s)
         self._send(response)
+
+    # Every method reaches the routes, which answer one no route accepts with a JSON 405 (or
+    # 404), not the stdlib's HTML 501.
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _serve
 
     def _send(self, response: Response) -> None:
         data = json.dumps(response.body).encode()

@@ -63,22 +63,10 @@ class WeightSyncActor:
         self,
         config: WeightTransferConfig | str | Mapping[str, Any],
         sink: SinkFactory,
-        *,
-        device: str = "cpu",
-        rank: int = 0,
-        world_size: int = 1,
-        label: str | None = None,
-        **worker_options: Any,
+        **options: Any,
     ) -> None:
-        self.setup_weight_sync(
-            config,
-            sink,
-            device=device,
-            rank=rank,
-            world_size=world_size,
-            label=label,
-            **worker_options,
-        )
+        """The arguments of :meth:`setup_weight_sync`."""
+        self.setup_weight_sync(config, sink, **options)
 
     def setup_weight_sync(
         self,

@@ -1,15 +1,10 @@
 """``ray``: a :class:`wtcore.WeightSyncClient` that fans every call out to Ray actors.
 
-Each call is submitted to every actor at once and awaited through the core fan-out
-(:class:`wtcore_kit.fanout.FanOutClient`, shared with the HTTP and in-process clients) under one
-deadline, so N replicas cost one round trip and a dead or stuck one costs one timeout; calls
-given up on are ``ray.cancel``-ed if still queued. All failures come back in one
-:class:`wtcore.ReceiverError` naming each failing actor: its label carries the rank and actor
-name where known, and always the actor id. A timeout is a ``TimeoutError``, as everywhere.
-
-Payloads are checked to be plain JSON (:mod:`wtcore_ray_client._json`): Ray never carries a
-pickled tensor or handle here, so the same trainer code works over HTTP. A large
-``update_weights`` payload is ``ray.put`` once and shared by every actor.
+Each call is submitted to every actor at once, then awaited through the core fan-out
+(:class:`wtcore_kit.fanout.FanOutClient`: one deadline, fail-fast, one error naming each failing
+actor by rank, name and actor id); calls given up on are ``ray.cancel``-ed if still queued.
+Payloads are checked to be plain JSON (:mod:`wtcore_ray_client._json`), so the same trainer
+code works over HTTP; a large ``update_weights`` payload is ``ray.put`` once for every actor.
 """
 
 from __future__ import annotations
@@ -110,12 +105,8 @@ class RayWeightSyncClient(FanOutClient):
 
     # ------------------------------------------------------------------ fan-out
     def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
-        """Submit ``call`` to every actor now; each target waits for its own answer.
-
-        Submitting first and waiting on helper threads keeps one round trip for N actors;
-        the core fan-out adds the shared deadline, fail-fast and the single error, and
-        cancels (:meth:`_RayCall.cancel`) the calls it gave up on.
-        """
+        """Submit ``call`` to every actor now (one round trip for N actors); each target
+        waits for its own answer."""
         out: list[Target[Any]] = []
         for i, (label, h) in enumerate(zip(self.labels, self.handles, strict=True)):
             try:

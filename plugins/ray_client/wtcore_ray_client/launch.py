@@ -1,13 +1,11 @@
 """Start N receiver actors with resource options, and always stop them.
 
-A trainer usually needs three things about its receivers: their handles (for the client),
-their ranks in the transfer group (``rank_offset + i``; the trainer sender is rank 0), and a
-guarantee that they are gone afterwards. :class:`ReceiverFleet` gives all three and is a
-context manager. :func:`launch_receivers` waits until every actor has built its sink, so a
-broken sink factory fails here, naming the actor, instead of at the first update.
-
-A set of receivers is a *fleet* everywhere in wtcore (the bench's fleets too); this class was
-``ReceiverGroup`` before 0.2.0, a name that still works, with a warning, until 0.3.
+A trainer needs three things about its receivers: their handles (for the client), their ranks
+in the transfer group (``rank_offset + i``; the trainer sender is rank 0), and a guarantee that
+they are gone afterwards: :class:`ReceiverFleet`, a context manager. :func:`launch_receivers`
+waits until every actor has built its sink, so a broken sink factory fails here, naming the
+actor, instead of at the first update. (``ReceiverGroup``, its name before 0.2.0, still works
+with a warning until 0.3.)
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wtcore.engine import WeightTransferConfig
 from wtcore.errors import PayloadError
+from wtcore_kit.fanout import FAIL_FAST_S
 from wtcore_ray_client.actor import SinkFactory, WeightSyncActor
 from wtcore_ray_client.client import DEFAULT_TIMEOUT_S, RayWeightSyncClient, actor_label
 
@@ -47,7 +46,7 @@ class ReceiverFleet:
         return len(self.handles)
 
     def client(
-        self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fail_fast_s: float | None = 5.0
+        self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fail_fast_s: float | None = FAIL_FAST_S
     ) -> RayWeightSyncClient:
         """A fan-out client over every actor of the group, labelled by rank and name."""
         return RayWeightSyncClient(
@@ -151,14 +150,10 @@ def launch_receivers(
             f"got {len(per_actor_options)}"
         )
     base: dict[str, Any] = {"max_concurrency": max_concurrency, **(actor_options or {})}
-    if num_cpus is not None:
-        base["num_cpus"] = num_cpus
-    if num_gpus is not None:
-        base["num_gpus"] = num_gpus
+    given = {"num_cpus": num_cpus, "num_gpus": num_gpus, "namespace": namespace}
+    base.update((k, v) for k, v in given.items() if v is not None)
     if resources is not None:
         base["resources"] = dict(resources)
-    if namespace is not None:
-        base["namespace"] = namespace
     remote_cls = ray.remote(actor_cls)
     group = ReceiverFleet([], [], [], [], [])
     try:
