@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument(
         "--whole", action="store_true", help="one rank, ModuleSource: whole tensors, no plan"
     )
+    p.add_argument("--staged", action="store_true", help="a staged round (docs/staged.md)")
     args = p.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
@@ -66,6 +67,7 @@ def main() -> None:
             rank=rank,
             packed_buffer_size_bytes=args.buffer_bytes,
             timeout_s=120.0,
+            staged=args.staged,
         )
         engine = TCPTrainerEngine.trainer_init(info, client=client)
         try:

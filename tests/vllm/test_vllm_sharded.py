@@ -214,8 +214,14 @@ def test_fsdp2_trainer_syncs_vllm_tp2_each_worker_its_slice(  # type: ignore[no-
         # Whole tensors (ModuleSource, no plan) still work: vLLM's loaders narrow them.
         sharded_sync(server, ckpt_a.state, "tp2-whole", "--whole", tp=2)
         assert generate(server) == original
-        sharded_sync(server, ckpt_b.state, "tp2-4", tp=2)
+        # A staged sharded round: each worker stages its slices, copies them in at the commit.
+        sharded_sync(server, ckpt_b.state, "tp2-4", "--staged", tp=2)
         assert generate(server) == reference
+        assert server.checksums() == ref.checksums()
+        for r, want in zip(client.weight_info(), slices, strict=True):
+            assert r["round_bytes"] == {"planned": want, "landed": want}, (r, slices)
+        for t in client.weight_info():  # each worker's times, through the worker extension
+            assert t["paused_s"] == t["commit_s"] and t["staged_s"] > 0, t
     finally:
         client.close()
 

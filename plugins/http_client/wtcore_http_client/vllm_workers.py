@@ -26,7 +26,8 @@ __all__ = ["WORKER_INFO_METHOD", "VLLMWeightSyncClient", "worker_reports"]
 WORKER_INFO_METHOD = "wtcore_weight_info"
 
 _REQUIRED = {"rank", "world_size", "layout"}
-_OPTIONAL = {"round_bytes", "layout_error"}
+_TIMES = ("staged_s", "commit_s", "paused_s")  # the last round's seconds (docs/staged.md)
+_OPTIONAL = {"round_bytes", "layout_error", *_TIMES}
 #: The most workers one server may report.
 MAX_WORKERS = 4096
 
@@ -39,6 +40,7 @@ def worker_reports(answer: object, *, where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, r in enumerate(results):
         ok = isinstance(r, dict) and _REQUIRED <= set(r) <= _REQUIRED | _OPTIONAL
+        ok = ok and all(_seconds(r.get(k)) for k in _TIMES)
         if not ok or not is_int(r["rank"]) or not is_int(r["world_size"]):
             raise PayloadError(
                 f"{where}.results[{i}]: expected rank, world_size and layout (and optionally "
@@ -50,6 +52,10 @@ def worker_reports(answer: object, *, where: str) -> list[dict[str, Any]]:
     if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
         raise PayloadError(f"{where}.results: worker ranks {ranks} are not consecutive")
     return out
+
+
+def _seconds(v: object) -> bool:
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e9)
 
 
 class VLLMWeightSyncClient(HTTPWeightSyncClient):

@@ -30,6 +30,10 @@ Three things differ from a plain wtcore worker:
   from the worker's model, and a sharded round's slices are copied into their parameters;
   :meth:`WtcoreVLLMEngine.worker_info` is what the worker reports
   (:mod:`wtcore_vllm.extension`).
+- A staged round (``docs/staged.md``) lands in host staging and the live model keeps
+  serving: vLLM's layerwise reload (every layer on the meta device until it is processed)
+  starts at the commit, in finish; a classic round starts it at its first update, since start
+  does not say which round it is. A trainer's init abandons a round left open.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import contextlib
 import hmac
 import logging
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from functools import cache
 from types import FrameType
@@ -129,6 +134,43 @@ def _no_mtp_completeness_check() -> Iterator[None]:
         yield
 
 
+class _Staging:
+    """The engine's sink: forwards to ``live`` (classic rounds) or, while :attr:`on` (a staged
+    round), copies each tensor into a host buffer per name, kept between rounds like
+    :class:`wtcore.staging.StagingSink`'s (whose targets are the sink's own names; here vLLM
+    maps checkpoint names at load time, so a buffer takes whatever a name brings)."""
+
+    accepts_patches = False  # as ModelSink
+
+    def __init__(self, live: Any, pin: bool) -> None:
+        self.live, self.pin, self.on = live, pin, False
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.round: dict[str, None] = {}  # this round's names, in arrival order
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if not self.on:
+            self.live.load_weights(weights)
+            return
+        with torch.no_grad():
+            for name, t in weights:
+                buf = self.buffers.get(name)
+                if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pin)
+                    self.buffers[name] = buf
+                buf.copy_(t)
+                self.round[name] = None
+
+    def commit(self, load: Any) -> None:
+        """``load`` this round's tensors (no copies: no buffer is written before the next
+        round, and vLLM copies whatever it keeps); buffers of other names are freed."""
+        staged, self.round, self.on = self.round, {}, False
+        self.buffers = {n: self.buffers[n] for n in staged}
+        load([(n, self.buffers[n]) for n in staged])
+
+    def drop(self) -> None:
+        self.round, self.on = {}, False
+
+
 class WtcoreVLLMEngine(VLLMEngine):
     """vLLM weight-transfer engine that delegates to the wtcore engine named by its backend.
 
@@ -163,9 +205,10 @@ class WtcoreVLLMEngine(VLLMEngine):
                 log.warning("this TP worker refuses sharded rounds: %s", e)
             else:
                 sink = self.tp_sink = TPModelSink(self, derived)
+        self._staging = _Staging(sink, pin=torch.device(device).type == "cuda")
         self.inner: WtcoreEngine[Any, Any] = engine_cls(
             WeightTransferConfig(name),
-            sink=sink,
+            sink=self._staging,
             device=str(device),
             rank=rank,
             world_size=world_size,
@@ -174,8 +217,15 @@ class WtcoreVLLMEngine(VLLMEngine):
             self.inner.receiver_layout = self.tp_sink.receiver_layout()
         self.init_info_cls = engine_cls.init_info_cls
         self.update_info_cls = engine_cls.update_info_cls
-        self._reloading = False
+        self._reloading = self._open = self._prepared = False
         self._owner: object = _UNBOUND
+        self._staged: bool | None = None  # said by the round's first update
+        self._started_at = 0.0
+        self._live_from: float | None = None
+        #: The last finished round's seconds (docs/staged.md), as wtcore's worker reports them.
+        self.round_times: dict[str, float | None] = dict.fromkeys(
+            ("staged_s", "commit_s", "paused_s")
+        )
 
     # ------------------------------------------------------------------ parsing (wtcore's)
     def parse_init_info(self, init_dict: dict[str, Any]) -> Any:
@@ -186,6 +236,9 @@ class WtcoreVLLMEngine(VLLMEngine):
 
     # ------------------------------------------------------------------ the protocol
     def init_transfer_engine(self, init_info: Any) -> None:
+        if self._open:  # a trainer's fresh init abandons the round a failed one left open
+            self._abort_round()
+            self._end_vllm_session()
         self.inner.init_transfer_engine(init_info)
 
     def worker_info(self) -> dict[str, Any]:
@@ -193,12 +246,13 @@ class WtcoreVLLMEngine(VLLMEngine):
         part; :mod:`wtcore_vllm.extension` serves this through ``/collective_rpc``): its rank
         among every inference worker, its layout (``None``: whole tensors, TP = 1), and at
         TP > 1 the bytes of its last sharded round (``planned``: its slices, ``landed``:
-        what was copied into its parameters)."""
+        what was copied into its parameters), and its last round's seconds (docs/staged.md)."""
         layout = self.inner.receiver_layout
         out: dict[str, Any] = {
             "rank": self.inner.rank,
             "world_size": self.inner.world_size,
             "layout": None if layout is None else layout.to_wire(),
+            **self.round_times,
         }
         if self.tp_sink is not None:
             planned, landed = self.tp_sink.planned_bytes, self.tp_sink.landed_bytes
@@ -208,11 +262,16 @@ class WtcoreVLLMEngine(VLLMEngine):
         return out
 
     def start_weight_update(self) -> None:
-        self._abort_reload()  # a round vLLM gave up on without telling the engine
+        self._abort_round()  # a round vLLM gave up on without telling the engine
         self.inner.start_weight_update()
         if self.tp_sink is not None:
             self.tp_sink.start()
-        self._owner = _UNBOUND
+        self._owner, self._staged, self._prepared = _UNBOUND, None, False
+        self._open, self._started_at, self._live_from = True, time.monotonic(), None
+
+    def _begin_reload(self) -> None:
+        """vLLM's layerwise reload: from here the live model is no published version."""
+        self._live_from = time.monotonic()
         initialize_layerwise_reload(self.model)
         self._reloading = True
 
@@ -220,12 +279,21 @@ class WtcoreVLLMEngine(VLLMEngine):
         error: BaseException | None = None
         try:
             self._check_owner(round_stamp(update_info))
-            if update_info.get(STAGED_KEY) or PREPARE_KEY in update_info:
-                raise PayloadError(
-                    f"update_info.{STAGED_KEY}: this vLLM receiver writes its live model and "
-                    "cannot stage a round (the trainer's staged=True); nothing was applied"
+            if self._staged is None:  # the round's first update says which round it is
+                self._staged = self._staging.on = update_info.get(STAGED_KEY) is True
+                if not self._staged:
+                    self._begin_reload()
+            if self._prepared:
+                raise ProtocolStateError(
+                    "update_weights: refused, this round was prepared; only its finish may follow"
                 )
-            self.receive_weights(self.parse_update_info(drop_round(update_info)))
+            if PREPARE_KEY in update_info:
+                if not self._staged:
+                    raise PayloadError(f"update_info.{PREPARE_KEY}: only a staged round prepares")
+                self._check_round()  # every check the commit does not need the model for
+                self._prepared = True
+            else:
+                self.receive_weights(self.parse_update_info(drop_round(update_info)))
             if self.device.type != "cpu":
                 # Like vLLM's base class: the next step must see the new weights.
                 torch.accelerator.synchronize()
@@ -234,7 +302,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         failed, raise_here = self._agree(error, "update_weights")
         if not failed:
             return
-        self._abort_reload()
+        self._abort_round()
         if raise_here is None:
             # Another worker of the TP group raises for all (_agree); vLLM closes the session
             # only on the worker that raises, so close it here.
@@ -272,11 +340,26 @@ class WtcoreVLLMEngine(VLLMEngine):
         with _no_mtp_completeness_check():
             self.inner.receive_weights(update_info)
 
+    def _check_round(self) -> None:
+        """What a finish checks before it writes the live model (a staged round's prepare)."""
+        if self._staged is None or (self._staged and not self._staging.round):
+            raise ProtocolStateError("refused, this round loaded no tensors; nothing is published")
+        self.inner.finish_weight_update()
+
     def finish_weight_update(self) -> None:
         error: BaseException | None = None
         tied = TiedLayers()
+        t0 = time.monotonic()
         try:
-            self.inner.finish_weight_update()
+            if not self._prepared:
+                self._check_round()
+            if self._staged:  # the commit: the reload, fed from the staging
+                t0 = time.monotonic()
+                self._begin_reload()
+                model: Any = self.model  # a vLLM model class: nn.Module declares no load_weights
+                self._staging.commit(
+                    self.tp_sink.load_weights if self.tp_sink else model.load_weights
+                )
             if self.tp_sink is not None and self.tp_sink.sharded:
                 self.tp_sink.check_complete()
             if self._reloading:
@@ -286,7 +369,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         # Every worker of the TP group commits, or none does.
         failed, raise_here = self._agree(error, "finish_weight_update")
         if failed:
-            self._abort_reload()
+            self._abort_round()
             if raise_here is None:
                 return  # another worker raises for all; vLLM closes this worker's session
             self._end_vllm_session()
@@ -296,9 +379,13 @@ class WtcoreVLLMEngine(VLLMEngine):
                 self._reloading = False
                 finalize_layerwise_reload(self.model, self.model_config, tied)
         except BaseException:
-            self._abort_reload()
+            self._abort_round()
             self._end_vllm_session()
             raise
+        self._open, end = False, time.monotonic()
+        paused = end - (t0 if self._staged else self._live_from or t0)
+        staged = t0 - self._started_at if self._staged else None
+        self.round_times = {"staged_s": staged, "commit_s": end - t0, "paused_s": paused}
 
     def _agree(self, error: BaseException | None, step: str) -> tuple[bool, BaseException | None]:
         """Whether ``step`` failed on any worker of this TP group, and what this worker raises.
@@ -335,7 +422,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         )
 
     def shutdown(self) -> None:
-        self._abort_reload()
+        self._abort_round()
         self.inner.shutdown()
 
     def _end_vllm_session(self) -> None:
@@ -362,7 +449,10 @@ class WtcoreVLLMEngine(VLLMEngine):
             frame = frame.f_back
         log.warning("no vLLM worker among the callers: its weight-update session stays open")
 
-    def _abort_reload(self) -> None:
+    def _abort_round(self) -> None:
+        """Drop the staging; undo the reload on every layer not processed yet."""
+        self._staging.drop()
+        self._open = self._prepared = False
         if self._reloading:
             self._reloading = False
             abort_layerwise_reload(self.model, self.model_config)

@@ -12,9 +12,12 @@ its own subclasses this one. Importing this module imports neither vLLM nor torc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PluginLoadError
+
+if TYPE_CHECKING:
+    from wtcore_vllm.engine import WtcoreVLLMEngine
 
 __all__ = ["RPC_METHOD", "WtcoreWorkerExtension"]
 
@@ -28,13 +31,16 @@ class WtcoreWorkerExtension:
 
     def wtcore_weight_info(self) -> dict[str, Any]:
         """This worker's report: ``rank``, ``world_size`` and ``layout`` (wtcore's
-        ``TPLayout`` on the wire; ``None`` at TP = 1)."""
+        ``TPLayout`` on the wire; ``None`` at TP = 1), and its last round's seconds."""
+        return self._wtcore_engine().worker_info()
+
+    def _wtcore_engine(self) -> WtcoreVLLMEngine:
         from wtcore_vllm.engine import WtcoreVLLMEngine
 
         engine = getattr(self, "weight_transfer_engine", None)
         if not isinstance(engine, WtcoreVLLMEngine):
             raise PluginLoadError(
-                "wtcore_weight_info: this vLLM worker runs no wtcore engine; start the server "
-                'with --weight-transfer-config \'{"backend": "wtcore_<engine>"}\''
+                "the wtcore worker extension: this vLLM worker runs no wtcore engine; start the "
+                'server with --weight-transfer-config \'{"backend": "wtcore_<engine>"}\''
             )
-        return engine.worker_info()
+        return engine
