@@ -14,18 +14,16 @@ tensor one) is read straight into the tensor the sink offers for it
 saves a copy of every byte out of staging; any other bucket is read into this worker's
 registered staging and the sink loads it. A bucket read from regions lands tensor by tensor:
 each straight into the sink's tensor where it offers one, the rest into staging. Mooncake reads
-only into registered memory, so each sink tensor is registered once per handshake, the first
-time it is offered (the worker's sink chain offers its tensors only inside a round: a delta
-round must decode, never land in place) and kept until the next init, a failed round or
-shutdown. A tensor at a new address (a sink whose tensors changed, as vLLM's layerwise reload
-does) is registered when it is first offered, and the one it replaced is unregistered then, so
-registrations never pile up. A tensor that cannot be registered (it overlaps registered memory,
-say) is read through staging.
+only into registered memory, and lets any process that reaches this engine's ports write into
+registered memory (it has no authentication: docs/mooncake.md, "Trust"). So what a read lands
+in (the sink's tensors, the staging) is registered just before that read and unregistered as
+soon as it ended: the model is never registered between reads, let alone between rounds, and
+Mooncake refuses a stranger's write there. Registering costs about 2 µs over TCP. A tensor
+that cannot be registered (it overlaps registered memory, say) is read through staging.
 
-A read that fails or stalls fails the round naming the trainer's endpoint; every region is
-then unregistered (the next init registers them again), except memory a timed-out read may
-still be writing into, which is kept (alive and registered) until that read ends. While such a
-read may still write into the sink's own tensors, the next round does not start
+A read that fails or stalls fails the round naming the trainer's endpoint; memory a timed-out
+read may still be writing into is kept (alive and registered) until that read ends. While such
+a read may still write into the sink's own tensors, the next round does not start
 (:meth:`MooncakeWorkerEngine._await_stale_reads`). Over TCP, Mooncake itself fails a read
 that has stalled for just over ``timeout_s`` (:func:`wtcore_mooncake.te.bound_stalls`), so
 such a read ends within a second of the worker giving up on it, not Mooncake's 30 s later.
@@ -87,9 +85,9 @@ class MooncakeWorkerEngine(
     update_info_cls = MooncakeUpdateInfo
 
     _engine: Any = None
-    _staging: Any = None  # a flat uint8 tensor, registered while set
-    #: The sink's tensors registered this handshake, by address: read into in place.
-    _direct: dict[int, torch.Tensor]
+    _staging: Any = None  # a flat uint8 tensor, registered only while a read lands in it
+    #: What the read under way lands in, by address: registered until it ends.
+    _lent: dict[int, torch.Tensor]
     #: Bytes read since init: straight into the sink's tensors, and through staging.
     in_place_bytes: int = 0
     staged_bytes: int = 0
@@ -104,8 +102,7 @@ class MooncakeWorkerEngine(
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reading = []
-        self._direct = {}
-        self._names: dict[str, int] = {}  # each in-place tensor's registered address
+        self._lent = {}
         #: A sharded round's senders (endpoint and slots per trainer rank) and read buffer.
         self._senders: list[tuple[str, list[tuple[int, int]]]] | None = None
         self._round_buf: torch.Tensor | None = None
@@ -125,21 +122,31 @@ class MooncakeWorkerEngine(
         super().init_transfer_engine(init_info)
 
     def _stage(self, size: int) -> None:
-        """Allocate and register ``size`` bytes of staging."""
+        """Allocate ``size`` bytes of staging (registered by each read that lands in it)."""
         import torch
 
-        staging = torch.empty(size, dtype=torch.uint8, device="cpu")
-        rc = self._engine.register_memory(staging.data_ptr(), size)
-        if rc != 0:
-            raise TransferError(
-                f"Mooncake could not register {size} bytes of staging (status {rc})"
-            )
-        self._staging = staging
+        self._staging = torch.empty(size, dtype=torch.uint8, device="cpu")
+
+    def _lend(self, t: torch.Tensor) -> bool:
+        """Register ``t`` (flat bytes) for the read under way; False if Mooncake refuses."""
+        held = self._lent.get(t.data_ptr())
+        if held is not None:
+            return held.numel() == t.numel()  # the same storage (tied weights), or not
+        if self._engine.register_memory(t.data_ptr(), t.numel()) != 0:
+            return False
+        self._lent[t.data_ptr()] = t
+        return True
+
+    def _unlend(self) -> None:
+        """Unregister what the read that just ended landed in."""
+        lent, self._lent = self._lent, {}
+        for ptr in lent:
+            self._engine.unregister_memory(ptr)
 
     def _renew_engine(self) -> None:
         """Close this process's transfer engine and start a fresh one, once every read of the
         round that did not finish has ended (see the module docstring); the staging is
-        registered again, the sink's tensors as they are next offered."""
+        allocated again."""
         self._await_stale_reads()
         if self._reading:  # a read into staging still runs on the engine: renewed later
             return
@@ -155,25 +162,13 @@ class MooncakeWorkerEngine(
         self._suspect = False
 
     def _destination(self, name: str, dtype: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
-        """The sink's tensor for ``name`` as registered bytes; ``None``: read through staging."""
+        """The sink's tensor for ``name`` as bytes, registered for the read under way;
+        ``None``: read through staging (e.g. it overlaps memory registered already)."""
         dest = direct_destination(self.sink, name, dtype, shape, "cpu")
         if dest is None or dest.numel() == 0:
             return None
-        ptr, n = dest.data_ptr(), dest.numel() * dest.element_size()
-        old = self._names.get(name)
-        if old is not None and old != ptr:  # the sink replaced it: drop the stale registration
-            del self._names[name]
-            if old not in self._names.values() and self._direct.pop(old, None) is not None:
-                self._engine.unregister_memory(old)
-        held = self._direct.get(ptr)
-        if held is None:
-            if self._engine.register_memory(ptr, n) != 0:
-                return None  # e.g. it overlaps memory registered already: staging it is
-            self._direct[ptr] = held = as_bytes(dest)
-        elif held.numel() != n:
-            return None  # another tensor at that address than the one registered
-        self._names[name] = ptr
-        return held
+        held = as_bytes(dest)
+        return held if self._lend(held) else None
 
     # ------------------------------------------------------------------ sharded rounds
     def parse_update_info(self, data: Mapping[str, Any]) -> Any:
@@ -233,9 +228,7 @@ class MooncakeWorkerEngine(
         largest = max(
             (b.nbytes for s in assembler.senders() for b, _ in assembler.buckets_from(s)), default=0
         )
-        buf = torch.empty(max(largest, 1), dtype=torch.uint8)
-        if self._engine.register_memory(buf.data_ptr(), buf.numel()) != 0:
-            raise TransferError(f"Mooncake could not register {buf.numel()} bytes to read into")
+        buf = torch.empty(max(largest, 1), dtype=torch.uint8)  # registered by each step
         self._senders, self._round_buf = senders, buf
 
     def _read_step(self, update: ReadsUpdate) -> None:
@@ -245,6 +238,7 @@ class MooncakeWorkerEngine(
         senders, buf = self._senders, self._round_buf
         if senders is None or buf is None:
             raise PayloadError("update_info.reads: no senders were announced in this round")
+        self._lend_or_fail(buf)
         for i, r in enumerate(update.checked()):
             where = f"update_info.reads[{i}]"
             if r.src not in assembler.senders():
@@ -267,17 +261,26 @@ class MooncakeWorkerEngine(
                 name="mooncake-read",
             )  # fmt: skip
             what = f"bucket {r.bucket} ({n} bytes) from trainer rank {r.src} at {endpoint}"
-            self._wait_read(call, [buf], what, self.settings.timeout_s)
+            self._wait_read(call, what, self.settings.timeout_s)
             assembler.take([(r.src, r.bucket, buf[:n])])
             self.staged_bytes += buckets[r.bucket][0].payload_nbytes
 
     def _drop_round(self) -> None:
-        """Forget the round's senders; unregister its buffer unless a read may still write."""
-        buf, self._round_buf, self._senders = self._round_buf, None, None
-        if buf is not None and all(t is not buf for r in self._reading for t in r.into):
-            self._engine.unregister_memory(buf.data_ptr())
+        """Forget the round's senders and its buffer (a read that may still write holds it)."""
+        self._round_buf = self._senders = None
+
+    def _lend_or_fail(self, t: torch.Tensor) -> None:
+        """Register ``t`` (staging, a round's buffer) for the read under way, or fail."""
+        if not self._lend(t):
+            raise TransferError(f"Mooncake could not register {t.numel()} bytes to read into")
 
     def receive_weights(self, update_info: Any) -> None:
+        try:
+            self._receive(update_info)
+        finally:
+            self._unlend()  # nothing stays registered past its read (a stale read's stays)
+
+    def _receive(self, update_info: Any) -> None:
         if isinstance(update_info, PlanUpdate):
             self.take_plan(update_info)
             return
@@ -342,17 +345,18 @@ class MooncakeWorkerEngine(
         local: list[int] = []
         remote: list[int] = []
         lengths: list[int] = []
-        into = [staging]
+        in_place = 0
         staged: set[str] = set()
         for m, off, (address, n) in zip(bucket.metas, bucket.offsets, regions, strict=True):
             dest = self._destination(m.name, m.dtype, m.shape) if n else None
             if dest is not None and dest.numel() == n:
                 local.append(dest.data_ptr())
-                into.append(dest)
+                in_place += n
             else:
                 staged.add(m.name)  # an empty tensor too: loaded from no bytes
                 if not n:
                     continue
+                self._lend_or_fail(staging)
                 local.append(staging.data_ptr() + off)
             remote.append(address)
             lengths.append(n)
@@ -362,8 +366,7 @@ class MooncakeWorkerEngine(
                 name="mooncake-read",
             )  # fmt: skip
             what = f"{len(lengths)} tensors ({sum(lengths)} bytes) from the trainer"
-            self._wait_read(call, into, f"{what} at {init.endpoint}", init.timeout_s)
-        in_place = sum(t.numel() for t in into[1:])
+            self._wait_read(call, f"{what} at {init.endpoint}", init.timeout_s)
         self.in_place_bytes += in_place
         self.staged_bytes += sum(lengths) - in_place
         if staged:
@@ -383,6 +386,7 @@ class MooncakeWorkerEngine(
         return dest
 
     def _read(self, init: MooncakeInitInfo, into: Any, remote: int, n: int) -> None:
+        self._lend_or_fail(into)
         call = BackgroundCall(
             self._engine.transfer_sync_read,
             init.endpoint,
@@ -391,23 +395,19 @@ class MooncakeWorkerEngine(
             n,
             name="mooncake-read",
         )
-        self._wait_read(
-            call, [into], f"{n} bytes from the trainer at {init.endpoint}", init.timeout_s
-        )
+        self._wait_read(call, f"{n} bytes from the trainer at {init.endpoint}", init.timeout_s)
 
-    def _wait_read(
-        self, call: BackgroundCall[Any], into: list[Any], what: str, timeout_s: float
-    ) -> None:
-        """Wait for ``call``, a read of ``what`` into the buffers ``into``; a read that fails
-        or stalls fails the round (see the module docstring)."""
+    def _wait_read(self, call: BackgroundCall[Any], what: str, timeout_s: float) -> None:
+        """Wait for ``call``, a read of ``what`` into what is lent; a read that fails or
+        stalls fails the round (see the module docstring)."""
         self._suspect = True  # until the round finishes
         if not call.wait(timeout_s):
-            sinks = sum(t.data_ptr() in self._direct for t in into)
+            into, self._lent = list(self._lent.values()), {}  # registered until it ends
+            ours = {id(self._staging), id(self._round_buf)}
+            sinks = sum(id(t) not in ours for t in into)
             self._reading.append(_StaleRead(call, into, sinks, timeout_s))
-            for t in into:
-                if self._staging is not None and t.data_ptr() == self._staging.data_ptr():
-                    self._staging = None
-                self._direct.pop(t.data_ptr(), None)
+            if any(t is self._staging for t in into):
+                self._staging = None
             self._release()
             raise TransferTimeoutError(
                 f"reading {what} took over {timeout_s:g} s; the round is failed"
@@ -432,17 +432,13 @@ class MooncakeWorkerEngine(
         self._reading = running
 
     def _release(self) -> None:
-        """Unregister staging and the sink's tensors; a timed-out read's memory only once that
-        read has ended."""
+        """Drop the staging and the round's buffer; a timed-out read's memory is unregistered
+        only once that read has ended."""
         self._forget_ended_reads()
         self._drop_round()
-        staging, self._staging = self._staging, None
-        direct, self._direct, self._names = self._direct, {}, {}
+        self._staging = None
         if self._engine is not None:
-            if staging is not None:
-                self._engine.unregister_memory(staging.data_ptr())
-            for ptr in direct:
-                self._engine.unregister_memory(ptr)
+            self._unlend()
 
     def shutdown(self) -> None:
         self._release()  # the transfer engine is the process's (te.start), and stays
