@@ -8,8 +8,10 @@ hops are size-checked TCP streams (:mod:`wtcore_tcp.chain`; nccl refuses its cha
 
 Here the trainer and the first receiver (group rank 1, the relay) are honest about the
 trainer's bytes, but the relay process is patched to forward the big tensor's message with a
-longer or shorter length, or with its true length and fewer bytes. Real processes, real
-sockets.
+longer or shorter length, with its true length and fewer bytes, or whole with one byte flipped
+(the next receiver published that as ``consistent: true`` unless ``checksum`` was on; the
+chain now checks the trainer's CRC-32 of every message on every rank, by default). Real
+processes, real sockets.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def _lie(mode: str) -> str:
             sock.sendall(bytes(SKEW))
         elif mode == "shorter":
             honest(sock, view[: len(view) - SKEW], n - SKEW)
+        elif mode == "flipped":  # the true length and every byte, one of them changed
+            changed = bytearray(view)
+            changed[len(changed) // 2] ^= 0x10
+            honest(sock, memoryview(changed), total)
         else:  # "withheld": the true length, fewer bytes, then the next messages go on
             honest(sock, view[: len(view) - SKEW], n)
 
@@ -79,7 +85,7 @@ def two() -> Iterator[Fleet]:
         yield f
 
 
-@pytest.mark.parametrize("mode", ["longer", "shorter", "withheld"])
+@pytest.mark.parametrize("mode", ["longer", "shorter", "withheld", "flipped"])
 def test_a_lying_relay_fails_the_round_and_the_next_receiver_survives(
     two: Fleet, mode: str
 ) -> None:
@@ -117,6 +123,10 @@ def test_a_lying_relay_fails_the_round_and_the_next_receiver_survives(
                 # misread messages behind are never applied as a round.
                 relay = "from rank 1 (the previous rank of the chain)"
                 assert relay in behind or "abandoned the round" in behind, behind
+            elif mode == "flipped":  # every byte came, the trainer's CRC-32 did not match
+                relay = "from rank 1 (the previous rank of the chain)"
+                assert relay in behind, behind
+                assert "bytes changed on the way" in behind, behind
             else:  # refused by its length, before a byte of it was read
                 planned = f"sent {BIG_BYTES + (SKEW if mode == 'longer' else -SKEW)} bytes "
                 assert "(rank 1)" in behind, behind

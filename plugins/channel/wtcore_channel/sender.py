@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wtcore.buckets import Bucket, pack_source
-from wtcore.errors import PayloadError, TransferError
+from wtcore.errors import PayloadError, TransferError, TransferTimeoutError
 from wtcore.meta import metas_to_wire
 from wtcore.sink import on_device
 from wtcore.trainer import TrainerInitInfo, TrainerWeightTransferEngine
@@ -126,12 +126,15 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         rpc = BackgroundCall(self.client.update_weights, wire, name="update_weights")
         inflight: deque[tuple[Work, str, int, Any]] = deque()
         self._headers = []
+        sending = True
         try:
             self._send_frames(channel, source, metas, stats, _fail_fast(rpc), inflight)
+            sending = False
             with stats.phase("control"):
                 rpc.result(self.info.timeout_s)
         except BaseException as e:
-            cause = self._abort(e, rpc, [w for w, *_ in inflight])
+            stalled = sending and isinstance(e, TransferTimeoutError)
+            cause = self._abort(e, rpc, [w for w, *_ in inflight], stalled=stalled)
             inflight.clear()
             if cause is not None:
                 raise cause from e
@@ -247,12 +250,20 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
 
     # ------------------------------------------------------------------ failure path
     def _abort(
-        self, error: BaseException, rpc: BackgroundCall[Any], inflight: list[Work]
+        self,
+        error: BaseException,
+        rpc: BackgroundCall[Any],
+        inflight: list[Work],
+        *,
+        stalled: bool = False,
     ) -> BaseException | None:
         """Drain what is in flight (bounded), release the channel, find the root cause.
 
         Returns the worker RPC's error when the local error is only its echo on the wire
-        (a worker rejected the update, so our message failed), else ``None``.
+        (a worker rejected the update, so our message failed), else ``None``. ``stalled``:
+        a message did not go out within the timeout, and its error names the peer that took
+        nothing (a stopped receiver); draining it and waiting for the RPC would only add a
+        timeout and the grace (22 s for a 6 s timeout on tcp), so neither is waited for.
         """
         channel, self._channel = self._channel, None
         if channel is not None:
@@ -265,7 +276,7 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
             if rpc.done() and time.monotonic() - t0 > 1.0:
                 raise TransferError("worker RPC ended; not draining further")
 
-        for work in pending:
+        for work in [] if stalled else pending:
             try:
                 wait_work(
                     work,
@@ -283,7 +294,7 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
             traceback.clear_frames(error.__traceback__)  # drop frame refs to the channel's work
         # Let the workers end their side (they see the channel close), so that when
         # send_weights raises, every receiver has ended the round too.
-        rpc.wait(min(_ERROR_GRACE_S, self.info.timeout_s))
+        rpc.wait(0.0 if stalled else min(_ERROR_GRACE_S, self.info.timeout_s))
         if not isinstance(error, PayloadError) and rpc.error is not None and rpc.error is not error:
             return rpc.error
         return None

@@ -5,7 +5,9 @@ chain ordered by rank (``0 -> 1 -> ... -> world_size - 1``) and rank ``k`` hands
 from ``k - 1`` on to ``k + 1`` a :data:`~wtcore_tcp.streams.RELAY_CHUNK` at a time, as it
 lands, so every link carries each byte once. The hops are the engine's streams: every length
 is checked before a byte is read, on every hop, and a relay that fails cuts its onward
-connections, so the receivers behind it fail at once, naming it.
+connections, so the receivers behind it fail at once, naming it. Every message carries the
+trainer's CRC-32, checked by every rank (:class:`~wtcore_tcp.streams.Stream`'s ``crc``), so a
+relay that changes a byte fails the round behind it instead of being published.
 
 No store: every worker connects to the sender as in a fan-out; each rank but the last tells it
 where it listens (its end's address of that connection), the sender tells each rank from 2 on
@@ -60,7 +62,7 @@ def accept_chain(
         raise
     for key in [k for k in lanes if k[0] != 1]:
         lanes.pop(key).close()
-    return Stream(0, lanes, timeout_s, up=None, roles=ROLES)
+    return Stream(0, lanes, timeout_s, up=None, roles=ROLES, crc=True)
 
 
 def connect_chain(
@@ -112,7 +114,7 @@ def connect_chain(
     finally:
         if listener is not None:
             listener.close()
-    return Stream(rank, lanes, timeout_s, up=rank - 1, roles=ROLES)
+    return Stream(rank, lanes, timeout_s, up=rank - 1, roles=ROLES, crc=True)
 
 
 def _published(

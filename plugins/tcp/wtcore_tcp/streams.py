@@ -16,9 +16,10 @@ The sender listens on its configured ``address`` (an address of its own host tha
 worker reaches) and ships the port and a fresh random *token* in every handshake's init info,
 which travels only over the (authenticated) control plane: no rendezvous store. Every worker
 opens :data:`LANES` connections and introduces each with its rank, the lane's number and an
-HMAC of both under the token; the sender greets every accepted connection on a thread of its
-own, bounded by :data:`HELLO_S`, so a stranger who connects and says nothing holds up no one,
-and it drops a connection whose hello is malformed, late, a duplicate or wrongly signed. It
+HMAC of both under the token; the sender reads every accepted connection's hello as it comes
+(one selector for all of them), bounded by :data:`HELLO_S`, so a stranger who connects and
+says nothing holds up no one, and it drops a connection whose hello is malformed, late, a
+duplicate or wrongly signed. It
 acknowledges each lane it keeps, so both ends leave the handshake knowing the group is whole.
 Each message is a 16-byte prefix (magic, byte count) and the bytes; message ``k`` of a
 handshake travels on lane ``k % LANES`` (both ends number the messages in the same order),
@@ -31,7 +32,13 @@ length is checked against its own posted receive before a byte is read, and ever
 chain (``topology="chain"``) is such relays, one per receiver: a relay that hands on a message
 of another length than planned is refused by the next receiver, naming the relay. A relay that
 fails, or is fed a message it refuses, shuts its onward connections down: the receivers behind
-it fail at once instead of at their timeout, naming it.
+it fail at once instead of at their timeout, naming it. A relay could also change bytes and
+keep lengths, so on the chain (a stream with ``crc``) the sender follows each message with its
+CRC-32, computed once, and every receiver checks it, relays as each piece lands, before the
+message counts as received; a relay hands the trainer's CRC on, so a byte changed anywhere
+upstream fails the round on every receiver behind it, naming the rank it came from. It is a
+pass over every byte on each end, in the lanes' threads; the fan-out, where no receiver's
+bytes pass through another, goes without (docs/tcp.md).
 
 A message may be several pieces of memory (:meth:`Stream.broadcast_parts`): the sender writes
 them with ``sendmsg``, a receiver reads into them with ``recvmsg_into``, so a packed bucket
@@ -50,10 +57,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import queue
+import selectors
 import socket
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,17 +85,16 @@ __all__ = [
 ]
 
 _PREFIX = struct.Struct("<QQ")  # magic, byte count
+_TRAILER = struct.Struct("<I")  # the trainer's CRC-32 of the message (a stream with ``crc``)
 _MAGIC = int.from_bytes(b"wtcstrm1", "big")
 _HELLO = struct.Struct("<QQQ32s")  # magic, rank, lane, token
 _HELLO_MAGIC = int.from_bytes(b"wtchelo1", "big")
 _ACK = b"\x01"
 #: How long an accepted connection may take to say hello before it is dropped.
 HELLO_S = 5.0
-#: Connections greeted at once; one more is dropped at once (a flood holds up no one).
+#: Connections whose hello is awaited at once; one more drops the oldest of them.
 _GREETERS = 64
 _POLL_S = 0.05
-#: How often the accept loop looks for greeted connections while hellos are being read.
-_GREET_POLL_S = 0.002
 #: TCP connections per worker ("lanes"): message ``k`` travels on lane ``k % LANES``. On
 #: loopback the sender's kernel does most of a connection's work (its copy and the receiving
 #: side's protocol processing), so one connection is bound by one core; two let the sender's
@@ -175,11 +183,21 @@ def _advance(views: list[memoryview], k: int) -> None:
             k = 0
 
 
-def _send_gathered(sock: socket.socket, views: list[memoryview], total: int) -> None:
+def _crc(views: Iterable[memoryview], crc: int = 0) -> int:
+    """CRC-32 of ``views``' bytes in order, continuing ``crc``."""
+    for v in views:
+        crc = zlib.crc32(v, crc)
+    return crc
+
+
+def _send_gathered(
+    sock: socket.socket, views: list[memoryview], total: int, trailer: bytes = b""
+) -> None:
     """Write one message's prefix (its length: ``total``, the bytes of ``views``) and those
     bytes, in order, straight from where they lie (a bucket's tensors: nothing packs them),
-    :data:`_IOV` buffers a call."""
+    then ``trailer``, :data:`_IOV` buffers a call."""
     left = [memoryview(_PREFIX.pack(_MAGIC, total)), *(v for v in views if len(v))]
+    left += [memoryview(trailer)] if trailer else []
     while left:
         _advance(left, sock.sendmsg(left[:_IOV]))
 
@@ -237,82 +255,92 @@ def accept_lanes(
     """Keep every lane of every rank in ``ranks`` whose hello is signed; drop the rest.
 
     ``listener`` accepts in short waits, ``poll`` running between them (it raises to give up:
-    the init call failed). Each accepted connection is greeted on a thread of its own. ``me``
-    names this end in the timeout's message.
+    the init call failed). One selector reads every accepted connection's hello as its bytes
+    come, so no connection waits for another. A worker's hello follows its connect at once;
+    a connection that says nothing is dropped after :data:`HELLO_S`, or sooner, oldest first,
+    when :data:`_GREETERS` are unread, so a flood of silent strangers cannot keep a worker
+    out (dropping the newest, as it once did, reset the worker that came after 64 of them).
+    ``me`` names this end in the timeout's message.
     """
     expected = frozenset(ranks)
     deadline = time.monotonic() + timeout_s
-    greeted: queue.Queue[tuple[_Lane | None, socket.socket]] = queue.Queue()
-    greeting = 0
     peers: dict[_Lane, socket.socket] = {}
+    unread: dict[socket.socket, tuple[bytearray, float]] = {}  # oldest first: hello, expiry
+    selector = selectors.DefaultSelector()
+    listener.setblocking(False)
+    selector.register(listener, selectors.EVENT_READ)
 
-    def greet(conn: socket.socket) -> None:
-        greeted.put((_greet(conn, expected, token), conn))
+    def drop(conn: socket.socket) -> None:
+        del unread[conn]
+        selector.unregister(conn)
+        conn.close()
+
+    def read(conn: socket.socket) -> None:
+        hello = unread[conn][0]
+        try:
+            got = conn.recv(_HELLO.size - len(hello))
+        except BlockingIOError:
+            return
+        except OSError:
+            got = b""
+        hello += got
+        if not got:
+            drop(conn)
+        elif len(hello) == _HELLO.size:
+            keep(conn, _check_hello(hello, expected, token))
+
+    def keep(conn: socket.socket, lane: _Lane | None) -> None:
+        del unread[conn]
+        selector.unregister(conn)
+        try:
+            if lane is None or lane in peers:  # a stranger, a duplicate, another handshake's
+                raise OSError
+            conn.sendall(_ACK)  # one byte: a fresh connection's buffer takes it at once
+        except OSError:
+            conn.close()
+            return
+        peers[lane] = conn
 
     try:
         while len(peers) < len(expected) * LANES:
             if poll is not None:
                 poll()
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 missing = [r for r in sorted(expected) if sum(k[0] == r for k in peers) < LANES]
                 raise TransferTimeoutError(
                     f"ranks {missing} never opened their tcp connections to {me} at "
                     f"{_address(listener, local=True)} within {timeout_s:g} s"
                 )
-            while not greeted.empty():
-                lane, conn = greeted.get()
-                greeting -= 1
-                if lane is None or lane in peers:
-                    conn.close()  # a stranger, a duplicate, or a worker of another handshake
+            for conn in [c for c, (_, expiry) in unread.items() if expiry <= now]:
+                drop(conn)
+            for key, _ in selector.select(_POLL_S):
+                if key.fileobj is not listener:
+                    read(key.fileobj)  # type: ignore[arg-type]  # only sockets are registered
                     continue
                 try:
-                    conn.sendall(_ACK)
-                except OSError:
-                    conn.close()
+                    conn, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
                     continue
-                peers[lane] = conn
-            if len(peers) == len(expected) * LANES:
-                break  # whole: no last wait in accept()
-            # While a hello is being read, wake up soon for it: its acknowledgement is sent
-            # from this loop, and the worker connects its next lane only once it came.
-            listener.settimeout(_GREET_POLL_S if greeting else _POLL_S)
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            if greeting >= _GREETERS:
-                conn.close()
-                continue
-            greeting += 1
-            threading.Thread(
-                target=greet, args=(conn,), name="wtcore-tcp-hello", daemon=True
-            ).start()
+                if len(unread) >= _GREETERS:
+                    drop(next(iter(unread)))
+                conn.setblocking(False)
+                unread[conn] = (bytearray(), time.monotonic() + HELLO_S)
+                selector.register(conn, selectors.EVENT_READ)
+                read(conn)  # its hello is usually there already
     except BaseException:
         for s in peers.values():
             s.close()
         raise
-    finally:  # connections still being greeted close themselves once their hello is read
-        threading.Thread(target=_drain, args=(greeted, greeting), daemon=True).start()
+    finally:
+        for conn in list(unread):
+            drop(conn)
+        selector.close()
     return peers
 
 
-def _drain(greeted: queue.Queue[tuple[_Lane | None, socket.socket]], left: int) -> None:
-    for _ in range(left):
-        try:
-            _, conn = greeted.get(timeout=HELLO_S + 1.0)
-        except queue.Empty:
-            return
-        conn.close()
-
-
-def _greet(conn: socket.socket, ranks: frozenset[int], token: str) -> _Lane | None:
-    """The rank and lane ``conn`` proves it is (within :data:`HELLO_S`), or ``None``."""
-    hello = bytearray(_HELLO.size)
-    try:
-        _bound(conn, HELLO_S)
-        _recv_exact(conn, memoryview(hello), time.monotonic() + HELLO_S)
-    except (OSError, TransferError):
-        return None
+def _check_hello(hello: bytearray, ranks: frozenset[int], token: str) -> _Lane | None:
+    """The rank and lane ``hello`` proves its connection is, or ``None``."""
     magic, rank, lane, signature = _HELLO.unpack(hello)
     if magic != _HELLO_MAGIC or rank not in ranks or not 0 <= lane < LANES:
         return None
@@ -387,16 +415,22 @@ class StreamWork(ThreadWork):
 
     recv_from: str = ""
     send_to: str = ""
+    #: The downstream peers that have not taken the message yet, and their addresses: a
+    #: timeout names them (a stopped receiver used to be "1 worker(s)", nameless).
+    untaken: dict[int, str]
+
+    def _taken(self, peer: int) -> None:
+        self.untaken.pop(peer, None)
+        self._count(sends=1)
 
     def pending_detail(self) -> str:
         if self.error is not None:
             return self.error
         if self.recvs_left:
             return f"its bytes have not arrived from rank {self.recv_peer} ({self.recv_from})"
-        if self.send_to:
-            peer = f"rank {self.send_peer} ({self.send_to})"
-            return f"{self.sends_left} part(s) not yet taken by {peer}"
-        return f"{self.sends_left} worker(s) have not yet taken it"
+        peers = ", ".join(f"rank {p} at {at}" for p, at in sorted(self.untaken.items()))
+        role = f" ({self.send_to})" if self.send_to else " (is it still running?)"
+        return f"not yet taken by {peers}{role}"
 
 
 #: A message's piece for a writer: the work, the bytes (a sender's whole message: its tensors'
@@ -422,11 +456,15 @@ class Stream:
         *,
         up: int | None = -1,
         roles: tuple[str, str] = ("the sender", ""),
+        crc: bool = False,
     ) -> None:
         """``up``: the peer this rank reads from (``None``: it only sends; default: rank 0
         unless this is rank 0); every other peer in ``lanes`` is written to. ``roles`` name
-        the upstream and the downstream peers in errors."""
+        the upstream and the downstream peers in errors. ``crc``: every message is followed
+        by the sender's CRC-32 of it, which every receiver checks (the chain; all its ranks
+        agree)."""
         self.rank = rank
+        self.crc = crc
         self.timeout_s = timeout_s
         self.up: int | None = (None if rank == 0 else 0) if up == -1 else up
         self.roles = roles
@@ -489,6 +527,7 @@ class Stream:
             if self._closed.is_set():
                 raise TransferError("the tcp streams were closed")
             lane, self._next = self._next % LANES, self._next + 1
+            work.untaken = {peer: self._where[(peer, lane)] for peer in self._down}
             if sender:
                 for peer in self._down:
                     self._queues[(peer, lane)].put((work, views, nbytes, True))
@@ -556,7 +595,8 @@ class Stream:
             work, view, total, last = piece
             try:
                 if isinstance(view, list):  # a sender's whole message, from its tensors
-                    _send_gathered(sock, view, total)
+                    trailer = _TRAILER.pack(_crc(view)) if self.crc else b""
+                    _send_gathered(sock, view, total, trailer)
                 elif total >= 0:
                     _send_message(sock, view, total)
                 else:
@@ -570,7 +610,7 @@ class Stream:
                 self._fail(key, work, TransferError(f"{why} (is {peer} still running?)"))
                 continue
             if last:
-                work._count(sends=1)
+                work._taken(key[0])
 
     def _reader(self, key: _Lane) -> None:
         with self._lanes[key] as sock:
@@ -596,6 +636,8 @@ class Stream:
                     self._relay(key[1], sock, work, views, planned, deadline)
                 else:
                     _recv_scattered(sock, views, deadline)
+                    if self.crc:
+                        self._check_crc(sock, _crc(views), deadline)
             except (OSError, TransferError) as e:
                 if isinstance(e, TransferTimeoutError):
                     e = TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
@@ -615,13 +657,31 @@ class Stream:
         deadline: float,
     ) -> None:
         """Read a message of ``total`` bytes into ``views`` and hand it on in pieces of at
-        most :data:`RELAY_CHUNK` bytes, each as soon as it landed."""
+        most :data:`RELAY_CHUNK` bytes, each as soon as it landed; with ``crc``, then the
+        sender's CRC-32 as it came, once it matched these bytes (it is the last piece)."""
         pieces = [v[at : at + RELAY_CHUNK] for v in views for at in range(0, len(v), RELAY_CHUNK)]
+        crc, last = 0, len(pieces) - 1 if not self.crc else -1
         for i, piece in enumerate(pieces):
             _recv_exact(sock, piece, deadline)
-            self._hand_on(lane, (work, piece, total if i == 0 else -1, i == len(pieces) - 1))
+            crc = zlib.crc32(piece, crc) if self.crc else 0
+            self._hand_on(lane, (work, piece, total if i == 0 else -1, i == last))
         if not pieces:  # an empty message is handed on too
-            self._hand_on(lane, (work, memoryview(b""), 0, True))
+            self._hand_on(lane, (work, memoryview(b""), 0, not self.crc))
+        if self.crc:
+            self._hand_on(lane, (work, self._check_crc(sock, crc, deadline), -1, True))
+
+    def _check_crc(self, sock: socket.socket, crc: int, deadline: float) -> memoryview:
+        """Read the sender's CRC-32 of the message just read and refuse the message unless
+        ``crc`` (that of its bytes as they came) matches it; the trailer, to hand on."""
+        trailer = memoryview(bytearray(_TRAILER.size))
+        _recv_exact(sock, trailer, deadline)
+        (want,) = _TRAILER.unpack(trailer)
+        if crc != want:
+            raise TransferError(
+                f"its CRC-32 is {crc:08x} where the trainer's is {want:08x}: bytes changed on "
+                "the way; refused"
+            )
+        return trailer
 
     def _hand_on(self, lane: int, piece: _Piece) -> None:
         """A relay: queue ``piece`` for every downstream peer's writer of ``lane``. Once the
