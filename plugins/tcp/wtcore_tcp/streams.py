@@ -461,12 +461,13 @@ class Stream:
         """``up``: the peer this rank reads from (``None``: it only sends; default: rank 0
         unless this is rank 0); every other peer in ``lanes`` is written to. ``roles`` name
         the upstream and the downstream peers in errors. ``crc``: every message is followed
-        by the sender's CRC-32 of it, which every receiver checks (the chain; all its ranks
-        agree)."""
+        by the sender's CRC-32 of it, which every receiver behind a relay checks (the chain;
+        all its ranks agree; bytes read straight from the sender are TCP's to check)."""
         self.rank = rank
         self.crc = crc
         self.timeout_s = timeout_s
         self.up: int | None = (None if rank == 0 else 0) if up == -1 else up
+        self.verify = crc and self.up not in (None, 0)
         self.roles = roles
         self._lanes = lanes
         self._queues: dict[_Lane, queue.Queue[Any]] = {k: queue.Queue() for k in lanes}
@@ -637,7 +638,7 @@ class Stream:
                 else:
                     _recv_scattered(sock, views, deadline)
                     if self.crc:
-                        self._check_crc(sock, _crc(views), deadline)
+                        self._check_crc(sock, _crc(views) if self.verify else None, deadline)
             except (OSError, TransferError) as e:
                 if isinstance(e, TransferTimeoutError):
                     e = TransferTimeoutError(f"timed out after {self.timeout_s:g} s ({e})")
@@ -663,20 +664,22 @@ class Stream:
         crc, last = 0, len(pieces) - 1 if not self.crc else -1
         for i, piece in enumerate(pieces):
             _recv_exact(sock, piece, deadline)
-            crc = zlib.crc32(piece, crc) if self.crc else 0
+            crc = zlib.crc32(piece, crc) if self.verify else 0
             self._hand_on(lane, (work, piece, total if i == 0 else -1, i == last))
         if not pieces:  # an empty message is handed on too
             self._hand_on(lane, (work, memoryview(b""), 0, not self.crc))
         if self.crc:
-            self._hand_on(lane, (work, self._check_crc(sock, crc, deadline), -1, True))
+            checked = crc if self.verify else None
+            self._hand_on(lane, (work, self._check_crc(sock, checked, deadline), -1, True))
 
-    def _check_crc(self, sock: socket.socket, crc: int, deadline: float) -> memoryview:
+    def _check_crc(self, sock: socket.socket, crc: int | None, deadline: float) -> memoryview:
         """Read the sender's CRC-32 of the message just read and refuse the message unless
-        ``crc`` (that of its bytes as they came) matches it; the trailer, to hand on."""
+        ``crc`` (that of its bytes as they came; None: not checked here) matches it; the
+        trailer, to hand on."""
         trailer = memoryview(bytearray(_TRAILER.size))
         _recv_exact(sock, trailer, deadline)
         (want,) = _TRAILER.unpack(trailer)
-        if crc != want:
+        if crc is not None and crc != want:
             raise TransferError(
                 f"its CRC-32 is {crc:08x} where the trainer's is {want:08x}: bytes changed on "
                 "the way; refused"
