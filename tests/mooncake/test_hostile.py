@@ -41,9 +41,12 @@ def _state() -> dict[str, torch.Tensor]:
     return {"a": torch.randn(64, 8, generator=g), "b": torch.randn(100, generator=g)}
 
 
-def _synced_worker() -> tuple[WeightSyncWorker, Any, torch.nn.Module, dict[str, Any]]:
-    """A worker after one real round; returns it, the trainer, its model and the init it got."""
-    state = _state()
+def _synced_worker(
+    state: dict[str, torch.Tensor] | None = None,
+) -> tuple[WeightSyncWorker, Any, torch.nn.Module, dict[str, Any]]:
+    """A worker after one real round of ``state`` (default :func:`_state`); returns it, the
+    trainer, its model and the init it got."""
+    state = _state() if state is None else state
     model = build_module(zeros_like_state(state))
     worker = WeightSyncWorker("mooncake", ModuleSink(model))
     info = MooncakeTrainerInitInfo(packed_buffer_size_bytes=4096, timeout_s=30, rank=0)
@@ -320,3 +323,50 @@ def test_a_round_that_did_not_finish_leaves_the_worker_a_fresh_transfer_engine()
         worker.finish_weight_update()
         assert torch.equal(model.a, LANDED)
         assert worker.weight_info()["consistent"] is True
+
+
+#: A stranger: its own transfer engine writes ``n`` bytes of 0x55 at ``address`` of the engine
+#: at ``endpoint`` (no handshake of wtcore's, no credentials); prints Mooncake's status.
+STRANGER = """
+import json, sys, torch
+from mooncake.engine import TransferEngine
+endpoint, address, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+engine = TransferEngine()
+assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+buf = torch.full((n,), 0x55, dtype=torch.uint8)
+assert engine.register_memory(buf.data_ptr(), n) == 0
+print(json.dumps({"rc": engine.transfer_sync_write(endpoint, buf.data_ptr(), address, n)}))
+"""
+
+
+def _stranger_writes(endpoint: str, address: int, n: int) -> int:
+    """Run :data:`STRANGER` against ``endpoint``; Mooncake's status of its write (0: written)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STRANGER, endpoint, str(address), str(n)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        stop_processes([proc], 5)
+    return int(json.loads(out)["rc"])
+
+
+def test_a_stranger_cannot_write_the_published_model_between_rounds() -> None:
+    """A stranger's transfer engine writes into a tensor the last round read in place:
+    Mooncake refuses it (the worker registered it only while its read ran), and the model,
+    still reported ``consistent``, holds exactly the round's bytes."""
+    state = {f"embed_tokens.{i}": t for i, t in enumerate(torch.randn(3, 1024).unbind())}
+    worker, trainer, model, _ = _synced_worker(state)  # 3 buckets of 4 KiB: 2 read in place
+    try:
+        engine = worker.engine
+        assert isinstance(engine, MooncakeWorkerEngine)
+        assert engine.in_place_bytes >= 2 * 4096  # the last two, at least, read in place
+        target = model.get_parameter("embed_tokens.2")
+        rc = _stranger_writes(engine.endpoint, target.data_ptr(), 4096)
+        assert rc != 0, "a stranger wrote into the published model"
+        assert_state_equal(model, state)
+        assert worker.weight_info()["consistent"] is True
+    finally:
+        trainer.shutdown()
+        worker.shutdown()
