@@ -1,4 +1,5 @@
-"""Draw an RL loop log (``run.py --json``): reward, mismatch and sync time per step, per run."""
+"""Draw an RL loop log (``run.py --json``), per run: reward, mismatch, step and sync time per
+step, and sync against paused time per step (the runs that sync)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ def plot(log: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_r, ax_m, ax_s) = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, (ax_r, ax_m, ax_s, ax_p) = plt.subplots(1, 4, figsize=(17, 3.6))
     bars = ""
     for i, (name, run) in enumerate(log["runs"].items()):
         steps, color = run["steps"], f"C{i}"
         x = [s["step"] for s in steps]
         label = f"{name} (sync {'on' if run['sync'] else 'off'})"
+        if "steps_per_min" in run:
+            label += f", {run['steps_per_min']:.0f} steps/min"
         ax_r.plot(x, [s["reward"] for s in steps], color=color, marker="o", ms=3, label=label)
         for field, style in (("mean", "-"), ("max", "--")):
             y = [max(s[f"mismatch_{field}"], FLOOR) for s in steps]
@@ -36,6 +39,17 @@ def plot(log: dict[str, Any], out: Path) -> None:
             ax_s.bar(x, [s["step_s"] for s in steps], color="0.85", label="whole step")
             what = log["config"].get("sync_label", "pause + sync + resume")
             ax_s.bar(x, [s["sync_s"] for s in steps], color="C1", label=what)
+        if run["sync"] and "paused_s" in steps[0]:
+            ax_p.plot(
+                x,
+                [s["sync_s"] for s in steps],
+                color=color,
+                marker="o",
+                ms=3,
+                label=f"{name}, sync",
+            )
+            paused = [s["paused_s"] for s in steps]
+            ax_p.plot(x, paused, color=color, ls="--", marker="x", ms=4, label=f"{name}, paused")
     ax_r.set(title="mean reward", xlabel="step")
     ax_m.axhline(TOLERANCE, color="0.5", lw=1, ls=":", label="CI tolerance")
     ax_m.set(
@@ -45,7 +59,8 @@ def plot(log: dict[str, Any], out: Path) -> None:
         ylim=(FLOOR / 2, None),
     )
     ax_s.set(title=f"sync time ({bars} run)", xlabel="step", ylabel="s")
-    for ax in (ax_r, ax_m, ax_s):
+    ax_p.set(title="sync and vLLM's paused time", xlabel="step", ylabel="s", ylim=(0, None))
+    for ax in (ax_r, ax_m, ax_s, ax_p):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)

@@ -1,4 +1,5 @@
-"""Run the RL loop against a real vLLM CPU server: a control run (sync off), then a synced run.
+"""Run the RL loop against a real vLLM CPU server: a control run (sync off), a synced run, and
+an async run (the next batch generated while the previous step's weights are staged).
 
 Runs with the vLLM venv's Python (the trainer's policy is transformers' ``LlamaForCausalLM``, the
 class vLLM serves, built from the same checkpoint):
@@ -29,9 +30,11 @@ ROOT = HERE.parents[1]
 # process group), shared rather than copied.
 sys.path[:0] = [str(HERE), str(ROOT / "tests" / "vllm")]
 
-from loop import LoopConfig, StepRecord, run_loop  # noqa: E402
+from loop import MODES, LoopConfig, StepRecord, final_gap, run_loop  # noqa: E402
 
-RUNS = ("control", "synced")
+RUNS = MODES
+#: What ``--worker-extension-cls`` the server needs (its workers' round times).
+EXTENSION = "wtcore_vllm.extension.WtcoreWorkerExtension"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,9 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=LoopConfig.max_tokens)
     p.add_argument("--lr", type=float, default=LoopConfig.lr)
     p.add_argument("--seed", type=int, default=LoopConfig.seed)
-    p.add_argument("--runs", default=",".join(RUNS), help="which runs, in order: control,synced")
+    p.add_argument("--runs", default=",".join(RUNS), help="which runs, in order: " + ",".join(RUNS))
     p.add_argument("--json", type=Path, help="write every step of every run here")
-    p.add_argument("--plot", type=Path, help="draw reward, mismatch and sync time here (PNG)")
+    p.add_argument("--plot", type=Path, help="draw reward, mismatch, sync/paused time (PNG)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (lines only)")
     args = p.parse_args(argv)
     if (args.url is None) != (args.checkpoint is None):
@@ -57,20 +60,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def step_line(run: str, steps: int, rec: StepRecord) -> str:
+    paused = "-" if rec.paused_s is None else f"{rec.paused_s:.2f}"
     return (
         f"{run:7s} step {rec.step:2d}/{steps}  reward {rec.reward:.3f}  "
         f"mismatch {rec.mismatch_mean:.2e} (max {rec.mismatch_max:.2e})  "
-        f"sync {rec.sync_s:.2f} s ({rec.sync_share:4.0%} of {rec.step_s:.2f} s)  "
+        f"sync {rec.sync_s:.2f} s ({rec.sync_share:4.0%} of {rec.step_s:.2f} s), "
+        f"paused {paused} s, {rec.tokens_in_flight} tokens in flight  "
         f"vllm version {rec.vllm_version}"
     )
 
 
-def make_engine(backend: str, client: Any, model: torch.nn.Module) -> Any:
+def make_engine(backend: str, client: Any, model: torch.nn.Module, *, staged: bool) -> Any:
     """The trainer's wtcore engine: ``nccl`` (gloo on CPU) or ``ipc`` (same host only)."""
     import wtcore
     from wtcore.testing.net import free_port
 
-    config: dict[str, Any] = {"backend": backend, "timeout_s": 120.0}
+    config: dict[str, Any] = {"backend": backend, "timeout_s": 120.0, "staged": staged}
     if backend == "nccl":
         config.update(
             master_address="127.0.0.1",  # this trainer hosts the rendezvous
@@ -84,21 +89,24 @@ def make_engine(backend: str, client: Any, model: torch.nn.Module) -> Any:
 def run_all(args: argparse.Namespace, url: str, checkpoint: Path) -> dict[str, Any]:
     from transformers import LlamaForCausalLM
 
-    from wtcore_http_client import HTTPWeightSyncClient
+    from wtcore_http_client import VLLMWeightSyncClient
 
     torch.manual_seed(args.seed)
     model = LlamaForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     base = LoopConfig(args.steps, args.group_size, args.max_tokens, args.lr, args.seed)
     log: dict[str, Any] = {"config": asdict(base) | {"backend": args.backend}, "runs": {}}
-    with HTTPWeightSyncClient(url, timeout_s=300.0) as client:
-        engine = make_engine(args.backend, client, model)
-        try:
-            for run in args.runs.split(","):
-                cfg = replace(base, sync=run == "synced")
+    with VLLMWeightSyncClient(url, timeout_s=300.0) as client:
+        for run in args.runs.split(","):
+            cfg = replace(base, mode=run)
+            engine = make_engine(args.backend, client, model, staged=run == "async")
+            try:
                 log["runs"][run] = one_run(run, cfg, url, model, initial, client, engine, args)
-        finally:
-            engine.shutdown()
+            finally:
+                engine.shutdown()
+    speeds = {k: v["steps_per_min"] for k, v in log["runs"].items() if k != "control"}
+    if len(speeds) == 2:
+        print(f"async vs synced: {speeds['async'] / speeds['synced']:.2f}x the steps per minute")
     return log
 
 
@@ -132,22 +140,33 @@ def one_run(
         )
     finally:
         bar.close()
-    print(summary_line(run, records), flush=True)
+    wall_s = time.perf_counter() - start
+    loop_s = sum(r.step_s for r in records)  # from the first request to the last step's end
+    final = final_gap(url, model, cfg)
+    print(summary_line(run, records, final), flush=True)
     return {
+        "mode": cfg.mode,
         "sync": cfg.sync,
-        "wall_s": time.perf_counter() - start,
+        "wall_s": wall_s,
+        "loop_s": loop_s,
+        "steps_per_min": 60 * len(records) / loop_s,
+        "final_mismatch_max": final,  # a fresh batch after the last step (loop.final_gap)
         "steps": [asdict(r) for r in records],
     }
 
 
-def summary_line(run: str, records: list[StepRecord]) -> str:
+def summary_line(run: str, records: list[StepRecord], final: float) -> str:
     k = max(1, len(records) // 5)
     first = sum(r.reward for r in records[:k]) / k
     last = sum(r.reward for r in records[-k:]) / k
     worst = max(r.mismatch_max for r in records)
+    loop_s = sum(r.step_s for r in records)
+    paused = sum(r.paused_s or 0.0 for r in records)
     return (
         f"{run}: reward {first:.3f} -> {last:.3f} (mean of the first/last {k} steps), "
-        f"mismatch max {worst:.2e}, sync {sum(r.sync_s for r in records):.2f} s in total"
+        f"mismatch max {worst:.2e} (after the last step {final:.2e}), "
+        f"{60 * len(records) / loop_s:.1f} steps/min, "
+        f"sync {sum(r.sync_s for r in records):.2f} s, paused {paused:.2f} s in total"
     )
 
 
@@ -170,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
             make_checkpoint(str(ckpt), str(Path(tmp) / "policy.pt"), 1)
             log_path = Path(tmp) / "vllm.log"
             print(f"starting vLLM (CPU) on the tiny policy; its log: {log_path}", flush=True)
-            server = VLLMServer.start(ckpt, log_path, backend=f"wtcore_{args.backend}")
+            extra = ["--worker-extension-cls", EXTENSION]
+            server = VLLMServer.start(ckpt, log_path, backend=f"wtcore_{args.backend}", extra=extra)
             try:
                 server.wait_ready()
                 log = run_all(args, server.url, ckpt)

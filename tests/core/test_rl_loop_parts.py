@@ -1,4 +1,5 @@
-"""The RL example's checkable parts (reward, advantages) and its one documented command.
+"""The RL example's checkable parts (reward, advantages, streamed sampling) and its one
+documented command.
 
 The loop itself runs against a real vLLM server in tests/vllm/test_rl_loop.py.
 """
@@ -51,3 +52,44 @@ def test_readme_and_docs_name_the_make_target_that_runs_the_example() -> None:
     for doc in ("README.md", "docs/vllm.md", "examples/rl_loop/README.md"):
         assert "make rl-demo" in (ROOT / doc).read_text(), doc
     assert (ROOT / "docs" / "rl_loop.png").is_file()
+
+
+class _Streamed:
+    """A streamed ``/v1/completions`` answer: ``lines`` as vLLM sends them (server-sent events)."""
+
+    def __init__(self, lines: list[bytes]) -> None:
+        self.lines = lines
+
+    def __enter__(self) -> _Streamed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def raise_for_status(self) -> None:
+        pass
+
+    def iter_lines(self) -> list[bytes]:
+        return self.lines
+
+
+def test_sample_assembles_streamed_choices_and_counts_tokens_in_flight(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    cfg = loop.LoopConfig(group_size=1, max_tokens=2)
+    n = len(loop.PROMPTS)
+
+    def chunk(i: int, tok: int) -> bytes:
+        c = {"index": i, "token_ids": [tok], "logprobs": {"token_logprobs": [-tok / 10]}}
+        return b"data: " + json.dumps({"choices": [c]}).encode()
+
+    first = [chunk(i, 10 + i) for i in range(n)]
+    second = [chunk(i, 20 + i) for i in reversed(range(n))]
+    lines = [*first, b"", *second, b"data: [DONE]"]
+    monkeypatch.setattr(loop.requests, "post", lambda *a, **k: _Streamed(lines))
+    seen = iter(range(2 * n))  # a sync in flight during the first batch of tokens only
+    samples, in_flight = loop.sample("http://x", "tiny", cfg, 1, busy=lambda: next(seen) < n)
+    assert samples.tokens == [[[10 + i, 20 + i]] for i in range(n)]
+    assert samples.logprobs == [[[-(10 + i) / 10, -(20 + i) / 10]] for i in range(n)]
+    assert in_flight == n
+    assert loop.LoopConfig(mode="control").sync is False and "async" in loop.MODES

@@ -1,10 +1,12 @@
 """The job itself: a GRPO-style RL loop with vLLM sampling and wtcore syncing every step.
 
 Runs ``examples/rl_loop/run.py`` (with the vLLM venv's Python, since the trainer's policy is
-transformers' ``LlamaForCausalLM``) against server A of the session's fixture, which serves
-checkpoint A with ``wtcore_nccl``. Each run starts by syncing checkpoint A into the server, so
-the order of the tests does not matter. The control run (no sync) goes first, then the synced
-run. The thresholds below are calibrated in examples/rl_loop/README.md.
+transformers' ``LlamaForCausalLM``) against a server of checkpoint A with ``wtcore_nccl`` and
+wtcore's worker extension (its workers report each round's paused time), started here. Each
+run starts by syncing checkpoint A into the server. The control run (no sync) goes first, then
+the synced run, then the async run (the next batch generated while the previous step's weights
+are staged), all in one ``run.py``. The thresholds below are calibrated in
+examples/rl_loop/README.md.
 """
 
 from __future__ import annotations
@@ -16,26 +18,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, stop_process
+from tests.vllm.conftest import Checkpoint
+from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, servers, stop_process
 
-# The first test to use the session's servers also pays for starting them.
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS = 15
 #: fp32 on CPU: vLLM's kernels and transformers' eager Llama differ by rounding only.
 MISMATCH_TOL = 1e-3
-#: Mean reward of the last 3 steps minus that of the first 3, synced run.
+#: Mean reward of the last 3 steps minus that of the first 3, synced and async runs.
 REWARD_RISE = 0.3
 #: The control run's reward may drift by noise, never by this much.
 CONTROL_DRIFT = 0.1
+EXTENSION = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
 
 
-def test_rl_loop_learns_with_sync_and_drifts_without(vllm_servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    s = vllm_servers
-    log_path = tmp_path / "rl.json"
+def _run(url: str, ckpt: Path, log_path: Path) -> tuple[str, dict]:  # type: ignore[type-arg]
     cmd = [str(VLLM_PYTHON), str(ROOT / "examples" / "rl_loop" / "run.py")]
-    cmd += ["--url", s.a.url, "--checkpoint", str(s.ckpt_a.dir), "--steps", str(STEPS)]
-    cmd += ["--json", str(log_path), "--no-progress"]
+    cmd += ["--url", url, "--checkpoint", str(ckpt), "--steps", str(STEPS)]
+    cmd += ["--runs", "control,synced,async", "--json", str(log_path), "--no-progress"]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -45,20 +46,33 @@ def test_rl_loop_learns_with_sync_and_drifts_without(vllm_servers, tmp_path: Pat
         stop_process(proc, timeout_s=5)
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-4000:]
-    runs = json.loads(log_path.read_text())["runs"]
-    synced, control = runs["synced"]["steps"], runs["control"]["steps"]
-    assert len(synced) == len(control) == STEPS
-    lines = re.findall(rf"^(control|synced) +step +\d+/{STEPS} ", text, flags=re.M)
-    assert lines == ["control"] * STEPS + ["synced"] * STEPS, text[-4000:]  # a line per step
+    return text, json.loads(log_path.read_text())["runs"]
+
+
+def test_rl_loop_learns_with_sync_and_drifts_without(  # type: ignore[no-untyped-def]
+    checkpoints: tuple[Checkpoint, Checkpoint], tmp_path: Path
+) -> None:
+    ckpt_a = checkpoints[0]
+    with servers([(ckpt_a.dir, tmp_path / "a.log", "wtcore_nccl")], extra=EXTENSION) as (a,):
+        text, runs = _run(a.url, ckpt_a.dir, tmp_path / "rl.json")
+    synced, control, pipelined = (runs[k]["steps"] for k in ("synced", "control", "async"))
+    assert len(synced) == len(control) == len(pipelined) == STEPS
+    lines = re.findall(rf"^(control|synced|async) +step +\d+/{STEPS} ", text, flags=re.M)
+    assert lines == ["control"] * STEPS + ["synced"] * STEPS + ["async"] * STEPS, text[-4000:]
 
     def rise(steps: list[dict]) -> float:  # type: ignore[type-arg]
         return sum(r["reward"] for r in steps[-3:]) / 3 - sum(r["reward"] for r in steps[:3]) / 3
 
-    # Synced: vLLM serves every step's weights, samples from them, and agrees on their logprobs.
+    # Synced: vLLM serves every step's weights, samples from them, and agrees on their logprobs;
+    # it is paused for the whole classic round.
     for rec in synced:
         assert rec["vllm_version"] == str(rec["step"])
+        assert rec["sampled_versions"] == [str(rec["step"] - 1)] * 2, rec
         assert rec["mismatch_max"] < MISMATCH_TOL, rec
+        assert rec["paused_s"] == rec["sync_s"] > rec["commit_s"] > 0, rec
+        assert rec["staged_s"] is None and rec["tokens_in_flight"] == 0, rec
     assert rise(synced) > REWARD_RISE, [r["reward"] for r in synced]
+    assert runs["synced"]["final_mismatch_max"] < MISMATCH_TOL
 
     # Control: vLLM keeps the initial weights (version 0); the trainer's copy moves away.
     assert all(rec["vllm_version"] == "0" for rec in control)
@@ -66,3 +80,19 @@ def test_rl_loop_learns_with_sync_and_drifts_without(vllm_servers, tmp_path: Pat
     for rec in control[1:]:
         assert rec["mismatch_mean"] > MISMATCH_TOL, rec
     assert abs(rise(control)) < CONTROL_DRIFT, [r["reward"] for r in control]
+
+    # Async: every sync is a staged round; vLLM is paused for its commit only, generating the
+    # next batch meanwhile (one step off-policy: sampled under the version before the last).
+    for rec in pipelined:
+        s = rec["step"]
+        assert rec["vllm_version"] == str(s), rec  # one version per step
+        assert rec["sampled_versions"][0] == str(max(s - 2, 0)), rec
+        assert rec["sampled_versions"][1] in (str(max(s - 2, 0)), str(s - 1)), rec
+        assert rec["staged_s"] > 0 and rec["paused_s"] == rec["commit_s"] > 0, rec
+        assert rec["paused_s"] < rec["sync_s"], rec
+    assert pipelined[0]["mismatch_max"] < MISMATCH_TOL  # batch 1 came from the trainer's weights
+    assert rise(pipelined) > REWARD_RISE, [r["reward"] for r in pipelined]  # off-policy, still
+    assert pipelined[-1]["tokens_in_flight"] == 0  # no next batch after the last step
+    assert sum(rec["tokens_in_flight"] for rec in pipelined) > 0, pipelined
+    # After the last commit vLLM serves exactly the trainer's weights again.
+    assert runs["async"]["final_mismatch_max"] < MISMATCH_TOL
