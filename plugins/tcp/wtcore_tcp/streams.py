@@ -292,9 +292,10 @@ def accept_lanes(
     def keep(conn: socket.socket, lane: _Lane | None) -> None:
         del unread[conn]
         selector.unregister(conn)
+        if lane is None or lane in peers:  # a stranger, a duplicate, another handshake's
+            conn.close()
+            return
         try:
-            if lane is None or lane in peers:  # a stranger, a duplicate, another handshake's
-                raise OSError
             conn.sendall(_ACK)  # one byte: a fresh connection's buffer takes it at once
         except OSError:
             conn.close()
