@@ -1,0 +1,118 @@
+"""The largest gap between streamed tokens while vLLM's weights are synced: staged against classic.
+
+A client streams completions from a real vLLM CPU server without a break while a wtcore trainer
+(nccl, gloo on CPU) syncs the server's weights, in turns: a staged round (vLLM keeps generating
+with the old weights, then commits inside one finish call) and a classic one (``pause(keep)``,
+the round written into the live model, ``resume``). For each sync it prints the largest gap
+between two tokens that overlaps the sync, the median gap between tokens outside any sync (one
+decode step of the whole batch), and the commit time the server's workers report.
+
+Run with the vLLM venv's Python (it has transformers, for the tiny checkpoint)::
+
+    .venv-vllm/bin/python benchmarks/vllm_token_gap.py --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "vllm"))
+
+from make_checkpoint import main as make_checkpoint  # noqa: E402
+from vllm_kit import VLLMServer  # noqa: E402
+
+EXTENSION = "wtcore_vllm.extension.WtcoreWorkerExtension"
+
+
+def stream_tokens(url: str, stop: threading.Event, arrivals: list[float]) -> None:
+    """Back-to-back streamed requests (8 sequences of 100 tokens); each chunk's arrival time."""
+    body = {"model": "tiny", "prompt": [[5, 6, 7]] * 8, "max_tokens": 100, "stream": True}
+    body |= {"temperature": 0.0, "ignore_eos": True}
+    while not stop.is_set():
+        with requests.post(url + "/v1/completions", json=body, stream=True, timeout=120) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    arrivals.append(time.perf_counter())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=4, help="syncs of each kind, in turns")
+    args = p.parse_args()
+    import wtcore
+    from wtcore.testing.net import free_port
+    from wtcore_http_client import VLLMWeightSyncClient
+
+    with tempfile.TemporaryDirectory(prefix="wtcore-gap-") as tmp:
+        ckpt, state_path = Path(tmp) / "policy", Path(tmp) / "policy.pt"
+        make_checkpoint(str(ckpt), str(state_path), 1)
+        state = torch.load(state_path, weights_only=True)
+        server = VLLMServer.start(
+            ckpt,
+            Path(tmp) / "vllm.log",
+            backend="wtcore_nccl",
+            extra=["--worker-extension-cls", EXTENSION],
+        )
+        try:
+            server.wait_ready()
+            client = VLLMWeightSyncClient(server.url, timeout_s=120)
+            config = {"backend": "nccl", "master_address": "127.0.0.1", "master_port": free_port()}
+            config |= {"world_size": 1 + client.get_world_size(), "torch_num_threads": 1}
+            engine = wtcore.trainer_from_config(config, client=client)
+            stop, arrivals = threading.Event(), []
+            streamer = threading.Thread(target=stream_tokens, args=(server.url, stop, arrivals))
+            streamer.start()
+            syncs: list[tuple[str, float, float, float]] = []
+            try:
+                time.sleep(2.0)
+                for i in range(2 * args.rounds):
+                    staged = i % 2 == 0
+                    engine.init_info.staged = staged
+                    t0 = time.perf_counter()
+                    if not staged:
+                        client.pause("keep")
+                    stats = engine.send_weights(wtcore.TensorSource(state), weight_version=str(i))
+                    if not staged:
+                        client.resume()
+                    else:
+                        server.post("/reset_prefix_cache")
+                    t1 = time.perf_counter()
+                    commit = max(t["commit_s"] for t in stats.receiver_times or [])
+                    syncs.append(("staged" if staged else "classic", t0, t1, commit))
+                    time.sleep(1.0)
+            finally:
+                stop.set()
+                streamer.join(120)
+                engine.shutdown()
+                client.close()
+        finally:
+            server.stop()
+    gaps = [(a, b - a) for a, b in itertools.pairwise(arrivals)]
+    outside = [g for a, g in gaps if not any(t0 - 1 < a < t1 + 1 for _, t0, t1, _ in syncs)]
+    step = statistics.median(outside)
+    rows = []
+    for kind, t0, t1, commit in syncs:
+        during = [g for a, g in gaps if a + g > t0 and a < t1]
+        rows.append({"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "max_gap_s": max(during)})
+        print(
+            f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s, largest gap {max(during):.3f} s"
+        )
+    print(f"one decode step (median gap outside the syncs): {step:.4f} s")
+    print(json.dumps({"decode_step_s": step, "syncs": rows}))
+
+
+if __name__ == "__main__":
+    main()
