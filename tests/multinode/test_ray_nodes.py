@@ -125,7 +125,7 @@ def test_ray_cluster_across_nodes_runs_the_recipe_bit_exact(ray_nodes: Any) -> N
     [code] = page_blocks("python")
     cmd = {
         "address": localize("10.0.0.1:6380", c),
-        "nodes": len(c),
+        "nodes": len(c.nodes),
         "code": localize(code, c),
     }
     assert "10.0.0.1:6380" in code and cmd["address"] in cmd["code"], "the page's head address"
