@@ -102,7 +102,7 @@ def main() -> None:
             server.stop()
     gaps = [(a, b - a) for a, b in itertools.pairwise(arrivals)]
     outside = [g for a, g in gaps if not any(t0 - 1 < a < t1 + 1 for _, t0, t1, _ in syncs)]
-    step = statistics.median(outside)
+    step = statistics.median(g for g in outside if g > 1e-3)  # a step's chunks come together
     rows = []
     for kind, t0, t1, commit in syncs:
         during = [g for a, g in gaps if a + g > t0 and a < t1]
