@@ -10,10 +10,12 @@ from typing import Any
 
 from wtcore.errors import PayloadError
 
-__all__ = ["PHASES", "TransferStats"]
+__all__ = ["PHASES", "ROUND_TIMES", "TransferStats"]
 
 #: The phases every engine accounts for. Time not spent in one of them is "other".
 PHASES: tuple[str, ...] = ("materialize", "pack", "wire", "load", "control")
+#: What every receiver reports of its last finished round, in seconds (docs/staged.md).
+ROUND_TIMES: tuple[str, ...] = ("staged_s", "commit_s", "paused_s")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from wtcore.errors import PayloadError, ProtocolStateError
 from wtcore.registry import ROUND_POLICIES
 from wtcore.rounds import RoundStampingClient
 from wtcore.source import WeightSource, iter_checked
-from wtcore.stats import TransferStats
+from wtcore.stats import ROUND_TIMES, TransferStats
 
 if TYPE_CHECKING:
     from wtcore.client import WeightSyncClient
@@ -87,13 +87,12 @@ def _receiver_times(client: object) -> list[dict[str, Any]] | None:
 
     if not isinstance(client, InspectableClient):
         return None
-    keys = ("staged_s", "commit_s", "paused_s")
     try:
         infos = client.weight_info()
     except Exception as e:  # the round is published; its times are only a report
         log.warning("weight_info after the round failed: %s", str(e))
         return None
-    return [{k: info.get(k) for k in keys} for info in infos]
+    return [{k: info.get(k) for k in ROUND_TIMES} for info in infos]
 
 
 class RoundPolicy:

@@ -61,6 +61,7 @@ from wtcore.rounds import (
 )
 from wtcore.sink import LaidOutSink, ReadableSink, WeightSink
 from wtcore.staging import StagingSink
+from wtcore.stats import ROUND_TIMES
 
 __all__ = [
     "DEFAULT_PREEMPT_TIMEOUT_S",
@@ -207,7 +208,7 @@ class WeightSyncWorker:
         # last finished round's times (weight_info).
         self._started_at = 0.0
         self._live_from: float | None = None
-        self._times: dict[str, float | None] = dict.fromkeys(("staged_s", "commit_s", "paused_s"))
+        self._times: dict[str, float | None] = dict.fromkeys(ROUND_TIMES)
         # The open round's owner (None: unowned), its deadline, and the last ended round's
         # id with why it ended (for a clear error to a caller that still thinks it is open).
         self._round_id: str | None = None

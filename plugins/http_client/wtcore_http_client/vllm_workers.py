@@ -18,6 +18,7 @@ from typing import Any
 
 from wtcore.errors import PayloadError
 from wtcore.sharded.layout import is_int
+from wtcore.stats import ROUND_TIMES
 from wtcore_http_client.client import HTTPWeightSyncClient
 
 __all__ = ["WORKER_INFO_METHOD", "VLLMWeightSyncClient", "worker_reports"]
@@ -26,7 +27,7 @@ __all__ = ["WORKER_INFO_METHOD", "VLLMWeightSyncClient", "worker_reports"]
 WORKER_INFO_METHOD = "wtcore_weight_info"
 
 _REQUIRED = {"rank", "world_size", "layout"}
-_TIMES = ("staged_s", "commit_s", "paused_s")  # the last round's seconds (docs/staged.md)
+_TIMES = ROUND_TIMES
 _OPTIONAL = {"round_bytes", "layout_error", *_TIMES}
 #: The most workers one server may report.
 MAX_WORKERS = 4096

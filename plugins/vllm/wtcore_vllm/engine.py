@@ -54,6 +54,7 @@ from wtcore.engine import WeightTransferConfig
 from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.registry import ENGINES
 from wtcore.rounds import PREPARE_KEY, ROUND_KEY, STAGED_KEY, drop_round, round_stamp
+from wtcore.stats import ROUND_TIMES
 from wtcore_kit.sharded.pairs import PlanUpdate
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
 from wtcore_vllm.paths import weight_transfer
@@ -223,9 +224,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         self._started_at = 0.0
         self._live_from: float | None = None
         #: The last finished round's seconds (docs/staged.md), as wtcore's worker reports them.
-        self.round_times: dict[str, float | None] = dict.fromkeys(
-            ("staged_s", "commit_s", "paused_s")
-        )
+        self.round_times: dict[str, float | None] = dict.fromkeys(ROUND_TIMES)
 
     # ------------------------------------------------------------------ parsing (wtcore's)
     def parse_init_info(self, init_dict: dict[str, Any]) -> Any:
