@@ -24,18 +24,9 @@ The family is deliberately small::
     |                                                                                   found
     +-- RemoteError (RuntimeError)           a peer's error, from its ErrorRecord       its status
 
-A distribution raises its own conditions as a subclass of one of these (wtcore-delta's
-``StaleBaseError`` is a :class:`ProtocolStateError`: HTTP 409).
-
-:func:`http_status` is the one mapping from a class to an HTTP status; the reference HTTP
-receiver answers with it, and :func:`wtcore_kit.fanout.failure_of` stamps it on in-process and
-Ray failures too, so a condition reads the same over every transport.
-
-:class:`ErrorRecord` is the one form of an error that crosses a process boundary as JSON: the
-HTTP receiver's error bodies, the pipe control plane of :mod:`wtcore.testing.pipes` and the
-fan-out's report of every receiver's failure all read and write it, so there is one set of
-keys, one size limit and one check of what a peer sent. :class:`RemoteError` is what a record
-becomes again on the other side (also an instance of the named class when that is wtcore's).
+A distribution raises its own conditions as a subclass of one of these. :func:`http_status`
+maps a class to its status and :class:`ErrorRecord` is an error as JSON, so a condition reads
+the same over every transport (docs/architecture.md, "Errors").
 """
 
 from __future__ import annotations
@@ -78,11 +69,7 @@ class PayloadError(WtcoreError, ValueError):
 
 
 class ProtocolStateError(WtcoreError, RuntimeError):
-    """A call arrived in the wrong order (start twice, update before start, no init, ...).
-
-    An engine whose data plane is not set up (init was never called, or a failed round
-    dropped it) raises this too: the fix is the same, the trainer re-initializes.
-    """
+    """A call arrived in the wrong order (start twice, update before start, no init, ...)."""
 
 
 class TransferError(WtcoreError, RuntimeError):
@@ -94,11 +81,7 @@ class VerificationError(TransferError):
 
 
 class TransferTimeoutError(WtcoreError, TimeoutError):
-    """A blocking wait ran past its timeout. The message says what was waited for.
-
-    The one timeout class of wtcore, whatever the transport: ``except TimeoutError`` catches
-    it in process, over HTTP and over Ray alike.
-    """
+    """A blocking wait ran past its timeout; the message says what was waited for."""
 
 
 class PluginLoadError(WtcoreError, ImportError, LookupError):
@@ -123,12 +106,7 @@ class PluginLoadError(WtcoreError, ImportError, LookupError):
 
 @dataclass(frozen=True)
 class ReceiverFailure:
-    """One receiver's failure inside a fanned-out call.
-
-    ``status`` is the HTTP status of the condition (the receiver's answer over HTTP, or
-    :func:`http_status` of the error in process and over Ray); ``timed_out`` says whether the
-    receiver failed by not answering in time.
-    """
+    """One receiver's failure inside a fanned-out call (``status``: its HTTP status)."""
 
     receiver: str
     message: str
@@ -143,12 +121,7 @@ class ReceiverFailure:
 
 
 class ReceiverError(WtcoreError, RuntimeError):
-    """One or more receivers failed a control-plane call.
-
-    Raised once per fanned-out call, naming every receiver that failed, so that a trainer
-    never has to guess which replica is broken. Build one with :meth:`of`, which picks
-    :class:`ReceiverTimeoutError` when every failure was a timeout.
-    """
+    """One or more receivers failed a control-plane call; names every one that failed."""
 
     def __init__(self, call: str, failures: Sequence[ReceiverFailure], total: int) -> None:
         self.call = call
@@ -174,12 +147,8 @@ class ReceiverError(WtcoreError, RuntimeError):
 
 
 class ReceiverTimeoutError(ReceiverError, TransferTimeoutError):
-    """Every failing receiver of a fanned-out call failed by timing out.
-
-    It is both a :class:`ReceiverError` (each receiver is named) and a
-    :class:`TransferTimeoutError`, so ``except TimeoutError`` catches a stuck replica over
-    every transport.
-    """
+    """Every failing receiver timed out: also a :class:`TransferTimeoutError`, so
+    ``except TimeoutError`` catches a stuck replica over every transport."""
 
 
 #: Most specific first: the first class an error is an instance of gives its status.
@@ -191,11 +160,7 @@ _HTTP_STATUS: tuple[tuple[type[BaseException], int], ...] = (
 
 
 def http_status(error: BaseException) -> int:
-    """The HTTP status a receiver answers for ``error``: 400, 404, 409, 504, else 500.
-
-    An error that carries a peer's :class:`ErrorRecord` (a :class:`RemoteError`) keeps the
-    status that peer gave it.
-    """
+    """The HTTP status for ``error``: 400, 404, 409, 504, else 500 (a peer's keeps its own)."""
     record = getattr(error, "record", None)
     if isinstance(record, ErrorRecord):
         return record.status
@@ -244,23 +209,12 @@ def _error_status(value: object, field: str) -> int:
 
 @dataclass(frozen=True)
 class ErrorRecord:
-    """An error as plain data: its class name, its message, and the HTTP status it maps to.
+    """An error as plain data: its class name, its message and its HTTP status.
 
-    Why one record: wtcore's own control planes move errors as JSON, never as pickles, and a
-    record per transport meant as many sets of keys, limits on a message and rules for a
-    peer's type name. One record serves all of them, so a condition reads the same over each
-    and a peer's error is checked in one place. The HTTP receiver answers with
-    :meth:`to_json` as its error body (the keys docs/http.md documents: ``{"error": message,
-    "error_type": type, "status": status}``), the pipe control plane of
-    :mod:`wtcore.testing.pipes` puts the same keys in its answers, and
-    :func:`wtcore_kit.fanout.failure_of` reads a record off any exception with
-    :meth:`from_exception` (over Ray too, from the exception Ray hands back). A peer's dict
-    is checked by :meth:`from_json` before it is believed, and :meth:`to_exception` raises it
-    again on this side.
-
-    ``status`` is :func:`http_status` of the error (or the status a peer answered with). A
-    ``message`` longer than :data:`MAX_MESSAGE_CHARS` is cut when a record is made here;
-    :meth:`from_json` refuses one instead.
+    The one form of an error on every control plane (HTTP error bodies, the test pipes, the
+    fan-out's report), never a pickle: one set of keys, one size limit, one check of what a
+    peer sent (:meth:`from_json`). A message over :data:`MAX_MESSAGE_CHARS` is cut when made
+    here and refused when it arrives.
     """
 
     type: str
@@ -299,13 +253,8 @@ class ErrorRecord:
 
     @classmethod
     def from_json(cls, obj: object) -> ErrorRecord:
-        """The record in ``obj``, a peer's JSON object, checked as hostile input.
-
-        The three keys must be there with the right types: ``error`` a string of at most
-        :data:`MAX_MESSAGE_CHARS` characters, ``error_type`` a class name, ``status`` an HTTP
-        error status (400-599). Any other key is the envelope's (a pipe answer's ``id``) and is
-        not read. A bad value raises :class:`PayloadError` naming the key.
-        """
+        """The record in ``obj``, a peer's JSON object, checked as hostile input (a bad value
+        is a :class:`PayloadError` naming the key; other keys are the envelope's, unread)."""
         if not isinstance(obj, Mapping):
             raise PayloadError(f"error_record: expected a JSON object, got {_kind(obj)}")
         for key in ("error", "error_type", "status"):
@@ -326,24 +275,17 @@ class ErrorRecord:
         )
 
     def to_exception(self, where: str = "") -> RemoteError:
-        """This record as an exception to raise (``where``, if given, names the call).
+        """This record as a :class:`RemoteError` (``where`` names the call).
 
-        Always a :class:`RemoteError`; when :attr:`type` names one of wtcore's error classes
-        it is also an instance of that class, under that name, so ``except PayloadError`` (or
-        ``except ValueError``) catches a peer's error as it catches a local one. Any other
-        name (a builtin, a peer's own class, a plugin's such as wtcore-delta's ``StaleBaseError``)
-        gives a plain :class:`RemoteError`, whose ``record.type`` and ``status`` keep the
-        peer's; a peer's name is never looked up anywhere else.
+        When :attr:`type` names one of wtcore's classes it is also an instance of that class,
+        so ``except PayloadError`` catches a peer's error as a local one; any other name gives a
+        plain :class:`RemoteError` (a peer's name is never looked up elsewhere).
         """
         return _REMOTE_CLASSES.get(self.type, RemoteError)(self, where)
 
 
 class RemoteError(WtcoreError, RuntimeError):
-    """An error a peer reported as an :class:`ErrorRecord` (another process, a receiver).
-
-    Made by :meth:`ErrorRecord.to_exception`: ``record`` is what arrived, ``status`` its
-    status and ``where`` the call it answered; the message reads ``where: Type: message``.
-    """
+    """An error a peer reported as an :class:`ErrorRecord`; reads ``where: Type: message``."""
 
     def __init__(self, record: ErrorRecord, where: str = "") -> None:
         head = f"{where}: " if where else ""
@@ -364,11 +306,8 @@ def _remote_error(record: ErrorRecord, where: str) -> RemoteError:
 
 
 def _remote_classes() -> dict[str, type[RemoteError]]:
-    """One :class:`RemoteError` subclass per wtcore error class, named after it.
-
-    :class:`ReceiverError` and its subclass are left out: they are built from receivers'
-    failures, not from a message, so a peer's one arrives as a plain :class:`RemoteError`.
-    """
+    """One :class:`RemoteError` subclass per wtcore error class but :class:`ReceiverError`'s
+    (built from failures, not a message: a peer's arrives as a plain :class:`RemoteError`)."""
     out: dict[str, type[RemoteError]] = {"RemoteError": RemoteError}
     for name in __all__:
         local = globals()[name]

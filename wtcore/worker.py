@@ -1,35 +1,12 @@
 """The receiver state machine that every transport delegates to.
 
 HTTP servers, Ray actors and in-process tests all wrap one :class:`WeightSyncWorker`, so the
-rules live in one place:
-
-* calls arrive in the order init -> (start -> update* -> finish)*; anything else is a
-  :class:`~wtcore.errors.ProtocolStateError` (HTTP 409) and changes nothing;
-* a bad payload is a :class:`~wtcore.errors.PayloadError` (HTTP 400), raised before anything
-  is received or applied, and the round stays open;
-* from the first update a round applies until its finish, the weights are reported
-  *inconsistent* (they may be mixed); any other failure inside a round ends the round, and an
-  ``init_weight_transfer_engine`` mid-round abandons it, leaving them inconsistent until a
-  later round finishes (the recovery contract, see ``docs/protocol.md``);
-* a round has an owner: the id its start carried (:mod:`wtcore.rounds`); update, finish and
-  abort of an owned round must carry the same id, anything else is a ``ProtocolStateError``
-  that changes nothing, so two trainers can never mix tensors into one published round;
-* an open round that sees no call for ``round_timeout_s`` is abandoned (its owner is presumed
-  dead), so a killed trainer cannot leave a receiver ``updating`` forever;
-* a round that applied no update cannot be finished: a version is published only over
-  weights that a round changed;
-* ``weight_version`` is published only by a successful finish;
-* with ``transactional=True`` a round is staged and applied only at finish, so a failed round
-  leaves the old weights serving and the receiver consistent (see :mod:`wtcore.staging`); a
-  staged round's prepare (:data:`~wtcore.rounds.PREPARE_KEY`) runs every check a finish runs,
-  so the trainer commits a fleet only once each receiver holds its complete round
-  (``docs/staged.md``);
-* each finished round reports how long the served weights were not a published version
-  (``paused_s``), how long the round was staging beside them (``staged_s``) and the commit.
-
-State reads (:meth:`weight_info`) never wait for a long call to end. An init that arrives
-while a call runs preempts it (the engine's :meth:`~wtcore.engine.WeightTransferEngine.abort`
-hook makes the call end early); the preempted call, whenever it returns, changes no state.
+rules of docs/protocol.md live in one place: the call order (anything else is a
+:class:`~wtcore.errors.ProtocolStateError` that changes nothing), bad payloads refused before
+anything is applied, round ownership, the round deadline, preemption by a new init, the
+recovery contract (``consistent`` is true only over one trainer's complete rounds), staged
+rounds (:mod:`wtcore.staging`, docs/staged.md) and each round's paused time. State reads
+(:meth:`weight_info`) never wait for a long call to end.
 """
 
 from __future__ import annotations
@@ -87,17 +64,10 @@ def _check_seconds(name: str, value: object) -> float:
 class ReceiverLayer(WeightSink, Protocol):
     """The receiver half of a round policy: a sink the worker puts first in its chain.
 
-    A trainer's :class:`~wtcore.trainer.RoundPolicy` may send rounds a plain sink cannot load
-    (wtcore-delta's patches). Its receiver half is the worker half of the policy's record in
-    the ``wtcore.round_policies`` entry-point group (:data:`wtcore.registry.RECEIVER_LAYERS`), so
-    the worker imports no policy: it builds every installed layer with
-    ``for_chain(chain, sink, staging)`` (the rest of the chain, the user's sink, the
-    transactional staging or None), calls :meth:`begin` when a round starts and :meth:`finish`
-    before the engine finishes it, and reports ``accepts`` in ``weight_info`` under the layer's
-    name; its ``plan(metas)``, if any, gets each update's tensors before they land. A layer may
-    refuse a round (a :class:`~wtcore.errors.ProtocolStateError`, e.g. wtcore-delta's stale
-    base) while ``applied`` is still False: nothing reached the chain, so the worker keeps the
-    weights' consistency as published.
+    Found through :data:`wtcore.registry.RECEIVER_LAYERS`, so the worker imports no policy; built
+    with ``for_chain(chain, sink, staging)``. A layer may refuse a round (a
+    :class:`~wtcore.errors.ProtocolStateError`) while ``applied`` is still False: nothing
+    reached the chain, so the published consistency stands.
     """
 
     #: Whether this receiver takes the layer's rounds (reported in ``weight_info``).
