@@ -86,7 +86,9 @@ RUN_ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/ray.md", "import ray, torch"): "tests/multinode/test_ray_nodes.py",
     # examples/trl_grpo/train.py executes the block as it stands, with a real GRPOTrainer
     ("docs/trl.md", "import wtcore_trl"): "tests/vllm/test_trl_grpo.py",
-    ("docs/sharded.md", "import gc"): "tests/core/test_sharded_doc.py",  # two trainer ranks
+    # the checkpoint, then the trainer as two torchrun ranks into the page's `wtcore serve` lines
+    ("docs/sharded.md", "# checkpoint.py"): "tests/docs/test_sharded_page.py",
+    ("docs/sharded.md", "import gc"): "tests/docs/test_sharded_page.py",
 }
 
 #: Python blocks that need hardware or services no test machine is assumed to have: compiled,
@@ -95,6 +97,7 @@ NEEDS_CLUSTER: dict[tuple[str, str], str] = {
     ("docs/ray.md", "import functools, ray, torch"): "a Ray cluster with GPUs",
     ("docs/ray.md", "from wtcore_ray_client import WeightSyncActor"): "a Ray cluster with GPUs",
     ("docs/vllm.md", "from wtcore import ModuleSource"): "a vLLM server with the nccl engine",
+    ("docs/vllm.md", "from peft import"): "a vLLM server serving LoRA adapters",
     # tests/multinode/fsdp_trainer.py runs the same steps on namespaced nodes.
     ("docs/nccl.md", "import os"): "two trainer nodes and two receiver nodes",
 }
@@ -327,6 +330,8 @@ def _check_shell(where: str, argv: list[str]) -> None:
         pass  # the shell's own job control and waits; nothing of the project's to check
     elif prog == "vllm" and args[:1] == ["serve"]:
         pass  # vLLM's own CLI; tests/vllm starts the same server
+    elif prog == "torchrun":
+        pass  # torch's launcher of the page's script, which a RUN_ELSEWHERE test runs
     elif prog == "ray" and args[:1] == ["start"]:
         _check_ray_start(where, args[1:])
     elif prog.endswith("/python") or prog == "python":

@@ -30,19 +30,38 @@ from wtcore.parse import size_argument
 if TYPE_CHECKING:
     import torch
 
+    from wtcore.sharded.receiver_layout import TPLayout
+
 __all__ = [
     "LISTENING",
+    "TP_PRESETS",
     "add_serve_arguments",
     "build_model",
     "main",
     "run_serve",
     "serve_and_exit",
+    "tp_rules_argument",
     "wtcore_add_commands",
 ]
 
 #: The prefix of the first stdout line; the URL follows it.
 LISTENING = "wtcore serve: listening on "
 _STOP_TIMEOUT_S = 10.0
+#: ``--tp-rules`` presets. ``llama``: how vLLM splits a Llama-family checkpoint's names (Qwen2
+#: and Mistral use them too, and so does :func:`wtcore_kit.synthetic.synthetic_state`).
+TP_PRESETS: dict[str, tuple[tuple[str, str], ...]] = {
+    "llama": (
+        ("*.q_proj.weight", "column"),
+        ("*.k_proj.weight", "column"),
+        ("*.v_proj.weight", "column"),
+        ("*.gate_proj.weight", "column"),
+        ("*.up_proj.weight", "column"),
+        ("*.o_proj.weight", "row"),
+        ("*.down_proj.weight", "row"),
+        ("model.embed_tokens.weight", "vocab"),
+        ("lm_head.weight", "vocab"),
+    )
+}
 
 
 @hookimpl
@@ -123,6 +142,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="abandon an open round after this many seconds without a call "
         "(default: the core's DEFAULT_ROUND_TIMEOUT_S; see docs/protocol.md)",
     )
+    tp = p.add_argument_group("a TP slice: host only this receiver's part of each tensor")
+    tp.add_argument(
+        "--tp-rank", type=int, metavar="R", help="this receiver's TP rank (with --tp-size)"
+    )
+    tp.add_argument(
+        "--tp-size", type=int, metavar="N", help="the TP group's size; turns the slice on"
+    )
+    tp.add_argument(
+        "--tp-rules",
+        type=tp_rules_argument,
+        metavar="RULES",
+        help="comma-separated PATTERN=KIND rules (KIND: column, row, vocab, replicated) and "
+        "presets (llama), the first match winning (default: llama)",
+    )
     model = p.add_argument_group("model (synthetic unless --safetensors is given)")
     model.add_argument("--safetensors", metavar="PATH", help="load the model from this file")
     model.add_argument(
@@ -134,8 +167,44 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=serve_and_exit)
 
 
-def build_model(args: argparse.Namespace) -> torch.nn.Module:
-    """The hosted model: from ``--safetensors``, or synthetic of ``--size`` and ``--seed``."""
+def tp_rules_argument(text: str) -> tuple[tuple[str, str], ...]:
+    """``--tp-rules``: rules and presets in order, so an override goes before its preset."""
+    from wtcore.sharded.receiver_layout import KINDS
+
+    rules: list[tuple[str, str]] = []
+    for item in text.split(","):
+        pattern, _, kind = item.rpartition("=")
+        if item in TP_PRESETS:
+            rules += TP_PRESETS[item]
+        elif pattern and kind in KINDS:
+            rules.append((pattern, kind))
+        else:
+            raise argparse.ArgumentTypeError(
+                f"{item!r:.80} is neither a preset ({', '.join(TP_PRESETS)}) nor PATTERN=KIND "
+                f"with KIND one of {', '.join(KINDS)}"
+            )
+    return tuple(rules)
+
+
+def _tp_layout(args: argparse.Namespace) -> TPLayout | None:
+    """The ``--tp-*`` options' layout (``None``: a whole replica); errors name the option."""
+    from wtcore.sharded.receiver_layout import TPLayout
+
+    if args.tp_size is None:
+        if args.tp_rank is not None or args.tp_rules is not None:
+            raise PayloadError("--tp-rank and --tp-rules need --tp-size")
+        return None
+    try:
+        return TPLayout(args.tp_rank, args.tp_size, args.tp_rules or TP_PRESETS["llama"])
+    except PayloadError as e:  # TPLayout's own checks; "layout.tp_rank" is --tp-rank here
+        msg = str(e).replace("layout.tp_", "--tp-").replace("layout.", "--tp-")
+        raise PayloadError(msg) from None
+
+
+def build_model(args: argparse.Namespace, layout: TPLayout | None = None) -> torch.nn.Module:
+    """The hosted model: from ``--safetensors``, or synthetic of ``--size`` and ``--seed``;
+    with a ``layout``, only this receiver's slice of each tensor, as a vLLM TP worker keeps
+    its slice of the checkpoint (so the trainer sends it only that slice)."""
     from wtcore_kit.synthetic import build_module, synthetic_state
 
     if args.safetensors:
@@ -144,6 +213,11 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
         state = load_safetensors(args.safetensors)
     else:
         state = synthetic_state(args.size, args.tensors, args.dtype, args.seed)
+    if layout is not None:
+        if all(layout.kind(n) == "replicated" for n in state):  # surely a typo in the rules
+            names = ", ".join(list(state)[:3])
+            raise PayloadError(f"--tp-rules: no rule splits a tensor of the model ({names}, ...)")
+        state = {n: layout.local(n, t).contiguous() for n, t in state.items()}
     return build_module(state).to(args.device)
 
 
@@ -171,14 +245,15 @@ def run_serve(args: argparse.Namespace) -> int:
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,
         )
+        layout = _tp_layout(args)
+        model = build_model(args, layout)
     except ValueError as e:
         print(f"wtcore serve: error: {e}", file=sys.stderr)
         return 2
     args.backend = ENGINES.resolve(args.backend)  # a renamed engine's old name: said once
-    model = build_model(args)
     worker = WeightSyncWorker(
         {"backend": args.backend, **options},
-        ModuleSink(model),
+        ModuleSink(model, layout=layout),
         device=args.device,
         rank=args.rank,
         world_size=args.world_size,
@@ -201,8 +276,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         server.start()
         print(f"{LISTENING}{server.url}", flush=True)
+        tp = f" tp={layout.tp_rank}/{layout.tp_size}" if layout else ""
         print(
-            f"wtcore serve: backend={args.backend} rank={args.rank}/{args.world_size} "
+            f"wtcore serve: backend={args.backend} rank={args.rank}/{args.world_size}{tp} "
             f"tensors={sum(1 for _ in model.parameters())} auth={'on' if args.api_key else 'off'}",
             flush=True,
         )
