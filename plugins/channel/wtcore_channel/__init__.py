@@ -1,24 +1,7 @@
 """wtcore-channel: the kit of streamed engines, which announce a round once and stream its bytes.
 
-``nccl`` (a process group) and ``tcp`` (TCP streams) are built on it, and so can be any engine
-whose data plane moves messages by itself. The engine supplies its channel
-(:class:`~wtcore_channel.pipeline.Channel`: one call to send a message or post its receive,
-returning work that completes asynchronously); this kit runs the round on it:
-
-* :mod:`wtcore_channel.options`: the shared options (``direct_min_bytes``, ``checksum``, the
-  kit's bucket options) and the plan both ends compute;
-* :mod:`wtcore_channel.sender` / :mod:`wtcore_channel.receiver`: the two halves of a round,
-  pipelined, with every failure path (bounded drains, the sender's abort notice, a receive
-  of an abandoned round settled before the next round writes);
-* :mod:`wtcore_channel.frames`: frame headers, sizes (and CRCs) before bytes;
-* :mod:`wtcore_channel.parts`: a packed bucket as its tensors, for a channel that takes a
-  message in parts (no packing copy on either end);
-* :mod:`wtcore_channel.pipeline`: the channel protocol, work in flight, reused buffers,
-  bounded waits;
-* :mod:`wtcore_channel.listen`: a sender's listening socket, on one address only.
-
-It is a distribution of its own so that the core stays the protocol: only streamed engines
-need it. Importing it does not import torch.
+An engine (``nccl``, ``tcp``) supplies its :class:`~wtcore_channel.pipeline.Channel`; this kit
+runs the round on it (docs/architecture.md, "Extension points"). Importing it imports no torch.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """Frame headers: the sender says how many bytes come next before it sends them.
 
-Every message of a streamed engine (:mod:`wtcore_channel`) is a *frame*: a header, then the
-bytes it describes. A broadcast is only safe when both ends post buffers of the same size:
-gloo aborts the whole receiving process when more bytes arrive than the receive buffer holds,
-and silently leaves the tail of the buffer stale when fewer arrive. The receiver plans its
-buckets from the announced metadata, but it must not trust that the sender's bytes match
-that plan. So before
-each bucket (or each tensor, unpacked) the sender broadcasts a fixed-size header computed
-from the very tensor it is about to broadcast: a magic number, the bucket index, its byte
-count and a CRC-32 of its bytes. The receiver receives the header first, refuses a header
-that does not match its plan *before* it posts the receive (so gloo never sees a mismatched
-buffer), and checks the CRC after the bytes arrived, before anything is unpacked. A round
-ends with an end header (index = number of buckets, 0 bytes), so a sender with more or
-fewer buckets than planned is refused too.
-
-The CRC is optional (the trainer's ``checksum`` option, off by default): it is a full extra
-pass over every byte on both ends, slower than the transport itself on a small host
-(docs/benchmarks.md), while sizes and index, which keep the transport from aborting or
-leaving stale bytes, cost nothing. It is computed on CPU buffers only: on a CUDA buffer it
-would cost a device-to-host copy of every bucket, so a CUDA buffer's header always carries
-``-1`` (not computed). A receiver stages a bucket whose header carries a CRC
-(never receiving it in place), so torn bytes are refused before anything of the bucket is
-applied.
+A header (magic, bucket index, byte count, CRC-32 or :data:`NO_CRC`) is computed from the very
+tensor sent next; the receiver refuses one that does not match its plan *before* posting the
+receive, since gloo aborts the process on a bigger message and leaves stale bytes on a
+smaller one. A round ends with an end header (index = number of buckets, 0 bytes). The CRC
+(``checksum``) covers CPU buffers only: on CUDA it would cost a copy to the host. docs/nccl.md.
 """
 
 from __future__ import annotations
@@ -44,13 +27,10 @@ __all__ = [
     "make_header",
 ]
 
-#: ``b"wtcnccl1"`` as a big-endian int64 (its first engine's name; the wire keeps it): a header
-#: that is not one is refused.
+#: ``b"wtcnccl1"`` as a big-endian int64 (its first engine's name; the wire keeps it).
 MAGIC = int.from_bytes(b"wtcnccl1", "big")
-#: int64 words in a header: magic, index, nbytes, crc.
-HEADER_WORDS = 4
-#: The CRC word of a header whose bytes were not digested (CUDA buffers).
-NO_CRC = -1
+HEADER_WORDS = 4  # int64 words: magic, index, nbytes, crc
+NO_CRC = -1  # the CRC word of bytes not digested
 
 
 def bytes_crc(data: torch.Tensor) -> int:
@@ -65,10 +45,7 @@ def bytes_crc(data: torch.Tensor) -> int:
 def make_header(
     index: int, data: torch.Tensor | None, device: str, *, checksum: bool = True
 ) -> torch.Tensor:
-    """The header of ``data`` (flat uint8) as bucket ``index``; ``None`` is the end header.
-
-    Without ``checksum`` the CRC word is :data:`NO_CRC` (sizes and index are always there).
-    """
+    """The header of ``data`` (flat uint8) as bucket ``index``; ``None`` is the end header."""
     import torch
 
     nbytes = 0 if data is None else data.numel()
@@ -77,11 +54,7 @@ def make_header(
 
 
 def check_header(header: torch.Tensor, *, index: int, nbytes: int, what: str) -> int:
-    """Check a received header against the plan; return its CRC word.
-
-    Raises :class:`TransferError` naming ``what`` (the bucket) and both sizes when the sender
-    is about to send something else than planned, so the caller never posts the receive.
-    """
+    """Check a received header against the plan (before the receive is posted); its CRC word."""
     magic, got_index, got_nbytes, crc = (int(v) for v in header.tolist())
     if magic != MAGIC:
         raise TransferError(f"{what}: the sender's frame header is malformed (magic {magic:#x})")

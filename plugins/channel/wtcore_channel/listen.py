@@ -1,9 +1,5 @@
-"""Listening sockets of a sender: bound to one address only, with clear errors.
-
-A sender's rendezvous store (nccl) and its stream port (tcp) listen on the one address every
-worker already reaches it at, never on every interface; both want the same wording when that
-address is not this host's or the port is taken.
-"""
+"""Listening sockets of a sender (nccl's store, tcp's streams): on one address only, never on
+every interface, with one wording for an address not of this host or a port taken."""
 
 from __future__ import annotations
 
@@ -16,10 +12,8 @@ __all__ = ["listen_on"]
 
 
 def listen_on(address: str, port: int, what: str, *, field: str = "master_") -> socket.socket:
-    """A socket listening on ``address:port`` only (port 0: the kernel picks), for ``what``.
-
-    ``field`` prefixes the config fields that errors name (``master_`` for ``master_address``).
-    """
+    """A socket listening on ``address:port`` only (port 0: the kernel picks), for ``what``;
+    ``field`` prefixes the config fields errors name (``master_address``)."""
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(
             address, port, type=socket.SOCK_STREAM

@@ -1,11 +1,5 @@
-"""The options of a streamed engine, and the round's plan both ends compute from them.
-
-A streamed engine (:mod:`wtcore_channel`) announces a round once and streams its bytes; both
-ends plan the same buckets from the round's metadata and these options, so only raw bytes
-(and frame headers) travel. The trainer's :class:`ChannelTrainerInitInfo` is where they are
-chosen; an engine's worker init info carries the ones a receiver reads
-(:class:`ChannelSettings`).
-"""
+"""The options of a streamed engine, and the round's plan both ends compute from them, so
+only raw bytes (and frame headers) travel."""
 
 from __future__ import annotations
 
@@ -31,15 +25,12 @@ __all__ = [
     "plan",
 ]
 
-#: Default size of one packed bucket buffer (docs/benchmarks.md: 1 GiB made a 1 GiB model one
-#: bucket, unpipelined, with 1 GiB of staging on each end; 32-256 MiB measured alike).
+#: 1 GiB made a 1 GiB model one unpipelined bucket; 32-256 MiB measured alike.
 DEFAULT_BUFFER_SIZE = 64 << 20
-#: Default ``direct_min_bytes`` of the trainer: tensors this large travel in place.
 DEFAULT_DIRECT_MIN_BYTES = 1 << 20
 
 
 def check_direct(value: object) -> None:
-    """``direct_min_bytes`` is an integer >= 0 (a ``PayloadError`` naming it otherwise)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise PayloadError(f"direct_min_bytes: expected an integer >= 0, got {value!r}")
 
@@ -48,12 +39,9 @@ def check_direct(value: object) -> None:
 class ChannelTrainerInitInfo(BucketedTrainerInitInfo, abstract=True):
     """The options of every streamed engine, besides the kit's bucket options.
 
-    ``device`` is where the sender stages its buckets. ``direct_min_bytes``: a tensor at
-    least this large travels as a bucket of its own and, when it lies on ``device``, is sent
-    straight from its storage and received straight into the receiver's parameter (when the
-    sink offers it); 0 packs everything. ``checksum``: add a CRC-32 of every bucket to its
-    frame header; receivers then verify each bucket before applying it, and stage every
-    bucket to do so (:mod:`wtcore_channel.frames`). Sizes are always checked.
+    ``direct_min_bytes``: a tensor at least this large travels alone, in place where both ends
+    allow (0 packs everything). ``checksum``: a CRC-32 in every frame header; receivers then
+    stage and verify every bucket before applying it.
     """
 
     packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
@@ -68,8 +56,7 @@ class ChannelTrainerInitInfo(BucketedTrainerInitInfo, abstract=True):
             raise PayloadError(f"checksum: expected a bool, got {self.checksum!r}")
 
     def receiver_settings(self) -> dict[str, Any]:
-        """What every receiver's init info carries of these options (the plan's and the
-        window's), so that an engine's worker init info cannot leave one out."""
+        """What every receiver's init info carries of these options (none can be left out)."""
         return {
             "packed": self.packed,
             "packed_buffer_size_bytes": self.packed_buffer_size_bytes,
@@ -89,9 +76,8 @@ class PlanOptions(Protocol):
 
 
 class ChannelSettings(Protocol):
-    """What a receiver of a streamed engine reads from its init info: the bucket options, and
-    its place among the channel's ranks (rank ``rank_offset + worker rank`` of
-    ``world_size``; rank 0 is the sender)."""
+    """A receiver's init info: the bucket options, and its channel rank ``rank_offset + worker
+    rank`` of ``world_size`` (rank 0 is the sender)."""
 
     rank_offset: int
     world_size: int
@@ -120,8 +106,7 @@ def plan(metas: list[ParamMeta], settings: PlanOptions) -> list[Bucket]:
 
 
 def check_receiver_settings(settings: ChannelSettings) -> None:
-    """Check what every receiver's init info carries of the kit's options (the other side of
-    :meth:`ChannelTrainerInitInfo.receiver_settings`); a ``PayloadError`` names the field."""
+    """Check :meth:`ChannelTrainerInitInfo.receiver_settings` on the receiver's side."""
     if not isinstance(settings.rank_offset, int) or settings.rank_offset < 1:
         raise PayloadError(
             f"rank_offset: expected at least 1 (rank 0 is the sender), got {settings.rank_offset!r}"

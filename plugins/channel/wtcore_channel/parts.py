@@ -1,13 +1,8 @@
 """A packed bucket as a list of tensors: what a channel that gathers sends, and scatters into.
 
-A packed bucket is its tensors' bytes at aligned offsets in one buffer. Copying them into that
-buffer on the sender, and out of it on every receiver, cost a streamed round on a small host
-more CPU than its framing (three copies of every packed byte over two receivers, on cores the
-sockets' own copies already keep busy). A channel whose messages may be several pieces of
-memory (:class:`PartsChannel`: a TCP stream, with ``sendmsg`` and ``recvmsg_into``) moves the
-same bytes without the buffer: :func:`bucket_parts` lists the tensors in order, with the
-alignment gaps between them as pieces of a small pad, so the wire carries exactly what a
-packed bucket would and either end may pack while the other does not.
+Packing copies cost a streamed round more CPU than its framing, so a channel that takes a
+message in pieces (:class:`PartsChannel`) gets the tensors in order, the alignment gaps as
+pieces of a pad: the wire carries exactly a packed bucket's bytes, so either end may pack.
 """
 
 from __future__ import annotations
@@ -32,21 +27,18 @@ class PartsChannel(Channel, Protocol):
     """A channel that may send one message from, or receive it into, several tensors."""
 
     def broadcast_parts(self, tensors: Sequence[torch.Tensor]) -> Work:
-        """Like :meth:`Channel.broadcast` for the bytes of ``tensors`` in order (contiguous
-        tensors on the channel's device; empty ones take no bytes)."""
+        """:meth:`Channel.broadcast` for the bytes of ``tensors`` in order."""
         ...
 
 
 def parts_of(channel: Channel) -> PartsChannel | None:
-    """``channel``, if it takes a message in parts; else ``None`` (pack the bucket).
-
-    Asked once a bucket, so it looks for the method instead of ``isinstance`` against the
-    protocol (which walks the protocol's members on every call)."""
+    """``channel``, if it takes a message in parts; else ``None`` (pack the bucket). Not
+    ``isinstance``: that walks the protocol's members on every call, once a bucket."""
     return cast("PartsChannel", channel) if hasattr(channel, "broadcast_parts") else None
 
 
 def new_pad(device: str) -> torch.Tensor:
-    """Zeros for the gaps between a bucket's tensors (a receiver writes them and drops them)."""
+    """Zeros for the gaps between a bucket's tensors (a receiver writes and drops them)."""
     import torch
 
     return torch.zeros(ALIGNMENT, dtype=torch.uint8, device=device)
@@ -55,8 +47,7 @@ def new_pad(device: str) -> torch.Tensor:
 def bucket_parts(
     bucket: Bucket, tensors: Sequence[torch.Tensor], pad: torch.Tensor
 ) -> list[torch.Tensor]:
-    """``bucket``'s bytes as flat ``uint8`` views of ``tensors`` (contiguous, one per tensor
-    of the bucket, in order) and of ``pad`` for the gaps, ``bucket.nbytes`` in all."""
+    """``bucket``'s bytes as flat ``uint8`` views of ``tensors`` and of ``pad`` for the gaps."""
     parts: list[torch.Tensor] = []
     at = 0
     for meta, off, t in zip(bucket.metas, bucket.offsets, tensors, strict=True):
@@ -84,12 +75,9 @@ def gather_source(
 ) -> Iterator[tuple[Bucket, torch.Tensor | list[torch.Tensor], int]]:
     """``pack_source`` for a channel that takes parts: every bucket without a packing copy.
 
-    Yields ``(bucket, data, packed)``: a bucket of one tensor as ``pack_source`` yields it, a
-    bucket of several as its parts (:func:`bucket_parts`), and how many of its bytes were
-    packed into ``buffer_for(bucket)`` (a tensor ``in_place`` refuses, a CUDA tensor for a CPU
-    channel say, is packed into that buffer at its own offset, and the rest still travel from
-    the source). The source is read tensor by tensor with ``pack_source``'s checks, and a
-    bucket is yielded only once all of its tensors were read and matched their metadata.
+    Yields ``(bucket, data, packed)``: one tensor as ``pack_source`` yields it, or the parts of
+    several, and the bytes packed into ``buffer_for(bucket)`` (a tensor ``in_place`` refuses
+    is packed there at its own offset). A bucket is yielded once all its tensors were checked.
     """
     owner = [(b, k) for b in buckets for k in range(len(b.metas))]
     buffers: dict[int, torch.Tensor] = {}

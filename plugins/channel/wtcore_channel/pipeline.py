@@ -1,25 +1,10 @@
 """What streamed data planes share: a channel, its in-flight work, reused buffers, bounded waits.
 
-An engine of the streamed kind (:mod:`wtcore_channel`: nccl over a process group, tcp over its
-own streams) moves a round as a sequence of messages on a :class:`Channel`, each started by
-:meth:`Channel.broadcast` and finished asynchronously, so the next bucket is packed (or the
-next receive posted) while earlier ones are on the wire. This module holds the pieces every
-such data plane needs: the :class:`Work` a message returns (``torch.distributed``'s own, or a
-:class:`ThreadWork` driven by the data plane's threads), :func:`wait_work`, and the
-:class:`BufferPool`.
-
-Both ends keep ``packed_num_buffers`` ring buffers for regular buckets plus one buffer for
-buckets larger than the buffer size (a tensor bigger than the buffer travels alone), so the
-memory a transfer holds is at most ``buffer size x num_buffers + largest tensor``. Buffers
-live as long as the engine: writing into fresh memory is much slower than into reused memory
-on small hosts (docs/benchmarks.md).
-
-Each buffer remembers the message that last used it; the next bucket that wants it waits
-for that message first, which is what bounds the number of staged buckets in flight.
-Messages that travel in place (a tensor sent from the source, received into the sink's
-tensor) hold no buffer, so :meth:`BufferPool.has_room` lets more of them go in flight, up to
-the bytes the ring could hold: with at most ``num_buffers`` in flight, a round of a few
-hundred such tensors stopped the wire at every message until this thread came round.
+A transfer holds at most ``buffer size x num_buffers + largest tensor``; buffers live as long
+as the engine (writing into fresh memory is much slower on small hosts). Each buffer remembers
+the message that last used it, and the next bucket that wants it waits for that message:
+that bounds the staged buckets in flight. In-place messages hold no buffer, so
+:meth:`BufferPool.has_room` lets more of them fly (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -51,18 +36,14 @@ class Work(Protocol):
 
 
 class Channel(Protocol):
-    """One handshake's data plane, as one rank sees it: rank 0 sends, the others receive.
-
-    Every rank calls :meth:`broadcast` for the same messages in the same order (the frame
-    headers and buckets of :mod:`wtcore_channel`); the sender's call sends, a receiver's
-    posts the receive into the given tensor.
-    """
+    """One handshake's data plane, as one rank sees it: rank 0 sends, the others receive;
+    every rank calls :meth:`broadcast` for the same messages in the same order."""
 
     @property
     def checks_sizes(self) -> bool:
-        """Whether the channel itself refuses a message of another size than the receive
-        posted for it, before writing any of it; then a receive may be posted before its
-        frame header was checked (a stream does; gloo aborts the process instead)."""
+        """Whether the channel refuses a message of another size than the receive posted,
+        before writing any of it; then a receive may be posted before its frame header was
+        checked (a stream does; gloo aborts the process instead)."""
         ...
 
     def broadcast(self, tensor: torch.Tensor) -> Work:
@@ -85,11 +66,7 @@ class Channel(Protocol):
 @dataclass
 class ThreadWork:
     """A message whose sends and receives a data plane's own threads drive; quacks like a
-    ``torch.distributed`` ``Work`` for :func:`wait_work` and the failure paths.
-
-    Completed when every receive arrived and every send was taken, failed with the data
-    plane's message (naming the peer) when one of them failed.
-    """
+    ``torch.distributed`` ``Work``."""
 
     label: str
     recvs_left: int
@@ -101,9 +78,8 @@ class ThreadWork:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _fail(self, message: str, *, receiving: bool = False) -> None:
-        """Fail with ``message``. ``receiving``: the caller is not the receiving thread, which
-        may still write into the buffer; the work then ends only once the receive is done
-        with it (a relay whose onward send failed), never while bytes may still land."""
+        """Fail with ``message``. ``receiving``: the caller is not the receiving thread, so
+        the work ends only once the receive is done, never while bytes may still land."""
         with self._lock:
             if self.error is None:
                 self.error = message
@@ -131,7 +107,6 @@ class ThreadWork:
         return True
 
     def pending_detail(self) -> str:
-        """What this work still waits for, naming the peer (for timeout messages)."""
         if self.error is not None:
             return self.error
         if self.recvs_left:
@@ -146,23 +121,15 @@ def wait_work(
     timeout_s: float,
     poll: Callable[[], None] | None = None,
 ) -> None:
-    """Wait for ``work`` at most ``timeout_s``, running ``poll`` every 50 ms while waiting.
-
-    The wait itself happens in C++ (``Work.wait`` with a short timeout, without the GIL), so
-    it wakes as soon as the work completes; ``poll`` raises to give up early (a rejected RPC,
-    a shutdown). A short wait that expires leaves the work running (gloo only reports it),
-    and a work that completed successfully is never reported as failed, however close its
-    completion falls to an expiry.
-    """
+    """Wait for ``work`` at most ``timeout_s``, running ``poll`` (it raises to give up) every
+    50 ms; a work that completed is never reported as failed, however close to an expiry."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             work.wait(_POLL_TD)
             return
         except RuntimeError:
-            # Either our short wait expired or the work failed. A work that completes right
-            # after the expiry reads as completed here too, so ask the work itself: waiting on
-            # a completed work returns, or raises its own error if it failed.
+            # Our short wait expired or the work failed: a completed work's wait says which.
             if work.is_completed():
                 try:
                     work.wait()
@@ -179,8 +146,6 @@ def wait_work(
 
 @dataclass
 class Slot:
-    """One reusable buffer and the broadcast that last used it."""
-
     buf: torch.Tensor
     work: Work | None = None
     label: str = ""
@@ -191,11 +156,7 @@ class Slot:
 
 @dataclass
 class BufferPool:
-    """``num_buffers`` ring buffers plus one oversize buffer, allocated on first use, kept.
-
-    Buffers are allocated only when a bucket is staged in them, so a round whose buckets all
-    travel in place (see :mod:`wtcore_channel`) holds none.
-    """
+    """``num_buffers`` ring buffers plus one oversize buffer, allocated on first use, kept."""
 
     num_buffers: int
     buffer_size: int
@@ -208,7 +169,6 @@ class BufferPool:
     _oversize: int = 0
 
     def prepare(self, buckets: Sequence[Bucket]) -> None:
-        """Size this round's buffers (allocated, or grown, when first used)."""
         self._regular = max((b.nbytes for b in buckets if b.nbytes <= self.buffer_size), default=0)
         self._oversize = max((b.nbytes for b in buckets if b.nbytes > self.buffer_size), default=0)
         self._next = 0
@@ -225,11 +185,7 @@ class BufferPool:
         return self.ring[self._next % len(self.ring)] if self.ring else None
 
     def slot_for(self, bucket: Bucket) -> Slot:
-        """The buffer the next staged bucket uses (staged buckets are asked for in order).
-
-        Grows a buffer at most once a round (to the size :meth:`prepare` computed), and only
-        at its first use in the round, when none of its work is pending.
-        """
+        """The next staged bucket's buffer; grown at most once a round, at its first use."""
         if bucket.nbytes > self.buffer_size:
             if self.large is None or self.large.buf.numel() < bucket.nbytes:
                 self.large = self._alloc(max(self._oversize, bucket.nbytes))
@@ -244,19 +200,13 @@ class BufferPool:
         return slot
 
     def slot_for_last(self) -> Slot:
-        """The slot handed out by the latest :meth:`slot_for`."""
         assert self.last is not None
         return self.last
 
     def _slots(self) -> list[Slot]:
         return [*self.ring, *([self.large] if self.large is not None else [])]
 
-    def busy_slots(self) -> list[Slot]:
-        """Slots whose last broadcast may still be running."""
-        return [s for s in self._slots() if s.work is not None]
-
     def pending(self) -> list[Work]:
-        """Broadcasts that may still use a buffer."""
         return [s.work for s in self._slots() if s.work is not None]
 
     def forget_work(self) -> None:
@@ -265,16 +215,11 @@ class BufferPool:
         self.last = None
 
     def nbytes(self) -> int:
-        """Bytes held by the pool (for memory accounting)."""
         return sum(s.buf.numel() for s in self._slots())
 
     def has_room(self, in_flight: int, in_place_bytes: int) -> bool:
-        """Whether one more message may go in flight (or be posted) behind ``in_flight``.
-
-        Always ``num_buffers`` of them; beyond that while the bytes held for messages in
-        flight in place (``in_place_bytes``: a sharded source's gathered tensors) and by this
-        pool stay under ``num_buffers x buffer_size``, so a transfer still holds at most that
-        plus the largest tensor. A staged bucket also waits for its buffer (:meth:`slot_for`).
-        """
+        """Whether one more message may go in flight behind ``in_flight``: always
+        ``num_buffers`` of them, beyond that while ``in_place_bytes`` (a sharded source's
+        gathered tensors) and this pool stay under ``num_buffers x buffer_size``."""
         budget = self.num_buffers * self.buffer_size
         return in_flight < self.num_buffers or in_place_bytes + self.nbytes() < budget

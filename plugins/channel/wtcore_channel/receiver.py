@@ -1,13 +1,8 @@
 """The receiver of a streamed engine: receives posted ahead, frames checked before they land.
 
-Receives are posted ahead, in bucket order, into reused buffers or in place into the tensors
-the sink offers (a bucket of several tensors too, on a channel that takes a message in
-parts), so the next buckets are on the wire while the sink copies the current one.
-A frame header that disagrees with the plan is refused before its receive is posted (gloo
-would abort the process on a longer message), a CRC before anything of the bucket is
-applied, and a receive of an abandoned round, which cannot be cancelled, is settled before
-the next round writes into the sink. An engine implements
-:meth:`ChannelWorkerEngine.open_channel`.
+Receives are posted ahead, into reused buffers or in place into the sink's tensors, so the
+next buckets are on the wire while the sink copies the current one. A receive of an abandoned
+round, which cannot be cancelled, is settled before the next round writes (docs/nccl.md).
 """
 
 from __future__ import annotations
@@ -33,10 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ChannelWorkerEngine"]
 
-#: After a failed receive, how long to wait for the sender's abort notice (a clearer error).
-_NOTICE_WAIT_S = 1.0
-#: How often (in polls of 50 ms) a waiting receiver asks whether the sender gave up.
-_ABORT_CHECK_EVERY = 4
+_NOTICE_WAIT_S = 1.0  # after a failed receive: the sender's reason is a clearer error
+_ABORT_CHECK_EVERY = 4  # polls of 50 ms between asking whether the sender gave up
 
 InitT = TypeVar("InitT", bound=ChannelSettings)
 UpdateT = TypeVar("UpdateT", bound=ChannelUpdateInfo)
@@ -44,12 +37,7 @@ UpdateT = TypeVar("UpdateT", bound=ChannelUpdateInfo)
 
 @dataclass
 class _Frame:
-    """One posted receive: its work, its label, the header's CRC word, where it lands.
-
-    ``header`` is the header still to be checked when the receive was posted together with
-    it (a channel that checks sizes itself), ``header_work`` its receive (it may complete
-    after the bytes'); ``crc`` is read from it once it is checked.
-    """
+    """One posted receive. ``header``: one posted with the bytes, still to be checked."""
 
     work: Any
     label: str
@@ -58,21 +46,15 @@ class _Frame:
     slot: Slot | None  # None: received in place, into the sink's tensor(s)
     header: torch.Tensor | None = None
     header_work: Any = None
-    #: Tensors of a bucket received in parts that the sink offered no place for: received
-    #: into fresh memory and loaded once they came.
+    # Tensors of a bucket in parts with no place offered: loaded once they came.
     staged: list[tuple[str, torch.Tensor]] = field(default_factory=list)
 
 
 class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, UpdateT]):
     """Worker half of a streamed engine: the engine implements :meth:`open_channel`.
 
-    Receives are posted ahead, in bucket order (as far as
-    :meth:`~wtcore_channel.pipeline.BufferPool.has_room` allows), so the next buckets are on
-    the wire while the sink copies the current one. Every wait is bounded by the timeout
-    and polls for a shutdown, an abort and the sender's abort notice, so a trainer that
-    abandons a round ends this worker's ``update_weights`` with an error instead of leaving
-    it blocked. After a failed round the channel is dropped; the trainer runs the init
-    handshake again before its next round.
+    Every wait is bounded and polls for a shutdown, an abort and the sender's abort notice.
+    After a failed round the channel is dropped until the next init handshake.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -94,9 +76,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
 
     # ------------------------------------------------------------------ the hooks
     def check_init(self, init_info: InitT) -> None:
-        """Refuse an init this worker cannot take (``PayloadError`` naming the field), before
-        anything of the current channel is released; engines extend it (call ``super()``).
-        This one refuses a worker whose rank would not fit in the channel."""
+        """Refuse an init this worker cannot take, before anything is released; engines
+        extend it (call ``super()``)."""
         rank = init_info.rank_offset + self.rank
         if rank >= init_info.world_size:
             raise PayloadError(
@@ -106,14 +87,11 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
 
     @abstractmethod
     def open_channel(self, init_info: InitT) -> Channel:
-        """Join this handshake's channel (blocking); call :meth:`check_stopped` between
-        short waits, so an abort or a shutdown ends the wait."""
+        """Join this handshake's channel; call :meth:`check_stopped` between short waits."""
 
     @property
     def channel_device(self) -> str:
-        """Where the channel's buffers live and what it may receive into in place: the
-        worker's device, unless the channel moves host memory only (tcp), which then stages
-        every bucket there and lets the sink copy it to its device."""
+        """Where the channel's buffers live and what it may receive into in place."""
         return str(self.device)
 
     # ------------------------------------------------------------------ init
@@ -129,7 +107,6 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
             self._pool = BufferPool(num, size, self.channel_device)
 
     def check_stopped(self) -> None:
-        """Raise ``TransferError`` once this engine was shut down or aborted."""
         name = self.config.backend
         if self._closing.is_set():
             raise TransferError(f"{name} worker engine was shut down")
@@ -139,12 +116,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
             )
 
     def _poll(self) -> None:
-        """Between short waits: stop on shutdown or abort, or when the sender gave up.
-
-        The sender's abort notice is read on a helper thread: a hung sender's store accepts
-        the request and never answers, and that must not hold this thread (nor, through it,
-        an abort or a shutdown).
-        """
+        """Between short waits: stop on shutdown or abort, or when the sender gave up (read on
+        a helper thread: a hung sender's store never answers)."""
         self.check_stopped()
         self._polls += 1
         channel, notice = self._channel, self._notice
@@ -193,9 +166,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
     def _receive(self, channel: Channel, pool: BufferPool, info: InitT, update: UpdateT) -> None:
         import torch
 
-        # A notice asked for in an earlier round is about that round: one this receiver
-        # finished while the sender failed on another (and then dropped the channel) answers
-        # with its reason later, and must not fail this round.
+        # A notice asked for in an earlier round is about that round, not this one.
         self._notice = None
         self._settle_late(info)
         buckets = plan(update.metas, info)
@@ -236,10 +207,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
                 if frame.staged:
                     self.sink.load_weights(frame.staged)
                 continue
-            if frame.slot is None:
-                # Received in place: the bytes already are in the sink's tensor. A CRC the
-                # init info did not announce is still checked (a failed round publishes
-                # nothing as consistent).
+            if frame.slot is None:  # in place; a CRC not announced at init is still checked
                 check_crc(frame.data, frame.crc, what=frame.label)
                 continue
             frame.slot.work = None
@@ -252,7 +220,6 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
     def _receive_header(
         self, channel: Channel, info: InitT, *, index: int, nbytes: int, what: str
     ) -> int:
-        """Receive the sender's next header and check it against the plan; its CRC word."""
         import torch
 
         header = torch.zeros(HEADER_WORDS, dtype=torch.int64, device=self.channel_device)
@@ -270,16 +237,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         bucket: Bucket,
         frames: list[_Frame | None],
     ) -> bool:
-        """Take ``bucket``'s header, then post the receive of exactly the planned bytes.
-
-        A header that disagrees with the plan raises before the receive is posted, so the
-        channel never sees a receive of the wrong size (gloo aborts the whole receiving
-        process on a longer message, and leaves a stale tail on a shorter one). A bucket of
-        one tensor whose header carries no CRC is received straight into the tensor the sink
-        offers (on a channel that takes parts, a bucket of several too: :meth:`_landing`);
-        others (and checksummed ones, verified before they are applied) into a buffer.
-        Returns False, keeping the header, when that buffer is still busy.
-        """
+        """Take ``bucket``'s header, then post the receive of exactly the planned bytes (a
+        bad header raises first). False, keeping the header, while the buffer is busy."""
         i = bucket.index
         label = f"receive of bucket {bucket.index} ({bucket.nbytes} bytes)"
         if channel.checks_sizes:
@@ -302,10 +261,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
     def _landing(
         self, channel: Channel, pool: BufferPool, bucket: Bucket, *, in_place: bool
     ) -> _Frame | None:
-        """Where ``bucket``'s bytes land (a frame not yet posted): the tensor the sink offers
-        (a bucket of one tensor, ``in_place`` allowed), or the tensors it offers for a bucket of
-        several on a channel that receives in parts, else its buffer; ``None`` while that
-        buffer is still busy."""
+        """Where ``bucket``'s bytes land: the sink's tensor(s) (``in_place``), else its buffer;
+        ``None`` while that buffer is busy."""
         if in_place and (len(bucket.metas) == 1 or parts_of(channel) is not None):
             frame = self._in_place_landing(bucket)
             if frame is not None:
@@ -317,12 +274,9 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         return _Frame(None, "", NO_CRC, slot.view(bucket.nbytes), slot)
 
     def _in_place_landing(self, bucket: Bucket) -> _Frame | None:
-        """The sink's tensors for ``bucket``; ``None`` when it offers none for its first.
-
-        A tensor after the first that the sink offers no place for is received into fresh
-        memory of its own and loaded once it came: the offers already made were counted as
-        landed (``wtcore.ledger.ByteLedger``), so the bucket cannot go back to its buffer.
-        """
+        """The sink's tensors for ``bucket``; ``None`` when it offers none for its first. A
+        later one with no place is received into fresh memory: the offers made were already
+        counted as landed (``wtcore.ledger``), so the bucket cannot go back to its buffer."""
         import torch
 
         device = self.channel_device
@@ -354,8 +308,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         crc: int,
         header: tuple[torch.Tensor, Any] | None = None,
     ) -> _Frame:
-        """Post the receive of ``frame`` (from :meth:`_landing`); remember its work where the
-        failure path finds it. ``header``: the header posted just before, and its receive."""
+        """Post the receive of ``frame``, its work kept where the failure path finds it."""
         if isinstance(frame.data, list):
             parts = parts_of(channel)
             assert parts is not None  # _landing lists parts only for such a channel
@@ -373,16 +326,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
     def _post_with_header(
         self, channel: Channel, info: InitT, pool: BufferPool, bucket: Bucket, label: str
     ) -> _Frame | None:
-        """Post ``bucket``'s bytes, and before them its header when it carries a CRC.
-
-        Only on a channel that refuses a message of another size by itself, before writing
-        any of it, so no receive of the wrong size can land and the sender sends no header
-        for sizes alone. A CRC header (the init info's ``checksum``) is posted with the bytes
-        and checked once both came, and the bucket is staged for it. Not waiting between the
-        two keeps the stream flowing: the next bytes are read while this thread is still
-        loading the previous bucket. Returns ``None``, posting nothing, while the bucket's
-        buffer is busy.
-        """
+        """On a channel that checks sizes: post the bytes, with a CRC header before them
+        (checked once both came, so the stream keeps flowing); ``None`` while the buffer is busy."""
         import torch
 
         landing = self._landing(channel, pool, bucket, in_place=not info.checksum)
@@ -395,15 +340,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         return self._post_receive(channel, landing, label=label, crc=NO_CRC, header=header)
 
     def _settle_late(self, info: InitT) -> None:
-        """Wait until no receive of an abandoned round can still write into the sink.
-
-        A receive posted in place cannot be cancelled (gloo lets it run until its bytes
-        arrive, its peer closes, or the group's timeout); if a round is abandoned with one
-        pending, its old sender may still deliver into the model. No new round writes into
-        the sink before every such receive ended, so a late delivery never lands on top of a
-        newer round that then reads as consistent. Usually they have long ended (a trainer
-        that failed still sends what it had started, a killed one closes its connections).
-        """
+        """Wait until no in-place receive of an abandoned round (it cannot be cancelled) can
+        still write into the sink, under a newer round that would then read as consistent."""
         self._late = [w for w in self._late if not w.is_completed()]
         while self._late:
             work = self._late[0]
@@ -421,10 +359,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
             self._late.pop(0)
 
     def _drop_after_failure(self, error: BaseException) -> BaseException | None:
-        """A half-received sequence cannot be resumed: drop the channel (never blocking).
-
-        Returns a clearer error when the wire failed because the trainer gave up.
-        """
+        """Drop the channel (a half-received sequence cannot be resumed), never blocking; a
+        clearer error when the wire failed because the trainer gave up."""
         with self._lock:
             channel, self._channel = self._channel, None
             pending = self._pending()
@@ -439,8 +375,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
             )
             reason = notice.result(_NOTICE_WAIT_S) if notice.wait(_NOTICE_WAIT_S) else None
             if reason is not None and "abandoned" not in str(error):
-                # Both: the sender's reason explains the round, and this rank's own failure
-                # names the peer it saw fail (which may be a relay, not the sender).
+                # Both: this rank's own failure names the peer it saw (maybe a relay).
                 replacement = TransferError(
                     f"the trainer abandoned the round: {reason} (on this rank: {error})"
                 )
@@ -452,10 +387,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
 
     # ------------------------------------------------------------------ teardown
     def _pending(self) -> list[Any]:
-        """Receives that may still use the channel (and its buffers); takes them over.
-
-        In-place receives among them are remembered (:meth:`_settle_late`).
-        """
+        """Take over the receives that may still use the channel (in-place ones: _settle_late)."""
         pending = self._pool.pending() if self._pool is not None else []
         header, self._header_work = self._header_work, None
         in_place, self._in_place = self._in_place, []
@@ -463,7 +395,6 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         return [*pending, *in_place, *([header] if header is not None else [])]
 
     def _release(self) -> None:
-        """Drop the channel and the buffers (a re-init may use other sizes)."""
         with self._lock:
             channel, self._channel = self._channel, None
             pending = self._pending()
@@ -472,11 +403,7 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
             channel.release(pending)
 
     def abort(self) -> None:
-        """End a blocking init or receive within about 50 ms; a new init clears it.
-
-        The call in progress raises ``TransferError`` and drops the channel (the trainer it
-        was talking to is gone or hung); the engine is usable again after the next init.
-        """
+        """End a blocking init or receive within about 50 ms; a new init clears it."""
         self._aborting.set()
         with self._lock:
             if self._receiving:
@@ -484,7 +411,6 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         self._release()
 
     def shutdown(self) -> None:
-        """Drop the channel; a receive in progress ends with an error. Idempotent."""
         self._closing.set()
         with self._lock:
             if self._receiving:

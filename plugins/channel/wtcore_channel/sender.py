@@ -1,15 +1,8 @@
 """The sender of a streamed engine: one announcement per round, frames on a channel, pipelined.
 
-A bucket engine of :mod:`wtcore_kit.bucketed` announces every bucket with an ``update_weights``
-call of its own. An engine whose data plane moves messages by itself (a process group, TCP streams)
-does better announcing the whole round once and then streaming: the sender starts the round's
-single ``update_weights`` (its metadata is the whole round), and while the receivers plan the
-same buckets from it (:func:`wtcore_channel.options.plan`), it sends frame after frame on its
-:class:`~wtcore_channel.pipeline.Channel`: packed buckets from reused buffers, and every tensor
-of at least ``direct_min_bytes`` in place, straight from the source's storage, as many in
-flight as the buffers' bytes allow. On a channel that takes a message in parts
-(:mod:`wtcore_channel.parts`) packed buckets too go from the source's tensors, unpacked. An
-engine implements :meth:`ChannelTrainerEngine.open_channel`.
+The round's single ``update_weights`` runs on a helper thread while this one sends frame after
+frame: packed buckets from reused buffers, tensors of at least ``direct_min_bytes`` (and, on a
+channel that takes parts, every bucket) straight from the source's storage.
 """
 
 from __future__ import annotations
@@ -42,7 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ChannelTrainerEngine"]
 
-#: After a failure, how long the sender waits for the worker RPC to report its side.
 _ERROR_GRACE_S = 5.0
 
 
@@ -58,12 +50,9 @@ def _fail_fast(rpc: BackgroundCall[Any]) -> Callable[[], None]:
 class ChannelTrainerEngine(TrainerWeightTransferEngine):
     """Trainer half of a streamed engine: the engine implements :meth:`open_channel` only.
 
-    Every worker RPC (the init handshake and the round's single ``update_weights``) runs on a
-    helper thread while this thread joins the channel or sends, because both block until the
-    other side takes part. Every wait polls the RPC, so a rejected call fails the round at
-    once; the helper thread is never joined on the error path. Any failure inside a round
-    releases the channel (a half-finished sequence of messages cannot be resumed) and the
-    next ``send_weights`` runs the handshake again.
+    Worker calls run on a helper thread (they block until this side takes part), and every
+    wait polls them, so a rejected call fails the round at once. A failed round releases the
+    channel (a half-sent sequence cannot be resumed); the next round re-runs the handshake.
     """
 
     init_info_cls: ClassVar[type[TrainerInitInfo]] = ChannelTrainerInitInfo
@@ -88,13 +77,9 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
     # ------------------------------------------------------------------ the hook
     @abstractmethod
     def open_channel(self) -> tuple[dict[str, Any], Callable[[Callable[[], None]], Channel]]:
-        """Start a handshake: the JSON init info every receiver gets, and how to join.
-
-        The kit sends the init info with ``init_weight_transfer_engine`` on a helper thread
-        and meanwhile calls the returned function with a ``poll`` to call between short
-        waits (it raises the init call's error, so a rejected init fails at once); it
-        returns this handshake's channel once every receiver joined.
-        """
+        """Start a handshake: the JSON init info every receiver gets, and how to join: a
+        function given a ``poll`` to call between short waits (it raises the init call's
+        error), returning the channel once every receiver joined."""
 
     # ------------------------------------------------------------------ handshake
     def handshake(self) -> None:
@@ -120,8 +105,6 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         metas = source.metadata()
         stats.num_tensors = len(metas)
         stats.num_bytes = sum(m.nbytes for m in metas)
-        # The round's single update returns only once the whole round was received: it runs on
-        # a helper thread while this one reads, packs and sends the frames.
         wire = metas_to_wire(metas)
         rpc = BackgroundCall(self.client.update_weights, wire, name="update_weights")
         inflight: deque[tuple[Work, str, int, Any]] = deque()
@@ -150,13 +133,8 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         poll: Callable[[], None],
         inflight: deque[tuple[Work, str, int, Any]],
     ) -> None:
-        """Send every bucket: packed ones from reused buffers, single tensors in place, and
-        on a channel that takes parts every bucket from the source's tensors.
-
-        Messages in flight are bounded by :meth:`BufferPool.has_room`; each keeps what it
-        reads (its buffer, or the source's tensors) alive until it completed, and a buffer is
-        packed again only once its previous message completed.
-        """
+        """Send every bucket, :meth:`BufferPool.has_room` bounding those in flight; each keeps
+        what it reads alive until it completed."""
         import torch
 
         info, pool = self.info, self._pool
@@ -230,14 +208,8 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
     def _send_frame(
         self, channel: Channel, index: int, data: torch.Tensor | list[torch.Tensor]
     ) -> Work:
-        """Send bucket ``index``: its header (size, and CRC with ``checksum``), then ``data``.
-
-        The header's work needs no wait of its own (the receiver posts the data's receive
-        only after the header arrived, and a failure shows on the data's work); it is kept
-        for the round only so that a failure path lets the channel go after it ended. A
-        channel that checks every message's size itself needs no header unless it carries
-        a CRC: the receiver refuses a message of another size there.
-        """
+        """Send bucket ``index``: its header, then ``data``. The header's work is kept only
+        for the failure path; a channel that checks sizes itself needs no header but a CRC's."""
         if isinstance(data, list):  # in parts: only where sizes are checked, without a CRC
             parts = parts_of(channel)
             assert parts is not None and not self.info.checksum
@@ -257,14 +229,9 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         *,
         stalled: bool = False,
     ) -> BaseException | None:
-        """Drain what is in flight (bounded), release the channel, find the root cause.
-
-        Returns the worker RPC's error when the local error is only its echo on the wire
-        (a worker rejected the update, so our message failed), else ``None``. ``stalled``:
-        a message did not go out within the timeout, and its error names the peer that took
-        nothing (a stopped receiver); draining it and waiting for the RPC would only add a
-        timeout and the grace (22 s for a 6 s timeout on tcp), so neither is waited for.
-        """
+        """Drain what is in flight (bounded), release the channel; the worker call's error
+        when the local one is only its echo on the wire. ``stalled``: a message never went out
+        (its error names the peer): neither is waited for (22 s for a 6 s timeout on tcp)."""
         channel, self._channel = self._channel, None
         if channel is not None:
             channel.set_abort(f"{type(error).__name__}: {error}")
@@ -292,8 +259,7 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         del pending, channel
         if error.__traceback__ is not None:
             traceback.clear_frames(error.__traceback__)  # drop frame refs to the channel's work
-        # Let the workers end their side (they see the channel close), so that when
-        # send_weights raises, every receiver has ended the round too.
+        # Let the workers end their side, so that every receiver ended the round when we raise.
         rpc.wait(0.0 if stalled else min(_ERROR_GRACE_S, self.info.timeout_s))
         if not isinstance(error, PayloadError) and rpc.error is not None and rpc.error is not error:
             return rpc.error
@@ -307,6 +273,5 @@ class ChannelTrainerEngine(TrainerWeightTransferEngine):
         self._pool.forget_work()
 
     def shutdown(self) -> None:
-        """Release the channel and the buffers. Idempotent."""
         self._close_channel(None)
         super().shutdown()

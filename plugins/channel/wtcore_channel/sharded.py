@@ -1,11 +1,6 @@
-"""The worker half of a streamed engine's sharded rounds: what tcp and nccl share.
-
-Why here: both take a sharded round the same way (the plan as its first update, then one
-update saying how to reach the trainer ranks, received on this worker's thread with the
-engine's abort and shutdown ending every wait), and differ only in that second update and in
-how its pairs travel. An engine mixes :class:`ShardedChannelWorker` in before
-:class:`~wtcore_channel.ChannelWorkerEngine` and implements :meth:`parse_pairs` and
-:meth:`receive_pairs`.
+"""The worker half of a streamed engine's sharded rounds: what tcp and nccl share (the plan,
+then one update saying how to reach the trainer ranks); they differ in that update and in how
+its pairs travel (:meth:`~ShardedChannelWorker.parse_pairs`, ``receive_pairs``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""One thread per (trainer rank, receiver) pair, waited for together (sharded rounds).
-
-Why one helper: every engine that executes sharded plans runs each pair on a thread of its
-own at both ends, so that no pair waits for another, and must end them all at the first
-failure rather than let the others run to their timeouts. The engine says how to stop its
-pairs (``cut``: close their streams, or tell their waits to give up).
-"""
+"""One thread per (trainer rank, receiver) pair, waited for together (sharded rounds): no
+pair waits for another, and the first failure ends them all, not their timeouts."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """CUDA IPC handles as plain JSON (GPU path; NOT yet run on a GPU, see docs/ipc.md).
 
-The trainer exports each staging buffer ONCE (``UntypedStorage._share_cuda_``) and ships the
-handle as JSON: the physical GPU's UUID, base64 (pybase64) handle bytes, sizes and offsets. The
-worker finds that GPU among its own visible devices by UUID (indices differ between processes
-with different ``CUDA_VISIBLE_DEVICES``), imports each handle ONCE
-(``UntypedStorage._new_shared_cuda``) and caches it, so exports and imports pair up and torch's
-IPC reference counters balance; a new handle (a resized buffer) replaces the old import. The
-worker clones every bucket out of the reused buffer onto its own device before returning,
-which is what lets the trainer overwrite the buffer once ``update_weights`` has returned. The
-trainer keeps the buffers alive until shutdown, i.e. long after the last acknowledgement.
+Each buffer is exported once and imported once (cached), so torch's IPC reference counters
+balance; the GPU is found by UUID, since indices differ with ``CUDA_VISIBLE_DEVICES``. The
+worker clones each bucket before returning, so the trainer may then overwrite the buffer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pybase64
@@ -111,7 +104,7 @@ class CudaStaging:
         return self.slots[i]
 
     def publish(self, i: int) -> None:
-        """Make the packed bytes visible to other processes before the RPC goes out."""
+        """Make the packed bytes visible to other processes before the call goes out."""
         import torch
 
         torch.cuda.current_stream(self.device).synchronize()
@@ -121,19 +114,13 @@ class CudaStaging:
         self.handles = []
 
 
-@dataclass
-class _Imported:
-    key: tuple[str, str]
-    buf: torch.Tensor
-
-
 class CudaImporter:
     """The worker side: one import per exported buffer, cached until the handle changes."""
 
     def __init__(self, device: str, max_imports: int) -> None:
         self.device = device
         self.max_imports = max(1, max_imports)
-        self._cache: dict[str, _Imported] = {}
+        self._cache: dict[str, torch.Tensor] = {}
 
     def view(self, spec: dict[str, Any], offset: int, length: int) -> torch.Tensor:
         import torch
@@ -153,7 +140,6 @@ class CudaImporter:
                 f"offset/length: [{offset}, {offset + length}) is outside the exported buffer "
                 f"of {size!r} bytes"
             )
-        key = (uuid, spec["handle"])
         hit = self._cache.get(spec["handle"])
         if hit is None:
             index = index_of_uuid(uuid)
@@ -169,17 +155,15 @@ class CudaImporter:
                     _unb64("event_handle", spec["event_handle"]),
                     spec["event_sync_required"],
                 )
-            buf = torch.empty(0, dtype=torch.uint8, device=f"cuda:{index}").set_(
+            hit = torch.empty(0, dtype=torch.uint8, device=f"cuda:{index}").set_(
                 storage, 0, (size,), (1,)
             )
-            hit = _Imported(key, buf)
             while len(self._cache) >= self.max_imports:  # the trainer re-exported: drop the
                 self._cache.pop(next(iter(self._cache)))  # oldest import (frees its mapping)
             self._cache[spec["handle"]] = hit
-        return hit.buf[offset : offset + length]
+        return hit[offset : offset + length]
 
     def clone(self, view: torch.Tensor) -> torch.Tensor:
-        """Copy a bucket out of the shared buffer onto this worker's device, synchronously."""
         import torch
 
         try:

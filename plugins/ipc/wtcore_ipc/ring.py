@@ -1,17 +1,8 @@
 """Waiting on the other side of a shared-memory ring: cheap, bounded, and aware of death.
 
-With one control call per round, the trainer and the worker meet only in shared memory: the
-worker waits for the trainer to stamp a slot's header, the trainer waits for every worker to
-acknowledge the bucket a slot held before packing into it again. Both waits spin for a few
-microseconds (a slot is often ready by then) and then sleep in growing steps of at most
-:data:`MAX_SLEEP_S`, so an idle waiter costs next to no CPU on a machine whose cores the
-copy itself needs. Every few milliseconds the waiter runs a ``check`` that raises when waiting
-is pointless (the peer died, the round was aborted), and it gives up with a
-:class:`~wtcore.errors.TransferTimeoutError` naming what it waited for after ``timeout_s``.
-
-A bucket larger than a slot crosses the ring as slot-sized *chunks* (:func:`chunks`), the word
-nccl's chain uses for a message cut in pieces; a *frame* is what a streamed engine sends per
-bucket (``wtcore_channel.frames``).
+Waits spin briefly, then sleep in growing steps (an idle waiter leaves the cores to the
+copy), and every :data:`CHECK_EVERY_S` run a ``check`` that raises when waiting is pointless
+(docs/ipc.md). A bucket larger than a slot crosses the ring as slot-sized *chunks*.
 """
 
 from __future__ import annotations
@@ -57,12 +48,8 @@ def wait_until(
 
 
 def chunks(nbytes: int, slot_bytes: int) -> list[tuple[int, int]]:
-    """``(start, length)`` of each chunk of a bucket of ``nbytes`` in slots of ``slot_bytes``.
-
-    A bucket that fits a slot is one chunk; a bigger one (a single tensor larger than the
-    bucket size, by the shared planning rule) is streamed through consecutive slots, so the
-    ring never grows with the model's largest tensor. An empty bucket is one empty chunk.
-    """
+    """``(start, length)`` of each chunk of a bucket of ``nbytes`` in slots of ``slot_bytes``
+    (an empty bucket is one empty chunk)."""
     if nbytes <= slot_bytes:
         return [(0, nbytes)]
     return [(s, min(slot_bytes, nbytes - s)) for s in range(0, nbytes, slot_bytes)]

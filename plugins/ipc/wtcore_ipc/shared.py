@@ -1,23 +1,7 @@
 """Shared weights: the trainer's tensors live in shared memory, so a round copies each byte once.
 
-The ring (:mod:`wtcore_ipc.trainer`) copies every byte twice, once per process: the trainer
-packs into a slot, the worker copies out of it. On a CPU host both copies share the memory bus,
-which caps a round well below one ``memcpy``. :func:`share_weights` removes the trainer's copy
-for good: it moves a module's parameters and buffers, once, into one trainer-owned
-shared-memory segment (the tensors keep their identity, only their storage moves, so an
-optimizer built before or after keeps working). From then on a round announces the segment and
-each tensor's offset in ONE ``update_weights`` call, and every worker copies straight out of the
-trainer's tensors into its model.
-
-The segment is a :class:`~wtcore_ipc.shm.StagingSegment` (a sealed memfd) with a single slot
-holding every tensor at an aligned offset, so it has the same lifetime rules (locked while the
-trainer lives, closed to new workers at :meth:`SharedWeights.close`, freed by the kernel once
-the trainer's tensors and every worker's mapping are gone, a crash included) and the same checks
-on the worker's side, which copies through its mapping: the seals keep the trainer's tensors
-from shrinking under it. The slot header carries the round's
-sequence number, stamped before the announcement, so a stale or replayed announcement is
-refused. The trainer must not change the weights while ``send_weights`` runs; it is a blocking
-call, so a training loop cannot.
+The segment is a one-slot :class:`~wtcore_ipc.shm.StagingSegment` holding every tensor at an
+aligned offset, so it keeps the ring's lifetime rules and checks; see docs/ipc.md.
 """
 
 from __future__ import annotations
@@ -39,19 +23,14 @@ if TYPE_CHECKING:
 __all__ = ["SharedWeights", "locate", "share_weights", "why_not_movable"]
 
 _LIVE: weakref.WeakSet[SharedWeights] = weakref.WeakSet()
-#: Bytes moved between two :func:`_give_back_freed_memory` calls: the move's peak extra memory.
+#: Bytes moved between two :func:`_give_back_freed_memory` calls (the move's peak extra memory).
 _TRIM_EVERY = 64 << 20
 _LOCK = threading.Lock()
 
 
 def _give_back_freed_memory() -> None:
-    """Return the heap memory of the tensors just moved to the kernel (glibc's ``malloc_trim``).
-
-    Why: a model's tensors of up to a few MiB come from the C heap, and glibc keeps freed heap
-    memory for later allocations instead of returning it, so without this a model moved into
-    shared memory would hold its memory twice (measured: +512 MiB of RSS for a 512 MiB model
-    of 300 tensors). Elsewhere (no glibc) it does nothing.
-    """
+    """``malloc_trim``: glibc keeps the freed heap of the moved tensors, so without it a moved
+    model would hold its memory twice (+512 MiB RSS for a 512 MiB model). No-op without glibc."""
     from wtcore_ipc.shm import _c_function
 
     trim = _c_function("malloc_trim")
@@ -60,12 +39,7 @@ def _give_back_freed_memory() -> None:
 
 
 class SharedWeights:
-    """A module's weights, moved into one shared-memory segment owned by this process.
-
-    Build it with :func:`share_weights`. Keep it alive for as long as rounds should use it;
-    :meth:`close` closes the segment to workers (the module keeps working on the mapping, and
-    later rounds go through the ring again).
-    """
+    """A module's weights in one shared-memory segment of this process (:func:`share_weights`)."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         import torch
@@ -98,7 +72,6 @@ class SharedWeights:
 
     @property
     def name(self) -> str | None:
-        """The segment's name, ``None`` once closed."""
         return None if self.segment is None else self.segment.name
 
     def offset_of(self, t: torch.Tensor) -> int | None:
@@ -113,8 +86,7 @@ class SharedWeights:
         return None
 
     def close(self) -> None:
-        """Close the segment to workers; tensors stay valid (the mapping lives as long as they
-        do, and the kernel frees the memory with the last of them)."""
+        """Close the segment to workers; the tensors stay valid (they keep the mapping)."""
         with _LOCK:
             _LIVE.discard(self)
         if self.segment is not None:
@@ -132,14 +104,8 @@ def share_weights(
     weights: torch.nn.Module | Mapping[str, torch.Tensor], *, include_buffers: bool = True
 ) -> SharedWeights:
     """Move a module's parameters (and buffers), or a mapping's tensors, into one shared-memory
-    segment, in place: every tensor keeps its identity, only its storage moves.
-
-    Call it once, after the model is built and on the CPU. The segment is a memfd: it counts
-    against the process's memory (a container's memory limit), not against ``/dev/shm``, whose
-    size does not matter (Docker's default 64 MiB included). Tied parameters stay
-    tied (each tensor moves once). Raises :class:`~wtcore.errors.PayloadError` naming the
-    first tensor that is not on the CPU.
-    """
+    segment, in place: every tensor keeps its identity (an optimizer and tied weights keep
+    working), only its storage moves. Call it once, on the CPU."""
     if isinstance(weights, Mapping):
         named = list(weights.items())
     else:
@@ -161,16 +127,11 @@ def share_weights(
 
 
 def why_not_movable(named: list[tuple[str, torch.Tensor]]) -> str | None:
-    """Why moving these tensors' storage (what :func:`share_weights` does) could change what
-    the program sees, or ``None`` when it cannot: the test the ipc engine runs before it shares
-    a model on its own (``IPCTrainerInitInfo.share_weights``).
+    """Why moving these tensors' storage could change what the program sees, or ``None``.
 
-    Moving is safe when every tensor is a plain dense CPU tensor covering its bytes
-    contiguously, no two of them overlap, and nothing else refers to their memory: a view, a
-    ``state_dict()`` kept somewhere, a flat buffer the parameters are views of (an optimizer
-    or framework that fuses them) would go on seeing the old memory and stop following the
-    model. The last test counts the references to each storage (torch's use count), so it
-    needs that count; where torch does not offer it, nothing is moved.
+    Anything else referring to their memory (a view, a kept ``state_dict()``, a flat buffer)
+    would stop following the model; that is found by counting each storage's references, so a
+    torch without that count moves nothing.
     """
     import torch
 
@@ -209,8 +170,8 @@ def why_not_movable(named: list[tuple[str, torch.Tensor]]) -> str | None:
 
 
 def locate(t: torch.Tensor) -> tuple[SharedWeights, int] | None:
-    """The live :class:`SharedWeights` holding ``t`` and its offset there, or ``None`` (also
-    for an empty tensor, which says nothing about where the others are)."""
+    """The live :class:`SharedWeights` holding ``t`` and its offset, or ``None`` (also for an
+    empty tensor, which says nothing about where the others are)."""
     if t.numel() == 0:
         return None
     with _LOCK:

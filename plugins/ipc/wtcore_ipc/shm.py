@@ -1,43 +1,11 @@
 """Shared-memory segments as sealed memfds: the trainer's staging buffers, the workers' maps.
 
-A segment is a ``memfd`` (:func:`os.memfd_create`), not a file in ``/dev/shm``. The trainer
-creates it, locks it (liveness, below), reserves its pages (:func:`os.posix_fallocate`: memory
-the kernel will not give is an error naming the size, never a ``SIGBUS`` on first write) and
-then *seals* it: ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``. From then on nobody, the
-trainer included, can change its size: ``ftruncate`` fails with ``EPERM`` in every process.
-That is what makes reading through the mapping safe: a read through a mapping past the end of
-a file that shrank is a ``SIGBUS`` that kills the reader, and a sealed file cannot shrink.
-(Segments used to live in ``/dev/shm``, where any process of the user could truncate them, so
-workers had to copy with ``preadv`` at a third of the mapping's speed; see docs/benchmarks.md.)
-
-How a worker finds it: the announcement carries the memfd's name (``wtcore_ipc_<pid>_<random
-token>``, the trainer's pid and 64 random bits) and the descriptor number in the trainer
-(``segment_fd``); the worker opens ``/proc/<pid>/fd/<fd>``. ``O_NOFOLLOW`` cannot apply to that
-magic link (it *is* a link, so the open would always fail); instead the worker checks what it
-opened, on its own descriptor, before mapping a byte: a regular file of its own uid, the
-same file it stat-ed, whose link reads exactly ``/memfd:<announced name> (deleted)`` (so
-neither a file of the trainer's choosing nor a descriptor reused since the announcement), with
-the three seals set and a size that holds the announced layout. Any failure is a
-:class:`~wtcore.errors.PayloadError` naming the field, before anything is applied. The
-trainer and its workers must share one PID namespace (and one host): a worker that cannot see
-the trainer's ``/proc/<pid>`` fails at once with a :class:`~wtcore.errors.TransferError`
-saying so. ``O_NONBLOCK`` keeps a FIFO behind the descriptor from blocking the open.
-
-Lifetime and liveness: the kernel frees a memfd when the last descriptor and the last mapping
-of it go, however the processes holding them end (SIGKILL included), so there is no name to
-unlink and nothing to reclaim after a crash. The trainer holds an exclusive
-:func:`fcntl.flock` on its segment for as long as it owns it; the worker's descriptor opens the
-same file, so a worker tells a live owner from a dead one without trusting PIDs: if it can take
-a shared lock, the owner is gone and the worker drops its mapping (which frees the memory).
-
-Layout: a control area of :data:`CONTROL_BYTES` (one 64-byte acknowledgement entry per
-receiver rank, the only bytes a worker writes), then ``num_slots`` slots, each a 64-byte header
-followed by ``capacity`` data bytes. The header holds a magic tag, the sequence number of the
-bucket the slot holds and its length; the trainer writes it after the data, the worker checks
-it before and after copying, so a stale, replayed or forged slot is an error instead of
-silently loading the wrong bytes. Every field either side reads from the segment is checked
-before use: the other process is not trusted (its bytes may be anything; only its size is
-guaranteed, by the seals).
+The seals make reading through a mapping safe (a sealed file cannot shrink under it, so no
+SIGBUS); the trainer's ``flock`` tells a worker whether its owner lives. How a worker finds
+and checks a segment, and why: docs/ipc.md. Layout: a control area of :data:`CONTROL_BYTES`
+(one 64-byte acknowledgement entry per receiver rank, the only bytes a worker writes), then
+``num_slots`` slots, each a 64-byte header (magic, seq, length) and ``capacity`` data bytes.
+Everything either side reads from the segment is checked: only its size is guaranteed.
 """
 
 from __future__ import annotations
@@ -85,30 +53,23 @@ __all__ = [
     "trainer_of",
 ]
 
-#: Where Linux exposes POSIX shared memory. Segments no longer live there (they are memfds),
-#: but the bench's ``shm_copy`` limit still copies out of a file there.
+#: POSIX shared memory; only the bench's ``shm_copy`` limit still uses it.
 SHM_DIR = "/dev/shm"
-#: Every segment name a payload may carry: the creator's pid and a random token, nothing else
-#: (no slash: a name can only be compared, never point anywhere). Matched with
-#: :meth:`re.Pattern.fullmatch` (``$`` alone would accept a trailing newline).
+#: Every segment name a payload may carry (no slash: it can only be compared, never point
+#: anywhere). Use :meth:`re.Pattern.fullmatch`: ``$`` would accept a trailing newline.
 SEGMENT_NAME_RE = re.compile(r"wtcore_ipc_(?P<pid>[1-9][0-9]{0,6})_(?P<token>[0-9a-f]{16})")
 #: Linux's largest pid (``PID_MAX_LIMIT``); a name claiming a bigger one is forged.
 _PID_MAX = 1 << 22
-#: Descriptor numbers a payload may name: an ``int`` in ``[0, MAX_FD]``.
 MAX_FD = (1 << 31) - 1
-#: The seals every segment carries before any worker can learn of it, and a worker requires:
-#: its size can never change again, and neither can its seals.
+#: The seals every segment carries before any worker can learn of it.
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 #: ``MFD_NOEXEC_SEAL`` (Linux 6.3): data, never code; older kernels refuse the flag.
 _MFD_NOEXEC_SEAL = 0x0008
 #: ``MADV_POPULATE_READ`` (Linux 5.14): map every page up front, so that no round faults.
 _MADV_POPULATE_READ = 22
-#: Bytes of the header in front of each slot (one alignment unit keeps data aligned).
-HEADER_BYTES = ALIGNMENT
-#: One acknowledgement entry per receiver rank, each on its own cache line.
-ACK_BYTES = 64
-#: Receiver ranks one segment can serve (the control area is one page).
-MAX_RECEIVERS = 64
+HEADER_BYTES = ALIGNMENT  # keeps each slot's data aligned
+ACK_BYTES = 64  # one cache line per receiver rank
+MAX_RECEIVERS = 64  # the control area is one page
 CONTROL_BYTES = ACK_BYTES * MAX_RECEIVERS
 _MAGIC = b"WTCIPC02"
 # A slot header: magic (8 bytes), seq (u64, the commit word), length (u64), then padding.
@@ -117,13 +78,12 @@ _SEQ_AT = 8  # the header's commit word: written last by the trainer, read first
 _LENGTH_AT = 16
 #: A header ``length`` meaning "the trainer abandoned the round at this bucket".
 CANCELLED = (1 << 64) - 1
-#: Where a trainer's segments are reachable by a worker, and what its link must read.
 _PROC_FD = "/proc/{pid}/fd/{fd}"
 _LINK = "/memfd:{name} (deleted)"
 
 
 def host_status() -> str:
-    """One line for ``wtcore plugins``, shared by both halves of the engine."""
+    """One line for ``wtcore plugins``."""
     memfd = "sealed memfd ok" if _memfd_supported() else "sealed memfd unavailable (not Linux?)"
     return f"{memfd}; cuda ipc untested"
 
@@ -133,7 +93,6 @@ def _memfd_supported() -> bool:
 
 
 def segment_prefix(pid: int | None = None) -> str:
-    """The name prefix of every segment created by process ``pid`` (default: this one)."""
     return f"wtcore_ipc_{os.getpid() if pid is None else pid}_"
 
 
@@ -157,25 +116,20 @@ def check_segment_name(name: object, *, field: str = "segment") -> str:
 
 
 def check_segment_fd(fd: object, *, field: str = "segment_fd") -> int:
-    """A descriptor number from the wire: an ``int`` (not a bool) in ``[0, MAX_FD]``."""
     if not isinstance(fd, int) or isinstance(fd, bool) or not 0 <= fd <= MAX_FD:
         raise PayloadError(f"{field}: expected a descriptor number in 0..{MAX_FD}, got {fd!r}")
     return fd
 
 
 def segment_pid(name: str) -> int:
-    """The pid of the trainer that created segment ``name`` (checked: a valid name)."""
     m = SEGMENT_NAME_RE.fullmatch(check_segment_name(name))
     assert m is not None
     return int(m["pid"])
 
 
 class _Words:
-    """The mapping as 64-bit words: each read or write is ONE aligned 8-byte access.
-
-    Not :mod:`struct`: ``pack_into`` zeroes the target before writing it, so a peer polling the
-    word can read a transient 0 (a world size of 0, a sequence number gone back).
-    """
+    """The mapping as 64-bit words: each access is ONE aligned 8-byte access (``struct``'s
+    ``pack_into`` zeroes the target first, so a polling peer could read a transient 0)."""
 
     def __init__(self, mm: mmap.mmap) -> None:
         self._view: memoryview | None = memoryview(mm).cast("Q")
@@ -214,7 +168,6 @@ def _close_quietly(fd: int) -> None:
 
 
 def _memfd(name: str) -> int:
-    """A fresh memfd that accepts seals: never executable where the kernel can say so."""
     flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
     try:
         return os.memfd_create(name, flags | _MFD_NOEXEC_SEAL)
@@ -224,7 +177,6 @@ def _memfd(name: str) -> int:
     return os.memfd_create(name, flags)
 
 
-#: What a staging ring needs in shared memory, and how to need less (for the "full" error).
 RING_NEEDS = (
     "the ipc engine needs packed_num_buffers x (packed_buffer_size_bytes or the largest tensor)",
     " or lower packed_buffer_size_bytes / packed_num_buffers",
@@ -241,8 +193,7 @@ def _shm_full(size: int, e: OSError, needs: tuple[str, str]) -> TransferError:
 
 
 def _populate(mm: mmap.mmap) -> None:
-    """Map every page of ``mm`` now (``MADV_POPULATE_READ``), so that no copy faults later;
-    a kernel without it (before 5.14) faults them in during the first round instead."""
+    """Fault every page in now, so that no copy faults later (a kernel before 5.14 cannot)."""
     try:
         mm.madvise(_MADV_POPULATE_READ)
     except (OSError, ValueError, AttributeError):
@@ -261,32 +212,22 @@ class SlotHeader:
 
     @property
     def blank(self) -> bool:
-        """Never written (a fresh segment is zeros)."""
         return self.magic == bytes(8) and self.seq == 0 and self.length == 0
 
 
 @dataclass(frozen=True)
 class Ack:
-    """What receiver ``rank`` wrote in its control entry: how far it got in round ``token``."""
-
     token: int
     consumed: int
     world_size: int
 
 
 class StagingSegment:
-    """A trainer-owned segment of ``num_slots`` reusable staging buffers: a sealed memfd.
-
-    Created once per engine (and again only when a bigger bucket needs more room), reused for
-    every bucket of every round. Workers reach it at :attr:`path` (``/proc/<pid>/fd/<fd>``)
-    and check it by :attr:`name`; both travel in the announcement (``segment``,
-    ``segment_fd``).
-    """
+    """A trainer-owned sealed memfd of ``num_slots`` staging slots, reused every round."""
 
     def __init__(
         self, capacity: int, num_slots: int, *, needs: tuple[str, str] = RING_NEEDS
     ) -> None:
-        """``needs``: what the segment is for and how to shrink it, for a refused reservation."""
         import torch
 
         if capacity < 0 or num_slots < 1:
@@ -296,8 +237,7 @@ class StagingSegment:
         self.stride = HEADER_BYTES + self.capacity
         self.size = CONTROL_BYTES + self.stride * num_slots
         self.name = f"{segment_prefix()}{secrets.token_hex(8)}"
-        # Nobody can reach the memfd before its number is announced, so it is locked, sized,
-        # reserved and sealed before any worker can see it.
+        # Locked, reserved and sealed before its number is announced to any worker.
         fd = _memfd(self.name)
         try:
             os.fchmod(fd, 0o600)
@@ -321,7 +261,7 @@ class StagingSegment:
 
     @property
     def fd(self) -> int | None:
-        """The memfd's descriptor number in this process (``segment_fd``); ``None`` once closed."""
+        """``segment_fd``; ``None`` once closed."""
         return self._fd
 
     @property
@@ -332,7 +272,6 @@ class StagingSegment:
         return CONTROL_BYTES + slot * self.stride + HEADER_BYTES
 
     def slot(self, slot: int) -> torch.Tensor:
-        """The data area of ``slot`` as a flat ``uint8`` tensor (``capacity`` bytes)."""
         if self._buf is None:
             raise TransferError(f"segment {self.name} is closed")
         off = self.data_offset(slot)
@@ -352,20 +291,16 @@ class StagingSegment:
             self.publish(slot, seq, CANCELLED)
 
     def ack(self, rank: int) -> Ack:
-        """Receiver ``rank``'s control entry, as written (untrusted: the caller checks it)."""
+        """Receiver ``rank``'s control entry (untrusted: the caller checks it)."""
         assert self._mm is not None and 0 <= rank < MAX_RECEIVERS
         at = rank * ACK_BYTES
         token = self._words[at]  # first: the commit word
         return Ack(token, self._words[at + 8], self._words[at + 16])
 
     def close(self, *, unmap: bool = True) -> None:
-        """Close the descriptor (no worker can open the segment any more) and unmap.
-        Idempotent; safe while a worker still maps the segment (its mapping keeps the memory
-        until it lets go).
-
-        ``unmap=False`` leaves the mapping to the garbage collector, for tensors that live on
-        in it (shared weights): unmapping under them would crash the process on next use.
-        """
+        """Close the descriptor (no worker can open it any more) and unmap; idempotent.
+        ``unmap=False`` leaves the mapping to the GC, for tensors that live on in it (shared
+        weights): unmapping under them would crash the process."""
         self._finalizer()  # close the descriptor first: nothing new can attach
         self._fd = None
         self._buf = None
@@ -381,16 +316,16 @@ class StagingSegment:
 
 
 def _open_segment(name: str, fd_number: int) -> tuple[int, os.stat_result]:
-    """Open the trainer's memfd ``name`` through ``/proc/<pid>/fd/<fd_number>`` and check,
-    on the descriptor opened, everything that makes mapping it safe (module docstring)."""
+    """Open the trainer's memfd through ``/proc/<pid>/fd/<fd>`` and check, on the descriptor
+    opened, everything that makes mapping it safe (docs/ipc.md). ``O_NOFOLLOW`` cannot apply
+    to that magic link, hence the link and stat checks; ``O_NONBLOCK``: a FIFO cannot block."""
     pid = segment_pid(name)
     fd_number = check_segment_fd(fd_number)
     path = _PROC_FD.format(pid=pid, fd=fd_number)
     want = _LINK.format(name=name)
     where = f"segment {name!r} (fd {fd_number} of {trainer_of(name)})"
-    # What the link names, before opening anything: never open a device or a file of the
-    # trainer's choosing. Checked again below on the descriptor itself (the trainer may have
-    # replaced the descriptor meanwhile).
+    # Never open a file of the trainer's choosing; checked again on the descriptor itself
+    # (the trainer may have replaced the descriptor meanwhile).
     try:
         link = os.readlink(path)
         st = os.stat(path)  # follows the magic link: the file itself
@@ -460,8 +395,7 @@ def _check_stat(st: os.stat_result, where: str) -> None:
 
 @functools.cache
 def _c_function(name: str) -> Any:
-    """The C library's function ``name`` through ctypes (which lets go of the GIL for each
-    call), or ``None`` where ctypes cannot load it; looked up once per name."""
+    """The C library's function ``name`` (ctypes drops the GIL per call), or ``None``."""
     try:
         import ctypes
 
@@ -472,13 +406,8 @@ def _c_function(name: str) -> Any:
 
 @functools.cache
 def _memcpy() -> Callable[[int, int, int], object] | None:
-    """The C library's ``memcpy`` (:func:`_c_function`), typed, or ``None``.
-
-    Why not ``Tensor.copy_``: out of a segment into a worker's tensors, glibc's memcpy took
-    5-8% less time a round than torch's copy loop (512 MiB in 300 tensors, two threads, in
-    turns; docs/benchmarks.md, "ipc"). ctypes lets go of the GIL for the call, as torch does, so
-    the copy threads still run at once.
-    """
+    """The C library's ``memcpy``, typed, or ``None``: 5-8% faster a round than
+    ``Tensor.copy_`` (docs/benchmarks.md, "ipc"), and it too runs without the GIL."""
     import ctypes
 
     fn = _c_function("memcpy")
@@ -489,8 +418,8 @@ def _memcpy() -> Callable[[int, int, int], object] | None:
 
 
 def _copy_out(buf: torch.Tensor, reads: Sequence[tuple[int, torch.Tensor]]) -> None:
-    """Each ``(offset, out)``: ``out.numel()`` bytes at ``offset`` of ``buf`` into ``out``,
-    which :meth:`SegmentReader.read_many` checked (in range; flat, contiguous, CPU bytes)."""
+    """Each ``(offset, out)``: ``out.numel()`` bytes at ``offset`` of ``buf`` (checked by
+    :meth:`SegmentReader.read_many`)."""
     memcpy = _memcpy()
     if memcpy is None:
         for offset, out in reads:
@@ -505,10 +434,9 @@ def _copy_out(buf: torch.Tensor, reads: Sequence[tuple[int, torch.Tensor]]) -> N
 def _split_bytes(
     reads: Sequence[tuple[int, torch.Tensor]], parts: int
 ) -> list[list[tuple[int, torch.Tensor]]]:
-    """``reads`` cut into at most ``parts`` lists of about equal bytes, in order, a read that
-    straddles a cut cut in two (one large tensor is shared out too). No list is empty, but
-    the only one when there is nothing to read."""
-    if parts <= 1:  # every ring read (read_into): no sum, no cut
+    """``reads`` cut into at most ``parts`` lists of about equal bytes, in order; a read that
+    straddles a cut is cut in two."""
+    if parts <= 1:
         return [list(reads)]
     total = sum(out.numel() for _, out in reads)
     if total == 0:
@@ -531,16 +459,11 @@ def _split_bytes(
 
 
 class SegmentReader:
-    """A worker's map of one trainer segment (a sealed memfd), kept across buckets and rounds.
+    """A worker's map of one trainer segment, kept across rounds (writable: for its acks).
 
-    Shared and writable, because the worker acknowledges what it consumed in its entry of the
-    control area; it writes nothing else. Reads go through the mapping: the seals guarantee
-    the file keeps the size checked at open, so no read of the mapping can fault past its end.
-
-    One lock covers every use of the mapping and :meth:`close`: a worker's init (or shutdown)
-    may close the reader while an abandoned round's thread still reads from it, and a
-    read from an unmapped range would crash the process. Under the lock a late reader finds
-    the segment closed (a ``TransferError``) instead.
+    One lock covers every use of the mapping and :meth:`close`: an init may close the reader
+    while an abandoned round's thread still reads, and reading unmapped memory would crash
+    the process; under the lock that reader gets a ``TransferError`` instead.
     """
 
     def __init__(self, name: str, fd: int) -> None:
@@ -569,7 +492,6 @@ class SegmentReader:
         self._lock = threading.RLock()
 
     def _open_fd(self) -> int:
-        """The descriptor, under the lock; ``TransferError`` once closed."""
         if self._fd is None:
             raise TransferError(f"segment {self.name} is closed")
         return self._fd
@@ -579,16 +501,12 @@ class SegmentReader:
         return self._fd is None
 
     def owner_alive(self) -> bool:
-        """False when no process holds the trainer's lock any more (an orphaned segment)."""
         with self._lock:
             return not _unlocked(self._open_fd())
 
     def check_size(self) -> None:
-        """Refuse a segment whose size changed since it was opened.
-
-        The seals make that impossible (``ftruncate`` fails with ``EPERM``), so this never
-        fires; it is kept, once per round, as a cheap guard of that assumption.
-        """
+        """Refuse a segment whose size changed since it was opened: a cheap guard of the
+        seals' promise that it cannot."""
         with self._lock:
             now = os.fstat(self._open_fd()).st_size
         if now != self.size:
@@ -598,7 +516,6 @@ class SegmentReader:
             )
 
     def ack(self, rank: int, token: int, consumed: int, world_size: int) -> None:
-        """Tell the trainer this rank has consumed ``consumed`` buckets of round ``token``."""
         assert 0 <= rank < MAX_RECEIVERS
         with self._lock:
             self._open_fd()
@@ -617,27 +534,19 @@ class SegmentReader:
             return SlotHeader(bytes(self._mm[at : at + 8]), seq, self._words[at + _LENGTH_AT])
 
     def view(self, offset: int, length: int) -> torch.Tensor:
-        """``length`` bytes at ``offset``, in the mapping (for tests and diagnostics: a copy
-        made from it outside :meth:`read_into` is not protected from :meth:`close`)."""
+        """For tests: unlike :meth:`read_into`, not protected from :meth:`close`."""
         if self._buf is None:
             raise TransferError(f"segment {self.name} is closed")
         return self._buf[offset : offset + length]
 
     def read_into(self, offset: int, out: torch.Tensor) -> None:
-        """Copy ``out.numel()`` bytes at ``offset`` into the flat ``uint8`` CPU tensor ``out``,
-        through the mapping (one copy, no system call, no page fault once mapped)."""
         self.read_many([(offset, out)])
 
     def read_many(self, reads: Sequence[tuple[int, torch.Tensor]], *, threads: int = 1) -> None:
-        """:meth:`read_into` for each ``(offset, out)``, the bytes split evenly over
-        ``threads`` threads (this one included).
+        """:meth:`read_into` for each ``(offset, out)``, split over ``threads`` threads.
 
-        Why threads: one thread copies at one core's memcpy speed, and where the trainer only
-        waits (shared weights) a second core copying too moved 1.3-1.5x as much on 2 cores
-        (docs/benchmarks.md, "ipc"). Every range is checked before anything is copied, and a
-        helper's error is raised here. The helpers are waited for without a timeout, on
-        purpose: each copies a bounded range of this process's own memory and ends, and the
-        lock must not be let go (so that :meth:`close` could unmap) while one still reads.
+        The helpers are waited for without a timeout on purpose: each copies a bounded range
+        of this process's memory, and the lock must be held (no unmap) while one still reads.
         """
         import torch
 
@@ -669,8 +578,7 @@ class SegmentReader:
                     raise h.error
 
     def close_if_orphaned(self) -> bool:
-        """Close (unmap) the segment if its owner is gone (the trainer was killed): the
-        kernel frees it with its last mapping. Whether it was closed."""
+        """Unmap if the owner is gone, so the kernel can free it; whether it was closed."""
         with self._lock:
             if self._fd is None or self.owner_alive():
                 return False
@@ -678,7 +586,6 @@ class SegmentReader:
             return True
 
     def close(self) -> None:
-        """Unmap and close; idempotent, and never under a read of another thread."""
         with self._lock:
             self._buf = None
             self._words.release()

@@ -1,22 +1,9 @@
 """The trainer half of ``ipc``: pack buckets into reused staging buffers, announce them as JSON.
 
-Built on :class:`wtcore_kit.bucketed.BucketedTrainerEngine` (planning, staging reuse, the bucket
-loop, recovery). CPU (``shm``): ONE ``update_weights`` per round announces the ring (segment,
-slots, first sequence number) and the whole plan (:meth:`~IPCTrainerEngine.begin_round`); the
-kit's loop then packs bucket after bucket into the ring's next free slot while the workers copy
-the previous ones out, with no control call per bucket, so buckets can be small and packing and
-copying overlap. GPU (``cuda``): the kit's per-bucket pipeline, one call per bucket. Shared
-weights (:mod:`wtcore_ipc.shared`): when the source's tensors already live in a segment made by
-:func:`~wtcore_ipc.share_weights`, the round sends their offsets instead, with no ring and no
-copy on this side (one call of its own: no buckets, so not the kit's loop). With
-``share_weights`` on (the default), the engine makes that segment itself at the first round of
-a :class:`~wtcore.source.ModuleSource` whose model can move without anyone noticing
-(:func:`~wtcore_ipc.shared.why_not_movable`), and closes it at shutdown.
-
-Multi-rank trainers: only the sender (rank 0) stages. Every rank materializes the full tensors
-in lockstep anyway (that is what gathers FSDP shards), so a second gather would add nothing;
-the sender sends ONE payload that every colocated worker reads (they all map the sender's
-segment, or import the sender's CUDA buffer and copy it to their own GPU). See docs/ipc.md.
+CPU (``shm``): ONE ``update_weights`` per round announces the ring and the plan, and the kit's
+loop packs into the next free slot while workers copy the previous ones out; or, when the
+source's tensors live in shared weights, the call lists their offsets (no ring, no copy
+here). GPU (``cuda``): the kit's pipeline, one call per bucket. See docs/ipc.md.
 """
 
 from __future__ import annotations
@@ -71,14 +58,9 @@ class _Resumed(WeightSource):
 
 
 class _Ring:
-    """One round in the ring, on the trainer's side: chunk ``f`` of the round (a bucket, or a
-    slot-sized piece of a bucket larger than a slot) goes into slot ``f % num_slots`` once
-    every worker has acknowledged chunk ``f - num_slots``.
-
-    The workers' acknowledgements live in shared memory and are checked before use: a world
-    size out of range, entries that disagree, or a count beyond what was published is an
-    error naming the rank, never a reason to overwrite a slot early.
-    """
+    """One round in the ring: chunk ``f`` goes into slot ``f % num_slots`` once every worker
+    has acknowledged chunk ``f - num_slots``. Acknowledgements are hostile input: a bad one is
+    an error naming the rank, never a reason to overwrite a slot early."""
 
     def __init__(
         self, memory: StagingSegment, first: int, total: int, timeout_s: float, stats: TransferStats
@@ -89,7 +71,7 @@ class _Ring:
         self.call: BackgroundCall[Any] | None = None  # the round's one update_weights
 
     def consumed(self, published: int) -> int:
-        """How many buckets of this round every worker has consumed (0 before all reported)."""
+        """Chunks of this round every worker has consumed (0 before all reported)."""
         head = self.memory.ack(0)
         if head.token != self.first:
             return 0
@@ -142,8 +124,7 @@ class _Ring:
         return self.memory.slot(index % nslots)
 
     def put(self, nbytes: int, filled: torch.Tensor) -> None:
-        """Publish a bucket of ``nbytes``: one chunk already packed in its slot, or (larger
-        than a slot) slot-sized chunks copied into the next slots one by one."""
+        """Publish a bucket: packed in its slot, or (larger than a slot) copied chunk by chunk."""
         for start, length in chunks(nbytes, self.memory.capacity):
             if nbytes > self.memory.capacity:
                 slot = self.free_slot()
@@ -154,7 +135,6 @@ class _Ring:
             self.published += 1
 
     def cancel(self) -> None:
-        """Mark the chunk workers wait for as cancelled: they give up at once."""
         if self.published < self.total:
             at = self.published % self.memory.num_slots
             self.memory.cancel(at, self.first + self.published)
@@ -174,7 +154,6 @@ class IPCTrainerEngine(BucketedTrainerEngine):
 
     @property
     def segment_name(self) -> str | None:
-        """The current shared-memory segment (CPU), for diagnostics and tests."""
         return self._memory.name if isinstance(self._memory, StagingSegment) else None
 
     def __init__(
@@ -190,11 +169,10 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         self._shm = init_info.transport == "shm"
         self._picked: Callable[[], None] | None = None  # shm: the round _prepare picked
         self._ring: _Ring | None = None  # shm: this round's ring, when it goes through one
-        #: Models :meth:`_share_once` has looked at (it looks once), and what it shared of
-        #: which model (its first tensor: the model has left the segment once that has).
         self._considered: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        # What this engine shared, with the model's first tensor (gone from it: the model left)
         self._owned: list[tuple[SharedWeights, weakref.ref[torch.Tensor]]] = []
-        #: The round's ModuleSource, for :meth:`_send` (which sees it wrapped, if at all).
+        # The round's ModuleSource, unwrapped (_prepare sees it wrapped, if at all)
         self._module_source: ModuleSource | None = None
 
     def send_weights(
@@ -212,9 +190,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             self._module_source = None
 
     def _share_once(self, source: ModuleSource, stats: TransferStats) -> None:
-        """``share_weights``: move ``source``'s model into shared memory, once per model,
-        where that is safe; otherwise (or when it already is) leave it, and rounds go as
-        before. Every later round then copies straight out of the model (:meth:`_send`)."""
+        """Move ``source``'s model into shared memory, once per model, where that is safe."""
         info = self.ipc
         module = source.module
         if not info.share_weights or module in self._considered:
@@ -240,9 +216,8 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             )
 
     def _close_abandoned(self) -> None:
-        """Close the shared weights this engine made whose model has left them (its first
-        tensor is gone or lives elsewhere: ``model.half()``, ``model.to("cuda")``): the segment
-        would otherwise hold the model's old bytes until shutdown."""
+        """Close shared weights whose model has left them (``model.half()``), which would
+        otherwise hold the model's old bytes until shutdown."""
         kept = []
         for shared, first in self._owned:
             t = first()
@@ -253,8 +228,6 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         self._owned = kept
 
     def shutdown(self) -> None:
-        """Also close the shared weights this engine made: the model keeps its memory, new
-        workers can no longer map it."""
         super().shutdown()
         while self._owned:
             self._owned.pop()[0].close()
@@ -282,11 +255,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         return [self._memory.slot(i) for i in range(count)]
 
     def release_staging(self) -> None:
-        """Close the segment (or free the exported buffers): errors never leak segments.
-
-        The kit's slot tensors (views of the mapping) go first, so that the mapping can be
-        unmapped at once and the kernel frees the memfd with the workers' last mappings.
-        """
+        """Close the segment, after the kit's slot views of it (so that it can be unmapped)."""
         memory, self._memory = self._memory, None
         self._big = None
         super().release_staging()
@@ -294,8 +263,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             memory.close()
 
     def _oversized(self, nbytes: int) -> torch.Tensor:
-        """Where a tensor larger than a slot is packed before it is streamed in chunks: one
-        private buffer, kept and grown to the largest such tensor (the ring stays fixed)."""
+        """The private buffer a tensor larger than a slot is packed in (the ring stays fixed)."""
         import torch
 
         if self._big is None or self._big.numel() < nbytes:
@@ -311,8 +279,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         slots: list[torch.Tensor],
         stats: TransferStats,
     ) -> Iterator[tuple[Bucket, Any]]:
-        """``shm``: each bucket packed into the ring's next slot once the workers released it,
-        or, larger than a slot, into one private buffer, for :meth:`send_bucket` to stream."""
+        """``shm``: pack into the next free slot, or a bigger bucket in :meth:`_oversized`."""
         ring = self._ring
         if ring is None:
             return super().fill(source, metas, buckets, slots, stats)
@@ -325,8 +292,7 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         return pack_source(source, metas, buckets, buffer_for, stats)
 
     def begin_round(self, metas: list[ParamMeta], buckets: list[Bucket]) -> None:
-        """``shm``: the ring round's one ``update_weights`` goes out first, on a helper thread;
-        it blocks in every worker, which consumes slot after slot as they are stamped."""
+        """``shm``: the round's one ``update_weights`` goes out first, on a helper thread."""
         super().begin_round(metas, buckets)
         ring = self._ring
         if ring is None:
@@ -345,8 +311,6 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         )
 
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any] | None:
-        """``shm``: stamp the bucket in the ring (the round's one call announced it); ``cuda``:
-        one ``update_weights`` per bucket (the kit's pipeline)."""
         if self._ring is not None:
             self._ring.put(bucket.nbytes, filled)
             return None
@@ -364,14 +328,12 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         }
 
     def abandon_round(self) -> None:
-        """``shm``: workers waiting on the ring find the cancel mark and give up at once."""
         if self._ring is not None:
             self._ring.cancel()
 
     def _prepare(self, source: WeightSource, stats: TransferStats) -> None:
-        """``shm``, before the round opens: the model moves into shared memory (once), and the
-        source's first tensor picks the round, out of shared weights or through the ring,
-        which is staged now."""
+        """``shm``: share the model (once), then the source's first tensor picks the round:
+        out of shared weights or through the ring."""
         self._ring = None
         if not self._shm:
             super()._prepare(source, stats)
@@ -403,8 +365,6 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         self._picked = lambda: send(source, stats)
 
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
-        """``shm``: the whole round in one ``update_weights``: straight out of shared weights
-        when the source's first tensor lives in them, else streamed through the ring."""
         if not self._shm:
             super()._send(source, stats)
             return
@@ -415,9 +375,8 @@ class IPCTrainerEngine(BucketedTrainerEngine):
     def _offsets_in(
         self, shared: SharedWeights, offset: int, items: Iterator[Any]
     ) -> list[int] | None:
-        """Every tensor's offset in ``shared``, or ``None`` (with a warning) when one is not
-        in it: a parameter replaced since :func:`share_weights` (``p.data = ...``, a dtype
-        cast) lives elsewhere, and that round goes through the ring instead."""
+        """Every tensor's offset in ``shared``, or ``None`` (with a warning) when one was
+        replaced since :func:`share_weights`: that round goes through the ring."""
         offsets = [offset]
         for meta, t in items:
             off = shared.offset_of(t)
@@ -440,7 +399,6 @@ class IPCTrainerEngine(BucketedTrainerEngine):
         offsets: list[int],
         stats: TransferStats,
     ) -> None:
-        """One ``update_weights`` naming the shared segment and each tensor's offset."""
         assert self.client is not None, "the sender always has a client"
         segment = shared.segment
         assert segment is not None

@@ -1,11 +1,4 @@
-"""What travels on the control plane: plain JSON dataclasses, never pickle.
-
-* :class:`IPCTrainerInitInfo`: the trainer's settings (the only place they live).
-* :class:`IPCInitInfo`: what the trainer ships to every worker at init.
-* :class:`IPCUpdateInfo`: the kit's bucket metadata plus where the bytes are: on CPU the whole
-  round's ring of shared-memory slots (one call per round) in a sealed memfd of the trainer,
-  on GPU one bucket in an encoded CUDA IPC buffer; validated on arrival.
-"""
+"""What travels on the control plane: plain JSON dataclasses, never pickle, checked on arrival."""
 
 from __future__ import annotations
 
@@ -27,31 +20,16 @@ __all__ = [
     "IPCUpdateInfo",
 ]
 
-#: Default bucket (= slot) size. With one control call per round a bucket costs no round trip,
-#: so small slots let packing (trainer) and copying out (worker) overlap from the first bucket
-#: and keep the ring small; measured in docs/benchmarks.md ("ipc"). A tensor larger than a
-#: slot is streamed through the ring in slot-sized chunks.
+#: Small slots: with no call per bucket, packing and copying out overlap from the first one.
 DEFAULT_BUFFER_SIZE = 16 << 20
-#: Default slot count: enough that a worker waking up late finds the next slots filled.
-DEFAULT_NUM_BUFFERS = 4
+DEFAULT_NUM_BUFFERS = 4  # a worker waking up late finds the next slots filled
 #: ``shm``: POSIX shared memory (CPU). ``cuda``: CUDA IPC handles (GPU, untested here).
 TRANSPORTS = ("shm", "cuda")
 
 
 @dataclass
 class IPCTrainerInitInfo(BucketedTrainerInitInfo):
-    """Trainer settings of the ``ipc`` engine (see
-    :class:`~wtcore_kit.bucketed.BucketedTrainerInitInfo`).
-
-    ``packed_num_buffers`` slots of ``packed_buffer_size_bytes`` form the ring (CPU): the
-    trainer packs the next chunks while workers copy out the previous ones.
-    ``device`` picks the transport: ``"cpu"`` stages in POSIX shared memory, ``"cuda[:N]"`` in
-    GPU memory shared by CUDA IPC.
-    ``share_weights`` (CPU): at its first round the sender moves the model of a
-    :class:`~wtcore.source.ModuleSource` into shared memory (:func:`wtcore_ipc.share_weights`)
-    where that is safe (:func:`wtcore_ipc.shared.why_not_movable`), so rounds copy each byte
-    once instead of twice through the ring; ``False`` leaves the model's memory alone.
-    """
+    """Trainer settings of the ``ipc`` engine (the table in docs/ipc.md)."""
 
     backend: ClassVar[str] = "ipc"
     packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
@@ -75,8 +53,7 @@ class IPCTrainerInitInfo(BucketedTrainerInitInfo):
 
 @dataclass
 class IPCInitInfo:
-    """Shipped to every worker at init: how buckets are planned, where bytes come from, and
-    how long a worker waits for the trainer's next slot (``timeout_s``)."""
+    """Shipped to every worker at init, so both ends plan the same buckets and wait as long."""
 
     transport: str
     packed: bool
@@ -111,23 +88,14 @@ def _require(info: object, kind: str, *names: str) -> None:
 
 @dataclass
 class IPCUpdateInfo(BucketUpdateInfo):
-    """One ``update_weights`` call. Three shapes:
+    """One ``update_weights`` call, in one of three shapes:
 
-    * ``shm`` (CPU): the whole round in ONE call. The metadata lists every tensor of the round;
-      ``segment`` names the trainer's ring of ``num_slots`` slots of ``slot_bytes`` each (the
-      bucket size, aligned). The buckets of the shared plan travel as chunks: a bucket that
-      fits a slot is one chunk, a bigger one (a single large tensor) is cut into slot-sized
-      chunks; chunk ``f`` of the round arrives in slot ``f % num_slots`` with sequence number
-      ``seq + f`` in its header. The worker consumes slot after slot as the trainer fills them.
-    * ``shm`` with shared weights (:func:`wtcore_ipc.share_weights`): the whole round in ONE
-      call, no ring: ``segment`` holds the trainer's tensors themselves, the i-th listed tensor
-      at byte ``offsets[i]`` of its data area, and its header carries ``seq``.
-    * Both ``shm`` shapes: ``segment`` is the name of the trainer's memfd
-      (``wtcore_ipc_<pid>_<token>``, the trainer's pid and a random token) and ``segment_fd``
-      its descriptor number in the trainer: the worker opens ``/proc/<pid>/fd/<segment_fd>``
-      and checks that it is that memfd, sealed (:mod:`wtcore_ipc.shm`).
-    * ``cuda`` (GPU): one bucket per call, at ``offset``/``length`` of the exported buffer
-      ``cuda``; ``sizes`` are the tensors' byte sizes, checked against the metadata.
+    * ``shm`` ring: the whole round; chunk ``f`` arrives in slot ``f % num_slots`` of the
+      trainer's memfd ``segment`` (descriptor ``segment_fd`` in the trainer), stamped ``seq + f``.
+    * ``shm`` shared weights: the whole round; tensor ``i`` at byte ``offsets[i]`` of the
+      segment's one slot, whose header carries ``seq``.
+    * ``cuda``: one bucket at ``offset``/``length`` of the exported buffer ``cuda``; ``sizes``
+      are the tensors' byte sizes.
     """
 
     seq: int
@@ -182,8 +150,7 @@ class IPCUpdateInfo(BucketUpdateInfo):
             raise PayloadError(f"offset: expected a multiple of {ALIGNMENT}, got {self.offset}")
 
     def _check_offsets(self, offsets: list[int]) -> None:
-        """Offsets into shared weights: one per tensor, in range, aligned for its dtype (the
-        bounds against the segment's size are the worker's, once it has the segment)."""
+        """One offset per tensor, aligned for its dtype (the worker checks the segment's end)."""
         if len(offsets) != len(self.metas):
             raise PayloadError(
                 f"offsets: expected {len(self.metas)} entries (one per name), got {len(offsets)}"
@@ -196,8 +163,7 @@ class IPCUpdateInfo(BucketUpdateInfo):
                 )
 
     def plan(self, init: IPCInitInfo) -> list[Bucket]:
-        """The round's buckets, re-planned with the shared rule (``shm``), once the ring's shape
-        is checked against what the trainer advertised at init."""
+        """``shm``: the round's buckets, once the ring's shape matches what init advertised."""
         if self.num_slots != init.packed_num_buffers:
             raise PayloadError(
                 f"num_slots: the trainer advertised packed_num_buffers="
@@ -214,7 +180,7 @@ class IPCUpdateInfo(BucketUpdateInfo):
         )
 
     def bucket(self, init: IPCInitInfo) -> Bucket:
-        """Re-plan with the shared rule (``cuda``): exactly one bucket of ``length``."""
+        """``cuda``: the one bucket of ``length`` these tensors must make."""
         buckets = plan_round(
             self.metas, packed=init.packed, buffer_size_bytes=init.packed_buffer_size_bytes
         )

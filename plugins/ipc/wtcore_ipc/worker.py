@@ -1,15 +1,8 @@
 """The worker half of ``ipc``: map the trainer's staging buffer and copy each tensor out once.
 
-CPU: the segment (a sealed memfd of the trainer, :mod:`wtcore_ipc.shm`) is opened, checked
-and mapped once and kept across buckets and rounds; each tensor is copied out of the mapping
-straight into the tensor the sink offers (or into a fresh one the sink then loads), so every
-byte is copied once on this side, at memcpy speed, with no page fault after the first round.
-The seals make that safe: nobody can shrink the file under the mapping, so no read of it can
-end in a SIGBUS. Before
-anything is applied the worker checks that the payload is one bucket of the advertised size
-(the shared rule), that it lies inside the segment, that the slot header matches (magic,
-sequence number, length) and that the trainer still holds the segment; a failed check is an
-error naming the field, with the model untouched.
+CPU: the trainer's sealed memfd is mapped once and kept across rounds; each tensor is copied
+out of it into the tensor the sink offers. Slot headers and the segment are hostile input,
+checked before anything is applied (docs/ipc.md).
 """
 
 from __future__ import annotations
@@ -43,18 +36,13 @@ if TYPE_CHECKING:
 
 __all__ = ["SHARED_COPY_THREADS", "IPCWorkerEngine", "copy_threads", "slot_ready"]
 
-#: Most threads a worker copies shared weights with. The trainer only waits while its
-#: workers copy (nothing is packed), so cores are free: on a 2-core host two threads moved a
-#: round of one worker about 1.3x faster than one (docs/benchmarks.md, "ipc"), while two
-#: workers with two threads each were slower than with one. So a worker takes two only where
-#: every worker of the group can (:func:`copy_threads`). The ring keeps one: the trainer's
-#: packing holds a core there.
+#: Most threads a worker copies shared weights with (docs/ipc.md); the ring keeps one, since
+#: the trainer's packing holds a core there.
 SHARED_COPY_THREADS = 2
 
 
 def copy_threads(world_size: int) -> int:
-    """Threads for one worker's copy of shared weights, ``world_size`` workers copying at once
-    on the cores this process may run on."""
+    """Threads for one worker's copy of shared weights, ``world_size`` workers sharing the cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     return max(1, min(SHARED_COPY_THREADS, cores // max(1, world_size)))
 
@@ -106,8 +94,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     # ------------------------------------------------------------------ CPU
     def _segment(self, name: str, fd: int) -> SegmentReader:
-        """The reader of segment ``name`` (descriptor ``fd`` in its trainer): the one kept from
-        earlier rounds (its mapping already faulted in), else a new one, opened and checked."""
+        """The reader kept from earlier rounds (already faulted in), else a new one, checked."""
         r = self._reader
         if r is not None and not r.closed and (r.name, r.fd_number) == (name, fd):
             return r
@@ -117,8 +104,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         return reader
 
     def _mapped(self, name: str, fd: int) -> SegmentReader:
-        """The segment's reader, its size re-checked once per round (sealed: it cannot have
-        changed; a reader that finds otherwise is dropped)."""
+        """The segment's reader, its size re-checked once per round."""
         r = self._segment(name, fd)
         try:
             r.check_size()
@@ -128,7 +114,6 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         return r
 
     def _receive_ring(self, u: IPCUpdateInfo, r: SegmentReader) -> None:
-        """Consume the round's chunks slot by slot as the trainer stamps them."""
         import torch
 
         assert u.num_slots is not None and u.slot_bytes is not None
@@ -150,8 +135,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         loaded = False  # whether the sink has loaded a batch this round (_read_bucket)
         for bucket in buckets:
             pieces = chunks(bucket.nbytes, u.slot_bytes)
-            # A bucket bigger than a slot (one big tensor) is gathered chunk by chunk into the
-            # tensor the sink offers, else here and then loaded.
+            # A bucket bigger than a slot (one tensor) is gathered into the sink's tensor or here.
             whole = dest = None
             if len(pieces) > 1:
                 m = bucket.metas[0]
@@ -182,13 +166,9 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             del whole, dest
 
     def _receive_shared(self, u: IPCUpdateInfo, r: SegmentReader, offsets: list[int]) -> None:
-        """Copy each tensor straight out of the trainer's shared weights (one copy in all).
-
-        The slot header must carry this round's ``seq`` before the copy and still carry it
-        after (with the trainer alive): a stale or replayed announcement is refused before
-        anything is applied, and a trainer that gave up on the round (and may be changing its
-        weights again) makes the round fail instead of publishing mixed weights.
-        """
+        """Copy each tensor straight out of the trainer's shared weights. The header carries
+        this round's ``seq`` before and after the copy, or the round fails (stale or replayed
+        before; after, the trainer gave up and may be changing its weights)."""
         self._check_owner(r)
         where = f"segment {r.name!r} of {trainer_of(r.name)}"
         base = CONTROL_BYTES + HEADER_BYTES
@@ -244,13 +224,8 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         m: ParamMeta,
         later: list[tuple[int, torch.Tensor]] | None = None,
     ) -> torch.Tensor | None:
-        """Read tensor ``m`` at byte ``at`` of the segment: into the tensor the sink offers
-        (then ``None``: nothing left to load; with ``later``, that read is appended there for
-        the caller to make instead), else into a fresh one that is returned.
-
-        Reads go through the mapping, which the segment's seals keep whole
-        (:meth:`SegmentReader.read_into`).
-        """
+        """Read tensor ``m`` at byte ``at``: into the tensor the sink offers (``None``; with
+        ``later``, the read is left there for the caller), else into a fresh one, returned."""
         import torch
 
         dest = direct_destination(self.sink, m.name, m.dtype, m.shape, "cpu")
@@ -262,14 +237,11 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         return None if dest is not None else out
 
     def _read_bucket(self, r: SegmentReader, at: int, bucket: Bucket, loaded: bool) -> bool:
-        """Read every tensor of a packed bucket that starts at byte ``at`` and load it; whether
-        the sink has loaded a batch this round, ``loaded`` saying so before this bucket.
+        """Read and load a packed bucket at byte ``at``; whether the sink has loaded a batch.
 
-        Until it has, a tensor the sink offers no place for is loaded at once, alone. Why: a
-        sink may offer its tensors only once the round's first batch told it what kind of
-        round this is (a delta sink does when the round announced its header first), and the
-        rest of the round is then read in place instead of staged in fresh memory (16 MiB a
-        round before, page faults included).
+        Until it has, a tensor with no offered place is loaded alone at once: a sink (delta)
+        may offer its tensors only once the round's first batch told it what kind of round
+        this is, and the rest of the round is then read in place.
         """
         group = []
         for m, off in zip(bucket.metas, bucket.offsets, strict=True):
@@ -302,10 +274,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         bucket: Bucket,
         aborted: threading.Event,
     ) -> None:
-        """Wait (bounded) until the slot at ``offset`` holds bucket ``seq``; check its header.
-
-        The header is hostile input: :func:`slot_ready` says "not yet", "yes" or raises.
-        """
+        """Wait (bounded) until the slot at ``offset`` holds chunk ``seq`` (:func:`slot_ready`)."""
         where = f"segment {r.name!r} of {trainer_of(r.name)}"
 
         def ready() -> bool:
@@ -336,12 +305,8 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
     # ------------------------------------------------------------------ lifetime
     def abort(self) -> None:
-        """An abandoned round: stop waiting on the ring, drop the mapping if its trainer died.
-
-        A live trainer keeps (and reuses) its segment, and so does this worker; a killed
-        one's memory is freed by the kernel once this worker's mapping goes too. Safe while a
-        copy runs: the reader's lock lets the copy finish and fails the next read as closed.
-        """
+        """Stop waiting on the ring; drop the mapping if its trainer died (safe mid-copy: the
+        reader's lock)."""
         if self._aborted is not None:
             self._aborted.set()
         reader = self._reader
@@ -349,8 +314,6 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             reader.close_if_orphaned()
 
     def _release(self) -> None:
-        # An init or a shutdown may release while an abandoned round's thread still reads:
-        # the reader's own lock makes that read fail cleanly, and its close idempotent.
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.close()
@@ -364,15 +327,10 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
 
 
 def slot_ready(head: SlotHeader, seq: int, length: int, *, where: str, bucket: int) -> bool:
-    """Whether a slot header read by :meth:`SegmentReader.header` holds chunk ``seq`` of
-    ``length`` bytes: ``False`` for "not yet", ``True`` for "yes"; anything else raises.
-
-    The sequence number is the commit word: the trainer writes it last and the reader reads
-    it first, so while it is below ``seq`` the magic and length beside it may be half-written
-    (a fresh slot whose magic is still zero but whose length already landed) and mean nothing.
-    Only a header that claims this chunk or a later one is judged: it must be exactly this
-    chunk, or the trainer's cancellation of it.
-    """
+    """Whether a slot header holds chunk ``seq`` of ``length`` bytes (``False``: not yet);
+    anything else raises. ``seq`` is the commit word: while it is below ``seq`` the magic and
+    length beside it may be half-written, so only a header claiming this chunk or a later one
+    is judged."""
     if head.seq < seq or head.blank:
         return False
     if not head.valid:

@@ -1,9 +1,7 @@
 """wtcore-mooncake: the ``mooncake`` engine, weights pulled over the Mooncake Transfer Engine.
 
-The trainer registers its staging buffers with Mooncake and announces them; each worker reads
-every bucket with one ``transfer_sync_read`` (TCP anywhere, RDMA where the hosts have HCAs).
-Mooncake itself is imported only when an engine is built (:mod:`wtcore_mooncake.te`).
-Registered as ``mooncake`` in ``wtcore.backends`` (:data:`ENGINE`, naming both halves).
+Registered as ``mooncake`` in ``wtcore.backends`` (:data:`ENGINE`); Mooncake itself is
+imported only when an engine is built (:mod:`wtcore_mooncake.te`). See docs/mooncake.md.
 """
 
 from __future__ import annotations

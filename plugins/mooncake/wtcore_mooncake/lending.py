@@ -1,18 +1,8 @@
 """The memory a process lends to workers for source reads, registered only while lent.
 
-A trainer's source reads (:mod:`wtcore_mooncake.trainer`) register the storages a bucket's
-tensors lie in, announce their regions, and unregister them once the bucket was read. The
-registrations are the process's transfer engine's (:func:`wtcore_mooncake.te.start`: one per
-process, address and protocol), so what they lend is kept here, one :class:`Lender` per
-transfer engine, not on one trainer engine: a failed round's loans outlive the trainer engine
-that made them. A worker's read may outlive the round that failed (a timed-out read, a link
-that comes back), so the memory it reads must stay alive while it may run. After a failed
-round the trainer closes the transfer engine (:func:`wtcore_mooncake.te.close`), which ends
-every such read; the lender is retired then, and its loans stay alive until the engine is gone.
-Where the engine stays open (something else in the process holds it) or a trainer shuts down
-mid-round, a failed round's loans stay registered and alive until the next round has ended, on
-any trainer engine of the process; if none comes, they stay (at most the two buckets that were
-in flight) until the process ends.
+One :class:`Lender` per transfer engine, not per trainer engine: a worker's read may outlive
+the round that failed, so a failed round's loans stay alive until the engine is closed, or
+(an engine held elsewhere) until the next round has ended, on any trainer engine.
 """
 
 from __future__ import annotations
@@ -40,9 +30,7 @@ class Lender:
 
     def lend(self, tensors: list[torch.Tensor]) -> list[list[int]] | None:
         """Register the storages ``tensors`` lie in for one bucket; each tensor's ``[address,
-        bytes]``, or ``None`` (nothing kept registered) if one cannot be read where it lies:
-        off the CPU, or memory Mooncake will not register (it overlaps memory registered
-        already, say)."""
+        bytes]``, or ``None`` (nothing kept) if one cannot be read where it lies."""
         with self._lock:
             bases: list[int] = []
             regions: list[list[int]] = []
@@ -69,34 +57,29 @@ class Lender:
             return regions
 
     def give_back(self, keep: int) -> None:
-        """Give back this round's loans, all but the ``keep`` newest."""
         with self._lock:
             while len(self.loans) > keep:
                 self._unregister(self.loans.pop(0)[0])
 
     def round_failed(self) -> None:
-        """Keep this round's loans until the next round has ended (see the module docstring)."""
         with self._lock:
             self.failed += self.loans
             self.loans = []
 
     def round_ended(self) -> None:
-        """Every worker returned: give back this round's loans and any failed round's."""
         with self._lock:
             for bases, _ in [*self.failed, *self.loans]:
                 self._unregister(bases)
             self.failed, self.loans = [], []
 
     def retire(self) -> list[Loan]:
-        """The engine is being closed (:func:`wtcore_mooncake.te.close`): forget it, and return
-        every loan, whose tensors the caller keeps alive until the engine is gone."""
+        """The engine is being closed: every loan, for the caller to keep until it is gone."""
         with self._lock:
             loans, self.failed, self.loans, self.count = [*self.failed, *self.loans], [], [], {}
             self.engine = None
             return loans
 
     def _unregister(self, bases: list[int]) -> None:
-        """Unregister each of ``bases`` that no other loan still holds."""
         for base in bases:
             self.count[base] -= 1
             if not self.count[base]:

@@ -1,23 +1,8 @@
 """Sharded rounds on mooncake: every trainer rank packs its pairs' buckets into registered slots,
-step by step, and each receiver reads the buckets it needs.
+step by step, and each receiver reads the buckets it needs (docs/mooncake.md, "Sharded rounds").
 
-Why steps of packed buckets: pull is this engine's direction (:mod:`wtcore_mooncake.trainer`),
-and a receiver's slice of a tensor is, on a trainer rank, often not one contiguous region
-(a receiver splitting by columns what the trainer splits by rows needs one row at a time).
-Read in place, that is one read per row, about 28 µs each over Mooncake's TCP transport: slower
-than gathering on rank 0. Packed by the trainer rank, it is one read per bucket. A trainer rank
-has ``packed_num_buffers`` slots (no more memory than a round of the other engines), so the
-round goes in the steps of :func:`wtcore_kit.sharded.schedule.schedule_pairs`, which every rank
-computes alike from the plan: at most that many buckets per trainer rank and per receiver in a
-step. In each step every trainer rank packs its buckets of the step into its slots, rank 0
-tells each receiver which slot of which rank holds which of its buckets (one rank-indexed
-``update_weights``, ``{"reads": [{"src", "bucket", "slot"}]}``), each receiver reads them and
-returns, and only then does any rank pack the next step.
-
-Before the first step rank 0 sends every rank's endpoint and slots (``{"senders":
-[{"endpoint": "host:port", "slots": [[address, bytes]]}]}``), so a receiver checks every read
-against what was announced: the slot exists, the planned bucket fits in it, and the bucket is
-the next of that sender's, of its planned size (:class:`~wtcore_kit.sharded.pairs.PairAssembler`).
+The updates: first ``{"senders": [{"endpoint": "host:port", "slots": [[address, bytes]]}]}``,
+then per step ``{"reads": [{"src", "bucket", "slot"}]}``, each checked before a byte moves.
 """
 
 from __future__ import annotations
@@ -33,7 +18,6 @@ __all__ = ["MAX_SLOTS", "Read", "ReadsUpdate", "SendersUpdate"]
 
 _ENDPOINT = re.compile(r"(?P<host>[A-Za-z0-9_.:\-\[\]]{1,253}):(?P<port>[0-9]{1,5})")
 _ADDRESS_LIMIT = 1 << 63
-#: The most slots one trainer rank may announce.
 MAX_SLOTS = 64
 
 
@@ -44,8 +28,7 @@ class SendersUpdate:
     senders: list[Any]
 
     def checked(self, ranks: int) -> list[tuple[str, list[tuple[int, int]]]]:
-        """Each rank's endpoint and ``(address, bytes)`` slots, every entry checked (a
-        ``PayloadError`` naming it), for ``ranks`` trainer ranks."""
+        """Each of ``ranks`` trainer ranks' endpoint and ``(address, bytes)`` slots, checked."""
         if not isinstance(self.senders, list) or len(self.senders) != ranks:
             got = len(self.senders) if isinstance(self.senders, list) else self.senders
             raise PayloadError(
@@ -88,8 +71,7 @@ class ReadsUpdate:
     reads: list[Any]
 
     def checked(self) -> list[Read]:
-        """The reads, each an object of three integers (a ``PayloadError`` naming it); what
-        they name is checked against the plan and the slots by the receiver."""
+        """The reads, each three integers (the receiver checks them against plan and slots)."""
         if not isinstance(self.reads, list) or len(self.reads) > MAX_SLOTS * 1024:
             raise PayloadError("update_info.reads: expected a list of reads")
         out = []

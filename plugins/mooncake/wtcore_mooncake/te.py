@@ -60,14 +60,9 @@ _LOCK = threading.Lock()
 
 
 def start(address: str, protocol: str) -> tuple[Any, str]:
-    """This process's transfer engine on ``address``; returns it and its ``host:port``.
-
-    One per process, address and protocol, kept for the process's life: a transfer engine is
-    a listener and a pool of connections, which is the host's, not one wtcore engine's (each
-    registers and unregisters its own memory); and stopping one takes a second, which a trainer
-    that re-initializes, or a process hosting several receivers, would pay every time.
-    ``P2PHANDSHAKE``: peers exchange their segment descriptors directly, no metadata server.
-    """
+    """This process's transfer engine on ``address``, and its ``host:port``: one per process,
+    address and protocol, kept (stopping one takes a second); ``P2PHANDSHAKE``: no metadata
+    server."""
     key = (address, protocol)
     with _LOCK:
         if key not in _ENGINES:
@@ -83,24 +78,17 @@ def start(address: str, protocol: str) -> tuple[Any, str]:
 
 
 def lender(address: str, protocol: str) -> Lender:
-    """The :class:`~wtcore_mooncake.lending.Lender` of this process's transfer engine on
-    ``address`` (started if need be): source reads' loans are the engine's, not a trainer's."""
+    """The :class:`~wtcore_mooncake.lending.Lender` of this process's transfer engine."""
     engine, _ = start(address, protocol)
     with _LOCK:
         return _LENDERS.setdefault((address, protocol), Lender(engine))
 
 
 def close(address: str, protocol: str) -> None:
-    """Close this process's transfer engine on ``address``, unless something else in this
-    process still holds it (a worker engine on the same address).
-
-    Closing is the only way to end the reads peers still run against it: Mooncake has no call
-    to cancel a transfer, and over TCP a read the worker gave up on goes on (up to Mooncake's
-    own 30 s) sharing the link with the next round. It takes about a second, during which
-    Mooncake holds the GIL. What the engine's lender lent stays alive until the engine is gone,
-    as its connections may read it until then; so must anything else it had registered, which
-    the caller holds through this call. The next :func:`start` makes a fresh engine, on a new
-    port.
+    """Close this process's transfer engine on ``address`` unless something else here holds it:
+    the only way to end the reads peers still run against it (docs/mooncake.md); about a second,
+    holding the GIL. What it had registered must stay alive until it is gone: its lender's
+    loans here, the rest the caller's.
     """
     key = (address, protocol)
     with _LOCK:
@@ -118,25 +106,15 @@ def close(address: str, protocol: str) -> None:
     del loans  # only now may what it lent go
 
 
-#: Mooncake's TCP transport fails a transfer that moved no byte for this many seconds (its
-#: default: 30); it reads the variable at each transfer.
+#: Mooncake's TCP transport fails a transfer that moved no byte for this many seconds (30).
 PROGRESS_ENV = "MC_TCP_PROGRESS_TIMEOUT_SEC"
 _progress_set: str | None = None  # the value bound_stalls last set
 
 
 def bound_stalls(timeout_s: float) -> None:
-    """Make this process's TCP transfers that stall for just over ``timeout_s`` (the next
-    whole second; at most Mooncake's own 30) fail inside Mooncake, unless the user set
-    :data:`PROGRESS_ENV` themselves (a value this function did not set stays).
-
-    Why: Mooncake cannot cancel a read. One a worker gave up on after ``timeout_s`` would
-    otherwise go on for Mooncake's 30 s and land whatever reaches it later (a link that comes
-    back delivers what the trainer had sent), and while it may write into the model's own
-    tensors the worker's next round cannot start. Bounded here, it fails inside Mooncake at
-    most a second after the worker gave up on it (just after, so that the worker's own timeout,
-    with its clearer error, fires first), and writes nothing after. The bound is the process's
-    (Mooncake reads an environment variable): the last worker's init sets it.
-    """
+    """Make this process's TCP transfers that stall for just over ``timeout_s`` fail inside
+    Mooncake, which cannot cancel a read (docs/mooncake.md); just over, so that the worker's
+    clearer timeout fires first. A value the user set stays; the last worker's init wins."""
     global _progress_set
     current = os.environ.get(PROGRESS_ENV)
     if current is not None and current != _progress_set:

@@ -1,37 +1,9 @@
 """The trainer half of ``mooncake``: staging buffers registered once, read by the workers.
 
-Pull, because it fits the protocol's direction: the trainer's transfer engine registers its
-``packed_num_buffers`` staging buffers when it announces them (each handshake), and every
-``update_weights`` names the slot a packed bucket lies in; each worker reads the bucket with
-one ``transfer_sync_read`` and returns from ``update_weights`` once it has it. The kit
-(:class:`~wtcore_kit.bucketed.BucketedTrainerEngine`) packs the next bucket into the other slot
-meanwhile, and writes a slot again only after the call that announced it returned from every
-worker, so no worker ever reads a slot being rewritten. Push would need each worker's
-registered memory announced back to the trainer, which the four calls have no way to carry.
-
-Source reads (``source_reads``, the default): the trainer does not even pack. For a bucket of
-CPU tensors it registers the memory they lie in (each tensor's whole storage, so views of one
-buffer and tied weights share a registration), announces each tensor's region instead of a
-slot, and unregisters it once the bucket was read (:meth:`MooncakeTrainerEngine.fill`). On
-2 cores the copy into the slots did not overlap the workers' reads, and was a third of a
-round (1 GiB in 300 tensors, 2 workers: 0.41 of 1.77 s). A bucket that cannot be read where
-it lies (a tensor off the CPU, memory Mooncake will not register, more than
-:data:`~wtcore_mooncake.wire.MAX_REGIONS` tensors) is packed as before. Per bucket, not once
-per handshake, because a source may hand out fresh tensors every round (a gathered shard),
-and memory freed while registered is exactly what registration must never outlive; it costs
-about 20 µs a tensor over TCP.
-
-A round whose largest bucket (a tensor larger than ``packed_buffer_size_bytes``) does not fit
-the announced slots grows them and announces them again (a fresh handshake) before it starts.
-
-A failed round closes the process's transfer engine (about a second,
-:meth:`MooncakeTrainerEngine.round_failed`) and frees the staging once it is closed; the next
-handshake starts a fresh engine, on a new port. Mooncake cannot cancel a transfer, and a
-worker's read that outlived the round (a link that stalled, or went down and came back) would
-otherwise go on, for up to Mooncake's own 30 s, sharing the link with the next round's reads:
-over a link that came back, that failed the next round too. Closing ends every such read at
-once, on both ends. What the failed round lent stays alive until then
-(:mod:`wtcore_mooncake.lending`).
+Pull (the four calls cannot carry the workers' memory back): each update names a slot, or with
+source reads each tensor's region of the trainer's own memory, registered for that bucket only
+(a source may hand out fresh tensors every round). A failed round closes the transfer engine,
+which ends every read still under way. See docs/mooncake.md.
 """
 
 from __future__ import annotations
@@ -59,7 +31,7 @@ __all__ = ["MooncakeTrainerEngine"]
 
 
 class MooncakeTrainerEngine(BucketedTrainerEngine):
-    """Announces registered staging at init and each bucket's slot in its update."""
+    """Announces registered staging at init and each bucket's slot (or regions) in its update."""
 
     init_info_cls = MooncakeTrainerInitInfo
 
@@ -96,7 +68,6 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         return slots
 
     def release_staging_of(self, slots: list[torch.Tensor]) -> None:
-        """Unregister whatever of ``slots`` was registered (the tensors are then freed)."""
         for t in slots:
             if t.data_ptr() in self._registered:
                 self._registered.remove(t.data_ptr())
@@ -111,11 +82,8 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         super().release_staging()
 
     def round_failed(self) -> None:
-        """Free the staging, then close this process's transfer engine (:func:`te.close`): a
-        worker's read of the failed round may still be under way, over a link that stalled
-        or came back, and would share the link with the next round's reads. The failure
-        already asks the next round for a fresh handshake, which starts a fresh engine and
-        announces its endpoint."""
+        """Free the staging once this process's transfer engine is closed (ending any read of
+        the failed round); the next handshake announces a fresh engine."""
         slots = self._slots  # freed only once the engine that may read them is gone
         super().round_failed()
         if self._engine is not None:
@@ -139,11 +107,8 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         }
 
     def staging(self, capacity: int) -> list[torch.Tensor]:
-        """The kit's slots; grown past what the workers were told, they are announced again.
-
-        The kit sizes the slots for a round in ``_prepare``, before ``send_weights`` opens
-        the round, so the fresh handshake lands between rounds.
-        """
+        """The kit's slots; grown past what the workers were told, announced again (in
+        ``_prepare``: between rounds)."""
         announced = self._announced  # growing releases the old slots, which forgets it
         slots = super().staging(capacity)
         if announced not in (-1, self._capacity):
@@ -165,8 +130,8 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         slots: list[torch.Tensor],
         stats: TransferStats,
     ) -> Iterator[tuple[Bucket, Any]]:
-        """Each bucket as its tensors' regions, lent to the workers for its reads, or packed
-        into its slot where it cannot be read where it lies (see the module docstring)."""
+        """Each bucket as its tensors' lent regions, or packed into its slot where it cannot
+        be read where it lies."""
         if not self.mc_info.source_reads:
             yield from super().fill(source, metas, buckets, slots, stats)
             return
@@ -204,8 +169,8 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
     executes_plans: ClassVar[bool] = True
 
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
-        """Pack this rank's buckets of ``planned`` into its slots, step by step, for the
-        receivers to read; rank 0 tells them where (see :mod:`wtcore_mooncake.pairs`)."""
+        """Pack this rank's buckets into its slots, step by step; rank 0 tells the receivers
+        where (:mod:`wtcore_mooncake.pairs`)."""
         from wtcore.sharded.round import gather, together
         from wtcore_kit.bucketed import SETTLE_GRACE_S
         from wtcore_kit.concurrency import BackgroundCall
@@ -247,7 +212,6 @@ class MooncakeTrainerEngine(BucketedTrainerEngine):
         pending: list[BackgroundCall[Any]] = []  # rank 0: the last step's update, in flight
 
         def settle(t: int) -> None:
-            """Every rank learns together that step ``t`` was read (its slots free again)."""
             calls = pending[:]
             pending.clear()
 

@@ -1,10 +1,5 @@
-"""What travels on the control plane: the trainer's options, the init and the update payloads.
-
-Everything a worker gets is checked before a byte moves: the endpoint's form, the announced
-regions (count, addresses, sizes), and in each update the slot and its length against those
-regions and against the bucket its metadata plans. A worker never reads more than a slot
-holds, nor writes past its own staging.
-"""
+"""What travels on the control plane: the trainer's options, the init and the update payloads,
+each checked before a byte moves."""
 
 from __future__ import annotations
 
@@ -28,20 +23,14 @@ __all__ = [
     "MooncakeUpdateInfo",
 ]
 
-#: Mooncake's transports this engine accepts (``rdma`` needs HCAs on both ends).
 PROTOCOLS = ("tcp", "rdma")
-#: The most staging regions a trainer may announce (``packed_num_buffers`` is at most this).
 MAX_SLOTS = 64
-#: The most tensors a bucket read where they lie may have (one read each, about 28 µs apiece
-#: over TCP on loopback: a bucket of more, smaller tensors is cheaper packed). Also keeps a
-#: read batch far below the 2,049 entries at which Mooncake 0.3.13's TCP transport fails one.
+#: Tensors of a bucket read where they lie (one read each: more, smaller ones are cheaper
+#: packed); also far below the 2,049 entries at which Mooncake 0.3.13's TCP batch fails.
 MAX_REGIONS = 256
 _ENDPOINT = re.compile(r"(?P<host>[A-Za-z0-9_.:-]{1,253}):(?P<port>[0-9]{1,5})")
 _ADDRESS_LIMIT = 1 << 64
-#: Default ``direct_min_bytes``: tensors that fill a default bucket are read in place. Not the
-#: channel kit's 1 MiB: each bucket here costs an ``update_weights`` call and a read of its own,
-#: and over TCP on loopback (1 GiB in 300 tensors, 2 receivers) 1 MiB made the rounds 1.5x
-#: slower than packing everything, far more than the copy out of staging it saved.
+#: Not the channel kit's 1 MiB: a bucket here costs a call and a read (docs/mooncake.md).
 DEFAULT_DIRECT_MIN_BYTES = 64 << 20
 
 
@@ -58,28 +47,12 @@ def _check_direct(value: Any, what: str) -> None:
 
 @dataclass
 class MooncakeTrainerInitInfo(BucketedTrainerInitInfo):
-    """Trainer settings of the ``mooncake`` engine.
-
-    ``address`` is where this trainer's transfer engine listens, an address of this host every
-    worker reaches (loopback by default); ``protocol`` is Mooncake's transport, ``tcp``
-    anywhere or ``rdma`` where both ends have HCAs. The bucket options are the kit's
-    (:class:`~wtcore_kit.bucketed.BucketedTrainerInitInfo`); each of the ``packed_num_buffers``
-    staging buffers is registered with Mooncake once per handshake. ``direct_min_bytes``
-    (packed only; the channel kit's name; 64 MiB): a tensor at least this large travels as
-    a bucket of its own, which a worker reads straight into the sink's tensor when the sink
-    offers it (registered once per handshake); 0 packs everything. ``source_reads`` (on by
-    default): a bucket of CPU tensors (at most :data:`MAX_REGIONS` of them) is not packed at
-    all; the trainer registers the memory its tensors lie in for as long as the bucket is
-    read, and the workers read each tensor from there (the pack was a third of a round);
-    off, every bucket is packed into a slot.
-    """
+    """Trainer settings of the ``mooncake`` engine (the table in docs/mooncake.md)."""
 
     backend: ClassVar[str] = "mooncake"
     address: str = field(default="127.0.0.1", kw_only=True)
     protocol: str = field(default="tcp", kw_only=True)
-    #: 128 MiB, not 64: each bucket costs an ``update_weights`` to every worker and waits for
-    #: the slowest, about 6 ms even on a quiet host; with source reads the trainer allocates
-    #: nothing for it, and 1 GiB to 2 workers went from 0.71x to 0.89x the bare read.
+    # 128 MiB, not 64: a bucket costs ~6 ms of calls (1 GiB, 2 workers: 0.71x -> 0.89x bare)
     packed_buffer_size_bytes: int = field(default=128 << 20, kw_only=True)
     direct_min_bytes: int = field(default=DEFAULT_DIRECT_MIN_BYTES, kw_only=True)
     source_reads: bool = field(default=True, kw_only=True)
@@ -137,21 +110,15 @@ class MooncakeInitInfo:
         return self.endpoint.rsplit(":", 1)[0]
 
     def plan(self, metas: Sequence[ParamMeta]) -> list[Bucket]:
-        """The buckets the trainer planned for ``metas`` (the same rule, the same options)."""
         return _plan(self, metas)
 
 
 @dataclass
 class MooncakeUpdateInfo(BucketUpdateInfo):
-    """One bucket: its metadata and where it lies on the trainer, either packed in an
-    announced ``slot`` (``nbytes`` long), or as ``regions``, each tensor's ``[address,
-    bytes]`` in the trainer's memory, registered there for this bucket only.
-
-    A region is never checked against an announcement (the trainer's tensors are not known
-    at the handshake): each must be exactly its tensor's bytes, and the trainer's transfer
-    engine refuses to serve any address it has not registered, so a forged region reads
-    nothing of the trainer's but what it lent, and writes nothing here but the tensor's place.
-    """
+    """One bucket, packed in an announced ``slot`` (``nbytes`` long), or as ``regions``: each
+    tensor's ``[address, bytes]`` in the trainer's memory. A region must be exactly its
+    tensor's bytes; the trainer's engine serves only what it lent, so a forged one reads
+    nothing else and lands only in that tensor's place."""
 
     slot: int = -1
     nbytes: int = 0
@@ -184,7 +151,6 @@ class MooncakeUpdateInfo(BucketUpdateInfo):
 def _plan(
     info: MooncakeTrainerInitInfo | MooncakeInitInfo, metas: Sequence[ParamMeta]
 ) -> list[Bucket]:
-    """One bucket rule for both ends, from the options both carry."""
     return plan_round(
         metas,
         packed=info.packed,

@@ -1,43 +1,10 @@
 """The worker half of ``mooncake``: read each announced bucket, in place or into staging.
 
-Each ``update_weights`` names a slot of the trainer's registered staging and the bucket's
-length, or, with the trainer's source reads (:mod:`wtcore_mooncake.trainer`), each tensor's
-region of the trainer's own memory. Before a byte moves the worker checks them against what
-the init announced and what the metadata plans (one bucket, exactly its bytes, inside the slot
-and inside the memory it lands in; a region exactly its tensor's bytes); then one
-``transfer_sync_read`` (a slot) or one ``batch_transfer_sync_read`` (the regions), bounded by
-``timeout_s``, brings the bucket over.
-
-Where it lands: a bucket of one tensor (the trainer's ``direct_min_bytes`` makes every large
-tensor one) is read straight into the tensor the sink offers for it
-(:func:`~wtcore.sink.direct_destination`: same dtype and shape, contiguous, on the CPU), which
-saves a copy of every byte out of staging; any other bucket is read into this worker's
-registered staging and the sink loads it. A bucket read from regions lands tensor by tensor:
-each straight into the sink's tensor where it offers one, the rest into staging. Mooncake reads
-only into registered memory, and lets any process that reaches this engine's ports write into
-registered memory (it has no authentication: docs/mooncake.md, "Trust"). So what a read lands
-in (the sink's tensors, the staging) is registered just before that read and unregistered as
-soon as it ended: the model is never registered between reads, let alone between rounds, and
-Mooncake refuses a stranger's write there. Registering costs about 2 µs over TCP. A tensor
-that cannot be registered (it overlaps registered memory, say) is read through staging.
-
-A read that fails or stalls fails the round naming the trainer's endpoint; memory a timed-out
-read may still be writing into is kept (alive and registered) until that read ends. While such
-a read may still write into the sink's own tensors, the next round does not start
-(:meth:`MooncakeWorkerEngine._await_stale_reads`). Over TCP, Mooncake itself fails a read
-that has stalled for just over ``timeout_s`` (:func:`wtcore_mooncake.te.bound_stalls`), so
-such a read ends within a second of the worker giving up on it, not Mooncake's 30 s later.
-
-A round that read and did not finish (a read failed or stalled, another receiver failed, the
-trainer gave up) leaves this process's transfer engine suspect: after such a round, the next
-one's bytes came out mixed with others' on a surviving worker (tests/multinode/test_faults.py,
-1 run in 15), and Mooncake gives no way to tell when an engine whose round was cut off
-has stopped writing. So before this worker's next round starts it closes the engine
-(:func:`wtcore_mooncake.te.close`, once every read of the failed round has ended; while one
-into staging still runs, at a later round) and starts a
-fresh one (:meth:`MooncakeWorkerEngine._renew_engine`), as the trainer does on its side:
-nothing of the failed round survives on either end. Where the engine is shared (another engine
-of this process holds it) it stays, as before.
+Everything an update names is checked against the init and the plan before a byte moves.
+What a read lands in is registered only while it runs (Mooncake has no authentication:
+docs/mooncake.md, "Trust"). A read that outlived its timeout keeps its memory until it ends,
+and after a round that read and did not finish the transfer engine is renewed before the
+next round (docs/mooncake.md, "Hostile input and failures").
 """
 
 from __future__ import annotations
@@ -63,10 +30,8 @@ __all__ = ["MooncakeWorkerEngine"]
 
 
 class _StaleRead(NamedTuple):
-    """A read that outlived its timeout: the memory it may still write into (kept alive, and
-    registered, until it ends: freeing it would let Mooncake write freed memory, and a later
-    buffer at the same address could not be registered), how many of those are the sink's own
-    tensors, and how long the next round waits for it if any are (its ``timeout_s``)."""
+    """A read that outlived its timeout: the memory it may still write into (kept, registered,
+    until it ends), how many are the sink's own tensors, and how long the next round waits."""
 
     call: BackgroundCall[Any]
     into: list[Any]
@@ -77,33 +42,25 @@ class _StaleRead(NamedTuple):
 class MooncakeWorkerEngine(
     PlanReceiver, BucketedWorkerEngine[MooncakeInitInfo, MooncakeUpdateInfo]
 ):
-    """Pulls buckets from the trainer's registered staging (see the module docstring), and in
-    a sharded round each pair's buckets from the trainer ranks' parts
-    (:mod:`wtcore_mooncake.pairs`)."""
+    """Pulls buckets from the trainer's registered memory (sharded: wtcore_mooncake.pairs)."""
 
     init_info_cls = MooncakeInitInfo
     update_info_cls = MooncakeUpdateInfo
 
     _engine: Any = None
     _staging: Any = None  # a flat uint8 tensor, registered only while a read lands in it
-    #: What the read under way lands in, by address: registered until it ends.
-    _lent: dict[int, torch.Tensor]
-    #: Bytes read since init: straight into the sink's tensors, and through staging.
-    in_place_bytes: int = 0
+    _lent: dict[int, torch.Tensor]  # what the read under way lands in, by address
+    in_place_bytes: int = 0  # bytes read since init, into the sink's tensors / through staging
     staged_bytes: int = 0
-    #: Reads that outlived their timeout, until they end.
-    _reading: list[_StaleRead]
-    #: This worker's transfer engine, ``host:port`` (a fresh one after a round that failed).
-    endpoint: str = ""
-    #: Whether a read ran in a round that has not finished (see the module docstring).
-    _suspect: bool = False
+    _reading: list[_StaleRead]  # reads that outlived their timeout, until they end
+    endpoint: str = ""  # this worker's transfer engine, host:port
+    _suspect: bool = False  # a read ran in a round that has not finished
     _engine_key: tuple[str, str] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reading = []
         self._lent = {}
-        #: A sharded round's senders (endpoint and slots per trainer rank) and read buffer.
         self._senders: list[tuple[str, list[tuple[int, int]]]] | None = None
         self._round_buf: torch.Tensor | None = None
 
@@ -122,7 +79,6 @@ class MooncakeWorkerEngine(
         super().init_transfer_engine(init_info)
 
     def _stage(self, size: int) -> None:
-        """Allocate ``size`` bytes of staging (registered by each read that lands in it)."""
         import torch
 
         self._staging = torch.empty(size, dtype=torch.uint8, device="cpu")
@@ -138,15 +94,13 @@ class MooncakeWorkerEngine(
         return True
 
     def _unlend(self) -> None:
-        """Unregister what the read that just ended landed in."""
         lent, self._lent = self._lent, {}
         for ptr in lent:
             self._engine.unregister_memory(ptr)
 
     def _renew_engine(self) -> None:
         """Close this process's transfer engine and start a fresh one, once every read of the
-        round that did not finish has ended (see the module docstring); the staging is
-        allocated again."""
+        round that did not finish has ended (Mooncake cannot tell when a cut-off one stops)."""
         self._await_stale_reads()
         if self._reading:  # a read into staging still runs on the engine: renewed later
             return
@@ -162,8 +116,7 @@ class MooncakeWorkerEngine(
         self._suspect = False
 
     def _destination(self, name: str, dtype: Any, shape: tuple[int, ...]) -> torch.Tensor | None:
-        """The sink's tensor for ``name`` as bytes, registered for the read under way;
-        ``None``: read through staging (e.g. it overlaps memory registered already)."""
+        """The sink's tensor for ``name`` as bytes, registered for the read; ``None``: staging."""
         dest = direct_destination(self.sink, name, dtype, shape, "cpu")
         if dest is None or dest.numel() == 0:
             return None
@@ -194,14 +147,8 @@ class MooncakeWorkerEngine(
         super().start_weight_update()
 
     def _await_stale_reads(self) -> None:
-        """Wait for every read that outlived its round and may still write into the sink's
-        own tensors, up to its ``timeout_s``; one still running fails this round's start.
-
-        Mooncake cannot cancel a read: one that timed out lands whatever reaches it later (a
-        link that comes back delivers what the trainer had sent), and in a tensor read in place
-        that could be after this round wrote it, and was published. It ends once the trainer,
-        which closes its transfer engine after a failed round, resets its connection.
-        """
+        """Wait (up to its ``timeout_s``) for every read that outlived its round and may still
+        write into the sink's tensors, after this round wrote them; one still running fails."""
         for call, _, sinks, wait_s in self._reading:
             if sinks and not call.wait(wait_s):
                 raise TransferTimeoutError(
@@ -217,8 +164,7 @@ class MooncakeWorkerEngine(
         self._suspect = False  # every read of the round ended, and the round did
 
     def _take_senders(self, update: SendersUpdate) -> None:
-        """A sharded round's senders: every trainer rank's endpoint and slots, checked, and a
-        registered buffer for this receiver's largest planned bucket."""
+        """A sharded round's senders, checked, and a buffer for its largest planned bucket."""
         import torch
 
         assembler = self.planned("update_info.senders")
@@ -232,8 +178,7 @@ class MooncakeWorkerEngine(
         self._senders, self._round_buf = senders, buf
 
     def _read_step(self, update: ReadsUpdate) -> None:
-        """Read this step's buckets, each checked against the plan and the announced slots
-        before a byte moves, and assemble them (see :mod:`wtcore_mooncake.pairs`)."""
+        """Read this step's buckets, each checked before a byte moves, and assemble them."""
         assembler = self.planned("update_info.reads")
         senders, buf = self._senders, self._round_buf
         if senders is None or buf is None:
@@ -266,11 +211,9 @@ class MooncakeWorkerEngine(
             self.staged_bytes += buckets[r.bucket][0].payload_nbytes
 
     def _drop_round(self) -> None:
-        """Forget the round's senders and its buffer (a read that may still write holds it)."""
         self._round_buf = self._senders = None
 
     def _lend_or_fail(self, t: torch.Tensor) -> None:
-        """Register ``t`` (staging, a round's buffer) for the read under way, or fail."""
         if not self._lend(t):
             raise TransferError(f"Mooncake could not register {t.numel()} bytes to read into")
 
@@ -339,9 +282,8 @@ class MooncakeWorkerEngine(
     def _read_regions(
         self, init: MooncakeInitInfo, bucket: Bucket, regions: list[Any], staging: torch.Tensor
     ) -> None:
-        """Read each tensor of ``bucket`` from its region of the trainer's memory (checked
-        against its metadata on arrival), all in one batch: into the sink's own tensor where it
-        offers one, else into the tensor's place in staging, which the sink then loads."""
+        """Read ``bucket``'s tensors from their regions in one batch: into the sink's tensors
+        where offered, else into staging, which the sink then loads."""
         local: list[int] = []
         remote: list[int] = []
         lengths: list[int] = []
@@ -374,7 +316,6 @@ class MooncakeWorkerEngine(
             self.sink.load_weights([(name, t) for name, t in views if name in staged])
 
     def _in_place(self, init: MooncakeInitInfo, bucket: Bucket) -> torch.Tensor | None:
-        """The registered sink tensor ``bucket`` is read into, if it is one such tensor."""
         if not init.packed or init.direct_min_bytes <= 0 or len(bucket.metas) != 1:
             return None
         m = bucket.metas[0]
@@ -388,18 +329,13 @@ class MooncakeWorkerEngine(
     def _read(self, init: MooncakeInitInfo, into: Any, remote: int, n: int) -> None:
         self._lend_or_fail(into)
         call = BackgroundCall(
-            self._engine.transfer_sync_read,
-            init.endpoint,
-            into.data_ptr(),
-            remote,
-            n,
+            self._engine.transfer_sync_read, init.endpoint, into.data_ptr(), remote, n,
             name="mooncake-read",
-        )
+        )  # fmt: skip
         self._wait_read(call, f"{n} bytes from the trainer at {init.endpoint}", init.timeout_s)
 
     def _wait_read(self, call: BackgroundCall[Any], what: str, timeout_s: float) -> None:
-        """Wait for ``call``, a read of ``what`` into what is lent; a read that fails or
-        stalls fails the round (see the module docstring)."""
+        """Wait for ``call``, a read of ``what``; one that fails or stalls fails the round."""
         self._suspect = True  # until the round finishes
         if not call.wait(timeout_s):
             into, self._lent = list(self._lent.values()), {}  # registered until it ends
@@ -421,7 +357,6 @@ class MooncakeWorkerEngine(
             )
 
     def _forget_ended_reads(self) -> None:
-        """Unregister the memory of every timed-out read that has ended since."""
         running: list[_StaleRead] = []
         for r in self._reading:
             if not r.call.wait(0):
@@ -432,8 +367,7 @@ class MooncakeWorkerEngine(
         self._reading = running
 
     def _release(self) -> None:
-        """Drop the staging and the round's buffer; a timed-out read's memory is unregistered
-        only once that read has ended."""
+        """Drop the staging and the round's buffer (a timed-out read's stays until it ends)."""
         self._forget_ended_reads()
         self._drop_round()
         self._staging = None

@@ -1,9 +1,6 @@
-"""wtcore-tcp: packed, pipelined weight streams over plain TCP, for CPU workers.
+"""wtcore-tcp: packed, pipelined weight streams over plain TCP, for CPU workers (docs/tcp.md).
 
-The trainer's rank 0 streams every bucket to every worker, or down a chain of them (no process
-group, no rendezvous store); its address, port and a per-handshake token travel in the init
-call. Registered as ``tcp`` in ``wtcore.backends`` (:data:`ENGINE`, naming both halves).
-Importing this package does not import torch.
+Registered as ``tcp`` in ``wtcore.backends`` (:data:`ENGINE`). Importing it imports no torch.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The relay chain (``topology="chain"``): each receiver hands every message on to the next.
 
-A fan-out sends every byte once per receiver from the sender's link; here the ranks form a
-chain ordered by rank (``0 -> 1 -> ... -> world_size - 1``) and rank ``k`` hands each message
-from ``k - 1`` on to ``k + 1`` a :data:`~wtcore_tcp.streams.RELAY_CHUNK` at a time, as it
-lands, so every link carries each byte once. The hops are the engine's streams: every length
-is checked before a byte is read, on every hop, and a relay that fails cuts its onward
-connections, so the receivers behind it fail at once, naming it. Every message carries the
-trainer's CRC-32, checked by every rank (:class:`~wtcore_tcp.streams.Stream`'s ``crc``), so a
-relay that changes a byte fails the round behind it instead of being published.
-
-No store: every worker connects to the sender as in a fan-out; each rank but the last tells it
-where it listens (its end's address of that connection), the sender tells each rank from 2 on
-where its previous rank listens and keeps rank 1's lanes only. Each rank connects to its
-previous rank (a hello signed with the handshake's token) while it accepts the next one.
+Ranks ``0 -> 1 -> ... -> world_size - 1``, every hop one of the engine's streams with CRCs.
+Handshake: every worker connects to the sender; each rank but the last tells it where it
+listens, and the sender passes that on to the next rank, keeping rank 1's lanes only
+(docs/tcp.md, "The chain").
 """
 
 from __future__ import annotations
@@ -29,7 +20,6 @@ from wtcore_tcp.streams import Stream, _recv_exact, accept_lanes, connect_lanes
 
 __all__ = ["ROLES", "accept_chain", "connect_chain"]
 
-#: How the chain's streams name a rank's previous and next rank in errors.
 ROLES = ("the previous rank of the chain", "the next rank of the chain")
 #: A rank's ``host port``, NUL-padded, as it tells the sender on its first lane.
 _ADDRESS_BYTES = 64
@@ -43,8 +33,7 @@ def accept_chain(
     timeout_s: float,
     poll: Callable[[], None] | None = None,
 ) -> Stream:
-    """The sender's end: every worker's signed lanes, then each rank's previous rank's address
-    passed on (see the module docstring); the stream to rank 1."""
+    """The sender's end: the stream to rank 1, once every rank learnt its previous one."""
     lanes = accept_lanes(
         listener, ranks=range(1, world_size), token=token, timeout_s=timeout_s, poll=poll
     )
@@ -75,8 +64,7 @@ def connect_chain(
     timeout_s: float,
     poll: Callable[[], None] | None = None,
 ) -> Stream:
-    """Rank ``rank``'s hops of the chain, through the sender at ``address:port`` (see the
-    module docstring)."""
+    """Rank ``rank``'s hops of the chain, set up through the sender at ``address:port``."""
     lanes = connect_lanes(address, port, rank=rank, token=token, timeout_s=timeout_s, poll=poll)
     accepting = listener = None
     try:

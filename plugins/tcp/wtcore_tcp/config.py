@@ -1,10 +1,5 @@
-"""The settings of the ``tcp`` engine pair: what the trainer owns and what it ships to workers.
-
-The trainer's :class:`TCPTrainerInitInfo` is the only place where settings are chosen;
-:meth:`TCPTrainerInitInfo.worker_init_info` derives each handshake's :class:`TCPInitInfo`
-from it (with the port the sender listens on and a fresh token), so the two ends cannot
-disagree on the bucket layout.
-"""
+"""The settings of the ``tcp`` engine pair: the trainer's, and the :class:`TCPInitInfo` derived
+from them each handshake, so the two ends cannot disagree on the bucket layout."""
 
 from __future__ import annotations
 
@@ -18,9 +13,7 @@ from wtcore_channel import ChannelTrainerInitInfo, ChannelUpdateInfo, check_rece
 
 __all__ = ["TOPOLOGIES", "TCPInitInfo", "TCPTrainerInitInfo", "TCPUpdateInfo", "resolve_topology"]
 
-#: What a handshake token looks like (``secrets.token_hex(16)`` and longer).
 _TOKEN = re.compile(r"[0-9a-f]{32,128}")
-#: How bytes reach the workers: a stream from the sender to each, or relayed down a chain.
 TOPOLOGIES: tuple[str, ...] = ("fanout", "chain")
 
 
@@ -49,17 +42,7 @@ def _check_peers(address: str, port: int, world_size: int, *, any_port: bool) ->
 
 @dataclass
 class TCPTrainerInitInfo(ChannelTrainerInitInfo):
-    """Trainer settings of the ``tcp`` engine.
-
-    ``address`` is an address of the trainer's host that every worker reaches; the sender
-    listens there only, on ``port`` (0, the default: a port the kernel picks at every
-    handshake, shipped to the workers in the init call). ``world_size`` counts the sender
-    plus every inference worker, which connect as ranks ``1 .. world_size - 1``. The bucket
-    options, ``direct_min_bytes`` and ``checksum`` are the kit's
-    (:class:`wtcore_channel.ChannelTrainerInitInfo`). CPU tensors only: ``device`` is
-    ``"cpu"``. ``topology``: ``"fanout"`` (a stream to each worker) or ``"chain"`` (each worker
-    relays to the next, :mod:`wtcore_tcp.chain`); ``"auto"``: :func:`resolve_topology`.
-    """
+    """Trainer settings of the ``tcp`` engine (the table in docs/tcp.md)."""
 
     backend: ClassVar[str] = "tcp"
     address: str
@@ -78,7 +61,6 @@ class TCPTrainerInitInfo(ChannelTrainerInitInfo):
             )
 
     def worker_init_info(self, port: int, token: str) -> TCPInitInfo:
-        """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1)."""
         return TCPInitInfo(
             address=self.address,
             port=port,
@@ -92,12 +74,8 @@ class TCPTrainerInitInfo(ChannelTrainerInitInfo):
 
 @dataclass
 class TCPInitInfo:
-    """The worker's init info: where the sender listens and this handshake's token.
-
-    ``token`` proves to the sender that a connection comes from a worker that got this
-    handshake's init call (the listening port takes connections from anyone who can reach
-    it); it travels only inside that call, and the sender draws a new one every handshake.
-    """
+    """The worker's init info. ``token`` proves a connection comes from a worker that got this
+    handshake's init call (anyone may reach the port); it is drawn anew every handshake."""
 
     address: str
     port: int
@@ -109,8 +87,6 @@ class TCPInitInfo:
     packed_num_buffers: int = 2
     timeout_s: float = DEFAULT_TIMEOUT_S
     direct_min_bytes: int = 0
-    #: Whether the trainer's frame headers carry CRCs (its ``checksum``); the receiver then
-    #: stages every bucket, to verify it before anything of it is applied.
     checksum: bool = False
     topology: str = "fanout"
 
@@ -123,7 +99,6 @@ class TCPInitInfo:
         check_receiver_settings(self)
 
     def to_wire(self) -> dict[str, Any]:
-        """A JSON-safe dict, as shipped in ``init_weight_transfer_engine``."""
         return asdict(self)
 
 

@@ -1,55 +1,12 @@
 """TCP streams from a sender to its receivers: the ``tcp`` engine's channel, fanned out or
 relayed down its chain (:mod:`wtcore_tcp.chain`).
 
-Gloo's broadcast is a rendezvous per message: the receiver posts its buffer, tells the sender,
-and only then do the bytes move. A round of a few hundred tensors therefore pays a round trip
-per tensor, and the frame header that must be checked before each receive is posted doubles
-it; on a small host that framing alone capped a round at about 0.6x of one large broadcast
-(docs/benchmarks.md). A byte stream has no rendezvous: the sender writes message after
-message, the kernel's socket buffers keep the wire busy while the receiver checks a header,
-and the receiver reads each message's length prefix before it reads a byte of the message,
-so the size check is free and a sender whose sizes disagree cannot overrun a receive buffer.
-The receiver refuses such a message (:class:`~wtcore.errors.TransferError`, naming both
-sizes) instead of the transport aborting the process, as gloo does.
-
-The sender listens on its configured ``address`` (an address of its own host that every
-worker reaches) and ships the port and a fresh random *token* in every handshake's init info,
-which travels only over the (authenticated) control plane: no rendezvous store. Every worker
-opens :data:`LANES` connections and introduces each with its rank, the lane's number and an
-HMAC of both under the token; the sender reads every accepted connection's hello as it comes
-(one selector for all of them), bounded by :data:`HELLO_S`, so a stranger who connects and
-says nothing holds up no one, and it drops a connection whose hello is malformed, late, a
-duplicate or wrongly signed. It
-acknowledges each lane it keeps, so both ends leave the handshake knowing the group is whole.
-Each message is a 16-byte prefix (magic, byte count) and the bytes; message ``k`` of a
-handshake travels on lane ``k % LANES`` (both ends number the messages in the same order),
-each lane from a thread of its own on both ends. The sender writes every message to every
-worker (a fan-out).
-
-A *relay* reads from one peer and writes to others (:meth:`Stream.relay`): each message's
-length is checked against its own posted receive before a byte is read, and every chunk of
-:data:`RELAY_CHUNK` bytes is handed on as soon as it landed, while the next one arrives. The
-chain (``topology="chain"``) is such relays, one per receiver: a relay that hands on a message
-of another length than planned is refused by the next receiver, naming the relay. A relay that
-fails, or is fed a message it refuses, shuts its onward connections down: the receivers behind
-it fail at once instead of at their timeout, naming it. A relay could also change bytes and
-keep lengths, so on the chain (a stream with ``crc``) the sender follows each message with its
-CRC-32, computed once, and every receiver checks it, relays as each piece lands, before the
-message counts as received; a relay hands the trainer's CRC on, so a byte changed anywhere
-upstream fails the round on every receiver behind it, naming the rank it came from. It is a
-pass over every byte on each end, in the lanes' threads; the fan-out, where no receiver's
-bytes pass through another, goes without (docs/tcp.md).
-
-A message may be several pieces of memory (:meth:`Stream.broadcast_parts`): the sender writes
-them with ``sendmsg``, a receiver reads into them with ``recvmsg_into``, so a packed bucket
-travels from the trainer's tensors into the receivers' with no packing copy on either end
-(:mod:`wtcore_channel.parts`); its length prefix is the pieces' total, checked as any other.
-
-:meth:`Stream.broadcast` returns a :class:`StreamWork` (a
-:class:`wtcore_channel.pipeline.ThreadWork`). Every blocking socket call is bounded by the
-timeout (``SO_RCVTIMEO``/``SO_SNDTIMEO``), and :meth:`Stream.release` shuts the sockets down,
-which ends any call in progress at once; a receive never reports completion while its thread
-may still write into the buffer. Only CPU tensors travel this way.
+A message is a 16-byte prefix (magic, byte count), its bytes and, with ``crc`` (the chain),
+the trainer's CRC-32 of them. A receiver reads the prefix before a byte of the message, so a
+size that disagrees is refused, never an overrun; message ``k`` travels on lane ``k % LANES``,
+each lane on a thread of its own at both ends. The handshake (signed hellos, no store), the
+relays and their checks: docs/tcp.md. A receive never completes while its thread may still
+write into the buffer.
 """
 
 from __future__ import annotations
@@ -90,31 +47,21 @@ _MAGIC = int.from_bytes(b"wtcstrm1", "big")
 _HELLO = struct.Struct("<QQQ32s")  # magic, rank, lane, token
 _HELLO_MAGIC = int.from_bytes(b"wtchelo1", "big")
 _ACK = b"\x01"
-#: How long an accepted connection may take to say hello before it is dropped.
-HELLO_S = 5.0
-#: Connections whose hello is awaited at once; one more drops the oldest of them.
-_GREETERS = 64
+HELLO_S = 5.0  # how long an accepted connection may take to say hello
+_GREETERS = 64  # hellos awaited at once; one more drops the oldest
 _POLL_S = 0.05
-#: TCP connections per worker ("lanes"): message ``k`` travels on lane ``k % LANES``. On
-#: loopback the sender's kernel does most of a connection's work (its copy and the receiving
-#: side's protocol processing), so one connection is bound by one core; two let the sender's
-#: work run on two (docs/benchmarks.md: 1.3-1.5x one connection on 2 cores).
+#: Connections per worker: on loopback one is bound by one core of the sender's kernel.
 LANES = 2
-#: Messages up to this size are written with their prefix in one call.
-_SMALL = 1 << 16
-#: A relay hands a message on in pieces of this size, each as soon as it landed.
-RELAY_CHUNK = 1 << 20
-#: Buffers one ``sendmsg``/``recvmsg_into`` takes at most (the kernel's limit is 1024).
-_IOV = 512
+_SMALL = 1 << 16  # messages up to this size go out with their prefix in one call
+RELAY_CHUNK = 1 << 20  # a relay hands a message on in pieces of this size
+_IOV = 512  # buffers per sendmsg/recvmsg_into (the kernel's limit is 1024)
 
 
 def _signature(token: str, rank: int, lane: int) -> bytes:
-    """What rank ``rank`` proves it got this handshake's init call with (the token)."""
     return hmac.new(token.encode(), f"wtcore-tcp:{rank}:{lane}".encode(), hashlib.sha256).digest()
 
 
 def _bytes_view(tensor: torch.Tensor) -> memoryview:
-    """``tensor``'s bytes (CPU, contiguous) as a writable memoryview, without a copy."""
     import torch
 
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
@@ -124,8 +71,8 @@ def _bytes_view(tensor: torch.Tensor) -> memoryview:
 
 
 def _bound(sock: socket.socket, timeout_s: float) -> None:
-    """Bound every blocking call on ``sock`` by ``timeout_s`` in the kernel (one syscall per
-    message: a Python-level timeout would split each receive into many)."""
+    """Bound every blocking call on ``sock`` in the kernel (a Python-level timeout would
+    split each receive into many syscalls)."""
     sec = max(0.001, timeout_s)
     tv = struct.pack("ll", int(sec), int((sec - int(sec)) * 1e6))
     sock.settimeout(None)
@@ -136,8 +83,7 @@ def _bound(sock: socket.socket, timeout_s: float) -> None:
 
 def _recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
     """Fill ``view`` from ``sock``; :class:`TransferError` if the peer closed,
-    :class:`TransferTimeoutError` past ``deadline`` (each call is bounded by the socket's own
-    timeout)."""
+    :class:`TransferTimeoutError` past ``deadline``."""
     got, n = 0, len(view)
     while got < n:
         try:
@@ -153,8 +99,7 @@ def _recv_exact(sock: socket.socket, view: memoryview, deadline: float) -> None:
 
 
 def _recv_scattered(sock: socket.socket, views: list[memoryview], deadline: float) -> None:
-    """Fill ``views`` in order from ``sock``, as many as :data:`_IOV` a call (one syscall for
-    a bucket's tensors where :func:`_recv_exact` would need one each); errors as there."""
+    """:func:`_recv_exact` into ``views`` in order, :data:`_IOV` of them a call."""
     if len(views) == 1:
         _recv_exact(sock, views[0], deadline)
         return
@@ -174,7 +119,7 @@ def _recv_scattered(sock: socket.socket, views: list[memoryview], deadline: floa
 
 
 def _advance(views: list[memoryview], k: int) -> None:
-    """Drop the first ``k`` bytes of ``views`` (a partial send or receive), in place."""
+    """Drop the first ``k`` bytes of ``views``, in place."""
     while k:
         if k >= len(views[0]):
             k -= len(views.pop(0))
@@ -184,7 +129,6 @@ def _advance(views: list[memoryview], k: int) -> None:
 
 
 def _crc(views: Iterable[memoryview], crc: int = 0) -> int:
-    """CRC-32 of ``views``' bytes in order, continuing ``crc``."""
     for v in views:
         crc = zlib.crc32(v, crc)
     return crc
@@ -193,9 +137,7 @@ def _crc(views: Iterable[memoryview], crc: int = 0) -> int:
 def _send_gathered(
     sock: socket.socket, views: list[memoryview], total: int, trailer: bytes = b""
 ) -> None:
-    """Write one message's prefix (its length: ``total``, the bytes of ``views``) and those
-    bytes, in order, straight from where they lie (a bucket's tensors: nothing packs them),
-    then ``trailer``, :data:`_IOV` buffers a call."""
+    """Write one message (prefix, ``views``, ``trailer``) straight from where its bytes lie."""
     left = [memoryview(_PREFIX.pack(_MAGIC, total)), *(v for v in views if len(v))]
     left += [memoryview(trailer)] if trailer else []
     while left:
@@ -203,8 +145,7 @@ def _send_gathered(
 
 
 def _send_message(sock: socket.socket, view: memoryview, total: int | None = None) -> None:
-    """Write one message's prefix (its length: ``total``, default ``len(view)``) and
-    ``view``, in one call where the kernel takes it all."""
+    """Write one message's prefix (length ``total``, default ``len(view)``) and ``view``."""
     prefix = _PREFIX.pack(_MAGIC, len(view) if total is None else total)
     if len(view) <= _SMALL:
         sock.sendall(prefix + view.tobytes())
@@ -217,7 +158,6 @@ def _send_message(sock: socket.socket, view: memoryview, total: int | None = Non
 
 
 def _address(sock: socket.socket, *, local: bool = False) -> str:
-    """``host:port`` of ``sock``'s peer (or its own end), for error messages."""
     try:
         host, port = (sock.getsockname() if local else sock.getpeername())[:2]
     except OSError:
@@ -254,13 +194,9 @@ def accept_lanes(
 ) -> dict[_Lane, socket.socket]:
     """Keep every lane of every rank in ``ranks`` whose hello is signed; drop the rest.
 
-    ``listener`` accepts in short waits, ``poll`` running between them (it raises to give up:
-    the init call failed). One selector reads every accepted connection's hello as its bytes
-    come, so no connection waits for another. A worker's hello follows its connect at once;
-    a connection that says nothing is dropped after :data:`HELLO_S`, or sooner, oldest first,
-    when :data:`_GREETERS` are unread, so a flood of silent strangers cannot keep a worker
-    out (dropping the newest, as it once did, reset the worker that came after 64 of them).
-    ``me`` names this end in the timeout's message.
+    ``poll`` runs between short waits (it raises to give up). Silent connections are dropped
+    oldest first, so a flood of strangers cannot keep a worker out (dropping the newest reset
+    the worker that came after 64 of them).
     """
     expected = frozenset(ranks)
     deadline = time.monotonic() + timeout_s
@@ -341,7 +277,6 @@ def accept_lanes(
 
 
 def _check_hello(hello: bytearray, ranks: frozenset[int], token: str) -> _Lane | None:
-    """The rank and lane ``hello`` proves its connection is, or ``None``."""
     magic, rank, lane, signature = _HELLO.unpack(hello)
     if magic != _HELLO_MAGIC or rank not in ranks or not 0 <= lane < LANES:
         return None
@@ -374,7 +309,6 @@ def connect_lanes(
     peer: int = 0,
     name: str = "the sender",
 ) -> dict[_Lane, socket.socket]:
-    """Open every lane to rank ``peer`` (``name``) at ``address:port`` and say hello."""
     deadline = time.monotonic() + timeout_s
     lanes: dict[_Lane, socket.socket] = {}
     try:
@@ -392,7 +326,6 @@ def connect_lanes(
 def _open_lane(
     address: str, port: int, rank: int, lane: int, token: str, deadline: float, name: str
 ) -> socket.socket:
-    """Connect one lane to ``name``, say hello, and wait for the acknowledgement."""
     what = f"tcp connection {lane} of rank {rank} to {name} at {address}:{port}"
     try:
         sock = socket.create_connection(
@@ -411,13 +344,10 @@ def _open_lane(
 
 
 class StreamWork(ThreadWork):
-    """One message on this rank's streams; its failures are worded by :class:`Stream`,
-    which knows each peer's address and role."""
+    """One message on this rank's streams; :class:`Stream` words its failures."""
 
     recv_from: str = ""
     send_to: str = ""
-    #: The downstream peers that have not taken the message yet, and their addresses: a
-    #: timeout names them (a stopped receiver used to be "1 worker(s)", nameless).
     untaken: dict[int, str]
 
     def _taken(self, peer: int) -> None:
@@ -434,20 +364,15 @@ class StreamWork(ThreadWork):
         return f"not yet taken by {peers}{role}"
 
 
-#: A message's piece for a writer: the work, the bytes (a sender's whole message: its tensors'
-#: bytes, gathered), the message's length when this is its first piece (its prefix goes
-#: first) or -1, and whether it is the last piece.
+#: For a writer: the work, the bytes (a list: a sender's whole message), the message's length
+#: on its first piece (its prefix goes first) else -1, and whether it is the last piece.
 _Piece = tuple[StreamWork, "memoryview | list[memoryview]", int, bool]
 
 
 class Stream:
-    """This rank's end of the streams (see the module docstring).
-
-    A sender has a connection and a writer thread per lane of every receiver; a receiver has
-    a reader thread per lane of its one upstream peer, which fills the posted receives in
-    order; a relay has both, its readers feeding its writers. A connection that failed fails
-    every later message on it: a stream cut mid-message cannot be resynchronised.
-    """
+    """This rank's end of the streams: a writer thread per lane of each downstream peer, a
+    reader per lane of its upstream one (a relay has both). A connection that failed fails
+    every later message on it: a stream cut mid-message cannot be resynchronised."""
 
     def __init__(
         self,
@@ -459,11 +384,9 @@ class Stream:
         roles: tuple[str, str] = ("the sender", ""),
         crc: bool = False,
     ) -> None:
-        """``up``: the peer this rank reads from (``None``: it only sends; default: rank 0
-        unless this is rank 0); every other peer in ``lanes`` is written to. ``roles`` name
-        the upstream and the downstream peers in errors. ``crc``: every message is followed
-        by the sender's CRC-32 of it, which every receiver behind a relay checks (the chain;
-        all its ranks agree; bytes read straight from the sender are TCP's to check)."""
+        """``up``: the peer read from (``None``: only send; default: rank 0 unless this is
+        it). ``roles`` name the up- and downstream peers in errors. ``crc``: messages carry
+        the sender's CRC-32, checked behind a relay (straight from the sender, TCP's to check)."""
         self.rank = rank
         self.crc = crc
         self.timeout_s = timeout_s
@@ -475,7 +398,6 @@ class Stream:
         self._down = sorted({peer for peer, _ in lanes if peer != self.up})
         self._next = 0  # the next message's number: it travels on lane _next % LANES
         self._broken: dict[int, str] = {}  # per peer: one broken lane breaks them all
-        #: Why this relay cut its onward connections (:meth:`_break_down`), once it did.
         self._cut: str | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
@@ -495,25 +417,20 @@ class Stream:
         return True
 
     def set_abort(self, reason: str) -> None:
-        """Nothing to tell: releasing the streams ends every receive at once, and the
-        control plane's ``abort_weight_update`` carries the reason."""
+        """Nothing to tell: a release ends every receive, the control plane says why."""
 
     def abort_reason(self) -> str | None:
         return None
 
     def release(self, pending: Iterable[Work] = ()) -> None:
-        """Shut the connections down (see :meth:`close`); ``pending`` end with them."""
         self.close()
 
     def broadcast(self, tensor: torch.Tensor) -> StreamWork:
-        """Start sending ``tensor`` to every downstream peer (a sender) or receiving it (a
-        receiver; a relay also hands it on as it arrives)."""
         return self.broadcast_parts([tensor])
 
     def broadcast_parts(self, tensors: Sequence[torch.Tensor]) -> StreamWork:
-        """One message whose bytes are those of ``tensors`` in order: the same bytes on the
-        wire as a buffer they were packed into, sent straight from the tensors (a sender) or
-        received straight into them (a receiver), so neither end copies a packed bucket."""
+        """One message of ``tensors``' bytes in order (the packed buffer's wire bytes), sent
+        from or received into them: neither end copies a packed bucket."""
         views = [_bytes_view(t) for t in tensors]
         nbytes = sum(len(v) for v in views)
         sender = self.up is None
@@ -555,8 +472,7 @@ class Stream:
             )
 
     def _break_down(self, why: str) -> None:
-        """A relay that cannot hand a message on whole: cut its onward connections, so the
-        receivers behind it fail now, naming it, instead of at their timeout."""
+        """Cut a relay's onward connections: the receivers behind fail now, not at timeout."""
         with self._lock:
             if self._cut is None:
                 self._cut = why
@@ -570,8 +486,7 @@ class Stream:
                     pass
 
     def _jobs(self, key: _Lane) -> Any:
-        """This lane's messages in order; once a lane of its peer broke (or the stream was
-        closed), each one fails."""
+        """This lane's messages; once its peer broke (or the stream closed), each one fails."""
         q = self._queues[key]
         while (job := q.get()) is not None:
             broken = self._broken.get(key[0])
@@ -658,9 +573,8 @@ class Stream:
         total: int,
         deadline: float,
     ) -> None:
-        """Read a message of ``total`` bytes into ``views`` and hand it on in pieces of at
-        most :data:`RELAY_CHUNK` bytes, each as soon as it landed; with ``crc``, then the
-        sender's CRC-32 as it came, once it matched these bytes (it is the last piece)."""
+        """Read a message into ``views``, handing each piece on as it lands; with ``crc``,
+        then the sender's CRC-32, once checked (the last piece)."""
         pieces = [v[at : at + RELAY_CHUNK] for v in views for at in range(0, len(v), RELAY_CHUNK)]
         crc, last = 0, len(pieces) - 1 if not self.crc else -1
         for i, piece in enumerate(pieces):
@@ -674,9 +588,8 @@ class Stream:
             self._hand_on(lane, (work, self._check_crc(sock, checked, deadline), -1, True))
 
     def _check_crc(self, sock: socket.socket, crc: int | None, deadline: float) -> memoryview:
-        """Read the sender's CRC-32 of the message just read and refuse the message unless
-        ``crc`` (that of its bytes as they came; None: not checked here) matches it; the
-        trailer, to hand on."""
+        """Read the sender's CRC-32 and refuse the message unless ``crc`` (``None``: not
+        checked here) matches it; the trailer, to hand on."""
         trailer = memoryview(bytearray(_TRAILER.size))
         _recv_exact(sock, trailer, deadline)
         (want,) = _TRAILER.unpack(trailer)
@@ -688,10 +601,8 @@ class Stream:
         return trailer
 
     def _hand_on(self, lane: int, piece: _Piece) -> None:
-        """A relay: queue ``piece`` for every downstream peer's writer of ``lane``. Once the
-        streams are closed no writer takes it any more, so its message fails instead of
-        waiting forever for a send that will never happen (a late, abandoned round's receive
-        would otherwise hold up the next round)."""
+        """Queue ``piece`` for every downstream writer of ``lane``; once closed, fail its
+        message instead (no writer would take it, and it would hold up the next round)."""
         with self._lock:
             if not self._closed.is_set():
                 for peer in self._down:
@@ -701,11 +612,8 @@ class Stream:
             self._fail((peer, lane), piece[0], TransferError("the tcp streams were closed"))
 
     def close(self) -> None:
-        """Shut every connection down: calls in progress end, later messages fail (not joined).
-
-        Each connection's thread closes its socket once it has let go of it (closing it here
-        could hand its descriptor to a new socket while a call still uses it).
-        """
+        """Shut every connection down: calls in progress end, later messages fail. Each
+        thread closes its own socket (closing here could reuse a descriptor still in use)."""
         with self._lock:
             if self._closed.is_set():
                 return

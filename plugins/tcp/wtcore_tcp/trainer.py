@@ -1,9 +1,7 @@
 """The sender: listens for its workers at every handshake, then streams the round to them.
 
-The round is the kit's (:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies
-its channel: TCP streams (:mod:`wtcore_tcp.streams`) to every worker, or to the first of a
-chain of relays (:mod:`wtcore_tcp.chain`). A sharded round (:mod:`wtcore.sharded.round`) goes
-over streams of its own, one per (trainer rank, receiver) pair (:mod:`wtcore_tcp.pairs`).
+The round is the kit's (:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies its
+channel. A sharded round goes over streams of its own, one per pair (:mod:`wtcore_tcp.pairs`).
 """
 
 from __future__ import annotations
@@ -28,13 +26,12 @@ __all__ = ["TCPTrainerEngine"]
 
 
 class TCPTrainerEngine(ChannelTrainerEngine):
-    """Trainer half of the ``tcp`` engine (see the module docstring)."""
+    """Trainer half of the ``tcp`` engine."""
 
     init_info_cls = TCPTrainerInitInfo
 
     def open_channel(self) -> tuple[dict[str, Any], Callable[[Callable[[], None]], Stream]]:
-        """Listen on ``address`` (the port is the kernel's pick unless set), and draw this
-        handshake's token; the workers learn both in the init call and connect back."""
+        """Listen and draw this handshake's token; the workers learn both in the init call."""
         info = self.info
         assert isinstance(info, TCPTrainerInitInfo)  # init_info_cls, checked by the base class
         listener = listen_on(info.address, info.port, "the tcp stream port", field="")

@@ -1,10 +1,7 @@
 """The receiver: connects to the sender the trainer's init names, then receives frames.
 
-The receiving is the kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins
-its channel, the sender's TCP streams (:mod:`wtcore_tcp.streams`), or its previous rank's in a
-chain (:mod:`wtcore_tcp.chain`). A sharded round (:mod:`wtcore_channel.sharded`) takes its
-plan first, then where every trainer rank listens, and reads each one's stream
-(:mod:`wtcore_tcp.pairs`).
+The receiving is the kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins its
+channel. A sharded round reads each trainer rank's own stream (:mod:`wtcore_tcp.pairs`).
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ __all__ = ["TCPWorkerEngine"]
 
 
 class TCPWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[TCPInitInfo, TCPUpdateInfo]):
-    """Worker half of the ``tcp`` engine (see the module docstring): sockets move host
-    memory, so a CUDA worker's buckets are staged there."""
+    """Worker half of the ``tcp`` engine."""
 
     init_info_cls = TCPInitInfo
     update_info_cls = TCPUpdateInfo
@@ -41,8 +37,7 @@ class TCPWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[TCPInitInfo, TCP
 
     @property
     def channel_device(self) -> str:
-        """Host memory: sockets read into it. On a CUDA worker every bucket is staged there
-        and the sink copies it to the GPU (nccl moves GPU memory without the stop)."""
+        """Sockets read host memory: a CUDA worker's buckets are staged there."""
         return "cpu"
 
     def check_init(self, init_info: TCPInitInfo) -> None:
