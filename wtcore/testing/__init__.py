@@ -1,18 +1,10 @@
 """Tools for testing engines, clients and integrations: ``pip install wtcore[testing]``.
 
-* :class:`RecordingClient` records (and forwards) every control-plane call, and checks that
-  each payload survives a JSON round trip.
-* :mod:`wtcore.testing.sources` builds synthetic models and sources, including sources whose
-  iteration disagrees with their metadata, :class:`KillingSource` (a receiver dies mid-round)
-  :func:`spec_of` / :func:`state_of_spec` (a model's shape as JSON, and back as zeros) and
-  :func:`make_state`, the test models that the engines' process tests share.
-* :func:`wait_until` polls for a condition, bounded, naming what it waited for.
-* :func:`wtcore.testing.procs.stop_processes` stops the child processes a test or the bench
-  started, always, by PID (moved here from ``wtcore.procs``: it is tooling, not protocol).
-* :mod:`wtcore.testing.pipes` drives ``WeightSyncWorker`` s in child processes over a pipe
-  (JSON only, every wait bounded): :class:`PipeClient`, :func:`pipe_fleet`, :func:`serve_worker`.
-* :class:`EngineContractSuite` (in :mod:`wtcore.testing.contract`, which needs pytest) is the
-  suite every engine pair subclasses.
+The contract suites every engine passes are in :mod:`wtcore.testing.contract`,
+:mod:`~wtcore.testing.delta` and :mod:`~wtcore.testing.sharded_contract` (they need pytest);
+here are the helpers they and the engines' own tests share: models and sources
+(:mod:`~wtcore.testing.sources`), receivers in child processes over JSON pipes
+(:mod:`~wtcore.testing.pipes`), ranks and ports (:mod:`~wtcore.testing.net`), bounded waits.
 """
 
 from __future__ import annotations

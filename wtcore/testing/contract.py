@@ -1,7 +1,7 @@
 """The contract suite every engine pair (trainer engine + worker engine) passes on CPU.
 
-Subclass :class:`EngineContractSuite` in a test module, name the subclass ``Test...``, set
-``backend`` and implement :meth:`~EngineContractSuite.make_trainer_init_info`::
+Subclass :class:`EngineContractSuite` in a test module, name it ``Test...``, set ``backend``
+and implement :meth:`~EngineContractSuite.make_trainer_init_info`::
 
     from wtcore_kit.inline import InlineTrainerInitInfo
     from wtcore.testing.contract import EngineContractSuite
@@ -12,10 +12,8 @@ Subclass :class:`EngineContractSuite` in a test module, name the subclass ``Test
         def make_trainer_init_info(self, *, num_workers, buffer_size_bytes):
             return InlineTrainerInitInfo(packed_buffer_size_bytes=buffer_size_bytes, rank=0)
 
-The receivers are in-process :class:`~wtcore.worker.WeightSyncWorker` objects driven through
-:class:`~wtcore_kit.inproc.InProcessClient` (each call on its own thread), so engines whose
-worker calls block until the trainer sends work unchanged. Every payload is also checked to
-survive a JSON round trip.
+Receivers are in-process workers behind ``InProcessClient`` (each call on its own thread, so
+blocking worker calls work), and every payload is checked to survive a JSON round trip.
 """
 
 from __future__ import annotations
@@ -73,19 +71,14 @@ class Pair:
 
 
 class _RejectingSink:
-    """A sink that refuses every batch, as a misconfigured model would."""
-
     def load_weights(self, weights: Any) -> None:
         names = [n for n, _ in weights]
         raise PayloadError(f"sink rejects {names[:3]}")
 
 
 class SwitchableSink(ModuleSink):
-    """A module sink whose failure can be switched on and off, as a flaky receiver's would.
-
-    :meth:`fail_after` lets ``n`` more batches load, then refuses every batch with a
-    ``RuntimeError`` (not a payload error: a sink failing is a receiver-side fault) until
-    :meth:`heal` is called.
+    """A flaky receiver's sink: after :meth:`fail_after` lets ``n`` more batches load, every
+    batch raises ``RuntimeError`` (a receiver-side fault, not a payload error) until :meth:`heal`.
     """
 
     def __init__(self, module: torch.nn.Module) -> None:
@@ -107,7 +100,6 @@ class SwitchableSink(ModuleSink):
 
 
 def _bump(state: Mapping[str, torch.Tensor]) -> None:
-    """Change every tensor in place, so the next round carries different bytes."""
     import torch
 
     for t in state.values():
@@ -128,18 +120,15 @@ def _many_bucket_state(seed: int) -> dict[str, torch.Tensor]:
 
 
 class EngineContractSuite:
-    """Behaviour every engine pair must show; see the module docstring."""
+    """Behaviour every engine pair must show."""
 
     #: The worker engine's registry name.
     backend: ClassVar[str] = ""
-    #: Timeout of every control-plane call in the suite.
     timeout_s: ClassVar[float] = 30.0
-    #: Worker device.
     device: ClassVar[str] = "cpu"
 
     pytestmark = [pytest.mark.timeout(120)]
 
-    # ------------------------------------------------------------------ to override
     def make_trainer_init_info(
         self, *, num_workers: int, buffer_size_bytes: int
     ) -> TrainerInitInfo:
@@ -148,12 +137,10 @@ class EngineContractSuite:
 
     @contextmanager
     def source_for(self, state: Mapping[str, torch.Tensor]) -> Iterator[WeightSource]:
-        """The trainer's source over ``state``. Override to keep the weights somewhere the
-        engine treats specially (shared memory, a device); the suite then changes ``state``'s
-        tensors in place between rounds and expects the source to follow."""
+        """The trainer's source over ``state``; override to keep the weights where the engine
+        treats them specially (shared memory, a device). It must follow in-place changes."""
         yield TensorSource(state)
 
-    # ------------------------------------------------------------------ harness
     @contextmanager
     def pair(
         self,
@@ -187,7 +174,6 @@ class EngineContractSuite:
             for w in workers:
                 w.shutdown()
 
-    # ------------------------------------------------------------------ the contract
     def test_roundtrip_mixed_dtypes(self) -> None:
         state = mixed_dtype_state(seed=1)
         with self.pair(state) as p:
@@ -294,7 +280,6 @@ class EngineContractSuite:
             assert info["weight_version"] is None
             assert info["consistent"] is False
 
-    # ------------------------------------------------------------------ recovery contract
     def _assert_honest(
         self, p: Pair, published: str, old: Mapping[str, torch.Tensor], *, failed: list[int]
     ) -> None:
@@ -312,7 +297,6 @@ class EngineContractSuite:
                 assert info["consistent"] is False, (i, info)
 
     def _assert_recovered(self, p: Pair, state: Mapping[str, torch.Tensor], version: str) -> None:
-        """The next round succeeds on every receiver, bit-exact, with no user action."""
         _bump(state)
         p.trainer.send_weights(weight_version=version)
         for m, w in zip(p.modules, p.workers, strict=True):

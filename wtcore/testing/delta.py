@@ -1,15 +1,7 @@
-"""The delta-round suite every engine pair passes (subclass it like ``EngineContractSuite``).
-
-Subclass :class:`DeltaContractSuite`, set ``backend`` and implement
-``make_trainer_init_info`` (the suite turns ``delta`` on). The rounds are real training steps
-(:func:`wtcore.testing.realistic.realistic_steps`), plus a step where every element changes and
-one where none does; every round is checked bit-exact on every receiver.
-
-It needs wtcore-delta (``pip install wtcore-delta``), whose rounds it runs, yet it stays here,
-next to :class:`~wtcore.testing.contract.EngineContractSuite`, rather than moving into
-``wtcore_delta``: an engine author imports every suite from ``wtcore.testing``, and the suite
-is built from ``wtcore.testing``'s tools, which no engine or layer distribution may import
-(``tests/core/test_import_graph.py``: production code never imports ``wtcore.testing``).
+"""The delta-round suite every engine pair passes (subclass it like ``EngineContractSuite``;
+the suite turns ``delta`` on). Rounds are real training steps, then one where nothing changes and
+one where every element does, each checked bit-exact. It needs wtcore-delta, but stays here so
+engine authors import every suite from ``wtcore.testing`` (which production code never imports).
 """
 
 from __future__ import annotations
@@ -72,7 +64,7 @@ def assert_bits_equal(held: Mapping[str, torch.Tensor], want: Mapping[str, torch
 
 
 class DictSink:
-    """A readable sink that takes any name and shape (a model that grows), for the suite."""
+    """A readable sink that takes any name and shape (a model that grows)."""
 
     def __init__(self) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
@@ -99,7 +91,7 @@ def _held(sink: Any) -> dict[str, torch.Tensor]:
 
 
 class DeltaContractSuite:
-    """Delta rounds, bit-exact, over one engine pair; see the module docstring."""
+    """Delta rounds, bit-exact, over one engine pair."""
 
     backend: ClassVar[str] = ""
     timeout_s: ClassVar[float] = 30.0
@@ -114,7 +106,6 @@ class DeltaContractSuite:
 
     @contextmanager
     def source_for(self, state: dict[str, torch.Tensor]) -> Iterator[TensorSource]:
-        """The trainer's source over ``state`` (see ``EngineContractSuite.source_for``)."""
         yield TensorSource(state)
 
     def worker(self, sink: WeightSink, rank: int, n: int, **kw: Any) -> WeightSyncWorker:
@@ -157,7 +148,6 @@ class DeltaContractSuite:
 
     @staticmethod
     def step_to(p: DeltaPair, new: Mapping[str, torch.Tensor]) -> None:
-        """The trainer's tensors take ``new``'s values in place, as an optimizer step would."""
         for n, t in p.source._items:
             t.copy_(new[n])
 
@@ -174,7 +164,6 @@ class DeltaContractSuite:
                 assert (info["weight_version"], info["consistent"]) == (f"s{step}", True)
         return modes
 
-    # ------------------------------------------------------------------ the suite
     @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
     def test_chain_bit_exact(self, dtype: str) -> None:
         import torch

@@ -1,11 +1,9 @@
 """A control plane over ``multiprocessing`` pipes, for tests and benchmarks with real processes.
 
-Engine tests need receivers in *other* processes, but not an HTTP server or a Ray cluster: a
-child runs :func:`serve_worker`, the parent's :class:`PipeClient` is a
-:class:`~wtcore_kit.fanout.FanOutClient`, and :func:`pipe_fleet` starts the children and always
-stops them. Messages are JSON, never pickles, as on every production control plane; every wait
-is bounded. A child's error crosses as its :class:`~wtcore.errors.ErrorRecord` and is raised
-again as a :class:`~wtcore.errors.RemoteError`, so it is reported as every transport's is.
+A child runs :func:`serve_worker`, the parent's :class:`PipeClient` fans out to the children,
+and :func:`pipe_fleet` starts and always stops them. As on every production control plane,
+messages are JSON (never pickles), waits are bounded, and a child's error comes back as a
+:class:`~wtcore.errors.RemoteError`.
 """
 
 from __future__ import annotations
@@ -65,9 +63,7 @@ WORKER_CALLS = (*calls_of(WeightSyncClient), "abort_weight_update", "weight_info
 _IDS = itertools.count(1)
 
 
-# ---------------------------------------------------------------------- child side
 def _encode(msg: Mapping[str, Any]) -> bytes:
-    """One message, as JSON: a value that is not JSON fails here, in the sender."""
     return json.dumps(msg).encode()
 
 
@@ -80,12 +76,8 @@ def _recv(conn: Connection) -> Any:
 
 
 def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
-    """Answer ``{"id", "call", "args", "kwargs"}`` requests on ``conn`` one at a time.
-
-    Returns on ``exit`` or when the parent closes its end (EOF), so a parent that dies takes
-    its children with it instead of leaving them blocked. ``ping`` is always answered (the
-    parent uses it to wait, bounded, until a child is ready).
-    """
+    """Answer ``{"id", "call", "args", "kwargs"}`` requests on ``conn`` one at a time, until
+    ``exit`` or EOF (a parent that dies takes its children with it); ``ping`` always answers."""
     while True:
         try:
             req = _recv(conn)
@@ -114,8 +106,7 @@ def serve(conn: Connection, handlers: Mapping[str, Callable[..., Any]]) -> None:
 
 
 def worker_handlers(get_worker: Callable[[], WeightSyncWorker]) -> Handlers:
-    """Handlers for :data:`WORKER_CALLS`, on whatever worker ``get_worker()`` returns *now*
-    (a test may rebuild the worker between calls)."""
+    """Handlers for :data:`WORKER_CALLS`, on whatever worker ``get_worker()`` returns now."""
     return {
         name: (lambda *a, _n=name, **kw: getattr(get_worker(), _n)(*a, **kw))
         for name in WORKER_CALLS
@@ -129,9 +120,8 @@ def serve_worker(
 ) -> None:
     """Main of a child process: build one worker, serve it on ``conn``, shut it down.
 
-    ``make_worker`` runs in the child (the model and the engine belong there);
-    ``extra_handlers(worker)`` adds calls such as a state dump or benchmark probes. For a
-    ``spawn`` child both must be picklable: module-level functions or ``functools.partial``.
+    ``make_worker`` runs in the child; ``extra_handlers(worker)`` adds calls. For a ``spawn``
+    child both must be picklable (module-level functions or ``functools.partial``).
     """
     worker = make_worker()
     try:
@@ -144,12 +134,8 @@ def serve_worker(
         conn.close()
 
 
-# ---------------------------------------------------------------------- parent side
 class PipeChannel:
-    """The parent's end of one child: one call at a time, every wait bounded.
-
-    ``exitcode`` (if given) reports the child's exit status for error messages.
-    """
+    """The parent's end of one child: one call at a time, every wait bounded."""
 
     def __init__(
         self,
@@ -170,12 +156,7 @@ class PipeChannel:
         return TransferError(f"{self.label}.{call}: child process {what} ({cause!r}{code})")
 
     def call(self, call: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        """Send one request and wait (bounded) for its answer; late answers are skipped by id.
-
-        A remote error raises its :class:`~wtcore.errors.RemoteError`; a dead child, or an
-        error record that fails its checks, :class:`TransferError`; no answer in time
-        :class:`TransferTimeoutError`.
-        """
+        """Send one request and wait (bounded) for its answer; late answers are skipped by id."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         where = f"{self.label}.{call}"
@@ -215,7 +196,7 @@ class PipeChannel:
             self._lock.release()
 
     def send_exit(self) -> None:
-        """Ask the child to stop, without waiting (best effort: it may be gone already)."""
+        """Ask the child to stop, without waiting (it may be gone already)."""
         with contextlib.suppress(OSError, ValueError):
             _send(self.conn, {"id": 0, "call": "exit"})
 
@@ -224,12 +205,8 @@ class PipeChannel:
 
 
 class PipeClient(FanOutClient):
-    """A ``WeightSyncClient`` over child processes, one pipe each.
-
-    ``conns`` are connections (or ready :class:`PipeChannel` objects, to share a channel's
-    lock with other callers); ``labels`` name them in errors (default ``worker[rank=i]``).
-    Protocol calls fan out to every child; :meth:`call` reaches one.
-    """
+    """A ``WeightSyncClient`` over child processes, one pipe (or shared :class:`PipeChannel`)
+    each; protocol calls fan out, :meth:`call` reaches one child."""
 
     def __init__(
         self,
@@ -250,7 +227,6 @@ class PipeClient(FanOutClient):
     def call(
         self, i: int, call: str, *args: Any, timeout_s: float | None = None, **kwargs: Any
     ) -> Any:
-        """One call on child ``i`` (default timeout: the client's)."""
         return self.channels[i].call(
             call, *args, timeout_s=self.timeout_s if timeout_s is None else timeout_s, **kwargs
         )
@@ -270,8 +246,6 @@ class PipeClient(FanOutClient):
 
 @dataclass
 class PipeFleet:
-    """Children started by :func:`pipe_fleet`: their client and their processes."""
-
     client: PipeClient
     procs: list[mp.process.BaseProcess]
 
@@ -289,12 +263,8 @@ def pipe_fleet(
     ready_timeout_s: float | None = None,
     join_timeout_s: float = 10.0,
 ) -> Iterator[PipeFleet]:
-    """One ``spawn`` child per ``make_workers`` entry, each running :func:`serve_worker`.
-
-    ``ready_timeout_s`` (if given) waits, bounded, until every child answers ``ping``: for
-    children whose start (importing torch, building a large model) exceeds ``timeout_s``.
-    On exit every child is asked to stop, then killed by PID if it has not; it raises
-    ``AssertionError`` if one is still alive after that.
+    """One ``spawn`` child per ``make_workers`` entry, each running :func:`serve_worker`;
+    ``ready_timeout_s`` waits for slow starts. On exit every child is stopped, by PID if need be.
     """
     ctx = mp.get_context("spawn")
     names = [f"worker[rank={i}]" for i in range(len(make_workers))] if labels is None else labels
@@ -333,12 +303,11 @@ def pipe_fleet(
         assert not left, f"child processes left behind: {left}"
 
 
-# ---------------------------------------------------------------------- tensors as JSON
 def encode_state(
     items: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
 ) -> dict[str, Any]:
-    """The wire metadata (``names``, ``dtype_names``, ``shapes``) plus ``data``: base64 of
-    one bucket packed with the core's bucket rule. Exact for every dtype, and plain JSON."""
+    """The wire metadata plus ``data``, base64 of one bucket packed by the core's rule: exact
+    for every dtype, and plain JSON."""
     import torch
 
     from wtcore.buckets import pack_bucket, plan_buckets
@@ -355,9 +324,7 @@ def encode_state(
 
 
 def decode_state(data: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """The inverse of :func:`encode_state`, checked as a receiver checks an update (the
-    metadata field by field, the byte count against the plan): CPU tensors that own their
-    memory."""
+    """The inverse of :func:`encode_state`, checked as a receiver checks an update."""
     import torch
 
     from wtcore.buckets import plan_buckets, unpack_bucket

@@ -1,13 +1,8 @@
 """Stop child processes we started, always, by PID: one helper for the bench, tests and tools.
 
-A ``multiprocessing`` process and a ``subprocess.Popen`` are stopped the same way: optionally
-signal it (``SIGCONT`` first, so a stopped process can act on the signal), wait for it with one
-deadline shared by all of them, then ``SIGKILL`` whatever still runs and reap it. Only the
-processes passed in are touched, never anything found by name.
-
-``freeze`` stops a process (``SIGSTOP``) and returns only once every thread of it is stopped:
-the kernel stops the threads one after another, so a thread woken by a peer's request can
-still answer it after ``kill`` returned, and a test of a stalled peer would race it.
+Only the processes passed in are touched, never anything found by name. :func:`freeze` returns
+only once every thread is stopped: the kernel stops them one after another, so a woken thread
+could still answer a peer after ``kill`` returned, and a stalled-peer test would race it.
 """
 
 from __future__ import annotations
@@ -31,18 +26,10 @@ KILL_WAIT_S = 5.0
 def stop_processes(
     procs: Iterable[Any], timeout_s: float, *, sig: int | None = None, group: bool = False
 ) -> list[int]:
-    """Stop every process in ``procs``; return the PIDs that had to be killed.
-
-    ``procs`` holds ``multiprocessing`` processes and/or ``subprocess.Popen`` objects.
-    ``sig`` (for example ``signal.SIGTERM``) is sent first; without it the processes are
-    expected to be exiting on their own (told through a pipe, or done with their work).
-    After ``timeout_s`` in all, survivors get ``SIGKILL``.
-
-    ``group``: each process leads its own process group (started with
-    ``start_new_session=True``, as a server that forks helpers is); ``sig`` goes to the whole
-    group, and at the end the group gets ``SIGKILL`` even when its leader exited, since its
-    children can outlive it (the group id is still ours: the leader was started here).
-    """
+    """Stop every process in ``procs`` (``multiprocessing`` or ``Popen``): send ``sig`` (after
+    ``SIGCONT``) if given, wait ``timeout_s`` in all, then ``SIGKILL`` survivors; returns their
+    PIDs. ``group``: each leads its own process group, which gets ``sig`` and, at the end,
+    ``SIGKILL`` even when its leader exited (its children can outlive it)."""
     procs = [p for p in procs if p.pid is not None]  # never started: nothing to stop
     if sig is not None:
         for p in procs:
@@ -69,8 +56,7 @@ def stop_processes(
 
 def freeze(pid: int, timeout_s: float = 30.0) -> None:
     """``SIGSTOP`` the process ``pid`` (one we started) and wait until all its threads are
-    stopped; :class:`~wtcore.errors.TransferTimeoutError` naming it if they are not within
-    ``timeout_s`` (a wide margin: microseconds on an idle machine, longer on a loaded one)."""
+    stopped, bounded by ``timeout_s``."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -85,7 +71,6 @@ def freeze(pid: int, timeout_s: float = 30.0) -> None:
 
 
 def _thread_states(pid: int) -> str:
-    """The one-letter state of each thread of ``pid`` (``/proc``), in one string."""
     states = []
     with contextlib.suppress(FileNotFoundError):
         for tid in os.listdir(f"/proc/{pid}/task"):

@@ -1,10 +1,8 @@
 """Real training steps for tests and the bench: how much of a bf16 model changes per RL step.
 
-A small causal transformer is trained for real (AdamW at an RL-like learning rate on random
-tokens, fp32 master weights, seeded); after each step the weights a trainer would send, cast to
-bfloat16, are recorded. Most bf16 elements do not change between two such steps (the update is
-below half a unit in the last place), which is what delta rounds exploit; the measured
-fractions are in docs/benchmarks.md. Runs in seconds on a CPU.
+A small causal transformer is trained for real (AdamW at an RL-like learning rate, seeded) and
+its weights cast to bf16 after each step; most elements do not change between two steps, which
+is what delta rounds exploit. Runs in seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ def realistic_steps(
 
 
 def changed_fraction(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
-    """The fraction of elements whose bits differ between two states of the same tensors."""
+    """The fraction of elements whose bits differ between two states."""
     from wtcore_delta.codec import bits
 
     changed = total = 0

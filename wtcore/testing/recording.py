@@ -13,11 +13,8 @@ __all__ = ["RecordingClient"]
 
 
 class RecordingClient:
-    """Records ``(call, payload)`` pairs and forwards them to ``inner`` if given.
-
-    Every payload must survive ``json.loads(json.dumps(payload))`` unchanged: wtcore's control
-    plane is plain JSON over every transport, never pickle.
-    """
+    """Records ``(call, payload)`` pairs and forwards them to ``inner`` if given; every
+    payload must survive a JSON round trip unchanged (the control plane is never pickle)."""
 
     def __init__(self, inner: WeightSyncClient | None = None) -> None:
         self.inner = inner
@@ -25,7 +22,6 @@ class RecordingClient:
         self._lock = threading.Lock()
 
     def _record(self, call: str, payload: Any, *args: Any) -> None:
-        """Check and record ``payload``, then forward ``call(*args)`` to ``inner``."""
         try:
             same = json.loads(json.dumps(payload)) == payload
         except (TypeError, ValueError) as e:
@@ -38,7 +34,6 @@ class RecordingClient:
             getattr(self.inner, call)(*args)
 
     def names(self) -> list[str]:
-        """The sequence of call names so far."""
         return [c for c, _ in self.calls]
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:

@@ -1,10 +1,5 @@
-"""The sharded plan's reference semantics, for tests: cut parts out of whole tensors, run a
-plan chunk by chunk, count what each receiver got.
-
-Why here and not in an engine: every engine that executes plans is checked against this
-(bit-exact parts, bytes per rank equal to the plan), so it must be as plain as possible: one
-region copy per chunk, no buckets, no wire.
-"""
+"""The sharded plan's reference semantics, for tests: every plan-executing engine is checked
+against this, so it is as plain as possible (one region copy per chunk, no buckets, no wire)."""
 
 from __future__ import annotations
 
@@ -35,11 +30,9 @@ def execute_plan(
     src: Mapping[str, Layout],
     dst: Mapping[str, Layout],
 ) -> tuple[dict[tuple[str, int], torch.Tensor], dict[int, int]]:
-    """Run ``plan`` from the senders' parts of ``full`` into fresh receiver parts.
-
-    Returns each receiver's part by ``(name, rank)`` (filled with -1 before the plan runs, so
-    an element no chunk wrote shows) and the bytes each receiving rank got.
-    """
+    """Run ``plan`` from the senders' parts of ``full`` into fresh receiver parts (filled with
+    -1 first, so an element no chunk wrote shows); returns them by ``(name, rank)`` and the
+    bytes each receiving rank got."""
     import torch
 
     held = {
@@ -63,8 +56,8 @@ def execute_plan(
 
 
 class PartsSource(ShardedSource):
-    """Trainer rank ``rank``'s parts of whole tensors under any layouts: a sharded source for
-    tests of layouts no parallelism library makes on two cores (2-D meshes, odd splits)."""
+    """Trainer rank ``rank``'s parts of whole tensors under any layouts (2-D meshes, odd
+    splits: layouts no parallelism library makes on two cores)."""
 
     def __init__(
         self, full: Mapping[str, torch.Tensor], layouts: Mapping[str, Layout], rank: int

@@ -1,9 +1,5 @@
-"""Synthetic models and sources for tests (the builders live in :mod:`wtcore_kit.synthetic`).
-
-:func:`make_state` is the one builder of the test models that the process tests of several
-engines share (nccl and tcp, ipc, the Ray client), so that each model is defined once, by what
-it exercises, rather than once per test directory under the same name.
-"""
+"""Synthetic models and sources for tests (the builders live in :mod:`wtcore_kit.synthetic`);
+:func:`make_state` defines once the models several engines' process tests share."""
 
 from __future__ import annotations
 
@@ -58,24 +54,14 @@ def mixed_dtype_state(seed: int = 0) -> dict[str, torch.Tensor]:
 def make_state(
     seed: int, kind: str = "wide", *, big: int | None = None, count: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """A test model: for a given ``seed`` and arguments, always the same names, dtypes, shapes
-    and values (tests compare what a receiver holds against a second call).
+    """A test model, the same for the same arguments (tests compare against a second call).
 
-    ``kind`` (one of :data:`STATE_KINDS`) says what the model exercises:
-
-    * ``"edges"`` (the nccl and tcp process tests: frames, buffers, bf16 on the wire): bf16,
-      fp16, fp64, int64 and bool tensors, a 0-d and an empty bf16 one, ``big.weight`` with
-      ``big`` float32 elements (default 12,000: 48 KB, larger than small buffers), then
-      ``count`` (default 150) tiny tensors, bf16 and float32 in turn.
-    * ``"layers"`` (the ipc process tests: many frames in the ring's slots):
-      :func:`mixed_dtype_state`, then ``count`` (default 24) layers of growing size in float32,
-      bf16 and fp16 in turn, each with an int32 index, and, if ``big`` (default 0), ``huge.w``
-      with ``big`` float32 elements last.
-    * ``"wide"`` (the Ray client's tests): :func:`mixed_dtype_state`, then ``count`` (default 6)
-      float32 layers of 64 rows, and ``huge.w`` as for ``"layers"``.
-
-    Each kind draws from its own :class:`torch.Generator` (``"wide"``'s layers from
-    ``seed + 100``), so a model never changes when another kind does.
+    ``kind``: ``"edges"`` (every dtype, 0-d and empty tensors, ``big.weight`` of ``big``
+    float32 elements, then ``count`` tiny ones), ``"layers"`` (:func:`mixed_dtype_state`, then
+    ``count`` layers of growing size and mixed dtypes, each with an int32 index) or ``"wide"``
+    (:func:`mixed_dtype_state`, then ``count`` float32 layers); the last two end with
+    ``huge.w`` of ``big`` elements if ``big``. Each kind has its own generator, so a model
+    never changes when another kind does.
     """
     import torch
 
@@ -154,12 +140,8 @@ class MismatchedSource(WeightSource):
 
 class KillingSource(WeightSource):
     """Yields ``inner``'s tensors and calls ``kill()`` just before item ``at``: a receiver that
-    dies in the middle of a round (a process SIGKILLed, a server stopped, an actor killed).
-
-    ``kill`` is whatever ends the peer for the transport under test, so one source serves every
-    engine's and client's failure tests. The round opens in the background while the trainer
-    reads its first tensors, so a test that needs the kill to land mid-round (not before the
-    start reached the peer) passes ``once``, a condition waited for (bounded) before the kill.
+    dies mid-round, whatever the transport. The round opens in the background, so ``once`` (a
+    condition waited for before the kill) makes sure the start reached the peer first.
     """
 
     def __init__(
@@ -189,13 +171,12 @@ class KillingSource(WeightSource):
 
 
 def spec_of(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """The names, dtypes and shapes of ``state`` as the JSON-safe wire triple
-    (:func:`wtcore.meta.metas_to_wire`): what a worker process needs to build a zero model."""
+    """The names, dtypes and shapes of ``state`` as the JSON wire triple, to build zeros from."""
     return metas_to_wire([ParamMeta.of(n, t) for n, t in state.items()])
 
 
 def state_of_spec(spec: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Zeros shaped like :func:`spec_of`'s ``spec`` (checked as the wire checks it)."""
+    """Zeros shaped like :func:`spec_of`'s ``spec`` (checked as the wire is)."""
     import torch
 
     metas = metas_from_wire(spec["names"], spec["dtype_names"], spec["shapes"])

@@ -11,11 +11,7 @@ __all__ = ["wait_until"]
 def wait_until(
     pred: Callable[[], object], timeout_s: float, what: str, *, poll_s: float = 0.05
 ) -> None:
-    """Return once ``pred()`` is true; past ``timeout_s`` fail (an assertion) naming ``what``.
-
-    For states with no event to wait on (a peer's published version, a port freed, a process
-    gone); every wait in a suite must be bounded, and the failure says what never happened.
-    """
+    """Return once ``pred()`` is true; past ``timeout_s`` fail (an assertion) naming ``what``."""
     deadline = time.monotonic() + timeout_s
     while not pred():
         assert time.monotonic() <= deadline, f"timed out after {timeout_s} s waiting for {what}"

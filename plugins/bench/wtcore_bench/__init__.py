@@ -1,10 +1,7 @@
 """``wtcore bench``: the main job end to end, verified bit for bit, measured against baselines.
 
-Receivers are started by the bench itself, through the chosen client's :class:`ClientBench`;
-the trainer engine's :class:`EngineBench` says how to set it up on this host and which baselines
-matter. Both are declared in entry-point groups keyed by the plugin's registered name
-(:mod:`wtcore_bench.support`), never on the protocol's classes. Every round is verified with
-digests computed on both sides; any mismatch makes the run fail. See :mod:`wtcore_bench.api`.
+Engines and clients declare their bench support in entry-point groups
+(:mod:`wtcore_bench.api`, :mod:`wtcore_bench.support`); any mismatch in any round fails the run.
 """
 
 from __future__ import annotations

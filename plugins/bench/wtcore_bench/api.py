@@ -1,12 +1,8 @@
 """What an engine or a client declares so that ``wtcore bench`` (or any tool) can drive it.
 
-The bench never picks a plugin by name and never guesses field names: a trainer engine
-declares an :class:`EngineBench` as ``engine.<name>`` in the entry-point group
-``wtcore.bench`` (its init info for ``N`` receivers on this host, its buffer-size field, its
-baselines), a client a :class:`ClientBench` as ``client.<name>`` (a :class:`ReceiverLauncher`
-and the peers its transport makes possible); see :mod:`wtcore_bench.support`. An engine that
-declares nothing runs with a plain :class:`EngineBench`. The protocol's classes carry nothing
-for the bench, so loading an engine never loads it. See ``docs/writing-an-engine.md``.
+An :class:`EngineBench` is ``engine.<name>`` and a :class:`ClientBench` ``client.<name>`` in the
+entry-point group ``wtcore.bench``, never attributes of the protocol's classes, so loading an
+engine never loads the bench. See docs/writing-an-engine.md.
 """
 
 from __future__ import annotations
@@ -40,11 +36,11 @@ __all__ = [
 
 
 class BenchNotSupportedError(WtcoreError, NotImplementedError):
-    """An engine or client does not implement the part of the bench API that was needed."""
+    """An engine or client lacks the part of the bench API that was needed."""
 
 
 class OptionalDependencyError(WtcoreError, ImportError):
-    """A feature needs a package that is not installed; the message gives the install line."""
+    """A feature needs a package that is not installed; the message says how to install it."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +60,6 @@ class ModelSpec:
         return synthetic_state(self.size_bytes, self.num_tensors, self.dtype, self.seed)
 
     def build_zeros(self) -> torch.nn.Module:
-        """A receiver model: the right names, shapes and dtypes, all zeros."""
         from wtcore_kit.synthetic import build_module, zeros_like_state
 
         return build_module(zeros_like_state(self.build_state())).to(self.device)
@@ -72,8 +67,6 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class BaselineContext:
-    """What a baseline gets: the trainer's model and the run's settings."""
-
     state: Mapping[str, torch.Tensor]
     nbytes: int
     receivers: int
@@ -84,7 +77,6 @@ class BaselineContext:
 
 
 def device_kind(device: str) -> str:
-    """``"cuda"`` for ``"cuda"``/``"cuda:N"``, else the device string itself (``"cpu"``)."""
     return device.split(":", 1)[0]
 
 
@@ -95,17 +87,11 @@ BaselineSession = Callable[[BaselineContext], AbstractContextManager[Callable[[]
 
 @dataclass(frozen=True)
 class Baseline:
-    """One limit, naive baseline or peer: a label for tables and plots, and how to measure it.
+    """One limit, naive baseline or peer (what a user would run instead of wtcore).
 
-    ``measure`` returns GB/s (1e9 bytes per second of wall time); it releases everything it
-    started before returning, and checks that what arrived is what was sent. ``peer`` marks
-    what a user would use instead of wtcore (``--baselines peers``); ``devices`` are the device
-    kinds it runs on (elsewhere it is skipped, with the reason). A missing package is an
-    :class:`OptionalDependencyError`: the run goes on without it. ``session``, optional, is
-    the same baseline set up once and run call by call (a context manager yielding a callable
-    that moves ``ctx.nbytes`` once): only such a baseline can be measured in turns with the
-    engine's rounds (``--interleave``); :func:`wtcore_bench.limits.session_gbps` derives
-    ``measure`` from it.
+    ``measure`` returns GB/s, releases what it started and checks what arrived; a missing
+    package is an :class:`OptionalDependencyError` and the run goes on. Only a baseline with a
+    ``session`` can be measured in turns with the engine's rounds (``--interleave``).
     """
 
     label: str
@@ -116,9 +102,8 @@ class Baseline:
 
 
 class ReceiverFleet(Protocol):
-    """A started set of receivers: a fan-out ``client`` (an
-    :class:`~wtcore.client.InspectableClient`) and the PIDs behind it; ``close`` stops every
-    receiver, always, once."""
+    """A started set of receivers: a fan-out ``client`` and the PIDs behind it; ``close`` stops
+    every receiver, always, once."""
 
     client: InspectableClient
 
@@ -128,13 +113,9 @@ class ReceiverFleet(Protocol):
 
 
 class ReceiverLauncher(Protocol):
-    """Starts ``count`` receivers (rank ``i`` of ``count``, each hosting ``model.build_zeros()``
-    behind worker engine ``backend``) and a ``client_cls`` instance reaching them all.
-
-    ``options`` are extra ``WeightSyncWorker`` keyword arguments (e.g. ``transactional``); one
-    it cannot honour is a :class:`~wtcore.errors.WtcoreError`. A class whose ``__init__`` has
-    this signature qualifies.
-    """
+    """Starts ``count`` receivers, each hosting ``model.build_zeros()`` behind worker engine
+    ``backend``, and a ``client_cls`` reaching them all; ``options`` are extra
+    ``WeightSyncWorker`` arguments (one it cannot honour is a ``WtcoreError``)."""
 
     def __call__(
         self,
@@ -150,29 +131,21 @@ class ReceiverLauncher(Protocol):
 
 @dataclass(frozen=True)
 class EngineBench:
-    """How a trainer engine runs in ``wtcore bench``: ``engine.<name>`` in ``wtcore.bench``.
+    """How a trainer engine runs in ``wtcore bench``; engines with an address to meet at
+    override :meth:`init_info` and choose free ports themselves."""
 
-    The default :meth:`init_info` fills only the rank and the buffer size; engines with an
-    address to meet at subclass it and choose free ports themselves.
-    """
-
-    #: The init-info field that sets the size of one packed bucket (``--buffer-size``);
-    #: ``None`` if the engine has none.
+    #: The init-info field ``--buffer-size`` sets (``None``: the engine has none).
     buffer_option: str | None = None
-    #: Limits and naive baselines worth measuring next to this engine, by name.
     baselines: Mapping[str, Baseline] = field(default_factory=dict)
-    #: Device kinds the engine's bench runs on (``--device``); ``"cuda"`` means its init info
-    #: takes a ``device`` field (or :meth:`init_info` is overridden to place it).
+    #: Device kinds the engine's bench runs on (``--device``).
     devices: tuple[str, ...] = ("cpu",)
-    #: ``--engine-option NAME=VALUE`` names that prepare the trainer's model instead of setting
-    #: an init-info field: ``fn(model, value)`` is a context manager held around the
-    #: configuration's rounds (for example moving the model into shared memory).
+    #: ``--engine-option`` names that prepare the trainer's model instead of setting a field:
+    #: ``fn(model, value)`` is a context manager held around the rounds.
     model_options: Mapping[str, Callable[[Any, Any], AbstractContextManager[object]]] = field(
         default_factory=dict
     )
 
     def check_device(self, engine: type[TrainerWeightTransferEngine], device: str) -> None:
-        """Refuse, in one line, a ``--device`` this engine's bench does not support."""
         if device_kind(device) not in self.devices:
             raise BenchNotSupportedError(
                 f"trainer engine {engine.__name__} cannot run the bench on --device {device}: "
@@ -188,8 +161,8 @@ class EngineBench:
         buffer_size_bytes: int | None,
         device: str = "cpu",
     ) -> TrainerInitInfo:
-        """The sender's (rank 0) init info for ``receivers`` receivers on ``host``; ``device``
-        is passed only when it is not ``"cpu"``, so older subclasses keep working on the CPU."""
+        """The sender's init info; ``device`` is passed only when not ``"cpu"``, so older
+        subclasses keep working on the CPU."""
         kwargs: dict[str, Any] = dict(self.buffer_kwargs(engine, buffer_size_bytes))
         if device != "cpu":
             kwargs["device"] = device
@@ -205,7 +178,6 @@ class EngineBench:
     def buffer_kwargs(
         self, engine: type[TrainerWeightTransferEngine], buffer_size_bytes: int | None
     ) -> dict[str, int]:
-        """``{buffer_option: size}``, ``{}`` for the engine's default; an error if it has none."""
         if buffer_size_bytes is None:
             return {}
         if self.buffer_option is None:
@@ -218,11 +190,8 @@ class EngineBench:
 
 @dataclass(frozen=True)
 class ClientBench:
-    """How the bench starts receivers for one client: ``client.<name>`` in ``wtcore.bench``.
-
-    ``launcher`` is a :class:`ReceiverLauncher` (one whose class sets ``places_on_nodes =
-    True`` can start them on ``--nodes`` nodes); ``baselines`` are its transport's peers.
-    """
+    """How the bench starts receivers for one client: a :class:`ReceiverLauncher` (one whose
+    class sets ``places_on_nodes = True`` can use ``--nodes``) and its transport's peers."""
 
     launcher: Callable[..., Any]
     baselines: Mapping[str, Baseline] = field(default_factory=dict)

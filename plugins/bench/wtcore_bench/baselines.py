@@ -1,10 +1,5 @@
-"""Which baselines a bench run measures (limits, naive baselines and peers), and measuring them.
-
-``--baselines`` picks a set (:data:`BASELINE_SETS`) from the generic baselines
-(:mod:`wtcore_bench.limits`), the engine's :class:`~wtcore_bench.api.EngineBench` and, for
-``peers`` and ``all``, what every installed engine and client declares. Nothing is named
-here: what is installed decides.
-"""
+"""Which baselines a bench run measures, and measuring them: nothing is named here, what is
+installed decides."""
 
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BASELINE_SETS", "measure_baselines", "select_baselines"]
 
-#: ``--baselines`` values.
 BASELINE_SETS = ("auto", "peers", "all", "none")
 
 
@@ -33,9 +27,8 @@ def select_baselines(
 ) -> tuple[dict[str, Baseline], dict[str, str]]:
     """The baselines to measure, and those left out with the reason (``{name: why}``).
 
-    ``auto``: the generic baselines and the engine's own. ``peers``: those plus every peer of
-    any installed engine or client. ``all``: every installed engine's baselines and every peer.
-    A plugin that cannot load, or a baseline that cannot run on ``device``, is left out.
+    ``auto``: the generic baselines and the engine's own; ``peers``: also every installed
+    plugin's peers; ``all``: also every installed engine's baselines.
     """
     from wtcore_bench.limits import GENERIC_BASELINES
 
@@ -67,8 +60,7 @@ def select_baselines(
 
 
 def _installed_baselines(skipped: dict[str, str]) -> list[Mapping[str, Baseline]]:
-    """What every installed engine and client declares; one that fails to load lands in
-    ``skipped`` as ``engine:<name>`` / ``client:<name>``."""
+    """What every installed engine and client declares; one that fails to load is skipped."""
     from wtcore.registry import CLIENTS, TRAINER_ENGINES
     from wtcore_bench.support import find_client_bench, find_engine_bench
 
@@ -91,7 +83,6 @@ def _installed_baselines(skipped: dict[str, str]) -> list[Mapping[str, Baseline]
 def measure_baselines(
     baselines: dict[str, Baseline], ctx: BaselineContext, skipped: dict[str, str]
 ) -> dict[str, float]:
-    """GB/s of each baseline; one whose package is missing joins ``skipped`` instead."""
     out: dict[str, float] = {}
     for name, b in baselines.items():
         try:

@@ -1,9 +1,6 @@
-"""``wtcore bench --delta``: delta rounds against full rounds, on real training steps.
-
-Two fleets of in-process receivers get the same weights each round, one from a delta trainer,
-one from a plain trainer (before and after the delta round; its time is the mean). The weights
-are real training steps, then steps where every element changes (what delta costs when it
-cannot help). Every receiver's checksums are checked every round.
+"""``wtcore bench --delta``: delta rounds against full rounds, on real training steps, then on
+steps where every element changes (what delta costs when it cannot help). A full round before
+and after each delta round (their mean) keeps the order fair; every round is verified.
 """
 
 from __future__ import annotations
@@ -87,7 +84,6 @@ def _dense(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
-    """Run it; returns the JSON-ready record (``ok``: every round verified)."""
     import importlib.util
 
     import torch
@@ -192,7 +188,6 @@ def run_delta_bench(opts: DeltaBenchOptions) -> dict[str, Any]:
 
 
 def _median_share(rows: list[dict[str, Any]]) -> float | None:
-    """Median of what delta added (version check + encoding) over the full round's time."""
     vals = [x["added_seconds"] / x["full_seconds"] for x in rows if x["full_seconds"]]
     return statistics.median(vals) if vals else None
 

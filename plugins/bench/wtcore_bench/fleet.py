@@ -1,6 +1,5 @@
-"""Receivers that the bench starts, through the chosen client's
-:class:`~wtcore_bench.api.ClientBench`, and always stops; :data:`INPROC` is the in-process
-client's."""
+"""Receivers that the bench starts, through the chosen client's ``ClientBench``, and always
+stops; :data:`INPROC` is the in-process client's."""
 
 from __future__ import annotations
 
@@ -63,8 +62,8 @@ def launch_fleet(
     timeout_s: float,
     options: Mapping[str, Any] | None = None,
 ) -> ReceiverFleet:
-    """Start ``count`` receivers reachable by the client registered as ``client``; its client
-    must be an :class:`~wtcore.client.InspectableClient` (checked once, here)."""
+    """Start ``count`` receivers reachable by the client registered as ``client`` (which must
+    be an ``InspectableClient``)."""
     from wtcore.client import InspectableClient, calls_of
     from wtcore.registry import CLIENTS
     from wtcore_bench.support import client_bench
@@ -87,5 +86,5 @@ def launch_fleet(
     )
 
 
-#: What the core's ``inproc`` client declares: ``client.inproc`` in ``wtcore.bench``.
+#: ``client.inproc`` in ``wtcore.bench``.
 INPROC = ClientBench(InProcessFleet)

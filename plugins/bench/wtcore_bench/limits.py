@@ -1,12 +1,8 @@
-"""The generic baselines every engine is measured against, and the kit for measuring one.
+"""The generic baselines every engine is measured against, and helpers for writing one.
 
-Absolute numbers on shared machines are noise; ratios taken in one run are not. So every
-engine is set against, in the same run, :data:`GENERIC_BASELINES`: ``memcpy``, a *limit* (one
-single-threaded copy into a preallocated buffer) and ``file``, a naive baseline
-(``torch.save``, ``torch.load``, copy into the model), plus those its
-:class:`~wtcore_bench.api.EngineBench` declares. The helpers (:func:`median_gbps`,
-:func:`copy_session`, :func:`session_gbps`) are for engines and peers writing their own; each
-figure is GB/s (1e9 bytes per second of wall time, median of ``repeats``).
+Absolute numbers on shared machines are noise; ratios taken in one run are not, so every
+engine is set against ``memcpy`` (a limit: one single-threaded copy) and ``file`` (naive:
+``torch.save``, ``torch.load``, copy) in the same run. Figures are GB/s, medians.
 """
 
 from __future__ import annotations
@@ -47,8 +43,8 @@ def median_gbps(nbytes: int, run: Callable[[], object], repeats: int) -> float:
 
 @contextlib.contextmanager
 def copy_session(buffer: Any, nbytes: int) -> Iterator[Callable[[], object]]:
-    """Single-threaded copies of ``nbytes`` out of ``buffer`` (anything with the buffer
-    protocol), one per call; every view of ``buffer`` is gone on exit, so it can be closed."""
+    """Single-threaded copies of ``nbytes`` out of ``buffer``, one per call; no view of
+    ``buffer`` survives the exit, so it can be closed."""
     import numpy as np
     import torch
 
@@ -74,8 +70,7 @@ def copy_session(buffer: Any, nbytes: int) -> Iterator[Callable[[], object]]:
 
 
 def session_gbps(session: BaselineSession, ctx: BaselineContext, repeats: int = 3) -> float:
-    """A baseline's ``measure`` from its ``session``: one warm-up call, then the median of
-    ``repeats`` timed calls."""
+    """A baseline's ``measure`` from its ``session``: a warm-up call, then the median."""
     with session(ctx) as run:
         run()
         return median_gbps(ctx.nbytes, run, repeats)

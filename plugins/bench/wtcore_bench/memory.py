@@ -37,7 +37,6 @@ class PeakTracker:
             self._before[pid] = _status_kib(pid, "VmRSS")
 
     def extra_mib(self) -> list[float | None]:
-        """Per PID: peak RSS during the section minus RSS at its start, in MiB."""
         out: list[float | None] = []
         for pid in self.pids:
             before, peak = self._before.get(pid), _status_kib(pid, "VmHWM")

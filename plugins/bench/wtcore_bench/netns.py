@@ -1,11 +1,8 @@
 """A cluster of network-namespace "nodes" on one machine, for multi-node tests; always torn down.
 
-Each node is a network namespace with one interface (``eth0``) and a private address; a
-"switch" namespace holds the bridge joining them, so nothing is added to the host's namespace
-and deleting the namespaces removes every link. Link caps are ``tc`` ``tbf`` qdiscs on both
-ends of a node's link. Names carry the creator's PID and a random token, so parallel runs never
-collide and a run killed before its teardown is swept by the next. Needs root and iproute2
-(:func:`unavailable_reason` says why not).
+A "switch" namespace holds the bridge, so nothing is added to the host's namespace and deleting
+the namespaces removes every link. Names carry the creator's PID and a random token, so parallel
+runs never collide and a killed run's leftovers are swept by the next. Needs root and iproute2.
 """
 
 from __future__ import annotations
@@ -54,7 +51,7 @@ class NetnsError(WtcoreError, RuntimeError):
 
 
 def unavailable_reason() -> str | None:
-    """Why namespaced clusters cannot run here (``None`` when they can): for ``pytest.skip``."""
+    """Why namespaced clusters cannot run here (``None`` when they can)."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "network-namespace clusters need root (run the multinode tests as root)"
     for tool in ("ip", "tc"):
@@ -106,7 +103,6 @@ def _netns_inode(pid: int) -> int | None:
 
 
 def _kill_pids(pids: Sequence[int], timeout_s: float = 5.0) -> None:
-    """SIGKILL ``pids`` (processes inside our own namespaces) and wait until they are gone."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -137,7 +133,7 @@ def _delete_namespaces(names: Sequence[str]) -> None:
 
 
 def sweep_stale() -> list[str]:
-    """Delete namespaces left by runs whose process is gone (killed before their teardown)."""
+    """Delete namespaces left by runs whose process is gone."""
     stale = []
     for line in _ip("netns", "list", check=False).splitlines():
         name = line.split()[0] if line.split() else ""
@@ -150,8 +146,6 @@ def sweep_stale() -> list[str]:
 
 @dataclass
 class Node:
-    """One namespaced node: its namespace, address, and the processes started in it."""
-
     index: int
     netns: str
     address: str
@@ -161,12 +155,10 @@ class Node:
 
     @property
     def name(self) -> str:
-        """The name error messages and logs use for this node (``node1``)."""
         return f"node{self.index}"
 
     @property
     def port_name(self) -> str:
-        """The switch-side end of this node's link."""
         return f"p{self.index}"
 
     def popen(
@@ -198,7 +190,6 @@ class Node:
     def run(
         self, argv: Sequence[str], *, timeout_s: float = 60.0, env: Mapping[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` inside this node to completion (bounded by ``timeout_s``)."""
         return subprocess.run(
             ["ip", "netns", "exec", self.netns, *argv],
             env=dict(os.environ if env is None else env),
@@ -212,11 +203,10 @@ class Node:
         _ip("link", "set", self.port_name, "down", netns=self.cluster.switch)
 
     def link_up(self) -> None:
-        """Plug the cable back in; connections that survived their timeouts carry on."""
         _ip("link", "set", self.port_name, "up", netns=self.cluster.switch)
 
     def set_rate(self, rate: str | None) -> None:
-        """Cap this node's link to ``rate`` in both directions (``tbf``); ``None`` lifts it."""
+        """Cap this node's link both ways (``tbf``); ``None`` lifts it."""
         for netns, dev in ((self.netns, IFNAME), (self.cluster.switch, self.port_name)):
             if rate is None:
                 _tc(netns, "qdisc", "del", "dev", dev, "root", check=False)
@@ -228,7 +218,7 @@ class Node:
         self.rate = rate
 
     def kill_all(self) -> list[int]:
-        """The node vanishes: SIGKILL every process in it (all ours); returns their PIDs."""
+        """The node vanishes: SIGKILL every process in it; returns their PIDs."""
         ours = {p.pid for p in self.procs if p.poll() is None}
         pids = sorted(set(_netns_pids(self.netns)) | ours)
         _kill_pids(pids)
@@ -238,7 +228,6 @@ class Node:
         return pids
 
     def running(self) -> list[int]:
-        """PIDs of the processes still alive in this node (zombies excluded)."""
         return [pid for pid in _netns_pids(self.netns) if _proc_state(pid) not in (None, "Z")]
 
 
@@ -264,7 +253,7 @@ class Cluster:
         return self.nodes[index]
 
     def up(self) -> None:
-        """Create the switch and every node; on any failure, undo what was created."""
+        """Create the switch and every node; undo it all on any failure."""
         try:
             self._add_netns(self.switch)
             _ip("link", "set", "lo", "up", netns=self.switch)
@@ -291,7 +280,7 @@ class Cluster:
         self._created.append(name)
 
     def down(self) -> None:
-        """Stop every process (by PID), then delete every namespace (links and bridge go too)."""
+        """Stop every process by PID, then delete every namespace."""
         procs = [p for node in self.nodes for p in node.procs]
         with contextlib.suppress(Exception):
             stop_processes(procs, 5.0, sig=signal.SIGTERM)
@@ -301,8 +290,7 @@ class Cluster:
 
 @contextlib.contextmanager
 def cluster(n: int, *, subnet: str = DEFAULT_SUBNET, rate: str | None = None) -> Iterator[Cluster]:
-    """``n`` nodes on a bridge, each link optionally capped to ``rate``; torn down on any exit
-    (processes stopped by PID, then the namespaces deleted), after sweeping stale ones."""
+    """``n`` nodes on a bridge, each link optionally capped to ``rate``; torn down on any exit."""
     sweep_stale()
     c = Cluster(n, subnet=subnet, rate=rate)
     c.up()

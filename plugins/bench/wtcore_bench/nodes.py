@@ -1,11 +1,6 @@
-"""``wtcore bench --nodes N --link-rate R``: receivers on namespaced nodes behind capped links.
-
-Loopback measures CPU, not a network. With ``--nodes`` the bench builds a
-:mod:`wtcore_bench.netns` cluster (root only): node 0 runs the trainer (the bench itself,
-started again there), nodes ``1 .. N`` the receivers (receiver ``i`` on node ``1 + i % N``),
-every link capped at ``--link-rate``; the record then holds the achieved rate against the cap.
-The outer bench passes a :class:`Placement` to the inner one in :data:`NODES_ENV`, where a
-launcher with ``places_on_nodes = True`` starts each receiver in its node.
+"""``wtcore bench --nodes N --link-rate R``: receivers on namespaced nodes behind capped links,
+since loopback measures CPU, not a network. The bench starts itself again in node 0 of a
+:mod:`wtcore_bench.netns` cluster and passes it a :class:`Placement` in :data:`NODES_ENV`.
 """
 
 from __future__ import annotations
@@ -41,7 +36,6 @@ class NodeSlot:
     address: str
 
     def argv(self, command: Sequence[str]) -> list[str]:
-        """``command`` run inside this node."""
         return ["ip", "netns", "exec", self.netns, *command]
 
 
@@ -73,7 +67,6 @@ class Placement:
 
 
 def placement() -> Placement | None:
-    """The placement this process was started with (inside the trainer's node), if any."""
     text = os.environ.get(NODES_ENV)
     return Placement.from_env(text) if text else None
 

@@ -1,8 +1,7 @@
 """What a baseline's receivers hold, checked against what was sent, and the receiver processes.
 
-A peer is a yardstick only if it moved the weights exactly, so its receivers report digests
-that the sender checks here. Tests also fetch the bytes themselves (:func:`raw_state`,
-:func:`state_from_raw`: plain bytes with the spec beside them, never a pickled tensor).
+A peer is a yardstick only if it moved the weights exactly, so its receivers report digests the
+sender checks. Raw bytes travel with the spec beside them, never as a pickled tensor.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ def state_spec(state: Mapping[str, torch.Tensor]) -> Spec:
 
 
 def zeros_from_spec(spec: Spec, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """A receiver's model before its first round: zeros of every tensor ``spec`` names."""
     import torch
 
     from wtcore.meta import dtype_from_name
@@ -51,7 +49,6 @@ def zeros_from_spec(spec: Spec, device: str = "cpu") -> dict[str, torch.Tensor]:
 def check_digests(
     label: str, receiver: str, want: Mapping[str, str], got: Mapping[str, str]
 ) -> None:
-    """A :class:`~wtcore.errors.TransferError` naming ``receiver`` unless ``got == want``."""
     bad = sorted(n for n, d in want.items() if got.get(n) != d)
     if bad:
         raise TransferError(
@@ -61,14 +58,12 @@ def check_digests(
 
 
 def raw_state(items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, bytes]:
-    """Every tensor's bytes (any device)."""
     from wtcore.buckets import as_bytes
 
     return {n: bytes(as_bytes(t.detach().cpu().contiguous()).numpy()) for n, t in items}
 
 
 def state_from_raw(raw: Mapping[str, bytes], spec: Spec) -> dict[str, torch.Tensor]:
-    """The tensors :func:`raw_state` encoded, rebuilt from ``spec``."""
     import torch
 
     from wtcore.meta import dtype_from_name
@@ -87,8 +82,8 @@ def state_from_raw(raw: Mapping[str, bytes], spec: Spec) -> dict[str, torch.Tens
 
 @contextlib.contextmanager
 def spawned(target: Callable[..., None], count: int, *args: Any) -> Iterator[list[Any]]:
-    """Processes ``1 .. count`` running ``target(rank, *args, pipe)`` (``spawn``, daemons);
-    yields this side's pipe ends. On exit the pipes close and the processes are reaped."""
+    """Processes ``1 .. count`` running ``target(rank, *args, pipe)``; yields this side's
+    pipe ends, and reaps the processes on exit."""
     from wtcore.testing.procs import stop_processes
 
     ctx = mp.get_context("spawn")
@@ -107,7 +102,6 @@ def spawned(target: Callable[..., None], count: int, *args: Any) -> Iterator[lis
 
 
 def answer(conn: Any, timeout_s: float, label: str, what: str) -> Any:
-    """The next message from a receiver, or a :class:`~wtcore.errors.TransferTimeoutError`."""
     if not conn.poll(timeout_s):
         raise TransferTimeoutError(f"{label}: a receiver sent no {what} within {timeout_s}s")
     return conn.recv()

@@ -80,8 +80,7 @@ def write_json(record: dict[str, Any], path: str | Path) -> None:
 
 
 def check_plot_available() -> None:
-    """Raise :class:`~wtcore_bench.api.OptionalDependencyError` unless matplotlib imports
-    (before the run, so a missing package costs one line, not a whole bench)."""
+    """Fail before the run, not after it, when matplotlib is missing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError as e:
@@ -91,7 +90,6 @@ def check_plot_available() -> None:
 
 
 def write_plot(record: dict[str, Any], path: str | Path) -> None:
-    """GB/s against buffer size (one point per ``--buffer-size``), with the baselines as lines."""
     check_plot_available()
     import matplotlib
 

@@ -59,7 +59,6 @@ class BenchOptions:
 
 
 def _check_device(device: str) -> None:
-    """A clear one-line error for a device this host (or the bench) cannot use."""
     kind = device_kind(device)
     if kind not in ("cpu", "cuda") or (kind == "cpu" and device != "cpu"):
         raise PayloadError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
@@ -74,7 +73,6 @@ def _check_device(device: str) -> None:
 
 
 def _versions(opts: BenchOptions) -> dict[str, str]:
-    """Python, torch, and the distributions that provide the chosen engine and client."""
     from importlib.metadata import version
 
     from wtcore._version import __version__
@@ -97,9 +95,8 @@ def _run_engine(
     bar: Any,
     turns: Turns,
 ) -> list[dict[str, Any]]:
-    """One engine configuration: fresh receivers, ``rounds`` verified rounds, each after one
-    timed call of every baseline in ``turns``. With ``staged``, a staged fleet and a classic
-    one take their rounds in turns (one run each)."""
+    """One engine configuration: fresh receivers and ``rounds`` verified rounds, each after
+    one timed call of every baseline in ``turns`` (``staged``: two fleets, in turns)."""
     kinds: list[bool | None] = [True, False] if opts.staged else [None]
     with contextlib.ExitStack() as stack:
         sessions = [
@@ -134,8 +131,7 @@ def _session(
     buffer_size: int | None,
     staged: bool | None,
 ) -> Iterator[Callable[[int, dict[str, float]], dict[str, Any]]]:
-    """A fleet and a trainer engine (``staged``: True or False for ``--staged``'s two kinds,
-    None otherwise); yields ``one_round(r, baseline_seconds)``."""
+    """A fleet and a trainer engine; yields ``one_round(r, baseline_seconds)``."""
     import torch
 
     from wtcore.digest import digest_named
@@ -225,8 +221,7 @@ def _corrupt(fleet: Any) -> None:
 
 
 def run_bench(opts: BenchOptions, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run everything; returns the JSON-ready record (``record["ok"]`` says if all verified),
-    described in :mod:`wtcore_bench.record`."""
+    """Run everything; returns the record (:mod:`wtcore_bench.record`)."""
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     from wtcore.registry import TRAINER_ENGINES

@@ -25,8 +25,6 @@ START_TIMEOUT_S = 60.0
 
 @dataclass
 class ServeProcess:
-    """One ``wtcore serve`` process: its URL, its output files, and how to stop it."""
-
     proc: subprocess.Popen[bytes]
     url: str
     stdout: Path
@@ -40,7 +38,7 @@ class ServeProcess:
         return self.stdout.read_text() + self.stderr.read_text()
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int:
-        """Send ``sig`` to this PID; kill it if it does not exit in time. Returns its status."""
+        """Send ``sig``; kill it if it does not exit in time. Returns its status."""
         stop_processes([self.proc], timeout_s, sig=sig)
         return int(self.proc.returncode)
 
@@ -52,8 +50,8 @@ def launch_serve(
     via_cli: bool = True,
     prefix: Sequence[str] = (),
 ) -> ServeProcess:
-    """Start ``wtcore serve --host 127.0.0.1 --port 0 *args`` and wait for its URL line;
-    ``prefix`` goes before the interpreter (``ip netns exec <node>`` under ``--nodes``)."""
+    """Start ``wtcore serve --host 127.0.0.1 --port 0 *args`` and wait for its URL line
+    (``prefix``: before the interpreter, e.g. ``ip netns exec <node>``)."""
     base = Path(tempfile.mkdtemp(dir=workdir, prefix="wtcore-serve-"))
     out_path, err_path = base / "stdout", base / "stderr"
     module = ["-m", "wtcore.cli", "serve"] if via_cli else ["-m", "wtcore_http_client.server"]

@@ -1,9 +1,6 @@
-"""Baselines measured in turns with the engine's rounds (``wtcore bench --interleave``).
-
-On a shared host a limit moves by a third from one minute to the next, so every baseline with
-a ``session`` is set up once, before the engine's receivers start, and called once, timed,
-right before every engine round: its figure is the median over the seconds the engine ran in.
-"""
+"""Baselines measured in turns with the engine's rounds (``wtcore bench --interleave``): on a
+shared host a limit moves by a third from one minute to the next, so each is timed right before
+every engine round."""
 
 from __future__ import annotations
 
@@ -33,8 +30,8 @@ class Turns:
     def open(
         cls, baselines: Mapping[str, Baseline], ctx: BaselineContext, skipped: dict[str, str]
     ) -> Iterator[Turns]:
-        """Set up every baseline's session (one untimed warm-up call each), released on any
-        exit; one whose package is missing joins ``skipped`` instead."""
+        """Set up every baseline's session (one untimed warm-up call each); one whose package
+        is missing joins ``skipped``."""
         with contextlib.ExitStack() as stack:
             runs: dict[str, Callable[[], object]] = {}
             for name, b in baselines.items():
@@ -49,7 +46,6 @@ class Turns:
             yield cls(runs)
 
     def run_each(self) -> dict[str, float]:
-        """One timed call of every baseline; their seconds (also kept for :meth:`gbps`)."""
         out: dict[str, float] = {}
         for name, run in self._runs.items():
             t0 = time.perf_counter()
@@ -59,5 +55,4 @@ class Turns:
         return out
 
     def gbps(self, nbytes: int) -> dict[str, float]:
-        """Each baseline's GB/s: ``nbytes`` over the median of its calls."""
         return {n: nbytes / statistics.median(s) / 1e9 for n, s in self.seconds.items() if s}

@@ -1,25 +1,9 @@
-"""``delta="auto"``: a delta round only when earlier rounds say it is the faster one.
+"""``delta="auto"``: a delta round only when earlier rounds measured it faster.
 
-A delta round saves wire time and costs encoding time; which wins depends on the link and on
-how much of the model changed, and both move during a run. So the trainer measures instead of
-guessing. A full round gives the *rate*: model bytes per second of the whole round. A delta
-round gives its *encoding cost* (the version check and the encoding, seconds per model byte)
-and its *wire share*: the rest of its time (the wire, and the receivers applying patches),
-in full rounds at the rate the full round before it measured. The expected time of a delta
-round over that of a full one is then
-
-    encoding cost x rate + wire share
-
-and the round goes as delta when that is below 1. A faster link raises the first term, so
-auto turns to full rounds as soon as a full round measured the new rate; a model whose
-updates got denser raises the second, which only a delta round can see. So the mode that
-lost is measured again after :data:`PROBE_FIRST` rounds, then after twice as many each time
-it loses again, up to :data:`PROBE_MAX`: on a link where delta never pays, probing costs a
-few percent of the rounds.
-
-A delta round needs a base, a copy of the weights every receiver holds, and keeping it costs
-a copy of the model per round. Full rounds chosen by auto keep none, except the one right
-before a delta round is measured.
+A delta round is expected to take ``encode x rate + wire`` full rounds (docs/architecture.md,
+"Delta rounds"). The mode that lost is probed again with exponential backoff because each
+measurement can only move with its own mode: a faster link shows only in a full round, denser
+updates only in a delta round.
 """
 
 from __future__ import annotations
@@ -35,7 +19,7 @@ PROBE_MAX = 64
 
 @dataclass
 class AutoDelta:
-    """The measurements of earlier rounds, and the choice they make (module docstring)."""
+    """The measurements of earlier rounds, and the choice they make."""
 
     #: Model bytes per second of the last full round.
     rate: float | None = None
@@ -78,8 +62,7 @@ class AutoDelta:
         return self.rate is None or self.encode is None or self.wait <= 1
 
     def measured(self, mode: str, model_bytes: int, seconds: float, added: float) -> None:
-        """Record a completed round: ``mode`` as sent, its time, and ``added``, its version
-        check and encoding time."""
+        """Record a completed round; ``added`` is its version check and encoding time."""
         if model_bytes <= 0 or seconds <= 0:
             return
         before = self.winner()

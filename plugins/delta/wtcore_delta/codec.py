@@ -1,26 +1,14 @@
 """The patch codec: what changed in one tensor, as a self-describing ``uint8`` blob.
 
-A patch holds the positions and the new raw bits of the elements that differ from the base.
-Elements are compared and copied as integers of the element's width (``bits``), never as
-floats, so NaN payloads, ``-0.0`` and subnormals travel exactly.
-
-Three position encodings, chosen per tensor by size (:func:`encode`):
-
-* ``INDEX``: a sorted list of flat indices (int32, or int64 for tensors of 2**31 elements or
-  more); cheapest when few scattered elements changed;
-* ``MASK``: one bit per element (little-endian bit order inside each byte); cheapest when many
-  changed;
-* ``RUNS``: ``(start, length)`` pairs; cheapest when the changes are contiguous.
-
-Layout (little-endian; :data:`HEADER_BYTES` bytes of header, then the body)::
+Elements are compared and copied as integers of their width (:func:`bits`), so NaN payloads and
+``-0.0`` travel exactly. Positions are ``INDEX`` (sorted int32/int64 flat indices), ``MASK``
+(one bit per element, little-endian bit order) or ``RUNS`` (``(start, length)`` pairs), the
+smallest per tensor. Layout (little-endian)::
 
     magic "WTDP" | format u8 | encoding u8 | itemsize u8 | 0 u8 |
     numel u64 | count u64 | runs u64 | positions ... | values (count * itemsize bytes)
 
-A patch arrives from the network, so :func:`decode` trusts nothing: magic, format,
-encoding, item size, element count, exact length, index order and bounds, mask padding and
-popcount, run bounds and overlap are all checked before it returns positions that
-:func:`apply_patch` may write.
+:func:`decode` checks everything (it comes off the network) before :func:`apply_patch` writes.
 """
 
 from __future__ import annotations
@@ -105,12 +93,8 @@ class Encoded:
 def encode(
     new: torch.Tensor, base: torch.Tensor, *, scratch: np.ndarray[Any, Any] | None = None
 ) -> tuple[Encoded, torch.Tensor | None]:
-    """Compare ``new`` with ``base`` (same dtype, shape, device); pick the smallest form.
-
-    Returns the outcome and, for a patch, the changed flat indices (int64, on ``new``'s
-    device), so the caller can bring its base up to date without a second comparison. This is
-    :func:`plan` with its second half run at once.
-    """
+    """:func:`plan` with its second half run at once: the outcome and, for a patch, the
+    changed flat indices (so the caller updates its base without comparing again)."""
     enc, finish = plan(new, base, scratch=scratch)
     return enc, finish() if finish is not None else None
 
@@ -118,18 +102,14 @@ def encode(
 def plan(
     new: torch.Tensor, base: torch.Tensor, *, scratch: np.ndarray[Any, Any] | None = None
 ) -> tuple[Encoded, Callable[[], torch.Tensor] | None]:
-    """The first half of :func:`encode`: the outcome and the patch's size, and, for a patch,
-    a ``finish`` that completes its blob and returns the changed flat indices.
+    """Compare ``new`` with ``base`` (same dtype, shape, device) and size the smallest form;
+    for a patch also a ``finish`` (run once, before ``blob`` is read) that completes the blob
+    and returns the changed flat indices.
 
-    A bitmask patch's blob gets its header and mask here; its values are gathered by
-    ``finish``, which compares again (``base`` must not have changed in between), so a trainer
-    knows every blob's size before the round and gathers while earlier buckets are on the
-    wire (on the CPU; elsewhere ``finish`` has nothing left to do). ``finish`` must run
-    once, before ``blob`` is read. The positions are worked out with
-    numpy on the CPU (an accelerator only compares and gathers): its bit operations are many
-    times faster than torch's on CPU tensors. ``scratch``, a bool array of at least
-    ``new.numel()`` elements reused across calls (and by ``finish``), holds the comparison: a
-    fresh array of that size costs a page fault per page, every call.
+    On the CPU a bitmask patch defers its gather to ``finish`` (which compares again: ``base``
+    must not change in between), so a trainer gathers while earlier buckets are on the wire.
+    Positions are computed with numpy (far faster bit operations than torch on CPU).
+    ``scratch``, a reused bool array of at least ``new.numel()``, saves a page fault per page.
     """
     import numpy as np
     import torch
@@ -219,8 +199,7 @@ class Decoded:
 
 
 def decode(blob: torch.Tensor, target: torch.Tensor, *, name: str) -> Decoded:
-    """Parse and check ``blob`` against the tensor it will patch; ``PayloadError`` naming
-    ``name`` and the problem on anything malformed (nothing is written here)."""
+    """Parse and check ``blob`` against the tensor it will patch (writes nothing)."""
     import numpy as np
     import torch
 

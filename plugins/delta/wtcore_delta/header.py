@@ -1,16 +1,9 @@
 """The first tensor of a delta round: which base it applies to, and what each tensor is.
 
-A base is named by its version *and* by the lineage of the trainer that sent it: a random id
-each trainer's delta policy draws once. Version names are the user's, and two trainers (or one
-after a restart) reuse them, so a version string alone cannot say whose weights a receiver
-holds. A full round from a delta trainer therefore starts with a header too, with no base and no
-items (:attr:`DeltaHeader.marks_full`): it tells the receiver whose weights it is about to
-hold, and the receiver applies a later patch only over that same trainer's weights.
-
-It travels on the data plane like any tensor (a flat ``uint8`` tensor of JSON under the
-reserved name :data:`HEADER_NAME`), so every engine carries delta rounds unchanged and the
-four vLLM calls keep their bodies. Tensors the header does not list are unchanged and do not
-travel; ``patch`` tensors are :mod:`wtcore_delta.codec` blobs; ``full`` tensors are whole.
+A flat ``uint8`` tensor of JSON under :data:`HEADER_NAME`, so every engine carries it. A base is
+named by its version *and* the sending trainer's random lineage, since version names are the
+user's and get reused; a full round's header (no base, no items) names only the lineage.
+Unlisted tensors are unchanged; ``patch`` items are :mod:`wtcore_delta.codec` blobs.
 """
 
 from __future__ import annotations
@@ -40,16 +33,14 @@ LINEAGE_RE = re.compile(r"[0-9a-f]{32}")
 
 
 def new_lineage() -> str:
-    """A fresh lineage for one trainer's delta policy."""
     return secrets.token_hex(16)
 
 
 @dataclass(frozen=True)
 class DeltaHeader:
-    """``base``: the version the patches were computed against (``None``: a full round);
-    ``items``: name -> kind; ``specs``: name -> (dtype name, shape) of each patched tensor,
-    checked by the receiver against the tensor it patches (a patch carries only the element
-    width); ``lineage``: the sending trainer's (:func:`new_lineage`)."""
+    """``base``: the patches' version (``None``: a full round); ``items``: name -> kind;
+    ``specs``: name -> (dtype name, shape) of each patch, checked by the receiver (a patch
+    carries only the element width)."""
 
     base: str | None
     items: dict[str, str]
@@ -76,7 +67,6 @@ class DeltaHeader:
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> DeltaHeader:
-        """Parse and check a received header; ``PayloadError`` naming the problem."""
         import torch
 
         def bad(why: str) -> PayloadError:

@@ -1,24 +1,9 @@
-"""The receiver half of delta rounds: a sink in front of the worker's sink chain.
+"""The receiver half of delta rounds: :class:`DeltaSink`, first in every worker's sink chain.
 
-:class:`DeltaSink` is the ``delta`` receiver layer (a :class:`~wtcore.worker.ReceiverLayer`,
-the worker half of ``delta`` in ``wtcore.round_policies``): with wtcore-delta installed every
-:class:`~wtcore.worker.WeightSyncWorker` puts one first in its chain, so every engine carries
-delta rounds without knowing about them. A round whose first tensor is the header
-(:mod:`wtcore_delta.header`) is a delta round: the header's base must be the version this
-receiver published, with consistent weights, left by a round of the same trainer lineage (else
-:class:`StaleBaseError`, before anything is applied: another trainer may have
-published weights under the same version name); every other tensor must be listed in the
-header, once; patches are checked (:func:`wtcore_delta.codec.decode`) before any of their batch
-is written; at finish every listed tensor must have arrived. A full round passes through
-unchanged; its header, when a delta trainer sent one, only names the lineage of the weights it
-leaves (the lineage is never published, so no other trainer can copy it).
-
-Patches are applied in place on the sink's own tensors when the sink offers them
-(``patch_targets()``, e.g. :class:`~wtcore.sink.ModuleSink`) and nothing else sits in the chain;
-otherwise (transactional staging, the finite check, any readable sink) the current tensor is
-copied, patched and loaded through the chain like a whole tensor. A sink that can do neither,
-or declares ``accepts_patches = False`` (vLLM's layerwise reload wants whole layers), makes the
-receiver report ``delta: false`` so the trainer sends it full rounds.
+A round whose first tensor is the header is a delta round; it is refused
+(:class:`StaleBaseError`) unless this receiver holds the header's base, consistent, from the same
+trainer lineage, and every patch is checked before any of its batch is written. Full rounds pass
+through. See docs/architecture.md, "Delta rounds".
 """
 
 from __future__ import annotations
@@ -41,11 +26,10 @@ __all__ = ["DeltaSink", "StaleBaseError", "delta_sink_for", "sink_accepts_patche
 
 
 class StaleBaseError(ProtocolStateError):
-    """A delta round's patches were computed against a version this receiver does not hold.
+    """A delta round's base is not what this receiver holds (HTTP 409, nothing applied).
 
-    Raised before anything of the round is applied (a new replica, one that failed a round or
-    restarted, a sink that cannot take patches): HTTP 409. The trainer recognizes the name in
-    a receiver's failure (over every transport) and answers with a full round.
+    The trainer recognizes the name in a receiver's failure, over every transport, and answers
+    with a full round.
     """
 
 
@@ -75,11 +59,9 @@ class DeltaSink:
         self.chain = chain
         self.readable = readable
         self.in_place = in_place
-        #: Whether this receiver takes delta rounds (reported in ``weight_info``).
         self.accepts = accepts and (readable is not None or in_place is not None)
         self._base: str | None = None
-        #: The lineage of the weights the last finished round left (None: unknown), and the
-        #: open round's (:mod:`wtcore_delta.header`).
+        #: The lineage the last finished round left (None: unknown), and the open round's.
         self._held: str | None = None
         self._lineage: str | None = None
         self._items: dict[str, str] | None = None
@@ -89,19 +71,16 @@ class DeltaSink:
         self._first = True
         #: Whether the open round's first announcement came (only that one decides, see plan).
         self._planned = False
-        #: Whether anything of the open round reached the chain.
         self.applied = False
 
     @classmethod
     def for_chain(
         cls, chain: WeightSink, sink: WeightSink, staging: ReadableSink | None
     ) -> DeltaSink:
-        """The layer the worker builds (:class:`wtcore.worker.ReceiverLayer`): see
-        :func:`delta_sink_for`."""
+        """The layer the worker builds (:class:`wtcore.worker.ReceiverLayer`)."""
         return delta_sink_for(chain, sink, staging)
 
     def begin(self, version: str | None, consistent: bool) -> None:
-        """A round starts over weights of ``version`` (``consistent`` as published)."""
         self._base = version if consistent else None
         self._lineage = None
         self._items, self._seen, self._first, self.applied = None, set(), True, False
@@ -112,12 +91,9 @@ class DeltaSink:
         return self._items is not None
 
     def plan(self, metas: object) -> None:
-        """One update's announced tensors, before any of them lands (the worker passes them
-        on: ``wtcore.worker.ReceiverLayer``). A delta round's header is its first tensor, so
-        a round whose first announced tensor is anything else is a full round: destinations
-        are then offered from its first tensor on, which is received in place instead of
-        staged in fresh memory and copied (9.6 MB a round in the bench's 512 MiB model: ipc
-        rounds about 4% faster)."""
+        """One update's announced tensors, before any lands. A round whose first announced
+        tensor is not the header is full, so destinations are offered from its first tensor
+        on (received in place, not staged and copied)."""
         first = metas[0] if isinstance(metas, Sequence) and metas else None
         if self._first and not self._planned and isinstance(first, ParamMeta):
             self._planned = True
@@ -126,12 +102,8 @@ class DeltaSink:
     def destination(
         self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
     ) -> torch.Tensor | None:
-        """The chain's in-place destination (``wtcore.sink.DirectSink``), in a full round only.
-
-        Nothing is offered before the round is known to be full (its first announced tensor,
-        :meth:`plan`, or else its first batch, was not the header: a patch must be decoded,
-        never received in place), nor for the delta header.
-        """
+        """The chain's in-place destination, only once the round is known to be full (a patch
+        must be decoded, never received in place)."""
         if self._first or self._items is not None or name == HEADER_NAME:
             return None
         offer = getattr(self.chain, "destination", None)
@@ -164,7 +136,6 @@ class DeltaSink:
         self._load_delta(batch, self._items)
 
     def _open(self, header: DeltaHeader) -> dict[str, str] | None:
-        """The delta round's items, or ``None`` for a full round's header."""
         if header.marks_full:
             self._lineage = header.lineage
             return None
@@ -255,8 +226,7 @@ class DeltaSink:
         return dict(self.readable.named_tensors())
 
     def finish(self) -> None:
-        """End of the round: every tensor the header listed must have arrived; the weights
-        are now the round's lineage (unknown after a full round that named none)."""
+        """Every tensor the header listed must have arrived; the weights take its lineage."""
         if self._items is None:
             self._held = self._lineage
             return
@@ -271,11 +241,8 @@ class DeltaSink:
 
 
 def delta_sink_for(chain: WeightSink, sink: WeightSink, staging: ReadableSink | None) -> DeltaSink:
-    """The :class:`DeltaSink` a worker puts in front of ``chain`` (which ends in ``sink``).
-
-    In place only when ``chain`` is the user's sink itself and it offers ``patch_targets()``;
-    through the chain when a readable view exists (the staging, or the sink itself).
-    """
+    """The :class:`DeltaSink` in front of ``chain`` (ending in ``sink``): patches in place only
+    when ``chain`` is the sink itself and offers ``patch_targets()``."""
     accepts = sink_accepts_patches(sink)
     targets = getattr(sink, "patch_targets", None)
     in_place = targets() if chain is sink and callable(targets) else None

@@ -1,27 +1,9 @@
-"""The trainer half of delta rounds: the base, the per-tensor choice, and the round itself.
+"""The trainer half of delta rounds: the base, the per-tensor choice, and the round policy.
 
-:class:`DeltaTracker` keeps one copy of the last weights every receiver got (the *base*, with
-its version). Each round it asks the receivers their state (``weight_info``): when every one
-holds the base version, consistent, and takes patches, the round is a delta round whose source
-is the header plus, per tensor, nothing (unchanged), a patch, or the whole tensor (when a patch
-would not be smaller, or the tensor is new or changed shape); otherwise the round is full and
-the base is refreshed as it goes. Engines see only a source, so every engine carries both:
-:class:`DeltaRounds` is the round policy (:class:`~wtcore.trainer.RoundPolicy`) that
-``delta=True`` selects by name, so the trainer's template never imports this module.
-
-The base follows what receivers hold: it is brought up to date while the round is encoded
-and is kept only if the round completes on every receiver (any failure drops it, and the next
-round is full). A receiver that refuses a delta round
-(:class:`~wtcore_delta.receiver.StaleBaseError`, the safety net for a receiver that changed
-between the check and the round) gets a full round at once, sent from the base (which then
-equals the new weights), so the source is iterated once per call however the round ends.
-
-Cost control: a large tensor is first compared on a small strided sample; when even the
-densest encoding could not beat the whole tensor, it is sent whole without the exact
-comparison and its base is dropped (not copied), so a round in which everything changed costs
-about what a full round costs. A later round refreshes that tensor's base (a copy): the next
-one after the first dense round, then after 1, 3, 7, at most 15 rounds sent whole without a
-copy while the tensor stays dense, so a model that changes entirely every round rarely pays it.
+:class:`DeltaTracker` keeps the base (a copy of what every receiver holds) and encodes rounds
+against it; :class:`DeltaRounds` is the ``delta`` round policy. The base is kept only if a round
+completes everywhere, and a refused delta round is resent full from the base, so the source is
+iterated once per call. See docs/architecture.md, "Delta rounds".
 """
 
 from __future__ import annotations
@@ -54,13 +36,14 @@ log = logging.getLogger("wtcore.delta")
 #: Tensors with more elements than this are sampled before the exact comparison.
 SAMPLE_ABOVE = 1 << 14
 SAMPLE_SIZE = 2048
-#: The most rounds a dense tensor is sent whole without refreshing its base.
+#: The most rounds a dense tensor is sent whole without refreshing its base (the waits grow
+#: 0, 1, 3, 7, ... while it stays dense, so an always-dense model rarely pays a base copy).
 MAX_DENSE_WAIT = 15
 
 
 @dataclass
 class DeltaReport:
-    """What one round did (``TransferStats.delta``): mode, why, and per-tensor counts."""
+    """What one round did (``TransferStats.delta``)."""
 
     mode: str = "full"
     why: str = ""
@@ -70,7 +53,7 @@ class DeltaReport:
     tensors: dict[str, int] = field(default_factory=lambda: {"same": 0, "patch": 0, "full": 0})
     #: Tensors whose base was copied whole this round (new, reshaped, refreshed).
     base_copies: int = 0
-    #: What delta added to the round: asking the receivers' versions, encoding (seconds).
+    #: What delta added to the round, in seconds.
     check_seconds: float = 0.0
     encode_seconds: float = 0.0
 
@@ -94,13 +77,11 @@ def _dense_by_sample(new: torch.Tensor, base: torch.Tensor) -> bool:
     return changed >= 1.0 - 1.0 / (8 * nb.element_size())
 
 
-#: From this share of changed elements up, the base is updated by one copy instead of a scatter:
-#: a streaming copy of every element beats writing scattered ones well before they are all.
+#: From this share of changed elements up, a streaming copy of the base beats a scatter.
 COPY_BASE_ABOVE = 1 / 64
 
 
 def _update_base(base: torch.Tensor, new: torch.Tensor, idx: torch.Tensor) -> None:
-    """``base[idx] = new[idx]`` (flat integer views); numpy when both are on the CPU."""
     if idx.numel() > base.numel() * COPY_BASE_ABOVE:
         base.copy_(new)
     elif base.device.type == "cpu" and new.device.type == "cpu":
@@ -116,12 +97,9 @@ class DeltaTracker:
     def __init__(self, base_device: str | None = None) -> None:
         self.base_device = base_device
         self.version: str | None = None
-        #: Names this trainer's rounds to the receivers, beside the version (the user's name,
-        #: which another trainer may reuse): :mod:`wtcore_delta.header`.
         self.lineage = new_lineage()
-        #: Whether every receiver takes delta rounds (reports ``delta: true``), so that a full
-        #: round can name its lineage (a receiver without the delta layer would load the header
-        #: as a tensor); read with the receivers' state each round.
+        #: Whether every receiver reports ``delta: true``, so a full round may name its lineage
+        #: (a receiver without the delta layer would load the header as a tensor).
         self.marks = False
         #: name -> base tensor, or None when it was dropped (sent whole, not copied).
         self._base: dict[str, torch.Tensor | None] = {}
@@ -134,8 +112,7 @@ class DeltaTracker:
         self._pending = {}
         #: The comparison's bool array, reused: sized to the largest tensor compared.
         self._scratch: np.ndarray[Any, Any] | None = None
-        #: Seconds spent copying tensors into the base (``delta="auto"`` measures the link
-        #: without them).
+        #: Seconds spent copying into the base (``delta="auto"`` measures the link without them).
         self.copy_seconds = 0.0
 
     def _scratch_for(self, numel: int) -> np.ndarray[Any, Any]:
@@ -146,7 +123,6 @@ class DeltaTracker:
         return self._scratch
 
     def invalidate(self) -> None:
-        """Forget the base: the next round is full."""
         self.version, self._base, self._order, self._kept, self._dense = None, {}, [], {}, {}
         self._scratch, self._pending = None, {}
 
@@ -159,7 +135,6 @@ class DeltaTracker:
         if version is None:
             self.invalidate()
 
-    # ------------------------------------------------------------------ deciding
     def why_full(self, client: object) -> str | None:
         """Why this round must be full, or ``None`` when every receiver holds the base."""
         from wtcore.client import InspectableClient
@@ -184,29 +159,20 @@ class DeltaTracker:
                 )
         return None
 
-    # ------------------------------------------------------------------ the sources
     def _store(self, name: str, t: torch.Tensor) -> None:
         t0 = time.perf_counter()
-        try:
-            self._store_copy(name, t)
-        finally:
-            self.copy_seconds += time.perf_counter() - t0
-
-    def _store_copy(self, name: str, t: torch.Tensor) -> None:
         old = self._base.get(name)
         if old is not None and old.dtype == t.dtype and old.shape == t.shape:
             old.copy_(t)
         else:
-            device = self.base_device or t.device
-            self._base[name] = t.detach().to(device=device, copy=True)
+            self._base[name] = t.detach().to(device=self.base_device or t.device, copy=True)
+        self.copy_seconds += time.perf_counter() - t0
 
     def refreshing(self, source: WeightSource) -> WeightSource:
-        """A full round's source that copies every tensor into the base as it is sent, and
-        names this trainer's lineage first when every receiver can take it (:attr:`marks`)."""
+        """A full round's source that copies every tensor into the base as it is sent."""
         return _Refreshing(self, source, self.mark() if self.marks else None)
 
     def mark(self) -> tuple[str, torch.Tensor]:
-        """A full round's header: the weights that follow are this trainer's."""
         return HEADER_NAME, DeltaHeader(None, {}, lineage=self.lineage).to_tensor()
 
     def encode(self, source: WeightSource, report: DeltaReport) -> WeightSource:
@@ -266,7 +232,6 @@ class DeltaTracker:
         return _Finishing(self, [(HEADER_NAME, header), *out])
 
     def _finish(self, name: str) -> None:
-        """Complete ``name``'s patch (gather its values) and bring its base up to date."""
         pending = self._pending.pop(name, None)
         if pending is not None:
             finish, base, new = pending
@@ -284,8 +249,8 @@ class DeltaTracker:
 
 
 class _Finishing(TensorSource):
-    """The delta round's source: each patch is completed as the engine reaches it, so its
-    values are gathered while earlier buckets are on the wire (sizes are known up front)."""
+    """The delta round's source: each patch is gathered as the engine reaches it, overlapping
+    earlier buckets on the wire."""
 
     def __init__(self, tracker: DeltaTracker, items: list[tuple[str, torch.Tensor]]) -> None:
         super().__init__(items)
@@ -325,12 +290,8 @@ class _Refreshing(WeightSource):
 
 
 def _refused(error: BaseException) -> bool:
-    """Whether a receiver refused the round's base.
-
-    Any one is enough: with a broadcast engine the other receivers then fail too (the
-    collective broke), and the full round that follows is the remedy for all of them; a
-    failure with another cause fails that full round again and reaches the caller.
-    """
+    """Whether any receiver refused the round's base: with a broadcast engine the others then
+    fail too, and the full round that follows is the remedy for all of them."""
     # Ray names a remote error's type "RayTaskError(StaleBaseError)": match the name inside.
     return isinstance(error, ReceiverError) and any(
         "StaleBaseError" in (f.error_type or "") for f in error.failures
@@ -346,7 +307,6 @@ class DeltaRounds(RoundPolicy):
         self._report = DeltaReport()
         self._keeps_base = False
         self._started = 0.0
-        #: ``delta="auto"``: the measurements that pick each round's mode (:mod:`.auto`).
         self.auto = AutoDelta() if init_info.delta == "auto" else None
 
     def source(
@@ -394,7 +354,7 @@ class DeltaRounds(RoundPolicy):
         return sent
 
     def resend(self, error: BaseException) -> WeightSource | None:
-        """The safety net: a receiver changed since ``weight_info``. Full round, from the base."""
+        """A receiver changed since ``weight_info``: a full round, from the base."""
         if self._report.mode != "delta" or not _refused(error):
             return None
         log.warning("delta round refused by receivers; sending a full round instead: %s", error)

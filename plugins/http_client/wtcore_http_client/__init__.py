@@ -1,14 +1,6 @@
-"""wtcore-http-client: the HTTP control plane of wtcore.
+"""wtcore-http-client: the HTTP control plane (vLLM's RL routes) and its reference receiver.
 
-* :class:`HTTPWeightSyncClient` (registered as ``http`` in ``wtcore.clients``) speaks vLLM's
-  RL routes to one or more receivers; :class:`VLLMWeightSyncClient` is the same with one
-  ``weight_info()`` entry per vLLM worker (sharded rounds into TP > 1,
-  :mod:`wtcore_http_client.vllm_workers`);
-* :mod:`wtcore_http_client.routes` and :mod:`wtcore_http_client.server` are the reference
-  receiver: a :class:`wtcore.WeightSyncWorker` behind the same routes;
-* ``wtcore serve`` (:mod:`wtcore_http_client.commands`) runs that receiver hosting a model.
-
-Names are imported lazily, so that the ``wtcore`` CLI can load the ``serve`` command without
+Names are imported lazily, so that the ``wtcore`` CLI can load ``wtcore serve`` without
 importing ``requests``.
 """
 

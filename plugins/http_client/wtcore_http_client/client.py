@@ -1,20 +1,8 @@
 """``http``: a :class:`~wtcore.WeightSyncClient` that speaks vLLM's RL HTTP routes.
 
-The same trainer code drives a vLLM server (started with its RL routes enabled) or any process
-running :mod:`wtcore_http_client.server`; the request bodies are exactly those of vLLM's routes
-(docs/http.md). Several base URLs (data-parallel replicas) are called through the core fan-out
-(:class:`wtcore_kit.fanout.FanOutClient`): a failure names each failing URL, its HTTP status
-and the server's message.
-
-Retries: the four protocol calls are never retried (they are not idempotent). The idempotent
-ones (:data:`IDEMPOTENT_CALLS`) are retried once, on a fresh connection, when a pooled
-connection turns out to be closed before any answer came (a server may close its side after an
-error), so a ``finally: client.resume()`` does not leave a server paused because of a stale
-socket.
-
-What a receiver sends back is bounded: an answer is read as it arrives, at most
-:data:`MAX_ANSWER_BYTES` (an error body at most :data:`MAX_ERROR_BYTES`, the rest unread and
-the connection dropped), so a hostile receiver cannot make the trainer allocate.
+Request bodies are exactly vLLM's, so one trainer drives a vLLM server or a wtcore receiver.
+Only idempotent calls are retried (once, on a fresh connection), and answers are read bounded
+so a hostile receiver cannot make the trainer allocate. See docs/http.md, "The client".
 """
 
 from __future__ import annotations
@@ -75,19 +63,11 @@ def _normalize(base_urls: str | Sequence[str]) -> list[str]:
 
 
 class HTTPWeightSyncClient(FanOutClient):
-    """Both client protocols over one or more receivers' base URLs.
+    """Both client protocols over one or more receivers' base URLs (one per replica).
 
-    Args:
-        base_urls: one URL or a list (one per replica), e.g. ``"http://10.0.0.2:8000"``.
-        timeout_s: the most a call may take, per call, for all replicas together.
-        connect_timeout_s: the most a TCP connect may take (default: ``min(10, timeout_s)``).
-        api_key: sent as ``Authorization: Bearer <api_key>`` when set.
-        verify: TLS verification, as in requests (``False`` or a CA bundle path).
-
-    One :class:`requests.Session` serves the whole client, so connections are reused. The
-    fan-out threads share it: its urllib3 pools are thread-safe, and the adapter keeps enough
-    connections per host that concurrent calls to one replica (an ``update_weights`` blocking in
-    a broadcast while ``weight_info`` polls) never wait for each other.
+    ``timeout_s`` bounds each call for all replicas together; ``api_key`` is sent as a bearer
+    token; ``verify`` is requests' TLS verification. One session, shared by the fan-out threads,
+    keeps several connections per replica so that concurrent calls to one never wait.
     """
 
     def __init__(
@@ -128,7 +108,6 @@ class HTTPWeightSyncClient(FanOutClient):
     def __repr__(self) -> str:
         return f"HTTPWeightSyncClient({self.base_urls!r}, timeout_s={self.timeout_s:g})"
 
-    # ------------------------------------------------------------------ plumbing
     def _request(
         self,
         base_url: str,
@@ -140,7 +119,6 @@ class HTTPWeightSyncClient(FanOutClient):
         *,
         session: requests.Session | None = None,
     ) -> Any:
-        """One HTTP call; returns the decoded JSON answer or raises a named error."""
         where = f"{method} {route}"
         data = None
         headers = {} if round_id is None else {ROUND_HEADER: round_id}
@@ -190,7 +168,8 @@ class HTTPWeightSyncClient(FanOutClient):
     def _request_retrying(
         self, base_url: str, method: str, route: str, params: dict[str, str] | None = None
     ) -> Any:
-        """An idempotent call: once more on a fresh connection if the pooled one was dead."""
+        """Once more on a fresh connection if the pooled one was dead (a server may close its
+        side after an error), so ``finally: client.resume()`` survives a stale socket."""
         try:
             return self._request(base_url, method, route, params=params)
         except HTTPConnectionError as e:
@@ -214,10 +193,7 @@ class HTTPWeightSyncClient(FanOutClient):
         return self.timeout_s + _GRACE_S
 
     def _call(self, url: str, call: str, *args: Any, round_id: str | None = None) -> Any:
-        """One call on one replica: the route and body of ``call(*args)``.
-
-        ``round_id`` travels in the ``X-Wtcore-Round`` header, so the bodies stay vLLM's.
-        """
+        """One call on one replica; ``round_id`` travels in a header so the bodies stay vLLM's."""
         post = functools.partial(self._request, url, "POST", f"/{call}", round_id=round_id)
         if call == "init_weight_transfer_engine":
             return post({"init_info": args[0]})
@@ -245,11 +221,8 @@ class HTTPWeightSyncClient(FanOutClient):
         return self._request_retrying(url, "GET", f"/{call}")  # weight_info, health, is_paused
 
     def _abort(self, url: str, reason: str, round_id: str | None) -> None:
-        """``POST /abort_weight_update {"reason": ...}``: wtcore's own route, not vLLM's.
-
-        A replica without it answers 404, which means "abort unsupported here": skipped
-        (logged at INFO), not raised; its open round is abandoned by the next init instead.
-        """
+        """wtcore's own route: a 404 (a vLLM server) is skipped, since the next init abandons
+        the open round anyway."""
         try:
             self._request(
                 url, "POST", "/abort_weight_update", {"reason": reason}, round_id=round_id
@@ -259,12 +232,10 @@ class HTTPWeightSyncClient(FanOutClient):
                 raise
             log.info("%s has no /abort_weight_update route; abort skipped there", url)
 
-    # ------------------------------------------------------------------ inspection
     def weight_checker(
         self, action: str, baselines: Sequence[dict[str, str]] | None = None
     ) -> list[dict[str, Any]]:
-        """vLLM's ``POST /weight_checker`` on every replica: ``"checksum"``, ``"reset"``, or
-        ``"compare"`` with one baseline per replica (each one's earlier ``checksums``)."""
+        """vLLM's ``POST /weight_checker`` on every replica (``"compare"``: a baseline each)."""
         if baselines is not None and len(baselines) != len(self.base_urls):
             raise PayloadError(
                 f"baselines: expected one per replica ({len(self.base_urls)}), got {len(baselines)}"
@@ -273,8 +244,7 @@ class HTTPWeightSyncClient(FanOutClient):
         return self._each("weight_checker", action, each, round_id=new_round_id())
 
     def world_sizes(self, *, include_dp: bool = True) -> list[int]:
-        """``GET /get_world_size`` of every replica, in ``base_urls`` order (``include_dp``:
-        vLLM's flag, whether data-parallel replicas count; wtcore receivers have none)."""
+        """``GET /get_world_size`` of every replica, in ``base_urls`` order."""
         out = []
         answers = self._each("get_world_size", include_dp)
         for url, answer in zip(self.base_urls, answers, strict=True):
@@ -292,7 +262,6 @@ class HTTPWeightSyncClient(FanOutClient):
             raise PayloadError(f"get_world_size: the replicas disagree ({listed})")
         return sizes[0]
 
-    # ------------------------------------------------------------------ vLLM extras
     def pause(self, mode: str = "abort", *, clear_cache: bool | None = None) -> None:
         """``POST /pause?mode=...`` (vLLM): stop generating while weights change."""
         params = {"mode": check_pause_mode(mode)}
@@ -301,24 +270,20 @@ class HTTPWeightSyncClient(FanOutClient):
         self._each("pause", params)
 
     def resume(self) -> None:
-        """``POST /resume`` (vLLM)."""
         self._each("resume")
 
     def is_paused(self) -> list[bool]:
-        """``GET /is_paused`` of every replica."""
         return [bool(a.get("is_paused")) for a in self._each("is_paused")]
 
     def health(self) -> list[dict[str, Any]]:
-        """``GET /health`` of every replica."""
         return self._each("health")
 
     def close(self) -> None:
-        """Close the pooled connections; the servers keep running."""
         self._session.close()
 
 
 def _read_bounded(r: requests.Response, limit: int) -> tuple[bytes, bool]:
-    """Up to ``limit`` bytes of ``r``'s body as they arrive; whether that was all of it."""
+    """Up to ``limit`` bytes of the body as they arrive; whether that was all of it."""
     data = bytearray()
     for chunk in r.iter_content(_READ_CHUNK):
         data += chunk
@@ -330,9 +295,7 @@ def _read_bounded(r: requests.Response, limit: int) -> tuple[bytes, bool]:
 def _server_message(
     content: bytes, complete: bool, reason: str | None, status: int
 ) -> tuple[str, str | None]:
-    """The server's message and error class: wtcore's :class:`~wtcore.errors.ErrorRecord`
-    (checked as hostile input), an OpenAI-style ``{"error": {...}}`` (vLLM), any other
-    ``{"error": ...}``, FastAPI's ``{"detail": ...}``, or the start of a text answer."""
+    """The server's message and error class, from wtcore's, vLLM's or FastAPI's error shapes."""
     body: Any = None
     if complete:
         try:

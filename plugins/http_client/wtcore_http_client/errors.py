@@ -1,13 +1,7 @@
 """Errors of the HTTP control plane.
 
-Each one carries what :func:`wtcore_kit.fanout.failure_of` reads (``status``, ``timed_out``, and
-for an error answer the server's :class:`~wtcore.errors.ErrorRecord` as ``record``), so that a
-fanned-out call reports every failing URL with its HTTP status, the server's own error class
-and message, and counts a receiver's timeout as a timeout exactly as the in-process and Ray
-clients do.
-
-``ReceiverTimeoutError`` is the core's :class:`wtcore.errors.ReceiverTimeoutError`, re-exported
-here so the old import path keeps working.
+Each carries what :func:`wtcore_kit.fanout.failure_of` reads (``status``, ``timed_out``,
+``record``), so a fanned-out call reports every failing URL as the other clients do.
 """
 
 from __future__ import annotations
@@ -22,7 +16,6 @@ from wtcore.errors import (
 
 __all__ = ["HTTPConnectionError", "HTTPStatusError", "ReceiverTimeoutError"]
 
-#: Statuses that mean "the receiver (or a proxy) ran out of time".
 _TIMEOUT_STATUSES = frozenset({408, 504})
 
 
@@ -49,8 +42,7 @@ class HTTPStatusError(WtcoreError, RuntimeError):
 
     @property
     def record(self) -> ErrorRecord:
-        """The server's error as a record: its class (``HTTPStatusError`` when it named none),
-        :attr:`detail`, and the status (500 for one outside 400-599)."""
+        """The server's error as a record (500 for a status outside 400-599)."""
         status = self.status if 400 <= self.status <= 599 else 500
         try:
             return ErrorRecord(self.server_error_type or "HTTPStatusError", self.detail, status)
@@ -59,12 +51,10 @@ class HTTPStatusError(WtcoreError, RuntimeError):
 
     @property
     def timed_out(self) -> bool:
-        """Whether the receiver answered that a wait of its own ran out (408 or 504)."""
         return self.status in _TIMEOUT_STATUSES
 
 
 class HTTPConnectionError(TransferError):
     """A receiver could not be reached, or closed the connection without answering."""
 
-    #: No HTTP answer came back, so there is no status to report.
     status: int | None = None

@@ -1,19 +1,9 @@
 """Strict request framing: where a body starts and ends, read one way only.
 
 Two parsers that disagree about a request's length are how requests get smuggled and how a
-small request reserves a large buffer: a server whose size check reads one ``Content-Length``
-while its body reader reads another can be made to allocate what the check refused. So the
-framing is decided once, here, and refuses anything with two readings:
-
-* at most one ``Content-Length``, plain ASCII digits only (``1_0``, ``+5``, `` 5 `` and ``0x5``
-  are refused, not read as numbers);
-* no ``Transfer-Encoding`` at all (the receiver takes no chunked bodies);
-* at most one ``Authorization`` (which one would win is exactly the ambiguity to avoid);
-* header names are RFC 9110 tokens and values hold no line breaks (no obsolete line folding).
-
-Used by :mod:`wtcore_http_client.server` on every request and by
-:meth:`~wtcore_http_client.routes.ReceiverRoutes.precheck` for a ``Content-Length`` it is
-given by another framework.
+small request reserves a large buffer, so anything with two readings is refused: more than one
+``Content-Length`` (digits only), ``Authorization`` or ``Host``; any ``Transfer-Encoding``; header
+names that are not RFC 9110 tokens; line breaks in values.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ PAUSE_MODES = ("abort", "wait", "keep")
 
 
 def check_pause_mode(mode: str) -> str:
-    """``mode`` if vLLM knows it; otherwise a :class:`PayloadError` (HTTP 400) listing the modes."""
     if mode not in PAUSE_MODES:
         raise PayloadError(f"mode: expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
     return mode

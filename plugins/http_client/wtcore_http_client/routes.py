@@ -1,24 +1,9 @@
-"""The receiver's HTTP routes, free of any web framework.
+"""The receiver's HTTP routes, free of any web framework, so the rules live here once.
 
-:class:`ReceiverRoutes` turns ``(method, path, headers, body bytes)`` into ``(status, JSON
-object)``. The stdlib server in :mod:`wtcore_http_client.server` wraps it, and so can a
-FastAPI or Starlette app (see docs/http.md): the rules live here once.
-
-Every protocol call is delegated to a :class:`wtcore.WeightSyncWorker`, which owns the state
-rules; this module only checks the *envelope* (JSON, the allowed keys, auth, size) and answers
-every error with its :class:`wtcore.errors.ErrorRecord` under the core's one status table,
-:func:`wtcore.errors.http_status`, so a condition gets the same status and body whatever the
-engine. Nothing is applied when a request is refused. ``POST /abort_weight_update`` is wtcore's
-own route: a vLLM server answers it with 404, which the HTTP client reads as "unsupported".
-
-:meth:`ReceiverRoutes.handle` blocks for as long as the call does (an ``update_weights`` waits
-for its broadcast): an async framework must run it in a thread pool. ``/health``,
-``/weight_info`` and ``/is_paused`` never wait for a running call.
-
-Bounds (issue 14): every route but ``/health`` authenticates before anything else, so an
-unauthenticated caller learns no route names and sends no body. Bodies, JSON nesting, integer
-digits, key lengths and ``weight_version`` have limits (the constants below); past any of them
-the answer is a 400 or 413 naming the limit, never a 500.
+:class:`ReceiverRoutes` turns ``(method, path, headers, body)`` into ``(status, JSON)``, checking
+only the envelope (JSON, keys, auth, sizes) and delegating every call to a
+:class:`wtcore.WeightSyncWorker`. :meth:`~ReceiverRoutes.handle` blocks as long as the call does,
+so an async framework must run it in a thread pool. See docs/http.md.
 """
 
 from __future__ import annotations
@@ -55,7 +40,7 @@ log = logging.getLogger("wtcore_http_client.routes")
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 #: The body limit of every POST route but the two that carry engine payloads.
 CONTROL_MAX_BODY_BYTES = 64 << 10
-#: Routes whose bodies may be as large as ``max_body_bytes`` (a ``inline`` bucket, an init).
+#: Routes whose bodies may be as large as ``max_body_bytes``.
 _BULK_ROUTES = frozenset({"/update_weights", "/init_weight_transfer_engine"})
 #: Deepest JSON nesting accepted: real payloads are 3 levels deep.
 MAX_JSON_DEPTH = 32
@@ -86,22 +71,17 @@ ROUTES: dict[str, tuple[str, bool]] = {
 
 
 class Response(NamedTuple):
-    """An HTTP status and its JSON body."""
-
     status: int
     body: dict[str, Any]
 
 
 class _HTTPError(Exception):
-    """A refusal of the envelope (auth, route, size) under its own status and class name."""
-
     def __init__(self, status: int, message: str, error_type: str) -> None:
         super().__init__(message)
         self.record = ErrorRecord(error_type, message, status)
 
 
 def _error(error: BaseException) -> Response:
-    """The answer to ``error``: its record as the body (docs/http.md), under its status."""
     record = ErrorRecord.from_exception(error)
     return Response(record.status, record.to_json())
 
@@ -121,15 +101,8 @@ _ROUND_ROUTES = frozenset(
 class ReceiverRoutes:
     """vLLM's RL routes plus health, info, pause/resume, checksums and abort, over one worker.
 
-    Args:
-        worker: the state machine every call is delegated to.
-        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
-        max_body_bytes: larger bodies are refused with 413 before they are parsed.
-        on_pause: called with ``(mode, clear_cache)`` by ``POST /pause``; an inference server
-            stops generating there. ``on_resume`` is its inverse.
-        require_round_id: refuse (409) an init, start, update or finish without the
-            ``X-Wtcore-Round`` header, as ``WeightSyncWorker(require_round_id=True)`` does, for
-            a server whose worker is shared with code that takes unowned rounds.
+    ``on_pause(mode, clear_cache)`` / ``on_resume()`` let an inference server stop generating.
+    ``require_round_id`` refuses (409) an unowned round, for a worker shared with other code.
     """
 
     def __init__(
@@ -160,14 +133,11 @@ class ReceiverRoutes:
 
     @property
     def requires_auth(self) -> bool:
-        """Whether an API key guards every route but ``/health``."""
         return self._token is not None
 
-    # ------------------------------------------------------------------ entry point
     def handle(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes | bytearray
     ) -> Response:
-        """Serve one request. ``path`` may carry a query string; header names any case."""
         try:
             return self._dispatch(method.upper(), path, headers, body)
         except (_HTTPError, PayloadError, ProtocolStateError) as e:  # the caller's mistake
@@ -179,7 +149,7 @@ class ReceiverRoutes:
             return Response(record.status, record.to_json())
 
     def check_auth(self, headers: Mapping[str, str]) -> None:
-        """Raise 401 unless the bearer token matches (constant-time comparison)."""
+        """Raise 401 unless the bearer token matches (constant time)."""
         if self._token is None:
             return
         value = _header(headers, "authorization")
@@ -191,18 +161,7 @@ class ReceiverRoutes:
         ):
             raise _HTTPError(401, "invalid API key", "AuthError")
 
-    def check_size(self, content_length: int | None) -> None:
-        """Raise 413 if a declared body length is over the limit (call before reading it)."""
-        if content_length is not None and content_length > self.max_body_bytes:
-            raise _HTTPError(
-                413,
-                f"request body of {content_length} bytes is over the limit of "
-                f"{self.max_body_bytes} bytes",
-                "PayloadTooLarge",
-            )
-
     def body_limit(self, method: str, path: str) -> int:
-        """The most body bytes ``method path`` may carry (0 for a ``GET``)."""
         if method.upper() in ("GET", "HEAD"):
             return 0
         if path in _BULK_ROUTES:
@@ -237,7 +196,6 @@ class ReceiverRoutes:
                 "PayloadTooLarge",
             )
 
-    # ------------------------------------------------------------------ dispatch
     def _route(self, method: str, path: str, headers: Mapping[str, str]) -> str:
         # Auth first: an unauthenticated caller learns nothing about routes but /health.
         if path != "/health":
@@ -255,7 +213,6 @@ class ReceiverRoutes:
     ) -> Response:
         parts = urlsplit(target)
         path = self._route(method, parts.path, headers)
-        self.check_size(len(body))
         self._check_length(method, path, len(body))
         query = parse_qs(parts.query, keep_blank_values=True)
         w = self.worker
@@ -345,7 +302,7 @@ class ReceiverRoutes:
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
-    """The one value of header ``name``; two (in different cases) are refused, not picked from."""
+    """The one value of header ``name``; two (in any case) are refused, not picked from."""
     found = [value for key, value in headers.items() if key.lower() == name]
     if len(found) > 1:
         raise _HTTPError(400, f"header {name}: sent more than once", "PayloadError")
@@ -373,7 +330,6 @@ def _parse_constant(text: str) -> Any:
 
 
 def _check_tree(data: Any) -> None:
-    """Nesting depth and key lengths of a parsed body, walked without recursion."""
     stack: list[tuple[Any, int]] = [(data, 1)]
     while stack:
         value, depth = stack.pop()
@@ -397,7 +353,6 @@ def _kind(value: Any) -> str:
 
 
 def _include_dp(query: dict[str, list[str]]) -> bool:
-    """``?include_dp=`` of ``/get_world_size`` (vLLM's flag; default true)."""
     unknown = sorted(set(query) - {"include_dp"})
     if unknown:
         raise PayloadError(
@@ -412,7 +367,7 @@ def _include_dp(query: dict[str, list[str]]) -> bool:
 def _json_object(
     body: bytes | bytearray, *, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """Parse a body that must be a JSON object with exactly these keys (empty = ``{}``)."""
+    """A body that must be a JSON object with exactly these keys (empty = ``{}``)."""
     if not body.strip():
         data: Any = {}
     else:

@@ -1,10 +1,7 @@
 """Read and write ``.safetensors`` checkpoints, so ``wtcore serve`` can host a real model.
 
-The format is handled by the ``safetensors`` package (no pickle; it checks every header entry
-against the file before it builds a tensor). It is an optional extra,
-``pip install 'wtcore-http-client[safetensors]'``, because only ``wtcore serve --safetensors``
-needs it: the client side stays a ``requests``-only install. This module only turns the
-package's errors into wtcore's and names the extra when the package is missing.
+``safetensors`` is an optional extra (only ``wtcore serve --safetensors`` needs it); this module
+turns its errors into wtcore's and names the extra when it is missing.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ if TYPE_CHECKING:
 
 __all__ = ["INSTALL_HINT", "load_safetensors", "save_safetensors"]
 
-#: How to get the optional reader; every "missing package" error ends with it.
 INSTALL_HINT = "pip install 'wtcore-http-client[safetensors]'"
 
 
@@ -36,10 +32,7 @@ def _safetensors_torch() -> ModuleType:
 
 
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """``{name: tensor}`` from a ``.safetensors`` file, on the CPU.
-
-    A malformed file raises :class:`~wtcore.errors.PayloadError` naming the file and the reason.
-    """
+    """``{name: tensor}`` from a ``.safetensors`` file, on the CPU."""
     st = _safetensors_torch()
     from safetensors import SafetensorError
 
@@ -56,11 +49,8 @@ def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
 def save_safetensors(
     tensors: Mapping[str, torch.Tensor], path: str | Path, metadata: Mapping[str, str] | None = None
 ) -> None:
-    """Write ``tensors`` (any device, any layout) in the safetensors format.
-
-    Each tensor is copied to a contiguous CPU tensor first: the package refuses non-contiguous
-    tensors and tensors sharing storage (tied weights), which a state dict may well contain.
-    """
+    """Write ``tensors`` as contiguous CPU copies: the package refuses non-contiguous tensors
+    and shared storage (tied weights)."""
     st = _safetensors_torch()
     plain = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in tensors.items()}
     st.save_file(plain, str(path), metadata=dict(metadata) if metadata else None)

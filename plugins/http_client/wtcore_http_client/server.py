@@ -1,22 +1,9 @@
-"""The reference receiver server: a :class:`wtcore.WeightSyncWorker` over HTTP.
+"""The reference receiver server: :class:`ReceiverRoutes` on the stdlib's threading server.
 
-Why the standard library's :class:`~http.server.ThreadingHTTPServer` and not uvicorn: no new
-dependency (the plugin needs only ``requests``, for the client), and one thread per connection
-is exactly the concurrency the protocol needs: an ``update_weights`` blocking in a broadcast
-keeps its thread while ``/health`` and ``/weight_info`` are answered on others (an ASGI server
-would push every blocking worker call into a thread pool anyway).
-
-Bounded against a hostile peer (issue 14; the numbers are :class:`ServerLimits`): strict
-framing (:mod:`wtcore_http_client.framing`); auth, route and size checked before a body byte
-is read; bodies read in chunks as they arrive, never allocated from what a header declares; at
-most ``max_connections`` served at once (one more is answered 503 and closed); and a deadline
-per phase, enforced by one reaper thread that shuts a late connection's socket (a per-read
-socket timeout alone would let a peer trickle one byte per timeout forever). A running call has
-no deadline here: the worker's own timeouts bound it. So memory stays under ``max_connections
-x (max_body_bytes + max_header_bytes)`` plus a constant, whatever the peers do.
-
-The request rules live in :class:`~wtcore_http_client.routes.ReceiverRoutes`; this module only
-moves bytes. Run it as ``wtcore serve`` or ``python -m wtcore_http_client.server``.
+This module only moves bytes, bounded against a hostile peer (:class:`ServerLimits`): bodies are
+read as they arrive, never allocated from a header, and one reaper thread shuts a connection
+whose phase runs late (a per-read timeout alone lets a peer trickle a byte per timeout).
+See docs/http.md, "Limits" and "Why the standard library's threading server".
 """
 
 from __future__ import annotations
@@ -43,7 +30,6 @@ log = logging.getLogger("wtcore_http_client.server")
 
 
 def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
     if host == "localhost":
         return True
     try:
@@ -63,15 +49,8 @@ def check_bind(host: str, has_api_key: bool) -> None:
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one peer may hold of the server (``wtcore serve`` options of the same names).
-
-    Args:
-        max_connections: connections served at once; one more is answered 503 and closed.
-        idle_timeout_s: how long a connection may wait before its next request begins.
-        header_timeout_s: how long a request line and its headers may take to arrive.
-        body_timeout_s: how long a body may take to arrive, and an answer to be taken.
-        max_header_bytes: request line plus headers, at most (a 431 past it).
-    """
+    """What one peer may hold of the server (``wtcore serve`` options of the same names;
+    docs/http.md, "Limits")."""
 
     max_connections: int = 64
     idle_timeout_s: float = 60.0
@@ -91,7 +70,7 @@ class ServerLimits:
 
 
 class _HeaderReader:
-    """The handler's ``rfile`` while a request line and headers are read: counts their bytes."""
+    """The handler's ``rfile`` while the request line and headers are read: counts their bytes."""
 
     def __init__(self, inner: io.BufferedReader, limit: int) -> None:
         self.inner = inner
@@ -302,12 +281,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class ReceiverHTTPServer:
-    """Serves :class:`ReceiverRoutes` on ``host:port`` from a background thread.
-
-    ``port=0`` picks a free port; :attr:`url` tells which. A non-loopback ``host`` needs the
-    routes to have an API key (:func:`check_bind`). ``limits`` bounds what peers may hold
-    (:class:`ServerLimits`; the defaults are in docs/http.md).
-    """
+    """Serves :class:`ReceiverRoutes` on ``host:port`` (0: a free one) from a background thread;
+    a non-loopback ``host`` needs an API key."""
 
     def __init__(
         self,
@@ -341,7 +316,6 @@ class ReceiverHTTPServer:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop accepting requests and close the socket (running handlers are daemons)."""
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join(timeout_s)
@@ -356,9 +330,8 @@ class ReceiverHTTPServer:
 
 
 if __name__ == "__main__":
-    # ``python -m wtcore_http_client.server`` is the serve command, which lives in (and is run
-    # as) ``wtcore_http_client.commands``: that module imports this one, so this one never
-    # imports it back, not even here (tests/core/test_import_graph.py counts this block).
+    # The serve command lives in wtcore_http_client.commands, which imports this module, so it
+    # is run by name, never imported back (tests/core/test_import_graph.py counts this block).
     import runpy
 
     runpy.run_module("wtcore_http_client.commands", run_name="__main__", alter_sys=True)

@@ -1,15 +1,9 @@
 """The trainer's client for vLLM servers whose workers are sharded receivers (TP > 1).
 
-Why a client of its own: a sharded round plans for every receiver's layout, read from
-``weight_info()`` (one entry per receiver, key ``"layout"``), and a vLLM server with
-``tensor_parallel_size=N`` is N receivers behind one URL whose ``/weight_info`` says nothing of
-them. :class:`VLLMWeightSyncClient` is :class:`~wtcore_http_client.HTTPWeightSyncClient` with
-``weight_info()`` answering one entry per worker: the server's own answer joined with what the
-worker reports through ``POST /collective_rpc``: the worker method :data:`WORKER_INFO_METHOD`,
-which wtcore-vllm's worker extension adds (the server runs with ``--worker-extension-cls
-wtcore_vllm.extension.WtcoreWorkerExtension``; the name is spelled in both distributions,
-which import neither the other, and a test checks they agree). Every other call is the HTTP
-client's. It runs in the trainer: no vLLM, no torch.
+A vLLM server with ``tensor_parallel_size=N`` is N receivers behind one URL, and a sharded round
+plans for each one's layout; so ``weight_info()`` answers one entry per worker, joining the
+server's answer with each worker's report over ``POST /collective_rpc``
+(:data:`WORKER_INFO_METHOD`, added by wtcore-vllm's worker extension).
 """
 
 from __future__ import annotations
@@ -23,12 +17,11 @@ from wtcore_http_client.client import HTTPWeightSyncClient
 
 __all__ = ["WORKER_INFO_METHOD", "VLLMWeightSyncClient", "worker_reports"]
 
-#: The vLLM worker method that answers a worker's report (``wtcore_vllm.extension``).
+#: Spelled in wtcore-vllm too (neither imports the other); a test checks they agree.
 WORKER_INFO_METHOD = "wtcore_weight_info"
 
 _REQUIRED = {"rank", "world_size", "layout"}
-_TIMES = ROUND_TIMES
-_OPTIONAL = {"round_bytes", "layout_error", *_TIMES}
+_OPTIONAL = {"round_bytes", "layout_error", *ROUND_TIMES}
 #: The most workers one server may report.
 MAX_WORKERS = 4096
 
@@ -41,7 +34,7 @@ def worker_reports(answer: object, *, where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, r in enumerate(results):
         ok = isinstance(r, dict) and _REQUIRED <= set(r) <= _REQUIRED | _OPTIONAL
-        ok = ok and all(_seconds(r.get(k)) for k in _TIMES)
+        ok = ok and all(_seconds(r.get(k)) for k in ROUND_TIMES)
         if not ok or not is_int(r["rank"]) or not is_int(r["world_size"]):
             raise PayloadError(
                 f"{where}.results[{i}]: expected rank, world_size and layout (and optionally "
@@ -60,8 +53,8 @@ def _seconds(v: object) -> bool:
 
 
 class VLLMWeightSyncClient(HTTPWeightSyncClient):
-    """:class:`~wtcore_http_client.HTTPWeightSyncClient` whose ``weight_info()`` has one
-    entry per vLLM worker (module docstring); same arguments."""
+    """:class:`~wtcore_http_client.HTTPWeightSyncClient` with one ``weight_info()`` entry per
+    vLLM worker."""
 
     def weight_info(self) -> list[dict[str, Any]]:
         """Per worker, server by server in ``base_urls`` order and by rank within each: the

@@ -1,14 +1,5 @@
-"""wtcore-ray-client: the Ray control plane for wtcore.
-
-* :class:`RayWeightSyncClient` (client ``ray`` in ``wtcore.clients``) fans every protocol call
-  out to receiver actors and raises one :class:`wtcore.ReceiverError` naming each failing one.
-* :class:`WeightSyncActor` is the receiver: a plain class to turn into a Ray actor or mix into
-  an inference actor; it serves a core :class:`wtcore.WeightSyncWorker`.
-* :func:`launch_receivers` starts N receiver actors with resource options; the
-  :class:`ReceiverFleet` it returns stops them (``ReceiverGroup`` before 0.2.0: the old name
-  still works, with a warning, until 0.3).
-
-Importing this package does not import Ray; the client and the launcher import it when used.
+"""wtcore-ray-client: the Ray control plane (client ``ray``, the :class:`WeightSyncActor`
+receiver and :func:`launch_receivers`). Importing it does not import Ray; see docs/ray.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Turn what ``ray.get`` raises into the core's one failure format.
-
-An exception raised inside an actor method reaches the caller wrapped in a
-``RayTaskError(<cls>)`` whose message is a remote traceback; the trainer wants the original
-error (``PayloadError: ... unknown parameter name``), so the cause is unwrapped. A dead actor
-raises ``ActorDiedError`` with a multi-line message; it is folded onto one line (or, when the
-actor's constructor failed, cut to the error's last line) so that :class:`wtcore.ReceiverError`
-stays one line per receiver.
-"""
+"""Turn what ``ray.get`` raises into the core's one-line-per-receiver failure: the actor's
+original error unwrapped from ``RayTaskError``, a dead actor's message folded onto one line."""
 
 from __future__ import annotations
 
@@ -26,7 +19,6 @@ def _lines(text: str) -> list[str]:
 
 
 def failure_from_ray(label: str, error: BaseException) -> ReceiverFailure:
-    """A :class:`ReceiverFailure` for ``error`` as raised by ``ray.get`` for ``label``."""
     from ray.exceptions import RayActorError, RayTaskError
 
     if isinstance(error, RayTaskError):

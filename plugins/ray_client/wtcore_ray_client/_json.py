@@ -1,10 +1,5 @@
-"""Keep the Ray control plane to the same plain-JSON payloads as HTTP.
-
-Ray would happily pickle anything, tensors and open handles included. wtcore's control plane
-is JSON on every transport (docs/protocol.md), so a payload that works over Ray also works over
-HTTP, and no receiver ever unpickles a live object it did not ask for. The check walks containers
-without serializing them, so a large base64 string costs nothing extra.
-"""
+"""Keep the Ray control plane to the same plain-JSON payloads as HTTP: what works over Ray then
+works over HTTP, and no receiver unpickles a live object it did not ask for."""
 
 from __future__ import annotations
 
@@ -18,11 +13,8 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 def check_json_safe(value: Any, what: str) -> None:
-    """Raise :class:`PayloadError` naming the first value that JSON cannot carry.
-
-    Dict keys must be strings; containers are dicts, lists and tuples (a tuple becomes a
-    list over HTTP, which the parsers accept).
-    """
+    """Raise :class:`PayloadError` naming the first value JSON cannot carry (walked without
+    serializing, so a large base64 string costs nothing; tuples pass, as lists)."""
     stack: list[tuple[str, Any]] = [(what, value)]
     while stack:
         path, v = stack.pop()

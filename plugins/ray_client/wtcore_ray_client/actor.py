@@ -1,21 +1,9 @@
 """The receiver end: a plain class that serves one :class:`wtcore.WeightSyncWorker`.
 
-``WeightSyncActor`` does not import Ray and is not decorated, so users can
-
-* turn it into an actor: ``ray.remote(max_concurrency=4)(WeightSyncActor)`` (or use
-  :func:`wtcore_ray_client.launch_receivers`), or
-* mix it into their own inference actor and call :meth:`setup_weight_sync` once the model
-  exists, so the weights land in the model that actor serves.
-
-The sink is built *inside* the actor (from a factory), because the model lives there: a model
-object must never travel through the control plane. Every state rule (call order, what a bad
-payload or a failed load does to the round, when a version is published) is the core
-worker's; this class only forwards.
-
-Make the actor threaded (``max_concurrency`` >= 2): then :meth:`weight_info` answers while a
-long ``update_weights`` or a blocking rendezvous runs, which is how a trainer or an operator
-tells "busy" from "stuck". The core worker is thread-safe and refuses overlapping protocol
-calls with a clear ``ProtocolStateError``.
+It neither imports Ray nor is decorated, so it can become an actor or be mixed into an
+inference actor (:meth:`~WeightSyncActor.setup_weight_sync` once the model exists). The sink is
+built inside the actor because a model must never travel through the control plane. Run it
+threaded (``max_concurrency`` >= 2) so ``weight_info`` tells "busy" from "stuck".
 """
 
 from __future__ import annotations
@@ -52,12 +40,7 @@ def _build_sink(sink: SinkFactory) -> WeightSink:
 
 
 class WeightSyncActor:
-    """One inference worker's control-plane endpoint, meant to run as (or in) a Ray actor.
-
-    ``rank`` and ``world_size`` place this worker among the inference workers; its rank in
-    the transfer group is ``rank_offset + rank``, where ``rank_offset`` comes from the
-    trainer's init info.
-    """
+    """One inference worker's control-plane endpoint, meant to run as (or in) a Ray actor."""
 
     def __init__(
         self,
@@ -65,7 +48,6 @@ class WeightSyncActor:
         sink: SinkFactory,
         **options: Any,
     ) -> None:
-        """The arguments of :meth:`setup_weight_sync`."""
         self.setup_weight_sync(config, sink, **options)
 
     def setup_weight_sync(
@@ -79,11 +61,8 @@ class WeightSyncActor:
         label: str | None = None,
         **worker_options: Any,
     ) -> None:
-        """Build the sink and the core worker; for mixins, call it once the model exists.
-
-        ``worker_options`` go to :class:`wtcore.WeightSyncWorker` (``transactional=True``,
-        ``reject_nonfinite=True``).
-        """
+        """Build the sink and the core worker (``worker_options`` go to it); for mixins, call
+        it once the model exists."""
         if getattr(self, "_wtcore_worker", None) is not None:
             raise ProtocolStateError("setup_weight_sync: already set up on this actor")
         self._wtcore_label = label
@@ -98,7 +77,6 @@ class WeightSyncActor:
 
     @property
     def weight_sync_worker(self) -> WeightSyncWorker:
-        """The core worker this actor serves (for code running inside the actor)."""
         worker: WeightSyncWorker | None = getattr(self, "_wtcore_worker", None)
         if worker is None:
             raise ProtocolStateError(
@@ -106,7 +84,6 @@ class WeightSyncActor:
             )
         return worker
 
-    # ------------------------------------------------------------------ the protocol
     def init_weight_transfer_engine(
         self, init_info: dict[str, Any], *, round_id: str | None = None
     ) -> None:
@@ -120,7 +97,6 @@ class WeightSyncActor:
     def update_weight_version(self, new_version: str, *, round_id: str | None = None) -> None:
         self.weight_sync_worker.update_weight_version(new_version, round_id=round_id)
 
-    # ``round_id`` is the round's owner (wtcore.rounds); the Ray client passes it.
     def start_weight_update(self, *, round_id: str | None = None) -> None:
         self.weight_sync_worker.start_weight_update(round_id=round_id)
 
@@ -137,23 +113,18 @@ class WeightSyncActor:
     def abort_weight_update(
         self, reason: str = "aborted by caller", *, round_id: str | None = None
     ) -> None:
-        """End an open round without publishing (the weights are reported inconsistent)."""
         self.weight_sync_worker.abort_weight_update(reason, round_id=round_id)
 
-    # ------------------------------------------------------------------ introspection
     def weight_info(self) -> dict[str, Any]:
-        """The core worker's ``weight_info()``; never waits for a running call."""
         return self.weight_sync_worker.weight_info()
 
     def checksums(self) -> dict[str, str]:
-        """``{name: digest}`` of what the sink holds (:func:`wtcore.digest.digest_named`)."""
         return self.weight_sync_worker.checksums()
 
     def get_world_size(self) -> int:
         return self.weight_sync_worker.world_size
 
     def identity(self) -> dict[str, Any]:
-        """Who and where this actor is: for error messages and multi-node debugging."""
         worker = self.weight_sync_worker
         ident: dict[str, Any] = {
             "label": self._wtcore_label,
@@ -178,7 +149,7 @@ class WeightSyncActor:
         return ident
 
     def shutdown_weight_sync(self) -> None:
-        """Release the data plane (idempotent). The actor process itself stays alive."""
+        """Release the data plane (idempotent); the actor process stays alive."""
         worker = getattr(self, "_wtcore_worker", None)
         if worker is not None:
             worker.shutdown()

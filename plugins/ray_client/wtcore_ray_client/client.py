@@ -1,10 +1,7 @@
 """``ray``: a :class:`wtcore.WeightSyncClient` that fans every call out to Ray actors.
 
-Each call is submitted to every actor at once, then awaited through the core fan-out
-(:class:`wtcore_kit.fanout.FanOutClient`: one deadline, fail-fast, one error naming each failing
-actor by rank, name and actor id); calls given up on are ``ray.cancel``-ed if still queued.
-Payloads are checked to be plain JSON (:mod:`wtcore_ray_client._json`), so the same trainer
-code works over HTTP; a large ``update_weights`` payload is ``ray.put`` once for every actor.
+Each call is submitted to every actor at once and awaited through the core fan-out; a large
+``update_weights`` payload is ``ray.put`` once for every actor.
 """
 
 from __future__ import annotations
@@ -41,15 +38,9 @@ def actor_label(
 
 
 class RayWeightSyncClient(FanOutClient):
-    """Both client protocols over :class:`~wtcore_ray_client.WeightSyncActor` handles.
-
-    ``handles`` are actor handles, or names of named actors (looked up in ``namespace``), so
-    the client can also be built from a config file. ``labels`` overrides how failures name
-    each actor (:func:`launch_receivers` passes rank and name). ``timeout_s`` bounds each
-    call; once an actor has failed, the others get ``fail_fast_s`` more (``None``: the full
-    timeout) before they are reported as still running. ``close()`` leaves the actors
-    running (:class:`~wtcore_ray_client.ReceiverFleet` owns their lifetime).
-    """
+    """Both client protocols over :class:`~wtcore_ray_client.WeightSyncActor` handles (or names
+    of named actors, so a config file can build it). Once an actor has failed, the others get
+    ``fail_fast_s`` more; ``close()`` leaves the actors running."""
 
     def __init__(
         self,
@@ -103,10 +94,8 @@ class RayWeightSyncClient(FanOutClient):
             raise PayloadError(f"fail_fast_s: expected None or a number >= 0, got {fail_fast_s!r}")
         self.fail_fast_s = None if fail_fast_s is None else float(fail_fast_s)
 
-    # ------------------------------------------------------------------ fan-out
     def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
-        """Submit ``call`` to every actor now (one round trip for N actors); each target
-        waits for its own answer."""
+        """Submit ``call`` to every actor now; each target waits for its own answer."""
         out: list[Target[Any]] = []
         for i, (label, h) in enumerate(zip(self.labels, self.handles, strict=True)):
             try:
@@ -119,7 +108,6 @@ class RayWeightSyncClient(FanOutClient):
     def _describe(self, label: str, error: BaseException) -> ReceiverFailure:
         return failure_from_ray(label, error)
 
-    # ------------------------------------------------------------------ the protocol
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         check_json_safe(init_info, "init_info")
         super().init_weight_transfer_engine(init_info)
@@ -140,18 +128,16 @@ class RayWeightSyncClient(FanOutClient):
             raise PayloadError(f"weight_version: expected a string or None, got {weight_version!r}")
         super().finish_weight_update(weight_version)
 
-    # ------------------------------------------------------------------ beyond the protocols
     def identities(self) -> list[dict[str, Any]]:
-        """Each actor's rank, actor id, name, node IP and pid."""
         return self._each("identity")
 
     def get_world_size(self) -> int:
-        """The number of inference workers this client reaches."""
         return len(self.handles)
 
 
 class _RayCall:
-    """Wait for one submitted actor call; ``cancel()`` drops it if it is still queued."""
+    """One submitted actor call; ``cancel()`` drops it if still queued, never interrupting a
+    running call (the actor's state machine stays whole)."""
 
     def __init__(self, ref: Any, error: BaseException | None, timeout_s: float) -> None:
         self.ref = ref
@@ -166,7 +152,6 @@ class _RayCall:
         return ray.get(self.ref, timeout=self.timeout_s)
 
     def cancel(self) -> None:
-        """Never interrupts a running call (the actor's state machine stays whole)."""
         import ray
 
         if self.ref is not None:

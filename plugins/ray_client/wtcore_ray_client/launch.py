@@ -1,11 +1,7 @@
-"""Start N receiver actors with resource options, and always stop them.
+"""Start N receiver actors with resource options, and always stop them (:class:`ReceiverFleet`).
 
-A trainer needs three things about its receivers: their handles (for the client), their ranks
-in the transfer group (``rank_offset + i``; the trainer sender is rank 0), and a guarantee that
-they are gone afterwards: :class:`ReceiverFleet`, a context manager. :func:`launch_receivers`
-waits until every actor has built its sink, so a broken sink factory fails here, naming the
-actor, instead of at the first update. (``ReceiverGroup``, its name before 0.2.0, still works
-with a warning until 0.3.)
+:func:`launch_receivers` waits until every actor has built its sink, so a broken sink factory
+fails here, naming the actor, instead of at the first update.
 """
 
 from __future__ import annotations
@@ -31,10 +27,10 @@ __all__ = ["ReceiverFleet", "launch_receivers"]
 
 @dataclass
 class ReceiverFleet:
-    """Handles of launched receiver actors, their ranks, and how to stop them."""
+    """Handles of launched receiver actors, their ranks, and how to stop them (a context
+    manager)."""
 
     handles: list[ActorHandle[Any]]
-    #: Each actor's rank among the inference workers (0..n-1).
     worker_ranks: list[int]
     #: Each actor's rank in the transfer group (``rank_offset + worker rank``).
     ranks: list[int]
@@ -48,14 +44,12 @@ class ReceiverFleet:
     def client(
         self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fail_fast_s: float | None = FAIL_FAST_S
     ) -> RayWeightSyncClient:
-        """A fan-out client over every actor of the group, labelled by rank and name."""
         return RayWeightSyncClient(
             self.handles, timeout_s=timeout_s, labels=self.labels, fail_fast_s=fail_fast_s
         )
 
     def shutdown(self, *, grace_s: float = 5.0) -> None:
-        """Release each actor's data plane (best effort, ``grace_s``), kill it, and wait until
-        it is gone (bounded). Idempotent."""
+        """Release each actor's data plane (best effort), kill it, and wait until it is gone."""
         if self._closed:
             return
         self._closed = True
@@ -81,12 +75,8 @@ class ReceiverFleet:
 
 
 def _wait_dead(handles: Sequence[Any], *, timeout_s: float) -> None:
-    """Wait (bounded) until each killed actor refuses calls.
-
-    ``ray.kill`` is asynchronous: right after it, an actor may still answer. Returning only
-    once every actor is gone means its resources (GPU, ports, shared memory) are free for the
-    next group, and that "shut down" is a fact rather than a request.
-    """
+    """Wait (bounded) until each killed actor refuses calls: ``ray.kill`` is asynchronous, and
+    its resources (GPU, ports, shared memory) must be free for the next group."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -130,13 +120,9 @@ def launch_receivers(
 ) -> ReceiverFleet:
     """Start ``num_actors`` receiver actors (worker ranks 0..n-1) and wait until they are up.
 
-    ``sink`` is a zero-argument callable that builds the sink inside each actor (or a
-    picklable sink). ``actor_options`` go to ``.options()`` of every actor (for example
-    ``scheduling_strategy``, ``runtime_env``, ``lifetime``); ``per_actor_options[i]`` to actor
-    ``i`` only (for example a node affinity). With ``name_prefix`` the actors are named
-    ``f"{name_prefix}-{i}"``, so another driver can reach them by name. ``max_concurrency``
-    >= 2 lets ``weight_info`` answer while an update runs. ``worker_options`` go to each
-    actor's :class:`wtcore.WeightSyncWorker` (e.g. ``{"transactional": True}``).
+    ``sink`` builds the sink inside each actor. ``actor_options`` go to every actor's
+    ``.options()``, ``per_actor_options[i]`` to actor ``i`` only (a node affinity); with
+    ``name_prefix`` actor ``i`` is named ``f"{name_prefix}-{i}"`` (docs/ray.md).
     """
     import ray
 
@@ -185,8 +171,8 @@ def launch_receivers(
 
 
 def old_fleet_name(module: str) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``module``: ``ReceiverGroup``, the old name of
-    :class:`ReceiverFleet`, with a warning (until 0.3)."""
+    """A module ``__getattr__``: ``ReceiverGroup``, the old name of :class:`ReceiverFleet`,
+    with a warning (until 0.3)."""
 
     def __getattr__(name: str) -> Any:
         if name == "ReceiverGroup":

@@ -1,21 +1,9 @@
 """The TRL client whose weight sync is a wtcore trainer engine (imports TRL).
 
-TRL's ``VLLMClient`` syncs through vLLM's own NCCL helpers, which need a CUDA device (on a CPU
-trainer ``init_communicator`` raises ``NotImplementedError``) and which, without libnccl,
-disable themselves and "sync" nothing. This subclass keeps everything else of TRL's client and
-replaces the three sync calls:
-
-- ``init_communicator`` builds the wtcore trainer engine named at :func:`wtcore_trl.install`
-  on the device TRL passes it (:func:`engine_device`), with wtcore's HTTP client on the
-  server's RL routes, and runs its handshake;
-- ``update_named_params`` sends one round (start, updates, finish) from TRL's metadata and
-  iterator (:class:`~wtcore_trl.source.StreamSource`), with the global step as its version,
-  and raises wtcore's error, naming the server, when it fails: training never goes on over
-  stale weights;
-- ``close_communicator`` shuts the engine down.
-
-Only TRL's main process holds a client (TRL's own rule); the other ranks iterate the
-parameters for the gathers, as they do with TRL's client.
+TRL's own sync needs CUDA and silently syncs nothing without libnccl; this subclass keeps the
+rest of TRL's client and replaces ``init_communicator``, ``update_named_params`` and
+``close_communicator`` (docs/trl.md). A failed sync raises, naming the server, so training
+never goes on over stale weights.
 """
 
 from __future__ import annotations
@@ -46,7 +34,7 @@ _SURFACE = ("init_communicator", "update_named_params", "close_communicator", "r
 
 
 def trl_generation_module() -> ModuleType:
-    """TRL's ``vllm_generation`` module, once TRL's version and client surface are checked."""
+    """TRL's ``vllm_generation`` module, once TRL's version and client are checked."""
     try:
         import trl
         from trl.generation import vllm_generation
@@ -69,10 +57,7 @@ def trl_generation_module() -> ModuleType:
 
 
 def local_address(host: str, port: int) -> str:
-    """This host's address on the route to ``host`` (where the server reaches the trainer).
-
-    A connected UDP socket sends nothing; it only makes the kernel pick the route.
-    """
+    """This host's address on the route to ``host`` (a connected UDP socket sends nothing)."""
     if host in ("localhost", "127.0.0.1", "::1"):
         return "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -82,12 +67,8 @@ def local_address(host: str, port: int) -> str:
 
 
 def engine_device(device: Any) -> str:
-    """TRL's ``init_communicator(device)`` as an engine's ``device`` field.
-
-    TRL passes ``accelerator.device``: the engine must stage on it, so that the ``nccl`` engine
-    picks NCCL on a GPU trainer and gloo on a CPU one (its ``auto`` transport follows the
-    device), and ``ipc`` picks CUDA IPC or shared memory. An int is a CUDA index, as in TRL.
-    """
+    """TRL's ``init_communicator(device)`` as an engine's ``device`` field (an int is a CUDA
+    index), so the engine's transport follows the trainer's device."""
     if isinstance(device, int) and not isinstance(device, bool):
         if device < 0:
             raise PayloadError(f"device: expected a CUDA index >= 0, got {device}")
@@ -102,11 +83,7 @@ def engine_device(device: Any) -> str:
 
 
 def trainer_info(backend: str, options: dict[str, Any], derived: dict[str, Any]) -> Any:
-    """The engine's trainer init info: TRL-derived fields it has, then ``options``, rank 0.
-
-    ``options`` win over what TRL's settings give (``device="cpu"`` stages a GPU trainer's
-    weights in host memory, for instance).
-    """
+    """The engine's trainer init info: TRL-derived fields it has, overridden by ``options``."""
     cls = TRAINER_ENGINES.load(backend).init_info_cls
     names = set(field_names(cls))
     if "rank" in options:
@@ -123,8 +100,6 @@ def client_class(backend: str, options: dict[str, Any], timeout_s: float) -> typ
     base = trl_generation_module().VLLMClient
 
     class WtcoreVLLMClient(base):  # type: ignore[misc, valid-type]
-        """TRL's vLLM client, syncing through wtcore's ``{backend}`` engine."""
-
         wtcore_backend = backend
         wtcore_options = dict(options)
         wtcore_timeout_s = timeout_s

@@ -16,7 +16,7 @@ __all__ = ["StreamSource", "metas_of"]
 
 
 def metas_of(metadata: Sequence[Any]) -> list[ParamMeta]:
-    """TRL's ``[(name, dtype without "torch.", shape)]`` as wtcore metadata, checked by field."""
+    """TRL's ``[(name, dtype without "torch.", shape)]`` as wtcore metadata, checked."""
     metas: list[ParamMeta] = []
     for i, entry in enumerate(metadata):
         if not isinstance(entry, (tuple, list)) or len(entry) != 3:
@@ -32,15 +32,9 @@ def metas_of(metadata: Sequence[Any]) -> list[ParamMeta]:
 
 
 class StreamSource(WeightSource):
-    """The tensors TRL announces, read once from its iterator, each one copied as it is read.
-
-    TRL walks the model once per sync, gathering one parameter at a time: under DeepSpeed
-    ZeRO-3 or FSDP1 the gathered tensor is re-sharded (freed, or its storage reused) as soon
-    as the iterator moves on. wtcore engines may still read a tensor after that (large tensors
-    are sent in place, on a background thread), so each one is copied before the iterator is
-    advanced. The copy is the engine's to keep; the model's own tensor is never referenced
-    past its turn.
-    """
+    """The tensors TRL announces, read once from its iterator, each one copied as it is read:
+    under ZeRO-3 or FSDP1 a gathered tensor is re-sharded once the iterator moves on, while an
+    engine may still be sending it."""
 
     def __init__(self, metadata: Sequence[Any], named_params: Iterator[tuple[str, torch.Tensor]]):
         self._metas = metas_of(metadata)

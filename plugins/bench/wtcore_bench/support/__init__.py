@@ -1,11 +1,7 @@
-"""Which engines and clients the bench can drive, found by their registered names.
-
-``engine.<name>`` in the entry-point group ``wtcore.bench`` names an
-:class:`~wtcore_bench.api.EngineBench`, ``client.<name>`` a
-:class:`~wtcore_bench.api.ClientBench`; :func:`register_engine_bench` /
-:func:`register_client_bench` do the same in code (tests, notebooks). Classes that still set
-``bench`` (engine) or ``bench_launcher`` / ``bench_baselines`` (client) attributes keep
-working until 0.3, with a ``DeprecationWarning``.
+"""Which engines and clients the bench can drive, found by their registered names:
+``engine.<name>`` / ``client.<name>`` in the entry-point group ``wtcore.bench``, or
+:func:`register_engine_bench` / :func:`register_client_bench` in code. The old class attributes
+(``bench``, ``bench_launcher``, ``bench_baselines``) work with a warning until 0.3.
 """
 
 from __future__ import annotations
@@ -32,12 +28,12 @@ __all__ = [
 T = TypeVar("T")
 GROUP = "wtcore.bench"
 
-#: Registered in code, by entry-point name (``engine.<name>``, ``client.<name>``).
+#: Registered in code, by entry-point name.
 _explicit: dict[str, Any] = {}
 
 
 def register_engine_bench(name: str, bench: EngineBench | None) -> None:
-    """How engine ``name`` runs in the bench (``None`` forgets an earlier registration)."""
+    """How engine ``name`` runs in the bench (``None`` forgets it)."""
     _register(f"engine.{name}", bench)
 
 
@@ -53,7 +49,6 @@ def _register(key: str, value: object | None) -> None:
 
 
 def _declared(key: str) -> Any:
-    """What ``key`` declares: explicit first, then its entry point; else ``None``."""
     if key in _explicit:
         return _explicit[key]
     if autoload_disabled():
@@ -84,7 +79,6 @@ def _legacy(owner: type[Any], attr: str, key: str) -> Any:
 
 
 def _checked(found: Any, kind: type[T], where: str) -> T | None:
-    """``found`` if it is ``None`` or a ``kind``; else an error naming what was declared."""
     if found is None or isinstance(found, kind):
         return found
     raise BenchNotSupportedError(
@@ -93,7 +87,7 @@ def _checked(found: Any, kind: type[T], where: str) -> T | None:
 
 
 def find_engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench | None:
-    """How engine ``name`` (class ``cls``, if loaded) runs in the bench; ``None``: undeclared."""
+    """How engine ``name`` runs in the bench; ``None``: undeclared."""
     found = _declared(f"engine.{name}")
     if found is None and name in TRAINER_ENGINES.renamed:  # an old name, with a warning
         found = _declared(f"engine.{TRAINER_ENGINES.resolve(name)}")
@@ -107,8 +101,7 @@ DEFAULT_ENGINE_BENCH = EngineBench()
 
 
 def engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench:
-    """:func:`find_engine_bench`, else the default, unless ``cls``'s init info has fields
-    without a default (an error naming them)."""
+    """:func:`find_engine_bench`, else the default if ``cls``'s init info needs nothing more."""
     found = find_engine_bench(name, cls)
     if found is not None:
         return found
@@ -131,7 +124,7 @@ def engine_bench(name: str, cls: type[Any] | None = None) -> EngineBench:
 
 
 def find_client_bench(name: str, cls: type[Any] | None = None) -> ClientBench | None:
-    """How the bench starts receivers for client ``name`` (class ``cls``); ``None``: undeclared."""
+    """How the bench starts receivers for client ``name``; ``None``: undeclared."""
     found = _declared(f"client.{name}")
     if found is None and cls is not None:
         target = _legacy(cls, "bench_launcher", f"client.{name}")
@@ -145,7 +138,6 @@ def find_client_bench(name: str, cls: type[Any] | None = None) -> ClientBench | 
 
 
 def client_bench(name: str, cls: type[Any] | None = None) -> ClientBench:
-    """:func:`find_client_bench`, or an error that says how to declare it."""
     found = find_client_bench(name, cls)
     if found is None:
         raise BenchNotSupportedError(

@@ -15,8 +15,8 @@ _FLAGS = {"transactional": "--transactional", "reject_nonfinite": "--reject-nonf
 
 
 class HTTPFleet:
-    """``count`` ``wtcore serve`` processes and the client that drives them; under ``--nodes``
-    each runs in its node, on that node's address, with the run's API key."""
+    """``count`` ``wtcore serve`` processes and their client; under ``--nodes`` each runs in its
+    node, with the run's API key."""
 
     places_on_nodes: ClassVar[bool] = True
 

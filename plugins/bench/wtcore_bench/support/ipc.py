@@ -1,10 +1,5 @@
-"""``wtcore bench --backend ipc``: the engine's bench API and its limit.
-
-``shm_copy`` is one copy out of a POSIX shared-memory segment that already holds the weights:
-the ceiling of this engine's CPU path, where every receiver copies the sender's segment once.
-``--engine-option shared_weights=true`` measures the one-copy path (the trainer's model in
-shared memory).
-"""
+"""``wtcore bench --backend ipc``: its limit ``shm_copy`` (one copy out of a shared-memory
+segment, the ceiling of the CPU path) and ``--engine-option shared_weights=true``."""
 
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ __all__ = ["BENCH", "shared_weights", "shm_copy_gbps", "shm_copy_session"]
 
 @contextlib.contextmanager
 def shm_copy_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
-    """One copy out of a fresh shared-memory segment of the model's size per call."""
     import mmap
 
     from wtcore_ipc.shm import SHM_DIR
@@ -45,8 +39,7 @@ def shm_copy_gbps(ctx: BaselineContext, repeats: int = 3) -> float:
 
 
 def shared_weights(model: Any, value: Any) -> AbstractContextManager[object]:
-    """``--engine-option shared_weights=true``: the trainer's model moves into shared memory
-    (:func:`wtcore_ipc.share_weights`) for the configuration's rounds."""
+    """The trainer's model in shared memory for the configuration's rounds."""
     if value not in (True, False):
         raise PayloadError(f"--engine-option shared_weights: expected true or false, got {value!r}")
     if not value:

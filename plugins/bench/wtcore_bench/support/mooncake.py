@@ -1,10 +1,6 @@
-"""``wtcore bench --backend mooncake``: the engine's bench API and its limit.
-
-``bare_read`` is the engine's own ceiling: the trainer's transfer engine registers one buffer
-of the model's size, every receiver process one of its own, and a round is each receiver's
-single ``transfer_sync_read`` of the whole buffer, all at once. No packing, no control plane,
-no unpacking: what is left when wtcore's part is taken away. After the session every receiver
-must report as many reads as were made and the sender's pattern bit for bit.
+"""``wtcore bench --backend mooncake``: its limit ``bare_read``, what is left when wtcore's part
+is taken away: every receiver's single ``transfer_sync_read`` of one registered buffer of the
+model's size, all at once, with no packing and no control plane.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ _LABEL = "bare_read limit"
 
 
 def pattern(nbytes: int) -> torch.Tensor:
-    """The bytes the sender's buffer holds: ``i % 251`` (a prime, so no page repeats); built
-    by tiling, so a 1 GiB pattern costs 1 GiB, not an int64 index of 8."""
+    """``i % 251`` (a prime: no page repeats), tiled so 1 GiB costs 1 GiB, not an int64 index."""
     import torch
 
     return torch.arange(251, dtype=torch.uint8).repeat(-(-nbytes // 251))[:nbytes]
@@ -50,8 +45,6 @@ def _te() -> Any:
 
 
 def _reader(rank: int, host: str, endpoint: str, remote: int, nbytes: int, conn: Any) -> None:
-    """Register a buffer; per ``True`` read the sender's buffer into it and answer the status;
-    on ``None`` report ``(reads, buffer == pattern)``."""
     import torch
 
     te = _te()
@@ -74,7 +67,7 @@ def _reader(rank: int, host: str, endpoint: str, remote: int, nbytes: int, conn:
 
 @contextlib.contextmanager
 def bare_read_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
-    """The ``bare_read`` limit, one read by every receiver per call (see the module docstring)."""
+    """The ``bare_read`` limit, one read by every receiver per call."""
     te = _te()
     engine, endpoint = te.start(ctx.host, "tcp")
     src = pattern(max(ctx.nbytes, 1))
@@ -117,8 +110,6 @@ def bare_read_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
 
 @dataclass(frozen=True)
 class MooncakeBench(EngineBench):
-    """The trainer's transfer engine listens on ``host``; every receiver reads from it."""
-
     def init_info(
         self,
         engine: type[TrainerWeightTransferEngine],

@@ -1,12 +1,8 @@
-"""``wtcore bench --backend nccl``: the engine's bench API and the baselines that matter for it.
+"""``wtcore bench --backend nccl``: its limit, naive loop and peer, all over gloo.
 
-* ``raw_gloo``: one preallocated buffer of the model's size broadcast over plain gloo, the
-  ceiling of this engine's CPU path;
-* ``per_tensor``: the naive loop users still run: for every tensor a blocking control call,
-  then a broadcast into freshly allocated memory, then a copy into the model;
-* ``vllm_packing`` (a peer): vLLM's packed broadcast, rebuilt from its description over the
-  same kind of gloo group (fresh ``torch.cat`` buckets, two in flight, unpacked by dtype views
-  on the receiver). Every receiver's digests are checked after the last round.
+``raw_gloo`` (one preallocated buffer broadcast: the CPU path's ceiling), ``per_tensor`` (the
+naive loop: a blocking control call, a broadcast into fresh memory, a copy, per tensor) and
+``vllm_packing`` (a peer: vLLM's packed broadcast, rebuilt from its description).
 """
 
 from __future__ import annotations
@@ -61,8 +57,8 @@ def _group(rank: int, world: int, host: str, port: int, timeout_s: float) -> Any
 def _receivers(
     ctx: BaselineContext, target: Callable[..., None], *args: Any
 ) -> Iterator[tuple[Any, list[Any], Spec]]:
-    """Receivers running ``target(rank, world, host, port, timeout_s, spec, *args, pipe)`` and
-    this process's end of their gloo group: yields the group, the pipes and the spec."""
+    """Receivers running ``target(rank, world, host, port, timeout_s, spec, *args, pipe)``;
+    yields this end of their gloo group, the pipes and the spec."""
     import torch
 
     from wtcore.testing.net import free_port
@@ -79,8 +75,6 @@ def _receivers(
 def _raw_receiver(
     rank: int, world: int, host: str, port: int, timeout_s: float, _: Spec, nbytes: int, conn: Any
 ) -> None:
-    """A broadcast into one buffer per ``True`` until ``None``, then report how many arrived
-    and whether the buffer holds what the sender sent (ones)."""
     import torch
 
     pg = _group(rank, world, host, port, timeout_s)
@@ -95,9 +89,8 @@ def _raw_receiver(
 
 @contextlib.contextmanager
 def raw_gloo_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
-    """One preallocated buffer broadcast to every receiver per call; on exit each must report
-    every broadcast and the sender's bytes. Each broadcast is announced over a pipe, so between
-    calls the receivers idle with no receive posted, however long the engine's rounds take."""
+    """One preallocated buffer broadcast per call, announced over a pipe so that between calls
+    no receive is posted however long the engine's rounds take."""
     import torch
 
     with _receivers(ctx, _raw_receiver, ctx.nbytes) as (pg, pipes, _):
@@ -126,7 +119,6 @@ def raw_gloo_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
 def _naive_receiver(
     rank: int, world: int, host: str, port: int, timeout_s: float, spec: Spec, conn: Any
 ) -> None:
-    """Rounds of the naive loop until ``None`` comes instead of a tensor's control call."""
     import torch
 
     from wtcore.meta import dtype_from_name
@@ -144,8 +136,7 @@ def _naive_receiver(
 
 @contextlib.contextmanager
 def per_tensor_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
-    """The naive baseline, one round per call: for every tensor a blocking control call, a
-    broadcast into fresh memory on each receiver, then a copy into its model."""
+    """The naive baseline, one round per call."""
     with _receivers(ctx, _naive_receiver) as (pg, pipes, spec):
 
         def run() -> None:
@@ -162,11 +153,8 @@ def per_tensor_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
 
 
 def vllm_buckets(sizes: list[int], target: int) -> list[tuple[int, int]]:
-    """vLLM's bucket rule: ``[start, stop)`` index runs; one closes once it exceeds ``target``.
-
-    Deliberately *not* :func:`wtcore.buckets.plan_round`: the peer measures vLLM's own schedule
-    (a bucket closes after the tensor that overflows it, unaligned), not ours.
-    """
+    """vLLM's bucket rule as ``[start, stop)`` index runs: deliberately not wtcore's, since the
+    peer measures vLLM's schedule (a bucket closes after the tensor that overflows it)."""
     out, start, total = [], 0, 0
     for i, n in enumerate(sizes):
         total += n
@@ -229,11 +217,8 @@ def vllm_packing_run(
     target_bytes: int | None = None,
     send_models: bool = False,
 ) -> tuple[float, list[dict[str, Any]]]:
-    """GB/s of vLLM-style packing, and (with ``send_models``) every receiver's final model.
-
-    ``target_bytes`` is the bucket target (default: this engine's default buffer size, so both
-    sides of the comparison use buckets of one size).
-    """
+    """GB/s of vLLM-style packing (buckets of this engine's default size unless
+    ``target_bytes``), and with ``send_models`` every receiver's final model."""
     import torch
 
     from wtcore.digest import digest_named
@@ -275,14 +260,13 @@ def vllm_packing_run(
 
 
 def vllm_packing_gbps(ctx: BaselineContext) -> float:
-    """The ``vllm_packing`` peer: see :func:`vllm_packing_run`."""
     return vllm_packing_run(ctx)[0]
 
 
 @dataclass(frozen=True)
 class NCCLBench(EngineBench):
-    """The sender hosts the rendezvous on ``host`` at a free port; every receiver joins it
-    (over gloo: on ``--device cuda`` the receivers share one GPU, NCCL needs one per rank)."""
+    """The sender hosts the rendezvous at a free port; over gloo even on ``--device cuda``
+    (the receivers share one GPU, NCCL needs one per rank)."""
 
     def init_info(
         self,
@@ -307,7 +291,7 @@ class NCCLBench(EngineBench):
         )
 
 
-#: The limit and naive loop tcp shares with nccl, so both are measured against one yardstick.
+#: Shared with tcp, so both are measured against one yardstick.
 GLOO_BASELINES = {
     "raw_gloo": Baseline(
         "raw gloo broadcast", partial(session_gbps, raw_gloo_session), session=raw_gloo_session

@@ -1,12 +1,6 @@
-"""``wtcore bench --client ray``: Ray actors as receivers, and the object-store peer.
-
-``client.ray`` in ``wtcore.bench`` is :data:`CLIENT`: :class:`RayFleet` starts the receivers
-(driven by the group's own ``RayWeightSyncClient``; on ``--device cuda`` each actor asks for an
-equal share of one GPU), and ``ray_object_store`` (``--baselines peers``, CPU only) is what a
-Ray user does instead: per bucket (the wtcore bucket rule) the trainer packs a fresh buffer,
-``ray.put`` s it and hands the reference to every receiver actor, which copies each tensor's
-bytes into its model; the actors' digests are checked after the last round. Ray is started
-here (a local cluster) unless the process is connected to one, and then only stopped again.
+"""``wtcore bench --client ray``: Ray actors as receivers (:class:`RayFleet`), and the
+``ray_object_store`` peer, what a Ray user does instead: per bucket, ``ray.put`` a freshly packed
+buffer and have every actor copy it into its model. Ray is started here unless connected.
 """
 
 from __future__ import annotations
@@ -29,8 +23,7 @@ __all__ = [
 
 
 def start_ray() -> bool:
-    """Start a local Ray cluster unless one is connected; whether it was started here (and
-    is the caller's to ``ray.shutdown()``)."""
+    """Start a local Ray cluster unless one is connected; whether it was started here."""
     import ray
 
     if ray.is_initialized():
@@ -47,15 +40,12 @@ def _stop_ray(started: bool) -> None:
 
 
 def _zeros_sink(model: Any) -> Any:
-    """Built inside each actor, so the receiver's model lives there."""
     from wtcore.sink import ModuleSink
 
     return ModuleSink(model.build_zeros())
 
 
 class RayFleet:
-    """Receiver actors for the bench, with the client that drives them."""
-
     def __init__(
         self,
         client_cls: type[Any],
@@ -105,7 +95,6 @@ class ObjectStoreReceiver:
         self.model = zeros_from_spec(metas)
 
     def receive(self, layout: list[tuple[str, int, int]], bucket: Any) -> int:
-        """Copy ``(name, offset, nbytes)`` runs of ``bucket`` (a uint8 array) into the model."""
         import numpy as np
 
         from wtcore.buckets import as_bytes
@@ -120,7 +109,6 @@ class ObjectStoreReceiver:
         return digest_named(self.model.items())
 
     def raw(self) -> dict[str, bytes]:
-        """Tests only: every tensor's bytes."""
         from wtcore_bench.received import raw_state
 
         return raw_state(self.model.items())
@@ -187,7 +175,6 @@ def object_store_run(
 
 
 def object_store_gbps(ctx: BaselineContext) -> float:
-    """The ``ray_object_store`` peer: see :func:`object_store_run`."""
     return object_store_run(ctx)[0]
 
 
@@ -196,5 +183,5 @@ BASELINES: dict[str, Baseline] = {
     "ray_object_store": Baseline("Ray object store (put, get, copy)", object_store_gbps, peer=True),
 }
 
-#: ``client.ray`` in ``wtcore.bench``: Ray actors as receivers, and the object-store peer.
+#: ``client.ray`` in ``wtcore.bench``.
 CLIENT = ClientBench(RayFleet, BASELINES)

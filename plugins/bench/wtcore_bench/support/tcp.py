@@ -1,11 +1,6 @@
-"""``wtcore bench --backend tcp``: the engine's bench API and the baselines that matter for it.
-
-* ``raw_gloo`` and ``per_tensor``: nccl's limit and naive loop
-  (:data:`wtcore_bench.support.nccl.GLOO_BASELINES`), so tcp and nccl share one yardstick;
-* ``zmq`` (a peer): the round over pyzmq as a user would write it with its fastest calls: a
-  PUSH socket per receiver, every tensor one zero-copy message, received with ``recv_into``
-  straight into the receiver's tensor, a round's end acknowledged on a pipe. Every receiver's
-  digests are checked after the session.
+"""``wtcore bench --backend tcp``: nccl's gloo baselines (one yardstick for both) and the
+``zmq`` peer, written as a user would with its fastest calls: a PUSH socket per receiver, each
+tensor one zero-copy message ``recv_into`` the receiver's tensor, digests checked after.
 """
 
 from __future__ import annotations
@@ -39,7 +34,6 @@ def _zmq() -> Any:
 
 
 def _zmq_receiver(rank: int, endpoint: str, timeout_s: float, spec: Spec, conn: Any) -> None:
-    """A round into the model per ``True`` from the sender, until ``None``; then its digests."""
     import torch
 
     from wtcore.digest import digest_named
@@ -70,7 +64,7 @@ def _zmq_receiver(rank: int, endpoint: str, timeout_s: float, spec: Spec, conn: 
 
 @contextlib.contextmanager
 def zmq_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
-    """The ``zmq`` peer, one round per call of what it yields (see the module docstring)."""
+    """The ``zmq`` peer, one round per call."""
     import torch
 
     from wtcore.digest import digest_named
@@ -117,7 +111,7 @@ def zmq_session(ctx: BaselineContext) -> Iterator[Callable[[], object]]:
 
 @dataclass(frozen=True)
 class TCPBench(EngineBench):
-    """The sender listens on ``host`` (a port the kernel picks); every receiver connects."""
+    """The sender listens on ``host`` (the kernel picks the port)."""
 
     def init_info(
         self,
