@@ -14,6 +14,8 @@
 #   bench-tcp   the tcp engine, 128 MiB, the models on the GPU (both ends stage in host memory)
 #   bench-mooncake  the mooncake engine with the model on the GPU (CPU staging, TCP), 128 MiB,
 #               against its bare read
+#   bench-staged  staged rounds (nccl, 2 receivers, models on the GPU) in turns with classic
+#               ones: each receiver's paused time against the round's
 #
 # Usage: scripts/gpu-check.sh [--dry-run | --force] [--out DIR] [--wheels DIR]
 #   --out DIR   where logs, JSON records and summary.txt go (default: $OUT if set, else
@@ -44,7 +46,7 @@ while [[ $# -gt 0 ]]; do
         --force) FORCE=1 ;;
         --out) OUT_DIR=$2; shift ;;
         --wheels) WHEELS=$2; shift ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -86,13 +88,14 @@ PYTEST=(-m pytest -q -m gpu)
 # name | seconds | command (run with bash -c after the python is substituted)
 STEPS=(
     "env|30|$PY -m wtcore.cli plugins"
-    "gpu-tests|95|$PY ${PYTEST[*]} $GPU_FILES"
-    "cuda-ipc|75|$PY ${PYTEST[*]} tests/ipc/test_cuda.py"
-    "nccl-procs|90|$PY ${PYTEST[*]} tests/integration/test_gpu_processes.py"
+    "gpu-tests|80|$PY ${PYTEST[*]} $GPU_FILES"
+    "cuda-ipc|60|$PY ${PYTEST[*]} tests/ipc/test_cuda.py"
+    "nccl-procs|80|$PY ${PYTEST[*]} tests/integration/test_gpu_processes.py"
     "bench-nccl|45|$PY ${BENCH[*]} --backend nccl --json $OUT_DIR/bench-nccl-cuda.json"
     "bench-ipc|45|$PY ${BENCH[*]} --backend ipc --json $OUT_DIR/bench-ipc-cuda.json"
     "bench-tcp|45|$PY ${BENCH[*]/256MiB/128MiB} --baselines none --backend tcp --json $OUT_DIR/bench-tcp-cuda.json"
     "bench-mooncake|50|$PY ${BENCH[*]/256MiB/128MiB} --baselines auto --interleave --backend mooncake --json $OUT_DIR/bench-mooncake-cuda.json"
+    "bench-staged|40|$PY ${BENCH[*]/256MiB/128MiB} --receivers 2 --baselines none --staged --backend nccl --json $OUT_DIR/bench-staged-cuda.json"
 )
 TOTAL=0
 for s in "${STEPS[@]}"; do TOTAL=$((TOTAL + $(cut -d'|' -f2 <<<"$s"))); done

@@ -26,6 +26,7 @@ STEPS = (
     "bench-ipc",
     "bench-tcp",
     "bench-mooncake",
+    "bench-staged",
 )
 
 
@@ -54,6 +55,7 @@ def test_dry_run_lists_every_step_within_eight_minutes(dry_run: tuple[str, Path]
     assert total < 8 * 60 and f"{total}s at most in all" in out
     assert "--device cuda" in rows["bench-nccl"][1] and "--backend nccl" in rows["bench-nccl"][1]
     assert "--backend ipc" in rows["bench-ipc"][1] and "--json" in rows["bench-ipc"][1]
+    assert "--staged" in rows["bench-staged"][1] and "--receivers 2" in rows["bench-staged"][1]
     assert not (tmp_path / "out").exists(), "a dry run writes nothing"
 
 
