@@ -1,7 +1,6 @@
 """wtcore: move freshly trained weights from RL trainers into inference workers.
 
-``import wtcore`` is cheap: it imports neither torch nor any plugin. Engines and clients are
-found by name through entry points and imported only when used.
+``import wtcore`` imports neither torch nor any plugin: engines and clients load when used.
 """
 
 from __future__ import annotations

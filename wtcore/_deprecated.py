@@ -1,8 +1,5 @@
-"""The 0.1.0 module paths that moved in 0.2.0, forwarded with a warning until 0.3.
-
-Each old path is a module of a few lines whose ``__getattr__`` is :func:`moved`: the new module
-is imported when a name is first asked for (never by ``import wtcore``), with a warning.
-"""
+"""The 0.1.0 module paths that moved in 0.2.0, forwarded with a warning until 0.3 (the new
+module is imported only when a name is first asked for)."""
 
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ __all__ = ["moved"]
 def moved(
     old: str, new: str, install: str = "", renamed: Mapping[str, str] | None = None
 ) -> Callable[[str], Any]:
-    """A module ``__getattr__`` that forwards ``old.NAME`` to ``new.NAME`` (``renamed``: old
-    name -> new) with a ``DeprecationWarning``, and ``old.__all__`` to the new module's, in the
-    old names, so ``from old import *`` forwards too."""
+    """A module ``__getattr__`` forwarding ``old.NAME`` to ``new.NAME`` (``renamed``: old ->
+    new) with a ``DeprecationWarning``; ``__all__`` too, so ``from old import *`` works."""
     renames = dict(renamed or {})
 
     def load() -> ModuleType:

@@ -1,13 +1,5 @@
-"""The one bucket-boundary rule, shared by the trainer and worker halves of every engine.
-
-Both ends compute the same buckets from the same metadata, so only raw bytes travel on the
-data plane. The rule: tensors are laid out in order, each at an offset aligned to
-:data:`ALIGNMENT` bytes; a tensor that would make the current bucket exceed the buffer size
-closes it and opens the next; a tensor larger than the buffer travels as a bucket of its own.
-An engine may also name a size (``direct_min_bytes``) from which a tensor always travels alone,
-even when it would fit: packing copies every byte twice, which gains nothing for a tensor that
-fills a message by itself (the nccl engine sends such tensors in place).
-"""
+"""The one bucket-boundary rule, shared by both halves of every engine (docs/protocol.md):
+both compute the same buckets from the same metadata, so only raw bytes travel."""
 
 from __future__ import annotations
 
@@ -43,7 +35,6 @@ ALIGNMENT = 64
 
 
 def align(n: int) -> int:
-    """``n`` rounded up to a multiple of :data:`ALIGNMENT`."""
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
@@ -65,8 +56,9 @@ class Bucket:
 def plan_buckets(
     metas: Sequence[ParamMeta], buffer_size_bytes: int, *, direct_min_bytes: int = 0
 ) -> list[Bucket]:
-    """Split ``metas`` into buckets of at most ``buffer_size_bytes`` (see module docstring);
-    every tensor of at least ``direct_min_bytes`` bytes (0: none) is a bucket of its own."""
+    """Tensors in order at aligned offsets; one that would overflow ``buffer_size_bytes`` opens
+    the next bucket. One of at least ``direct_min_bytes`` (0: none) travels alone: packing
+    copies every byte twice, which gains nothing for a tensor that fills a message."""
     if buffer_size_bytes <= 0:
         raise PayloadError(f"buffer_size_bytes must be positive, got {buffer_size_bytes}")
     buckets: list[Bucket] = []
@@ -103,17 +95,13 @@ def per_tensor_buckets(metas: Sequence[ParamMeta]) -> list[Bucket]:
 def plan_round(
     metas: Sequence[ParamMeta], *, packed: bool, buffer_size_bytes: int, direct_min_bytes: int = 0
 ) -> list[Bucket]:
-    """The buckets of one round, as both ends of a bucket engine compute them.
-
-    ``direct_min_bytes`` (packed only; 0: none): tensors of at least that size travel alone.
-    """
+    """The buckets of one round, as both ends of a bucket engine compute them."""
     if not packed:
         return per_tensor_buckets(metas)
     return plan_buckets(metas, buffer_size_bytes, direct_min_bytes=direct_min_bytes)
 
 
 def max_bucket_nbytes(buckets: Sequence[Bucket]) -> int:
-    """The receive/staging buffer size that fits every bucket."""
     return max((b.nbytes for b in buckets), default=0)
 
 
@@ -125,11 +113,8 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-    """Copy ``tensors`` into the flat ``uint8`` buffer ``out``; returns ``out[:nbytes]``.
-
-    A tensor need not be contiguous (a region of a shard, say): it is copied straight into
-    its place, through a view of the buffer in its own dtype and shape, with no temporary.
-    """
+    """Copy ``tensors`` into the flat ``uint8`` buffer ``out``; returns ``out[:nbytes]``. A
+    non-contiguous tensor is copied through a typed view of the buffer, with no temporary."""
     if len(tensors) != len(bucket.metas):
         raise PayloadError(
             f"bucket {bucket.index} holds {len(bucket.metas)} tensors, got {len(tensors)}"
@@ -168,15 +153,10 @@ def pack_source(
     *,
     in_place: Callable[[torch.Tensor], bool] | None = None,
 ) -> Iterator[tuple[Bucket, torch.Tensor]]:
-    """Iterate ``source`` once, packing each bucket into ``buffer_for(bucket)`` as it goes.
-
-    Yields ``(bucket, filled_bytes)`` only once every tensor of the bucket matched its
-    metadata, and checks that the source holds nothing more before yielding the last bucket,
-    so a mismatch is always raised before the affected bucket is announced to any receiver.
-    Tensors are copied one by one, so at most one materialized tensor is alive at a time.
-    With ``in_place``, a bucket of one tensor for which ``in_place(tensor)`` holds is yielded
-    as a flat view of that tensor itself (no copy, ``buffer_for`` not called).
-    """
+    """Iterate ``source`` once, packing each bucket into ``buffer_for(bucket)``; a bucket is
+    yielded only once it (and, for the last, the whole source) matched the metadata, so a
+    mismatch raises before it is announced. ``in_place(tensor)``: yield that one-tensor bucket
+    as a view of the tensor."""
     from wtcore.source import iter_checked
     from wtcore.stats import TransferStats
 

@@ -1,10 +1,4 @@
-"""The ``wtcore`` command line.
-
-The core's one subcommand is ``plugins`` (what is installed and whether it runs here). Plugins
-add more through the ``wtcore_add_commands`` hook: ``wtcore bench`` from wtcore-bench,
-``wtcore serve`` from wtcore-http-client. A command whose distribution is missing is named with
-its install line.
-"""
+"""The ``wtcore`` command line: ``plugins``, and what plugins add (``wtcore_add_commands``)."""
 
 from __future__ import annotations
 
@@ -42,12 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; any :class:`~wtcore.errors.WtcoreError` is one line on stderr, exit 1.
-
-    Expected failures (a bad option value, a missing optional package, a receiver that
-    failed) are the user's to act on, not a bug: they get ``wtcore: error: <message>``
-    without a traceback, whichever command (built-in or a plugin's) raised them.
-    """
+    """Run one command; any :class:`~wtcore.errors.WtcoreError` (the user's to act on, not a
+    bug) is one line on stderr without a traceback, exit 1."""
     import warnings
 
     from wtcore.errors import WtcoreError
@@ -81,12 +71,10 @@ def _missing_command(args: argparse.Namespace) -> int:
 
 
 def _error_line(error: BaseException) -> str:
-    """``error`` as one line: its class and message, with any line breaks folded."""
     text = " ".join(part.strip() for part in str(error).splitlines() if part.strip())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-# ---------------------------------------------------------------------- plugins
 def _cmd_plugins(args: argparse.Namespace) -> int:
     """Exit 0 only when every plugin loads and no name is claimed twice."""
     import json
@@ -112,7 +100,7 @@ def _write_stdout(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:
-        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        # stdout to /dev/null, so the interpreter's final flush does not fail again
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
 

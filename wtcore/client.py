@@ -1,13 +1,5 @@
-"""The control-plane protocols every client (in-process, HTTP, Ray) implements.
-
-:class:`WeightSyncClient` is the four calls of vLLM's RL API, all a trainer engine needs to run
-a round. :class:`InspectableClient` adds what tools around a round use (``send_weights(
-verify=True)``, ``wtcore bench``, operators): each receiver's state and checksums, a
-best-effort abort, the world size and ``close``. Both are runtime-checkable, so
-``isinstance(client, InspectableClient)`` is how the core asks whether a client can inspect.
-Every inspection call has ONE return shape for every transport: a list with one entry per
-receiver, in the client's receiver order (see docs/protocol.md).
-"""
+"""The control-plane protocols every client implements; ``isinstance(client,
+InspectableClient)`` is how the core asks whether a client can inspect."""
 
 from __future__ import annotations
 
@@ -18,11 +10,8 @@ __all__ = ["InspectableClient", "WeightSyncClient", "calls_of"]
 
 @runtime_checkable
 class WeightSyncClient(Protocol):
-    """Blocking calls that reach every receiver and raise on any failure (docs/protocol.md).
-
-    ``update_info`` is one dict for all receivers, or a list with one entry per worker rank.
-    A :class:`~wtcore.worker.WeightSyncWorker` satisfies this protocol itself.
-    """
+    """vLLM's four RL calls, reaching every receiver and raising on any failure.
+    ``update_info`` is one dict for all, or a list with one entry per worker rank."""
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None: ...
 
@@ -35,14 +24,8 @@ class WeightSyncClient(Protocol):
 
 @runtime_checkable
 class InspectableClient(WeightSyncClient, Protocol):
-    """A :class:`WeightSyncClient` that can also inspect and manage its receivers.
-
-    Implemented by :class:`~wtcore_kit.inproc.InProcessClient`, the HTTP and the Ray clients (all
-    through :class:`~wtcore_kit.fanout.FanOutClient`). A bare
-    :class:`~wtcore.worker.WeightSyncWorker` is *not* one: wrap it in ``InProcessClient`` to
-    inspect it. Every call reaches every receiver and raises one
-    :class:`~wtcore.errors.ReceiverError` naming each that failed.
-    """
+    """A :class:`WeightSyncClient` that can also inspect and manage its receivers; each call
+    returns one entry per receiver, in order."""
 
     def weight_info(self) -> list[dict[str, Any]]:
         """Each receiver's state (``weight_version``, ``consistent``, ``state``, ...)."""
@@ -53,11 +36,7 @@ class InspectableClient(WeightSyncClient, Protocol):
         ...
 
     def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
-        """End an open round without publishing, where the receiver supports it.
-
-        Best effort: a receiver that cannot abort is left alone, and the next
-        ``init_weight_transfer_engine`` abandons any open round anyway.
-        """
+        """End an open round without publishing; best effort (the next init abandons it too)."""
         ...
 
     def get_world_size(self) -> int:
@@ -65,16 +44,13 @@ class InspectableClient(WeightSyncClient, Protocol):
         ...
 
     def close(self) -> None:
-        """Release the client's own resources (connections); the receivers keep running."""
+        """Release the client's own resources; the receivers keep running."""
         ...
 
 
 def calls_of(protocol: type) -> tuple[str, ...]:
-    """The public calls ``protocol`` declares, its bases' first, in declaration order.
-
-    The one list of names for anything that must answer or check a protocol's calls (a test
-    control plane, the bench's client check), so none of them spells the calls out again.
-    """
+    """The public calls ``protocol`` declares, its bases' first, in declaration order (so
+    nothing that answers or checks them spells them out again)."""
     names: dict[str, None] = {}
     for cls in reversed(protocol.__mro__):
         if cls.__module__ == __name__:

@@ -1,13 +1,6 @@
 """Config by name: one dict (from JSON or TOML) builds a trainer engine and its client.
 
-Example::
-
-    {"backend": "nccl", "master_address": "10.0.0.1", "master_port": 29600, "world_size": 3,
-     "client": {"name": "http", "base_urls": ["http://10.0.0.2:8000"]}}
-
-Every key other than ``backend`` and ``client`` is a field of the backend's trainer init info;
-the client's keys other than ``name`` are its constructor's keyword arguments. Unknown keys
-are errors that list the valid ones, raised before anything is started.
+Unknown keys are refused, listing the valid ones, before anything starts.
 """
 
 from __future__ import annotations
@@ -33,11 +26,7 @@ __all__ = ["build_client", "load_config", "trainer_from_config"]
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read a ``.json`` or ``.toml`` config file.
-
-    A missing file is a :class:`~wtcore.errors.PayloadError` naming the path, so the CLI prints
-    it as one line.
-    """
+    """Read a ``.json`` or ``.toml`` config file (any failure a :class:`PayloadError`)."""
     p = Path(path)
     if p.suffix not in (".toml", ".json"):
         raise PayloadError(f"config file must end in .json or .toml, got {p.name!r}")
@@ -47,20 +36,14 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise PayloadError(f"config: {p}: no such file") from e
     except OSError as e:
         raise PayloadError(f"config: {p} cannot be read ({e.strerror or e})") from e
-    if p.suffix == ".toml":
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover - Python 3.10
-            import tomli as tomllib
-        try:
-            data: Any = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise PayloadError(f"config: {p} is not valid TOML ({e})") from e
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PayloadError(f"config: {p} is not valid JSON ({e})") from e
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        data: Any = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise PayloadError(f"config: {p} is not valid {p.suffix[1:].upper()} ({e})") from e
     if not isinstance(data, dict):
         raise PayloadError(
             f"config: expected a table/object at the top of {p}, got {type(data).__name__}"
@@ -100,11 +83,8 @@ def trainer_from_config(
     source: WeightSource | None = None,
     client: WeightSyncClient | None = None,
 ) -> TrainerWeightTransferEngine:
-    """Build the trainer engine named by ``config["backend"]`` and run its ``trainer_init``.
-
-    ``client`` overrides ``config["client"]`` (useful for the in-process client). Non-sender
-    ranks build no client.
-    """
+    """Build the trainer engine named by ``config["backend"]`` and run its ``trainer_init``;
+    ``client`` overrides ``config["client"]``, and non-sender ranks build none."""
     from wtcore.factory import WeightTransferTrainerFactory
 
     data = dict(load_config(config) if isinstance(config, (str, Path)) else config)

@@ -1,11 +1,5 @@
-"""The one default timeout every engine and client shares.
-
-One number, so that ``timeout_s`` means the same thing whichever engine or transport a user
-picks: it bounds each blocking wait (a rendezvous, one bucket on the wire, one control call),
-never a whole round. It is generous because a rendezvous waits for every receiver to come up;
-a dead peer still costs at most this long, and fan-out clients fail fast once one receiver
-has failed (see :mod:`wtcore_kit.fanout`).
-"""
+"""The one default timeout: it bounds each blocking wait, never a whole round, and is generous
+because a rendezvous waits for every receiver to come up."""
 
 from __future__ import annotations
 
@@ -13,10 +7,8 @@ from wtcore.errors import PayloadError
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "check_timeout"]
 
-#: Default bound on every blocking wait, in seconds.
 DEFAULT_TIMEOUT_S = 300.0
-#: Upper bound on any ``timeout_s``: one day. Larger values (or Infinity, which JSON decoders
-#: accept) overflow torch's timeouts, and "wait forever" is what a timeout exists to avoid.
+#: Upper bound on any ``timeout_s`` (one day): more (or JSON's Infinity) overflows torch's.
 MAX_TIMEOUT_S = 86400.0
 
 

@@ -1,12 +1,5 @@
-"""Per-tensor digests, used for checksums and end-to-end verification.
-
-CRC-32 (``zlib.crc32``) over the dtype name, the shape and the raw bytes. It guards against
-the failures a weight sync can actually have (a torn, stale, truncated or misaddressed buffer),
-not against an adversary; for that, the transports authenticate their peers. The choice is
-speed: CRC-32 is several times faster than SHA-1 or BLAKE2b (docs/benchmarks.md, "Digests"),
-so verifying costs a fraction of the transfer instead of more than it. ``zlib``
-releases the GIL on large buffers and is in the standard library.
-"""
+"""Per-tensor digests: CRC-32 of dtype, shape and bytes. It guards against torn, stale or
+misaddressed buffers, not an adversary, and is several times faster than SHA-1 or BLAKE2b."""
 
 from __future__ import annotations
 
@@ -34,5 +27,4 @@ def tensor_digest(t: torch.Tensor) -> str:
 
 
 def digest_named(items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
-    """``{name: digest}`` for each pair."""
     return {name: tensor_digest(t) for name, t in items}

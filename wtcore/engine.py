@@ -22,11 +22,8 @@ UpdateT = TypeVar("UpdateT")
 
 @dataclass(frozen=True)
 class WeightTransferConfig:
-    """Which worker engine to build, by registry name, plus worker-local options.
-
-    Settings both ends must agree on are *not* here: they come from the trainer in the init
-    handshake (docs/protocol.md).
-    """
+    """Which worker engine to build, by registry name, plus worker-local options (settings
+    both ends must agree on come from the trainer at init instead)."""
 
     backend: str
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -48,19 +45,13 @@ class WeightTransferConfig:
 
 
 class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
-    """Receives weights for one inference worker and loads them into its sink.
-
-    Subclasses set ``init_info_cls`` and ``update_info_cls`` (dataclasses) and implement
-    :meth:`init_transfer_engine` and :meth:`receive_weights`. Parsing is shared: a missing,
-    unknown or wrong-typed field raises :class:`~wtcore.errors.PayloadError` (a ``ValueError``)
-    naming the field, before anything is received or applied.
-    """
+    """Receives weights for one inference worker and loads them into its sink. Subclasses set
+    ``init_info_cls`` and ``update_info_cls`` (dataclasses, parsed with field-named errors)."""
 
     init_info_cls: ClassVar[type]
     update_info_cls: ClassVar[type]
-    #: How this receiver is sharded (what its sink reports; ``None``: whole replicas). The
-    #: worker sets it, so an engine that executes plans can refuse a round planned for
-    #: another layout (:mod:`wtcore.sharded.receiver_layout`).
+    #: How this receiver is sharded (``None``: whole replicas), set by the worker so a plan for
+    #: another layout can be refused.
     receiver_layout: TPLayout | None = None
 
     def __init__(
@@ -99,7 +90,6 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
         """Called once at the start of each round."""
 
     def update_weights(self, update_info: Mapping[str, Any]) -> None:
-        """Parse, receive and load one update."""
         self.receive_weights(self.parse_update_info(update_info))
 
     @abstractmethod
@@ -110,14 +100,8 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
         """Called once at the end of a successful round."""
 
     def abort(self) -> None:
-        """Give up the current round: make a blocked call return early, drop its leftovers.
-
-        Called by the receiver when a round is abandoned (a new init, an abort, the round
-        deadline), possibly from another thread while :meth:`receive_weights` or
-        :meth:`init_transfer_engine` is blocked, so it must be quick and thread-safe. The
-        call it interrupts should raise; the receiver ignores what it does afterwards. The
-        engine stays usable: the next init re-initializes it. The default does nothing.
-        """
+        """Give up the current round: make a blocked call return early (it should raise). Called
+        from another thread while a call may be blocked, so quick and thread-safe."""
 
     def shutdown(self) -> None:
         """Release the data plane. Idempotent."""

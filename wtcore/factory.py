@@ -31,10 +31,7 @@ class WeightTransferEngineFactory:
     ) -> WeightTransferEngine[Any, Any]:
         cfg = WeightTransferConfig.coerce(config)
         cls = ENGINES.load(cfg.backend)
-        engine: WeightTransferEngine[Any, Any] = cls(
-            cfg, sink=sink, device=device, rank=rank, world_size=world_size
-        )
-        return engine
+        return cls(cfg, sink=sink, device=device, rank=rank, world_size=world_size)  # type: ignore[no-any-return]
 
 
 class WeightTransferTrainerFactory:
@@ -48,7 +45,4 @@ class WeightTransferTrainerFactory:
         source: WeightSource | None = None,
     ) -> TrainerWeightTransferEngine:
         cls = TRAINER_ENGINES.load(init_info.backend)
-        engine: TrainerWeightTransferEngine = cls.trainer_init(
-            init_info, client=client, source=source
-        )
-        return engine
+        return cls.trainer_init(init_info, client=client, source=source)  # type: ignore[no-any-return]

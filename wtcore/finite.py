@@ -1,12 +1,7 @@
-"""Reject non-finite weights before they reach the model.
+"""``reject_nonfinite=True``: refuse a batch with NaN or Inf (a diverged step) before any loads.
 
-A diverged training step produces NaN or Inf weights; serving them silently corrupts every
-rollout that follows. ``WeightSyncWorker(reject_nonfinite=True)`` checks every floating-point
-tensor of a batch before any of it is loaded.
-
-Every floating and complex dtype is checked, none is skipped: torch has no ``isfinite`` for
-most float8 formats (``float8_e4m3fn`` and the ``fnuz`` variants), so those are widened to
-float32 a chunk at a time (NaN and Inf survive the widening; a chunk bounds the extra memory).
+Torch has no ``isfinite`` for most float8 formats, so those are widened to float32 a chunk at
+a time (NaN and Inf survive the widening; a chunk bounds the extra memory).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The plugin manager for hooks: entry points plus explicit registration.
+"""The plugin manager for hooks, built on first use (``import wtcore`` stays cheap).
 
-Built on first use, so ``import wtcore`` stays cheap. A hook plugin that fails to import is
-logged and remembered with its distribution (``wtcore plugins`` lists it); an observer that
-raises is logged and skipped, because a metrics plugin must never break a weight sync.
+An observer that raises is logged and skipped: a metrics plugin must never break a weight sync.
 """
 
 from __future__ import annotations
@@ -53,9 +51,8 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=GROUP):
-        dist = (
-            f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown distribution"
-        )
+        d = ep.dist
+        dist = f"{d.name} {d.version}" if d is not None else "unknown distribution"
         try:
             pm.register(ep.load(), name=ep.name)
             _origins[ep.name] = dist
@@ -76,7 +73,7 @@ def hook_load_errors() -> list[PluginLoadError]:
 
 
 def hook_plugin_origins() -> dict[str, str]:
-    """``{hook plugin name: "distribution version"}`` for plugins loaded from entry points."""
+    """``{name: "distribution version"}`` of hook plugins loaded from entry points."""
     get_plugin_manager()
     return dict(_origins)
 

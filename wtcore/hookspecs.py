@@ -1,8 +1,5 @@
-"""The 1:N hooks (pluggy project ``wtcore``, entry-point group ``wtcore.hooks``).
-
-Observers of each update, for metrics and logging, and CLI commands contributed by plugins.
-Selecting an engine is never a hook: that is the registries' job.
-"""
+"""The hooks (pluggy project ``wtcore``, group ``wtcore.hooks``): observers of each round,
+and CLI commands. Selecting an engine is never a hook: that is the registries' job."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
-"""What is installed, whether it loads and runs here, and what conflicts: ``wtcore plugins``.
-
-:func:`collect` builds one plain-JSON record that ``wtcore plugins --json`` prints as is and
-:func:`render` turns into the table, so the text and the JSON never disagree. The record's
-shape is documented in docs/plugins.md and versioned by its ``schema`` field: fields may be
-added, none renamed or removed without a new schema.
-
-Listing imports every registered class (that is how a broken plugin is found) but starts no
-engine and opens no connection: ``host_status()`` is a class-level probe.
-"""
+"""``wtcore plugins``: one plain-JSON record (docs/plugins.md) is both ``--json`` and the
+table, so they never disagree. Listing imports every class (to find broken ones)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 __all__ = ["SCHEMA", "collect", "render"]
 
-#: Version of the record's shape.
 SCHEMA = 1
 
 
@@ -39,17 +31,7 @@ def collect() -> dict[str, Any]:
                 continue
             info = registry.info(name)
             ok, status = _host_status(registry, name)
-            plugins.append(
-                {
-                    "name": name,
-                    "target": info.target,
-                    "distribution": info.distribution,
-                    "version": info.version,
-                    "origin": info.origin,
-                    "ok": ok,
-                    "status": status,
-                }
-            )
+            plugins.append({**asdict(info), "origin": info.origin, "ok": ok, "status": status})
         registries.append(
             {
                 "title": title,
@@ -61,11 +43,7 @@ def collect() -> dict[str, Any]:
                         "name": c.name,
                         "builtin": c.builtin,
                         "providers": [
-                            {
-                                "distribution": p.distribution,
-                                "version": p.version,
-                                "target": p.target,
-                            }
+                            {k: getattr(p, k) for k in ("distribution", "version", "target")}
                             for p in c.providers
                         ],
                         "message": c.message,
@@ -117,10 +95,9 @@ def render(record: dict[str, Any]) -> list[str]:
     """The table, one line per entry; columns as wide as the longest name and origin."""
     registries: list[dict[str, Any]] = record["registries"]
     hooks: dict[str, Any] = record["hooks"]
-    names = [p["name"] for r in registries for p in r["plugins"]]
-    names += [c["name"] for r in registries for c in r["conflicts"]]
-    names += [h["name"] for h in hooks["plugins"]]
-    names += [a["name"] for r in registries for a in r["renamed"]]
+    names = [h["name"] for h in hooks["plugins"]]
+    for k in ("plugins", "conflicts", "renamed"):
+        names += [e["name"] for r in registries for e in r[k]]
     name_w = max([len(n) for n in names] + [len("BROKEN")])
     origin_w = max([len(p["origin"]) for r in registries for p in r["plugins"]] + [0])
 

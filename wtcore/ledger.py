@@ -1,13 +1,7 @@
 """Per-tensor byte accounting: a round is published only if every announced byte landed.
 
-An engine that answers 200 while moving nothing (a skipped tensor, a short receive that it
-does not notice) would otherwise publish old bytes under a new version. :class:`ByteLedger`
-is the outermost sink of a worker's chain, so it sees exactly what the engine delivers: the
-bytes of every tensor handed to ``load_weights``, and of every tensor the engine took to write
-in place (``destination``; an engine whose in-place receive fails raises, and the round fails
-with it). Each ``update_weights`` adds what it announced (the engine's parsed ``metas``); at
-finish, any announced tensor with fewer bytes than planned fails the round, naming it.
-Engines whose update info announces no ``metas`` are not accounted (there is no plan).
+:class:`ByteLedger` is the outermost sink of a worker's chain, so it sees exactly what the
+engine delivers (handed over, or taken to write in place).
 """
 
 from __future__ import annotations
@@ -40,8 +34,8 @@ class ByteLedger:
         self.planned, self.landed = {}, {}
 
     def plan(self, metas: object) -> None:
-        """Add one update's announcement (ignored unless it is a list of ``ParamMeta``), and
-        pass it on, as it is, to the receiver layers that take it (before any tensor lands)."""
+        """Add one update's announcement (if a list of ``ParamMeta``); pass it on to the
+        layers that take it, before any tensor lands."""
         if isinstance(metas, Sequence) and all(isinstance(m, ParamMeta) for m in metas):
             for m in metas:
                 self.planned[m.name] = self.planned.get(m.name, 0) + m.nbytes
@@ -72,8 +66,7 @@ class ByteLedger:
 
     def check(self) -> None:
         """Raise :class:`PayloadError` naming every announced tensor that got fewer bytes."""
-        short = [(n, self.landed.get(n, 0), p) for n, p in self.planned.items()]
-        short = [(n, got, want) for n, got, want in short if got < want]
+        short = [(n, got, p) for n, p in self.planned.items() if (got := self.landed.get(n, 0)) < p]
         if short:
             shown = ", ".join(f"{n!r} ({got} of {want} bytes)" for n, got, want in short[:5])
             more = ", ..." if len(short) > 5 else ""

@@ -1,13 +1,12 @@
 """What one parameter looks like on the wire, and the dtype allow-list.
 
-Metadata travels on the control plane as JSON (``names``, ``dtype_names``, ``shapes``), so
-this module owns the only translation between ``torch.dtype`` and its wire name, and refuses
-every dtype that is not on the allow-list: a payload must never make a receiver look up an
-arbitrary attribute of ``torch``.
+The only translation between ``torch.dtype`` and its wire name: a payload must never make a
+receiver look up an arbitrary attribute of ``torch``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,20 +29,9 @@ __all__ = [
 
 #: Wire names of every dtype a payload may carry.
 ALLOWED_DTYPE_NAMES: tuple[str, ...] = (
-    "float64",
-    "float32",
-    "float16",
-    "bfloat16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "uint8",
-    "bool",
-    "complex64",
-)
+    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+    "int64", "int32", "int16", "int8", "uint8", "bool", "complex64",
+)  # fmt: skip
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -65,8 +53,8 @@ def dtype_from_name(name: object, *, field: str = "dtype_names") -> torch.dtype:
     return dtype
 
 
-#: Most elements one tensor may hold on the wire (256 Ti): a bound, so that no size computed
-#: from a hostile shape overflows anything downstream.
+#: Most elements one tensor may hold on the wire (256 Ti), so no size computed from a hostile
+#: shape overflows anything downstream.
 MAX_NUMEL = 1 << 48
 
 
@@ -80,10 +68,7 @@ class ParamMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -91,7 +76,6 @@ class ParamMeta:
 
     @classmethod
     def of(cls, name: str, tensor: torch.Tensor) -> ParamMeta:
-        """The metadata of a (full) tensor."""
         return cls(name, tensor.dtype, tuple(int(d) for d in tensor.shape))
 
 
@@ -140,13 +124,9 @@ def metas_from_wire(names: object, dtype_names: object, shapes: object) -> list[
 
 
 def materialize_full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """Return the full tensor behind ``t``.
-
-    For a DTensor (an FSDP2 shard) this is ``t.full_tensor()``, a collective that every rank
-    of the mesh must call in the same order; for any other tensor it is ``t`` itself.
-    """
+    """The full tensor behind ``t``: a DTensor's ``full_tensor()`` (a collective every rank
+    calls in the same order), else ``t``."""
     full = getattr(t, "full_tensor", None)
     if callable(full):
-        result = full()
-        return result  # type: ignore[no-any-return]
+        return full()  # type: ignore[no-any-return]
     return t

@@ -1,9 +1,7 @@
 """Turn untrusted input into typed values, naming the field (or option) on every error.
 
-Used by every engine's ``parse_init_info``/``parse_update_info`` and by config-by-name, so
-that "missing", "unknown" and "wrong type" read the same everywhere; and by the command lines,
-for sizes. Public (``wtcore.parse``) because plugins parse their own payloads and options with
-it.
+One parser for every payload, config and command line, so that "missing", "unknown" and
+"wrong type" read the same everywhere.
 """
 
 from __future__ import annotations
@@ -84,11 +82,8 @@ def field_names(cls: type) -> list[str]:
 
 
 def parse_dataclass(cls: type[T], data: object, *, what: str) -> T:
-    """Build ``cls`` from ``data``, rejecting unknown, missing and wrong-typed fields.
-
-    ``__post_init__`` validation errors (``ValueError``) are re-raised as
-    :class:`PayloadError` so callers see one error type for every bad payload.
-    """
+    """Build ``cls`` from ``data``, rejecting unknown, missing and wrong-typed fields (a
+    ``ValueError`` from ``__post_init__`` becomes a :class:`PayloadError` too)."""
     if not isinstance(data, Mapping):
         raise PayloadError(f"{what}: expected a JSON object, got {_got(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
@@ -117,11 +112,7 @@ def parse_dataclass(cls: type[T], data: object, *, what: str) -> T:
 
 
 def size_argument(text: str) -> int:
-    """An argparse ``type=`` for sizes (``4096``, ``64MiB``): a bad one is a usage error.
-
-    One converter for every command line (``wtcore bench``, ``wtcore serve``), so that sizes
-    are spelled and rejected the same way everywhere.
-    """
+    """An argparse ``type=`` for sizes (``4096``, ``64MiB``): a bad one is a usage error."""
     import argparse
 
     from wtcore.units import parse_size

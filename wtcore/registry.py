@@ -1,17 +1,7 @@
-"""Lazy, entry-point backed registries of engines and clients (see docs/plugins.md).
+"""Lazy, entry-point backed registries of engines, clients and round policies (docs/plugins.md).
 
-Listing reads package metadata only; a name is imported when first loaded. An engine is one
-entry point in ``wtcore.backends`` naming a :class:`Halves` record (a round policy and its
-receiver layer: ``wtcore.round_policies``), so loading one half imports only the record's
-module and that half. 0.1.0's declaration and a renamed built-in's old name work until 0.3,
-with a ``DeprecationWarning``.
-
-Two distributions registering one name is a :class:`~wtcore.errors.PluginLoadError` (reason
-``"conflict"``) when it is used (no winner by discovery order), and no plugin may take a
-built-in name. Only :data:`FIRST_PARTY` names get an install line: guessing ``pip install
-wtcore-<typo>`` would send users to whoever registers the typo. A class lacking a method its
-engine API requires is refused (reason ``"api"``) when registered or loaded, not a failure
-deep in a round.
+Only :data:`FIRST_PARTY` names get an install hint: guessing ``pip install wtcore-<typo>``
+would send users to whoever registers the typo.
 """
 
 from __future__ import annotations
@@ -27,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from wtcore._version import __version__
 from wtcore.errors import PayloadError, PluginLoadError
 
 __all__ = [
@@ -46,8 +37,7 @@ __all__ = [
 T = TypeVar("T")
 log = logging.getLogger("wtcore.registry")
 
-#: The one table of first-party plugin names (entry-point group -> name -> distribution), used
-#: only for install hints: no other distribution name is ever suggested.
+#: First-party plugin names (entry-point group -> name -> distribution), for install hints only.
 FIRST_PARTY: dict[str, dict[str, str]] = {
     "wtcore.backends": {"nccl": "wtcore-nccl", "tcp": "wtcore-tcp", "ipc": "wtcore-ipc"},
     "wtcore.clients": {"http": "wtcore-http-client", "ray": "wtcore-ray-client"},
@@ -57,7 +47,6 @@ FIRST_PARTY: dict[str, dict[str, str]] = {
 }
 
 _DISABLE_ENV = "WTCORE_DISABLE_PLUGIN_AUTOLOAD"
-#: Where a plugin author reads what changed in the engine API (named by an "api" refusal).
 _UPGRADE_NOTES = 'CHANGELOG.md, 0.2.0, "For plugin authors"'
 
 
@@ -68,8 +57,7 @@ def autoload_disabled() -> bool:
 
 @dataclass(frozen=True)
 class Halves:
-    """What one entry point names: an engine's (or a round policy's) two halves, each
-    ``"module:Class"``, so that loading one never imports the other's module."""
+    """An engine's (or round policy's) two halves, each ``"module:Class"``."""
 
     trainer: str
     worker: str
@@ -109,7 +97,8 @@ class PluginConflict:
                 f"{self.kind} {self.name!r} is built into wtcore ({core.target}), and "
                 f"{_listing(others)} also register{'s' if len(others) == 1 else ''} it in "
                 f"{self.group}: a plugin may not shadow a built-in name, so it is ignored and "
-                f"the built-in is used. Uninstall {_names(others)} or have its entry point "
+                f"the built-in is used. Uninstall "
+                f"{' and '.join(i.distribution or '?' for i in others)} or have its entry point "
                 "renamed."
             )
         return (
@@ -123,10 +112,6 @@ def _listing(infos: Iterable[PluginInfo]) -> str:
     return " and ".join(f"{i.origin} ({i.target})" for i in infos)
 
 
-def _names(infos: Iterable[PluginInfo]) -> str:
-    return " and ".join(i.distribution or "?" for i in infos)
-
-
 def _dist_key(info: PluginInfo) -> str:
     """PEP 503 normalised distribution name: one distribution seen twice is no conflict."""
     if info.distribution is None:
@@ -136,8 +121,7 @@ def _dist_key(info: PluginInfo) -> str:
 
 class Registry(Generic[T]):
     """Names -> classes for one entry-point group; classes must subclass ``base``. With
-    ``half``, a :class:`Halves` record gives that half; ``old_group`` (0.1.0's group for it)
-    is read too, with a ``DeprecationWarning``."""
+    ``half``, a :class:`Halves` record gives that half; ``old_group`` is 0.1.0's (deprecated)."""
 
     def __init__(
         self,
@@ -150,10 +134,10 @@ class Registry(Generic[T]):
         old_group: str | None = None,
     ) -> None:
         self.group, self.kind, self.half, self.old_group = group, kind, half, old_group
-        #: Renamed built-ins, old -> new: the old name resolves, with a warning, for one release.
+        #: Renamed built-ins, old -> new (the old name warns until 0.3).
         self.renamed = dict(renamed or {})
         self._builtins = {
-            name: PluginInfo(name, target, "wtcore", _core_version())
+            name: PluginInfo(name, target, "wtcore", __version__)
             for name, target in (builtins or {}).items()
         }
         self._base = base
@@ -214,10 +198,7 @@ class Registry(Generic[T]):
         return sorted(self._all())
 
     def conflicts(self) -> list[PluginConflict]:
-        """Names claimed by several distributions (or shadowing a built-in), sorted by name.
-
-        A runtime :meth:`register` with ``replace=True`` settles a conflict explicitly.
-        """
+        """Names claimed twice (or shadowing a built-in); a runtime ``register`` settles one."""
         with self._lock:
             self._discover()
             return [c for n, c in sorted(self._conflicts.items()) if n not in self._runtime]
@@ -326,7 +307,7 @@ class Registry(Generic[T]):
             where += ", " if where else ""
             raise PluginLoadError(
                 f"{self.kind} {name!r} ({where}{obj.__module__}:{obj.__qualname__}) does not "
-                f"implement {' and '.join(missing)}, which wtcore {_core_version()} requires "
+                f"implement {' and '.join(missing)}, which wtcore {__version__} requires "
                 f"of every {self.kind}; it was probably written for an older wtcore. What to "
                 f"change: see {_UPGRADE_NOTES}",
                 "api",
@@ -352,15 +333,9 @@ class Registry(Generic[T]):
         return PluginLoadError(msg, "not-found")
 
 
-def _core_version() -> str:
-    from wtcore._version import __version__
-
-    return __version__
-
-
 def _missing_methods(cls: type) -> list[str]:
-    """What ``cls`` lacks, from class attributes only: its abstract methods, and each entry of
-    a base's ``required_methods`` (``{method: alternatives}``) defined by no class below it."""
+    """What ``cls`` lacks (from class attributes only): abstract methods, and each base's
+    ``required_methods`` entry that no class below it defines."""
     missing = [f"{m}()" for m in sorted(getattr(cls, "__abstractmethods__", ()))]
     for depth, declaring in enumerate(cls.__mro__):
         required = vars(declaring).get("required_methods")
@@ -398,11 +373,10 @@ def _warn_old(ep: Any, group: str) -> None:
         warnings.warn(message, DeprecationWarning, stacklevel=2)
 
 
-def _split_target(target: str) -> tuple[str, str]:
+def _split_target(target: str) -> None:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise PayloadError(f"target must look like 'package.module:Class', got {target!r}")
-    return module_name, attr
 
 
 _FULL = "wtcore.trainer:RoundPolicy"
@@ -433,14 +407,11 @@ CLIENTS: Registry[Any] = Registry(
     "client",
     builtins={"inproc": "wtcore_kit.inproc:InProcessClient"},
 )
-#: What a sender's rounds send (``TrainerInitInfo.rounds``): the trainer halves of
-#: ``wtcore.round_policies``, named so that the trainer never imports a policy's module.
-#: ``delta`` comes from wtcore-delta.
+#: What a sender's rounds send (``TrainerInitInfo.rounds``; ``delta`` is wtcore-delta's).
 ROUND_POLICIES: Registry[Any] = Registry(
     "wtcore.round_policies", _FULL, "round policy", builtins={"full": _FULL}, half="trainer"
 )
-#: The receiver halves of ``wtcore.round_policies``: every worker puts each installed one
-#: first in its sink chain.
+#: The receiver halves of ``wtcore.round_policies``, first in every worker's sink chain.
 RECEIVER_LAYERS: Registry[Any] = Registry(
     "wtcore.round_policies", "wtcore.worker:ReceiverLayer", "receiver layer", half="worker"
 )

@@ -1,21 +1,5 @@
-"""Round ownership: the id a trainer's client gives its round, and how receivers check it.
-
-A round is started by one trainer, and only that trainer may update, finish or abort it:
-otherwise a second trainer's tensors (or a stale call from a first one) can land inside a
-round and be published as one trainer's consistent version. The client that starts a round
-draws a random, unguessable id (:func:`new_round_id`) and sends it with every later call of
-that round: as a keyword in process and over Ray, as the :data:`ROUND_HEADER` header over
-HTTP, so vLLM's request bodies stay as they are. The receiver keeps it only in memory and
-never echoes it (an error message or ``weight_info`` would leak it to whoever reads them).
-
-A start *without* an id opens an unowned round, for third-party clients that speak only
-vLLM's routes: such a round accepts calls without an id, and refuses calls with one. An
-owned round refuses every call whose id is missing or different. A receiver that serves only
-wtcore trainers can refuse unowned rounds altogether (``require_round_id``,
-:func:`check_required`): then an init, start, update or finish without an id is refused (the
-client sends a fresh id with its init too). The rules are in
-``docs/protocol.md``; the state machine that applies them is :mod:`wtcore.worker`.
-"""
+"""Round ownership (docs/protocol.md): the id a trainer's client gives its round, and how
+receivers check it, so no other trainer's tensors are published as its version."""
 
 from __future__ import annotations
 
@@ -45,27 +29,20 @@ __all__ = [
 
 #: The HTTP header that carries a round's id (vLLM ignores headers it does not know).
 ROUND_HEADER = "X-Wtcore-Round"
-#: The ``update_info`` key under which a wtcore trainer stamps its round's id into every update
-#: (:class:`RoundStampingClient`): inside vLLM the header is dropped and the engine sees only
-#: ``update_info``, so this is how the vLLM adapter knows which trainer an update comes from.
-#: Receivers take it out before the engine parses the rest.
+#: The ``update_info`` key carrying the round's id in every update (vLLM drops the header).
 ROUND_KEY = "wtcore_round"
-#: Stamped into every update of a staged round (``TrainerInitInfo(staged=True)``): a receiver
-#: that would write it into its live weights refuses it, before anything lands.
+#: Stamped into a staged round's updates: a receiver that does not stage refuses them.
 STAGED_KEY = "wtcore_staged"
-#: The staged round's last update carries only this: the receiver checks that it holds the
-#: complete round, staged, and keeps it until the finish commits it (the fleet's barrier; vLLM's
-#: finish carries no body, so the prepare travels as an update).
+#: A staged round's last update carries only this: each receiver confirms it holds the whole
+#: round (the fleet's barrier; an update, since vLLM's finish carries no body).
 PREPARE_KEY = "wtcore_prepare"
 #: What a round id may look like: long enough to be unguessable, safe in a header.
 ROUND_ID_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")  # always fullmatch: `$` lets "\n" through
-#: The longest ``weight_version`` a receiver publishes, on every transport (it is echoed in
-#: ``weight_info``, logs and vLLM's own answers).
+#: The longest ``weight_version`` a receiver publishes (it is echoed in logs and answers).
 MAX_VERSION_CHARS = 256
 
 
 def new_round_id() -> str:
-    """A fresh id for one round: 128 random bits, hex-encoded."""
     return secrets.token_hex(16)
 
 
@@ -80,8 +57,7 @@ def check_round_id(value: object, *, field: str = "round_id") -> str | None:
 
 
 def check_weight_version(value: object) -> str | None:
-    """``value`` if it is ``None`` or a string of at most :data:`MAX_VERSION_CHARS`
-    characters, else a :class:`PayloadError` naming the field."""
+    """``value`` if ``None`` or a short enough string, else a :class:`PayloadError`."""
     if value is not None and not isinstance(value, str):
         raise PayloadError(f"weight_version: expected a string or null, got {value!r:.60}")
     if value is not None and len(value) > MAX_VERSION_CHARS:
@@ -102,8 +78,8 @@ def check_required(call: str, round_id: str | None, required: bool) -> None:
 
 
 def stamp_round(update_info: Any, round_id: str | None, *, staged: bool = False) -> Any:
-    """``update_info`` (a dict, or a list of them) with ``round_id`` under :data:`ROUND_KEY`
-    (unless None) and, for a staged round, :data:`STAGED_KEY`."""
+    """``update_info`` (a dict or list of them) stamped with :data:`ROUND_KEY` and, for a
+    staged round, :data:`STAGED_KEY`."""
     extra: dict[str, Any] = {} if round_id is None else {ROUND_KEY: round_id}
     if staged:
         extra[STAGED_KEY] = True
@@ -111,9 +87,7 @@ def stamp_round(update_info: Any, round_id: str | None, *, staged: bool = False)
         return update_info
     if isinstance(update_info, list):
         return [{**e, **extra} if isinstance(e, dict) else e for e in update_info]
-    if isinstance(update_info, dict):
-        return {**update_info, **extra}
-    return update_info
+    return {**update_info, **extra} if isinstance(update_info, dict) else update_info
 
 
 def round_stamp(update_info: Any) -> str | None:
@@ -130,25 +104,15 @@ def round_stamp(update_info: Any) -> str | None:
 
 
 def drop_round(entry: dict[str, Any]) -> dict[str, Any]:
-    """``entry`` without the keys the client stamps (:data:`ROUND_KEY`, :data:`STAGED_KEY`):
-    what the engine parses."""
+    """``entry`` without the keys the client stamps: what the engine parses."""
     if ROUND_KEY not in entry and STAGED_KEY not in entry:
         return entry
     return {k: v for k, v in entry.items() if k not in (ROUND_KEY, STAGED_KEY)}
 
 
 class RoundStampingClient:
-    """Forwards every call; opens the round in the background; stamps its id into each update.
-
-    The trainer template sends a round through it, so every update of an owned round names
-    its owner in the one place every receiver sees, vLLM's engines included. A client with no
-    ``round_id`` (one that does not own its rounds) sends ``update_info`` unchanged.
-
-    :meth:`open_round` sends ``start_weight_update`` from a helper thread, so that the engine
-    reads (and packs) its first tensors during the round trip; the first update, the finish
-    and :meth:`opened` wait for it (bounded by ``timeout_s``) and raise its error. With
-    ``staged`` every update says so, and :meth:`prepare` sends the round's barrier.
-    """
+    """Forwards every call; stamps the round's id into each update; opens the round in the
+    background, so the engine packs its first tensors during the round trip."""
 
     def __init__(self, inner: Any, timeout_s: float, *, staged: bool = False) -> None:
         self.inner = inner
@@ -187,8 +151,7 @@ class RoundStampingClient:
             raise self._error
 
     def settle(self) -> None:
-        """After a failure: let a start still in flight end (bounded) before the round is
-        aborted, so the abort cannot overtake it; its own error no longer matters."""
+        """After a failure: let a start in flight end (bounded), so the abort cannot overtake it."""
         done = self._done
         if done is not None:
             done.wait(self.timeout_s)

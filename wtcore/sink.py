@@ -1,13 +1,5 @@
-"""Worker-side sinks: where received weights are loaded.
-
-A sink is the inverse of a source. :class:`ModuleSink` validates a whole batch (names, shapes,
-dtypes) before it copies anything, so that a bad batch leaves the model exactly as it was.
-
-A sink may also offer a tensor's *destination* (:class:`DirectSink`): an engine then receives
-that tensor's bytes straight into it instead of into a buffer it would copy out of. Sinks
-that wrap another (staging, the non-finite check) do not offer one, so they still see every
-tensor before it is applied.
-"""
+"""Worker-side sinks: where received weights are loaded. Sinks that wrap another (staging, the
+finite check) offer no destination, so they still see every tensor before it is applied."""
 
 from __future__ import annotations
 
@@ -36,11 +28,8 @@ __all__ = [
 
 @runtime_checkable
 class WeightSink(Protocol):
-    """Anything that can load ``(name, tensor)`` pairs, such as a vLLM model's ``load_weights``.
-
-    The tensors handed to a sink may be views into a reused receive buffer: a sink must copy
-    what it keeps before returning.
-    """
+    """Anything that can load ``(name, tensor)`` pairs, such as a vLLM model's ``load_weights``;
+    they may be views into a reused buffer, so copy what you keep before returning."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
@@ -54,13 +43,9 @@ class ReadableSink(WeightSink, Protocol):
 
 @runtime_checkable
 class DirectSink(WeightSink, Protocol):
-    """A sink that can offer the tensor an incoming weight may be written into in place.
-
-    ``destination`` returns that tensor (same dtype and shape, contiguous) or ``None`` (the
-    engine then hands the tensor to ``load_weights`` as usual). An engine writes the bytes
-    into the offered tensor while the round runs and does not call ``load_weights`` for it,
-    so a sink offers only tensors it would have overwritten in place anyway.
-    """
+    """A sink that can offer the tensor (same dtype and shape, contiguous; or ``None``) an
+    incoming weight is written into mid-round, bypassing ``load_weights``: offer only tensors
+    you would overwrite in place anyway."""
 
     def destination(
         self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
@@ -89,25 +74,17 @@ def on_device(t: torch.Tensor, device: str) -> bool:
     return want.index is None or t.device.index == want.index
 
 
-_DIRECT_MEMBERS = ("load_weights", "destination")
-
-
 def _offers_destinations(sink: WeightSink) -> TypeGuard[DirectSink]:
-    """``isinstance(sink, DirectSink)``, without the protocol check's cost on every tensor
-    (a runtime protocol re-collects its members on each check: tens of microseconds, a fifth
-    of an ipc round of 300 tensors at memory speed). The same test: every member present."""
-    return all(getattr(sink, m, None) is not None for m in _DIRECT_MEMBERS)
+    """``isinstance(sink, DirectSink)`` without a runtime protocol check's cost (tens of
+    microseconds) on every tensor."""
+    return all(getattr(sink, m, None) is not None for m in ("load_weights", "destination"))
 
 
 def direct_destination(
     sink: WeightSink, name: str, dtype: torch.dtype, shape: tuple[int, ...], device: str
 ) -> torch.Tensor | None:
-    """The tensor ``sink`` offers for ``name``, if an engine on ``device`` may write into it.
-
-    The offer is checked, not trusted: a tensor of another dtype, shape, layout or device is
-    refused (``None``), so the engine's receive can never write more or fewer bytes than the
-    tensor holds.
-    """
+    """The tensor ``sink`` offers for ``name``, if an engine on ``device`` may write into it:
+    checked, not trusted, so a receive never writes more or fewer bytes than it holds."""
     import torch
 
     if not _offers_destinations(sink):
@@ -125,13 +102,8 @@ def direct_destination(
 
 
 class ModuleSink:
-    """Copies incoming tensors into a module's parameters (and buffers) by name.
-
-    ``layout`` says that the module holds this receiver's TP slices
-    (:class:`~wtcore.sharded.receiver_layout.TPLayout`): its parameters have their local shapes, and
-    the receiver reports the layout in ``weight_info()`` so that a trainer can plan to send it
-    only its slices. Without one the module holds whole tensors.
-    """
+    """Copies incoming tensors into a module's parameters (and buffers) by name, checking the
+    whole batch first. ``layout``: the module holds this receiver's TP slices only."""
 
     def __init__(
         self,
@@ -150,7 +122,7 @@ class ModuleSink:
         self._targets: dict[str, torch.Tensor] = dict(self.named_tensors())
 
     def receiver_layout(self) -> TPLayout | None:
-        """How this receiver is sharded (``None``: whole replicas); see :class:`LaidOutSink`."""
+        """How this receiver is sharded (``None``: whole replicas)."""
         return self.layout
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -161,11 +133,8 @@ class ModuleSink:
     def destination(
         self, name: str, dtype: torch.dtype, shape: tuple[int, ...]
     ) -> torch.Tensor | None:
-        """The parameter (or buffer) ``name`` itself when its dtype, shape and layout match.
-
-        A subclass that overrides ``load_weights`` (and not this method) is offered nothing,
-        so its ``load_weights`` still sees every tensor.
-        """
+        """The parameter (or buffer) ``name`` itself when dtype, shape and layout match; nothing
+        for a subclass that overrides only ``load_weights``, so it still sees every tensor."""
         cls = type(self)
         if (
             cls.load_weights is not ModuleSink.load_weights

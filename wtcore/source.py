@@ -1,11 +1,5 @@
-"""Trainer-side sources of weights.
-
-A source has two channels that must agree: ``metadata()`` (cheap, no data moves, used to plan
-buckets and to tell receivers what is coming) and iteration (materializes each tensor, which
-for FSDP2 is a collective). :func:`iter_checked` is the one place where every engine checks the
-two against each other, so that a disagreement is caught before any byte of the offending
-tensor is sent.
-"""
+"""Trainer-side sources of weights. ``metadata()`` and iteration must agree:
+:func:`iter_checked` checks it before any byte of a mismatched tensor is sent."""
 
 from __future__ import annotations
 
@@ -25,11 +19,8 @@ __all__ = ["ModuleSource", "TensorSource", "WeightSource", "iter_checked"]
 
 
 class WeightSource(ABC):
-    """Where the trainer's weights come from.
-
-    All trainer ranks iterate a source in lockstep, because materializing a sharded tensor is
-    a collective; only the sender then puts the bytes on the wire.
-    """
+    """Where the trainer's weights come from; every trainer rank iterates it in lockstep
+    (materializing a sharded tensor is a collective)."""
 
     @abstractmethod
     def metadata(self) -> list[ParamMeta]:
@@ -42,18 +33,13 @@ class WeightSource(ABC):
     def round_driver(
         self, engine: Any, verify: bool
     ) -> Callable[[WeightSource, TransferStats, str | None], None] | None:
-        """How ``send_weights`` runs a round of this source on every rank (called with the round's
-        source, stats and version; on rank 0 inside the round it owns), asked before anything
-        moves; ``None`` (the default): the whole round, rank 0 sending each tensor whole."""
+        """How ``send_weights`` runs a round of this source on every rank (called with the
+        round's source, stats and version); ``None``: rank 0 sends each tensor whole."""
         return None
 
 
 class ModuleSource(WeightSource):
-    """A source over ``module.named_parameters()``.
-
-    Metadata reads each parameter's global shape and dtype (a DTensor reports its full shape),
-    so no gather happens until iteration.
-    """
+    """A source over ``module.named_parameters()``; a DTensor is gathered only when iterated."""
 
     def __init__(self, module: torch.nn.Module, *, include_buffers: bool = False) -> None:
         self.module = module
@@ -95,12 +81,8 @@ def _describe(meta: ParamMeta) -> str:
 def iter_checked(
     source: WeightSource, metas: Sequence[ParamMeta] | None = None
 ) -> Iterator[tuple[ParamMeta, torch.Tensor]]:
-    """Iterate ``source``, checking each item against its metadata before yielding it.
-
-    Raises :class:`PayloadError` on the first item whose name, dtype or shape differs
-    from the metadata, when iteration yields more items than the metadata lists, or when it
-    stops early. Yielded tensors are contiguous, so callers can view them as bytes.
-    """
+    """Iterate ``source``, checking each item (name, dtype, shape, count) against its metadata
+    before yielding it, contiguous; a :class:`PayloadError` names the first mismatch."""
     expected = list(source.metadata()) if metas is None else list(metas)
     count = 0
     for name, tensor in source:

@@ -1,14 +1,6 @@
-"""Transactional updates: stage a round's tensors, swap them in only at finish.
-
-Without staging, a round that fails half-way leaves the model mixed (some tensors new, some
-old), and the receiver can only *report* that. With ``WeightSyncWorker(transactional=True)``
-incoming tensors are copied into staging buffers instead, and applied to the real sink in one
-pass at ``finish_weight_update``; a failed round throws the staged data away and the old
-weights keep serving, untouched.
-
-Cost: one extra copy of every tensor the round touches, kept between rounds so later rounds
-do not allocate (fresh memory is much slower to write than reused memory; docs/benchmarks.md).
-"""
+"""Transactional updates (``transactional=True``): stage a round, apply it only at finish, so a
+failed round leaves the old weights serving. Buffers are kept between rounds (fresh memory
+is much slower to write than reused memory)."""
 
 from __future__ import annotations
 
@@ -36,12 +28,8 @@ class StagingSink:
         self.inner = inner
         self._targets = dict(inner.named_tensors())
         self._buffers: dict[str, torch.Tensor] = {}
-        # Insertion-ordered, so commit applies in arrival order; membership is O(1).
+        # a dict: commit applies in arrival order, membership is O(1)
         self._round: dict[str, None] = {}
-
-    def begin(self) -> None:
-        """Start a round with nothing staged."""
-        self._round = {}
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         import torch
@@ -58,7 +46,6 @@ class StagingSink:
                 self._round[name] = None
 
     def commit(self) -> None:
-        """Apply everything staged this round to the real sink."""
         staged, self._round = list(self._round), {}
         if staged:
             self.inner.load_weights([(n, self._buffers[n]) for n in staged])
@@ -66,6 +53,8 @@ class StagingSink:
     def rollback(self) -> None:
         """Forget this round's staged data; the real sink was never touched."""
         self._round = {}
+
+    begin = rollback  # a round starts with nothing staged
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What the sink will hold after a commit: staged tensors over the current ones."""

@@ -20,11 +20,8 @@ ROUND_TIMES: tuple[str, ...] = ("staged_s", "commit_s", "paused_s")
 
 @dataclass
 class TransferStats:
-    """Bytes, tensors, buckets and seconds per phase of one transfer.
-
-    Engines add to the phase counters with :meth:`phase`; ``seconds`` is the wall time of the
-    whole ``send_weights`` call, so the phases may overlap (pipelining) or not add up.
-    """
+    """Bytes, tensors, buckets and seconds per phase of one transfer; ``seconds`` is the wall
+    time, so phases may overlap (pipelining) or not add up."""
 
     backend: str = ""
     num_bytes: int = 0
@@ -34,19 +31,15 @@ class TransferStats:
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     #: With delta rounds on (wtcore-delta): the round's mode, why, density; else None.
     delta: dict[str, Any] | None = None
-    #: With ``verify=True``: the bytes each receiver counted as landed this round (every
-    #: announced tensor's, checked against its plan before it publishes: ``wtcore.ledger``).
+    #: With ``verify=True``: the bytes each receiver counted as landed (``wtcore.ledger``).
     bytes_landed: list[int] | None = None
-    #: With a sharded source (``wtcore.sharded.round``): the payload bytes this trainer rank
-    #: packed and sent, its planned chunks' (``num_bytes`` is what the plan gives it).
+    #: With a sharded source: the payload bytes this trainer rank packed and sent.
     bytes_sent: int | None = None
-    #: Each receiver's ``staged_s``, ``commit_s`` and ``paused_s`` of this round, from its
-    #: ``weight_info`` (docs/staged.md); None when the client cannot inspect its receivers.
+    #: Each receiver's :data:`ROUND_TIMES` of this round; None when the client cannot inspect.
     receiver_times: list[dict[str, Any]] | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Add the time spent in the ``with`` block to phase ``name``."""
         if name not in self.phase_seconds:
             raise PayloadError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
         t0 = time.perf_counter()
@@ -61,6 +54,4 @@ class TransferStats:
         return self.num_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["gbps"] = self.gbps
-        return d
+        return {**asdict(self), "gbps": self.gbps}

@@ -30,10 +30,7 @@ E = TypeVar("E", bound="TrainerWeightTransferEngine")
 @dataclass
 class TrainerInitInfo:
     """Trainer-side settings of one engine; subclasses set ``backend`` to the registry name.
-
-    Settings both ends must agree on live only here, and the trainer engine ships them to the
-    workers in the init handshake, so a mismatch cannot be expressed.
-    """
+    Settings both ends must agree on live only here (shipped at init), so they cannot differ."""
 
     backend: ClassVar[str]
     rank: int = field(kw_only=True)
@@ -42,17 +39,12 @@ class TrainerInitInfo:
     delta: bool | str = field(default=False, kw_only=True)
     #: Where delta keeps its copy of the base (``"cpu"`` for a model on GPU); None: with it.
     delta_base_device: str | None = field(default=None, kw_only=True)
-    #: Staged rounds (docs/staged.md): every receiver stages the round beside its live weights
-    #: and confirms it holds all of it before any commits; receivers must stage
-    #: (``transactional=True``), others refuse the round before anything lands.
+    #: Staged rounds (docs/staged.md): no receiver commits before all hold the whole round.
     staged: bool = field(default=False, kw_only=True)
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
-        """Every concrete subclass names its engine; ``abstract=True`` marks a shared base."""
         super().__init_subclass__(**kwargs)
-        if not abstract and not isinstance(
-            cls.__dict__.get("backend", getattr(cls, "backend", None)), str
-        ):
+        if not abstract and not isinstance(getattr(cls, "backend", None), str):
             raise PayloadError(
                 f"{cls.__name__} must set the class attribute `backend` to the name of its "
                 "engine in the wtcore.backends registry"
@@ -71,18 +63,17 @@ class TrainerInitInfo:
 
     @property
     def is_sender(self) -> bool:
-        """Trainer rank 0 sends; other ranks only iterate the source in lockstep."""
+        """Trainer rank 0 sends; other ranks only iterate the source."""
         return self.rank == 0
 
     @property
     def rounds(self) -> str:
-        """The name of this engine's round policy in :data:`wtcore.registry.ROUND_POLICIES`."""
+        """This engine's round policy in :data:`wtcore.registry.ROUND_POLICIES`."""
         return "delta" if self.delta else "full"
 
 
 def _receiver_times(client: object) -> list[dict[str, Any]] | None:
-    """Each receiver's ``staged_s``, ``commit_s`` and ``paused_s`` of the round just finished,
-    where the client can inspect its receivers and they report them; best effort."""
+    """Each receiver's :data:`ROUND_TIMES` of the round just finished; best effort."""
     from wtcore.client import InspectableClient
 
     if not isinstance(client, InspectableClient):
@@ -96,13 +87,8 @@ def _receiver_times(client: object) -> list[dict[str, Any]] | None:
 
 
 class RoundPolicy:
-    """What a sender's rounds send; this default (``"full"``) sends the source as it is.
-
-    :meth:`TrainerWeightTransferEngine.send_weights` runs the round (hooks, handshake, abort,
-    recovery) and asks its policy, found by name (:attr:`TrainerInitInfo.rounds`), only what
-    to send, so neither it nor any engine knows delta rounds (:mod:`wtcore_delta.trainer`, in
-    the wtcore-delta distribution).
-    """
+    """What a sender's rounds send (so no engine knows delta rounds); this default (``"full"``)
+    sends the source as it is."""
 
     def __init__(self, init_info: TrainerInitInfo) -> None:
         self.init_info = init_info
@@ -114,8 +100,7 @@ class RoundPolicy:
         stats: TransferStats,
         weight_version: str | None,
     ) -> WeightSource:
-        """This round's source, given the caller's, the client the round goes through and the
-        version the round publishes."""
+        """This round's source, given the caller's."""
         return source
 
     def resend(self, error: BaseException) -> WeightSource | None:
@@ -132,28 +117,16 @@ class RoundPolicy:
 class TrainerWeightTransferEngine(ABC):
     """Sends a :class:`WeightSource` to every receiver reachable through a client.
 
-    :meth:`send_weights` is a template: it handles non-sender ranks (iterate in lockstep,
-    touch nothing else), the hooks (started / finished / failed), the stats and recovery, and
-    owns the round on the sender: it opens it, calls the engine's :meth:`_send` to move the
-    bytes, and finishes it with its ``weight_version``. Engines never start or finish a round.
-
-    Recovery: any failed round marks the engine, and the next :meth:`send_weights` runs
-    :meth:`handshake` again before its round. Receivers accept ``init_weight_transfer_engine``
-    mid-round and abandon the open round, so a round that failed on only some receivers cannot
-    leave the healthy ones stuck in ``updating`` (the recovery contract, ``docs/protocol.md``).
-    An engine takes part by implementing :meth:`worker_init_info` (or overriding
-    :meth:`handshake` when it must also join a data plane).
+    :meth:`send_weights` owns the round (start, finish, hooks, stats, recovery: a failed round
+    makes the next re-run :meth:`handshake`); an engine only moves the bytes in :meth:`_send`.
     """
 
     init_info_cls: ClassVar[type[TrainerInitInfo]]
-    #: Methods a concrete engine must define besides the abstract ones, each with the methods
-    #: that may stand in for it. :mod:`wtcore.registry` checks them when an engine is
-    #: registered or first loaded, so one written for wtcore 0.1 (which had no
-    #: :meth:`worker_init_info`) is refused there, not in the middle of a recovery round.
+    #: Methods a concrete engine must define besides the abstract ones (each with its stand-ins),
+    #: checked at registration, so a 0.1 engine is refused there, not mid-recovery.
     required_methods: ClassVar[Mapping[str, tuple[str, ...]]] = {"worker_init_info": ("handshake",)}
-    #: Whether :meth:`send_weights` takes a sharded source (:mod:`wtcore.sharded`: each rank
-    #: sending its own part by a plan); an engine without it refuses such a source rather than
-    #: send a rank's part as if it were the whole tensor.
+    #: Whether the engine executes sharded plans (:meth:`send_pairs`); one that does not
+    #: refuses a sharded source rather than send a rank's part as the whole tensor.
     executes_plans: ClassVar[bool] = False
 
     def __init__(
@@ -192,11 +165,7 @@ class TrainerWeightTransferEngine(ABC):
         client: WeightSyncClient | None,
         source: WeightSource | None = None,
     ) -> E:
-        """Rendezvous with the workers and initialize them; called on every trainer rank.
-
-        The default builds the engine and, on the sender, runs :meth:`handshake`; if that
-        fails the engine is shut down before the error propagates.
-        """
+        """Build the engine on every trainer rank; the sender runs :meth:`handshake`."""
         engine = cls(init_info, client=client, source=source)
         if init_info.is_sender:
             try:
@@ -214,11 +183,8 @@ class TrainerWeightTransferEngine(ABC):
         )
 
     def handshake(self) -> None:
-        """Sender only: initialize every receiver (at init, and again after a failed round).
-
-        Engines with a data plane to join (a process group) override this and call the
-        client's ``init_weight_transfer_engine`` concurrently with their own rendezvous.
-        """
+        """Sender only: initialize every receiver (at init, and after a failed round). An engine
+        with a data plane to join overrides it, to rendezvous concurrently with the call."""
         assert self.client is not None, "the sender always has a client"
         self.client.init_weight_transfer_engine(self.worker_init_info())
 
@@ -229,12 +195,8 @@ class TrainerWeightTransferEngine(ABC):
         weight_version: str | None = None,
         verify: bool = False,
     ) -> TransferStats:
-        """Run one round (start, updates, finish); returns when every receiver has loaded.
-
-        With ``verify=True`` every receiver's checksums are compared with digests of what was
-        sent before the round is finished (see :mod:`wtcore.verify`); the client must be a
-        :class:`~wtcore.client.InspectableClient`.
-        """
+        """Run one round; returns when every receiver has loaded it. ``verify=True`` compares
+        receivers' checksums with what was sent before the finish (:mod:`wtcore.verify`)."""
         from wtcore.hooks import notify
 
         if self._closed:
@@ -276,9 +238,8 @@ class TrainerWeightTransferEngine(ABC):
                 stats.bytes_landed = getattr(self.client, "landed", None)
         except BaseException as e:
             self.rounds.aborted()
-            # Whatever failed, some receivers may be mid-round or hold a torn-down data plane:
-            # end the round there now (so none keeps reporting consistent over what it got),
-            # and start the next round with a fresh handshake (see the class docstring).
+            # Receivers may be mid-round or hold a torn-down data plane: end the round there
+            # now, and start the next one with a fresh handshake.
             self.needs_handshake = True
             self._abort_round(e)
             notify("wtcore_update_failed", engine=self, weight_version=weight_version, error=e)
@@ -293,8 +254,8 @@ class TrainerWeightTransferEngine(ABC):
     def _whole_round(
         self, source: WeightSource, stats: TransferStats, weight_version: str | None
     ) -> None:
-        """The default round driver: rank 0 sends each tensor whole and finishes the round; the
-        other ranks iterate the source in lockstep (gathering a sharded tensor is a collective)."""
+        """The default round driver: rank 0 sends each tensor whole; other ranks iterate the
+        source in lockstep (gathering a sharded tensor is a collective)."""
         if not self.init_info.is_sender:
             with stats.phase("materialize"):
                 for meta, _ in iter_checked(source):
@@ -307,9 +268,8 @@ class TrainerWeightTransferEngine(ABC):
     def _send_round(
         self, source: WeightSource, stats: TransferStats, weight_version: str | None
     ) -> None:
-        """Sender only: :meth:`_prepare`, open the round, :meth:`_send` the round policy's
-        source; again in a fresh round if the policy says so (a delta round a receiver refused
-        goes again in full)."""
+        """Sender only: prepare, open and send the policy's source; again in a fresh round if
+        the policy says so (a refused delta round goes again in full)."""
 
         def move(src: WeightSource) -> None:
             self._prepare(src, stats)
@@ -328,8 +288,7 @@ class TrainerWeightTransferEngine(ABC):
             move(again)
 
     def _start_round(self, stats: TransferStats) -> None:
-        """Sender only: open the round on every receiver (whole and sharded rounds alike), in
-        the background: the engine reads its first tensors meanwhile, its first update waits."""
+        """Sender only: open the round in the background; the first update waits for it."""
         assert isinstance(self.client, RoundStampingClient), "send_weights wraps the client"
         self.client.open_round()
 
@@ -338,11 +297,8 @@ class TrainerWeightTransferEngine(ABC):
         return float(timeout) if isinstance(timeout, int | float) else DEFAULT_TIMEOUT_S
 
     def _finish_round(self, stats: TransferStats, weight_version: str | None) -> None:
-        """Sender only: finish the round; every receiver publishes ``weight_version``.
-
-        A staged round first prepares on every receiver (each confirms it holds the complete
-        round), so a failure there aborts the round everywhere before any receiver commits.
-        """
+        """Sender only: finish the round (a staged one prepares everywhere first, so no
+        receiver commits unless all hold the complete round)."""
         assert isinstance(self.client, RoundStampingClient), "send_weights wraps the client"
         with stats.phase("control"):
             if self.init_info.staged:
@@ -350,20 +306,13 @@ class TrainerWeightTransferEngine(ABC):
             self.client.finish_weight_update(weight_version)
 
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
-        """Every rank: send this rank's pairs of ``planned`` (engines with ``executes_plans``).
-
-        Called by :func:`wtcore.sharded.round.run_sharded_round` on every trainer rank at
-        once, after rank 0 has opened the round and sent the plan; rank 0 finishes it after.
-        """
+        """Every rank: send this rank's pairs of ``planned`` (engines with ``executes_plans``),
+        after rank 0 opened the round and sent the plan."""
         raise NotImplementedError(f"{type(self).__name__} does not execute sharded plans")
 
     def _abort_round(self, error: BaseException) -> None:
-        """Best effort, bounded by the client's timeout: end this round on every receiver.
-
-        Only clients that can (an :class:`~wtcore.client.InspectableClient`) are asked; a
-        receiver that cannot abort, or does not answer, is left to the next handshake and
-        its round deadline. Never raises: the round's own error is the one that matters.
-        """
+        """Best effort: end this round on every receiver an inspectable client reaches. Never
+        raises: the round's own error is the one that matters."""
         from wtcore.client import InspectableClient
 
         client = self.client
@@ -375,18 +324,16 @@ class TrainerWeightTransferEngine(ABC):
         try:
             client.abort_weight_update(reason)
         except Exception as e:  # the round already failed; say why the abort did too
-            # A string, not the exception: a kept log record must not keep the traceback's
-            # frames (and through them this engine's data plane) alive.
+            # A string: a kept log record must not keep the traceback's frames alive.
             log.warning("abort_weight_update after a failed round failed too: %s", str(e))
 
     def _prepare(self, source: WeightSource, stats: TransferStats) -> None:  # noqa: B027
-        """Sender only, before the round opens: what must happen between rounds (the kit sizes
-        its staging here, which may re-run the handshake). Does nothing by default."""
+        """Sender only, before the round opens (the kit sizes its staging here)."""
 
     @abstractmethod
     def _send(self, source: WeightSource, stats: TransferStats) -> None:
         """Sender only: move ``source``'s bytes in the open round (``update_weights`` through
-        ``self.client``); fill ``stats``. The template opens and finishes the round."""
+        ``self.client``); fill ``stats``."""
 
     def shutdown(self) -> None:
         """Release the data plane. Idempotent."""

@@ -1,17 +1,5 @@
-"""End-to-end verification of a round: digests of what was sent against what was loaded.
-
-``send_weights(verify=True)`` wraps the source so that every tensor is digested as it is
-materialized (no second pass over the source, which for FSDP would mean a second gather), and
-wraps the client so that, just before ``finish_weight_update``, every receiver's
-``checksums()`` is compared with those digests. On a mismatch the round is *not* finished: no
-receiver publishes the version, the trainer aborts the round on every receiver (so they report
-``consistent: false``), and the error names the receivers and tensors that differ. A second
-trainer cannot slip an update in between the check and the finish: rounds are owned
-(:mod:`wtcore.rounds`), so such an update, or the finish after it, is refused.
-
-The digest is CRC-32 over dtype, shape and raw bytes (:mod:`wtcore.digest`); ``docs/reliability.md``
-has its measured cost.
-"""
+"""``send_weights(verify=True)``: receivers' checksums against digests of what was sent, taken
+as tensors are materialized (a second pass would mean a second FSDP gather)."""
 
 from __future__ import annotations
 
@@ -58,20 +46,11 @@ class VerifyingClient:
             )
         self.inner: InspectableClient = inner
         self.source = source
-        #: Each receiver's landed bytes of the round, read by :meth:`check` (``weight_info``).
+        #: Each receiver's landed bytes of the round, read by :meth:`check`.
         self.landed: list[int] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.inner.init_weight_transfer_engine(init_info)
-
-    def start_weight_update(self) -> None:
-        self.inner.start_weight_update()
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self.inner.update_weights(update_info)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.check()

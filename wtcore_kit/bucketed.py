@@ -1,24 +1,7 @@
-"""The bucket engines' kit: what every bucket engine shares, so a new engine is its transport.
+"""The bucket engines' kit: everything but the moving of bytes, so a new engine is its transport.
 
-A bucket engine packs the source into buckets (the one rule of :mod:`wtcore.buckets`), moves
-each bucket over its data plane, and announces it on the control plane. Everything except the
-moving is the same for every engine, and lives here:
-
-* :class:`BucketedTrainerInitInfo`: the options (vLLM's names ``packed``,
-  ``packed_buffer_size_bytes``, ``packed_num_buffers``, plus ``timeout_s``), validated with
-  errors that name the field;
-* :class:`BucketUpdateInfo`: the metadata every update info carries (``names``,
-  ``dtype_names``, ``shapes``, checked and turned into ``metas``);
-* :class:`BucketedTrainerEngine`: plans, reuses staging buffers across rounds, packs, calls the
-  engine's per-bucket hook :meth:`~BucketedTrainerEngine.send_bucket`, keeps at most one
-  ``update_weights`` call in flight (bounded waits) and cleans up on failure; recovery (the
-  re-handshake after a failed round) comes from
-  :class:`~wtcore.trainer.TrainerWeightTransferEngine`;
-* :class:`BucketedWorkerEngine`: the worker half's init info, one "init was not called"
-  error, and parsing of renamed init fields for one release.
-
-``docs/writing-an-engine.md`` builds an engine on it; ``inline`` and ``ipc`` are built on it.
-Engines that announce a round once and stream its bytes (nccl, tcp) use :mod:`wtcore_channel`.
+One announcement per bucket; docs/writing-an-engine.md builds an engine on it. Engines that
+announce a round once and stream its bytes (nccl, tcp) use ``wtcore_channel`` instead.
 """
 
 from __future__ import annotations
@@ -52,8 +35,8 @@ __all__ = [
 ]
 
 InitT = TypeVar("InitT")
-#: Seconds the trainer waits for an ``update_weights`` call beyond ``timeout_s``: the client's
-#: own timeout, which names the receiver, ends the call first.
+#: Seconds beyond ``timeout_s`` the trainer waits for an update, so the client's own timeout
+#: (which names the receiver) ends the call first.
 SETTLE_GRACE_S = 2.0
 UpdateT = TypeVar("UpdateT")
 
@@ -73,14 +56,9 @@ def check_bucket_options(
 
 @dataclass
 class BucketedTrainerInitInfo(TrainerInitInfo, abstract=True):
-    """The options every bucket engine has, with vLLM's names (keyword-only).
-
-    ``packed`` groups tensors into buckets of ``packed_buffer_size_bytes`` (a tensor larger
-    than that travels alone); unpacked sends one tensor per bucket. ``packed_num_buffers``
-    staging buffers let the trainer pack the next bucket while the previous one is on the
-    wire. ``timeout_s`` bounds every blocking wait. Subclasses change a default by
-    redeclaring the field.
-    """
+    """The options every bucket engine has, with vLLM's names (keyword-only; redeclare a field
+    to change its default). ``packed_num_buffers`` staging buffers let the next bucket be
+    packed while one is on the wire; ``timeout_s`` bounds every blocking wait."""
 
     packed: bool = field(default=True, kw_only=True)
     packed_buffer_size_bytes: int = field(default=1 << 30, kw_only=True)
@@ -91,14 +69,11 @@ class BucketedTrainerInitInfo(TrainerInitInfo, abstract=True):
         super().__post_init__()
         if not isinstance(self.packed, bool):
             raise PayloadError(f"packed: expected a bool, got {self.packed!r}")
-        try:
-            check_bucket_options(
-                packed_buffer_size_bytes=self.packed_buffer_size_bytes,
-                packed_num_buffers=self.packed_num_buffers,
-                timeout_s=self.timeout_s,
-            )
-        except ValueError as e:
-            raise PayloadError(str(e)) from None
+        check_bucket_options(
+            packed_buffer_size_bytes=self.packed_buffer_size_bytes,
+            packed_num_buffers=self.packed_num_buffers,
+            timeout_s=self.timeout_s,
+        )
 
     def plan(self, metas: Sequence[ParamMeta]) -> list[Bucket]:
         """This round's buckets (the receivers compute the same from the metadata)."""
@@ -109,10 +84,8 @@ class BucketedTrainerInitInfo(TrainerInitInfo, abstract=True):
 
 @dataclass
 class BucketUpdateInfo:
-    """The metadata of one update (vLLM's names); engines subclass it to add where the bytes are.
-
-    ``metas`` is derived and checked (names, the dtype allow-list, shapes) on arrival.
-    """
+    """The metadata of one update (vLLM's names), checked into ``metas`` on arrival; engines
+    subclass it to add where the bytes are."""
 
     names: list[str]
     dtype_names: list[str]
@@ -124,20 +97,13 @@ class BucketUpdateInfo:
 
     @staticmethod
     def wire(metas: Sequence[ParamMeta]) -> dict[str, Any]:
-        """The JSON fields for ``metas`` (the trainer's side of :meth:`__post_init__`)."""
+        """The JSON fields for ``metas``."""
         return metas_to_wire(metas)
 
 
 class BucketedTrainerEngine(TrainerWeightTransferEngine):
-    """Trainer half of a bucket engine: the engine implements the transport hooks only.
-
-    Hooks: :meth:`worker_init_info` (what receivers learn at init), :meth:`send_bucket` (move
-    one packed bucket; return the ``update_weights`` payload that announces it, or ``None``),
-    optionally :meth:`allocate_staging` / :meth:`release_staging` (shared memory, CUDA...),
-    :meth:`fill`, :meth:`begin_round` / :meth:`end_round`, :meth:`abandon_round` /
-    :meth:`round_failed`. Engines with a pipeline of their own may override
-    ``_send`` and still use the rest.
-    """
+    """Trainer half of a bucket engine: implement :meth:`worker_init_info` and
+    :meth:`send_bucket`; the other hooks are optional."""
 
     init_info_cls: ClassVar[type[TrainerInitInfo]] = BucketedTrainerInitInfo
 
@@ -150,13 +116,9 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         self._inflight: BackgroundCall[Any] | None = None
         self._planned: tuple[list[ParamMeta], list[Bucket]] = ([], [])  # by _prepare, for _send
 
-    # ------------------------------------------------------------------ hooks
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any] | None:
-        """Move one bucket (``filled`` lies in staging slot ``slot``); return its announcement.
-
-        The returned dict is sent with ``update_weights`` on a helper thread while the next
-        bucket is packed; ``slot`` is written again only after that call returned.
-        """
+        """Move one bucket (``filled``, in staging slot ``slot``, written again only once the
+        call returned); return its announcement (or ``None``), sent while the next is packed."""
         raise NotImplementedError
 
     def allocate_staging(self, capacity: int, count: int) -> list[torch.Tensor]:
@@ -177,33 +139,26 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         slots: list[torch.Tensor],
         stats: TransferStats,
     ) -> Iterator[tuple[Bucket, Any]]:
-        """Each bucket of the round, ready to go, in order: by default packed into ``slots``
-        (:func:`~wtcore.buckets.pack_source`). An engine whose receivers can read tensors where
-        they lie yields them instead; whatever is yielded reaches :meth:`send_bucket` as
-        ``filled``. The next bucket is asked for while this one's call is in flight; when the
-        one after it is asked for, this one's call has returned (what it lent is free again).
-        """
+        """Each bucket of the round in order, as :meth:`send_bucket` gets it (by default packed
+        into ``slots``); by the bucket after next, this one's call has returned."""
         nbuf = len(slots)
         return pack_source(source, metas, buckets, lambda b: slots[b.index % nbuf], stats)
 
     def abandon_round(self) -> None:
-        """Called first once a round failed, before the call in flight is waited for: tell
-        receivers waiting for bytes that will never come (a ring's next slot) to give up, so
-        that wait ends at once. Does nothing by default."""
+        """First thing after a failure, before the call in flight is waited for: tell
+        receivers waiting for bytes that will never come to give up."""
 
     def round_failed(self) -> None:
-        """Called once a round failed, before its error propagates: frees the staging, so a
-        failure never leaks buffers. An engine whose transfers may outlive the round ends them
-        here too."""
+        """After a failure, before its error propagates: free the staging (and end any transfer
+        that could outlive the round)."""
         self.release_staging()
 
     def begin_round(self, metas: list[ParamMeta], buckets: list[Bucket]) -> None:
-        """Called once the round is open, before the first bucket."""
+        """Once the round is open, before the first bucket."""
 
     def end_round(self, stats: TransferStats) -> None:
-        """Called after the last bucket's announcement returned, before the round's finish."""
+        """After the last announcement returned, before the finish."""
 
-    # ------------------------------------------------------------------ the round
     def staging(self, capacity: int) -> list[torch.Tensor]:
         """The reused staging slots, grown (never shrunk) to ``capacity`` bytes."""
         if capacity > self._capacity:
@@ -216,13 +171,11 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
         call, self._inflight = self._inflight, None
         if call is not None:
             with stats.phase("wire"):
-                # The client bounds the call by the same timeout and names the receiver that
-                # missed it; this wait is the backstop, so it gives that error time to come.
                 call.result(self.info.timeout_s + SETTLE_GRACE_S)
 
     def _prepare(self, source: WeightSource, stats: TransferStats) -> None:
-        """Plan the round and size the staging before the round opens (an engine that
-        announced its slots, as mooncake does, re-runs the handshake when they grow)."""
+        """Plan and size the staging before the round opens (an engine that announced its
+        slots may re-run the handshake when they grow)."""
         metas = source.metadata()
         self._planned = metas, self.info.plan(metas)
         if self._planned[1]:
@@ -251,8 +204,7 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
             self._settle(stats)
             self.end_round(stats)
         except BaseException as e:
-            # Let a call still reading our buffer end (bounded) so no transfer outlives
-            # send_weights, then free the staging: a failure never leaks buffers.
+            # Let a call still reading our buffer end (bounded), then free the staging.
             self.abandon_round()
             call, self._inflight = self._inflight, None
             if call is not None and not isinstance(e, TransferTimeoutError):
@@ -266,7 +218,7 @@ class BucketedTrainerEngine(TrainerWeightTransferEngine):
 
 
 class BucketedWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, UpdateT]):
-    """Worker half of a bucket engine: keeps the init info, one error when it is missing."""
+    """Worker half of a bucket engine: keeps the init info (:attr:`settings`)."""
 
     _init: InitT | None = None
 

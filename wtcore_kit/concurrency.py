@@ -1,9 +1,6 @@
 """Run a blocking call on a helper thread and wait for it with a timeout.
 
-The trainer issues the blocking worker RPC concurrently with its own rendezvous or
-broadcast, checks it for an early rejection, and never joins the thread on an error path. The
-threads are daemons, so a call stuck on a dead peer can never keep the interpreter alive.
-See docs/protocol.md for where these waits sit in a round.
+Daemon threads, so a call stuck on a dead peer never keeps the interpreter alive.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Call every receiver concurrently and report all failures in one error.
 
-The one fan-out of wtcore, shared by the in-process, HTTP and Ray clients: a data-parallel
-trainer must know *which* replicas failed, and a dead one must cost one timeout, not one per
-replica. :class:`FanOutClient` turns it into both client protocols
-(:mod:`wtcore.client`); a transport only says how to make one call on one receiver.
+The one fan-out, shared by every client: a trainer must know *which* replicas failed, and a
+dead one must cost one timeout, not one per replica.
 """
 
 from __future__ import annotations
@@ -38,15 +36,8 @@ _NO_STATUS = object()
 
 
 def failure_of(receiver: str, error: BaseException) -> ReceiverFailure:
-    """A :class:`ReceiverFailure` for ``error``, raised by (or on the way to) ``receiver``.
-
-    Its type and message are the error's :class:`~wtcore.errors.ErrorRecord`: the record it
-    carries when a peer sent one (a receiver's HTTP error answer, a pipe child's error), so a
-    failure is reported under the server-side class whatever the transport. The status is the
-    error's own ``status`` attribute when it has one (an HTTP answer; a ``None`` there means
-    "no answer"), else the record's for a wtcore error, so a condition carries the same
-    status over every transport.
-    """
+    """A :class:`ReceiverFailure` for ``error``, under the peer's own error class and status
+    where it sent a record (an HTTP answer's ``status`` wins; ``None`` there: no answer)."""
     record = ErrorRecord.from_exception(error)
     status: Any = getattr(error, "status", _NO_STATUS)
     if status is _NO_STATUS:
@@ -62,12 +53,12 @@ def failure_of(receiver: str, error: BaseException) -> ReceiverFailure:
 
 #: After one receiver has failed, how long the others still get before the call gives up.
 FAIL_FAST_S = 5.0
-#: The bound of a best-effort abort after a failed round, for every receiver at once: a
-#: receiver that stops answering must not hold the trainer's error back by a whole timeout.
+#: The bound of a best-effort abort after a failed round: a silent receiver must not hold the
+#: trainer's error back by a whole timeout.
 ABORT_TIMEOUT_S = FAIL_FAST_S
 
-#: ``(label, thunk)``: how to make one call on one receiver. A thunk may have a ``cancel()``
-#: method; :func:`fan_out` calls it for a call it gave up on (best effort, never waited for).
+#: ``(label, thunk)``: one call on one receiver; a thunk's ``cancel()``, if any, is called
+#: (best effort) when :func:`fan_out` gives up on it.
 Target = tuple[str, Callable[[], T]]
 
 
@@ -79,15 +70,9 @@ def fan_out(
     fail_fast_s: float | None = FAIL_FAST_S,
     describe: Callable[[str, BaseException], ReceiverFailure] = failure_of,
 ) -> list[T]:
-    """Run each ``(label, fn)`` concurrently; return results in order or raise ReceiverError.
-
-    Every call runs on a daemon helper thread (any of them can block) and all share one
-    deadline. Once one receiver has failed the round is lost anyway, so the others get only
-    ``fail_fast_s`` more seconds: a trainer hears about a dead replica in seconds, not after
-    the peers' rendezvous timeout. ``fail_fast_s=None`` waits for everyone. ``describe``
-    turns a receiver's exception into its :class:`ReceiverFailure`. When every failure is a
-    timeout the error is a :class:`~wtcore.errors.ReceiverTimeoutError` (a ``TimeoutError``).
-    """
+    """Run each ``(label, fn)`` on a daemon thread; return results in order or raise one
+    :class:`~wtcore.errors.ReceiverError`. Once one failed, the round is lost anyway, so the
+    others get ``fail_fast_s`` more (``None``: no limit), not the peers' rendezvous timeout."""
     calls = [BackgroundCall(fn, name=f"{call}@{label}") for label, fn in targets]
     deadline = time.monotonic() + timeout_s
     first_failure: str | None = None
@@ -127,11 +112,8 @@ def fan_out(
 
 @dataclass(frozen=True)
 class PerReceiver:
-    """An argument that differs per receiver: receiver ``i`` gets ``items[i]``.
-
-    A transport's ``_targets`` passes its arguments through :func:`receiver_args`, so a
-    payload meant for one receiver is never sent to the others.
-    """
+    """An argument that differs per receiver: receiver ``i`` gets ``items[i]``
+    (:func:`receiver_args`)."""
 
     items: tuple[Any, ...]
 
@@ -142,14 +124,8 @@ def receiver_args(args: tuple[Any, ...], i: int) -> tuple[Any, ...]:
 
 
 def split_by_receiver(entries: list[Any], receivers: int) -> PerReceiver:
-    """A rank-indexed ``update_info`` list cut into each receiver's own entries.
-
-    The list holds one entry per worker rank, receiver by receiver, each receiver hosting
-    the same number of ranks (a wtcore receiver one, a vLLM server its world size). Receiver
-    ``i`` gets its block alone: the entry itself when it hosts one rank, else the sub-list
-    that vLLM indexes by its local rank. No receiver ever sees another rank's entry: per-rank
-    payloads name memory and peers that are that rank's business only.
-    """
+    """A rank-indexed ``update_info`` list cut into each receiver's block (the entry itself
+    when it hosts one rank): per-rank payloads name memory and peers of that rank only."""
     if not entries or len(entries) % receivers:
         raise PayloadError(
             f"update_info: a list of {len(entries)} entries does not split evenly over "
@@ -170,18 +146,8 @@ _C = TypeVar("_C", bound="FanOutClient")
 
 
 class FanOutClient(ABC):
-    """Both client protocols, each call sent to every receiver at once.
-
-    Subclasses say how to make a call on receiver ``i`` with :meth:`_targets` and how many
-    inference ranks they reach with :meth:`get_world_size`; the fan-out, the shared deadline,
-    fail-fast and the single :class:`~wtcore.errors.ReceiverError` come from here. Results of
-    the inspection calls are lists with one entry per receiver, in the subclass's order.
-
-    Round ownership (:mod:`wtcore.rounds`): :meth:`start_weight_update` draws a new
-    :attr:`round_id` and every later call of the round carries it (the ``round_id`` keyword
-    of :meth:`_targets`), so receivers refuse any other trainer's calls inside this round. An
-    init carries a fresh id of its own, so receivers that require ids take it.
-    """
+    """Both client protocols, each call sent to every receiver at once; subclasses implement
+    :meth:`_targets` and :meth:`get_world_size`."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S
     fail_fast_s: float | None = FAIL_FAST_S
@@ -190,11 +156,7 @@ class FanOutClient(ABC):
 
     @abstractmethod
     def _targets(self, call: str, *args: Any, **kwargs: Any) -> list[Target[Any]]:
-        """``(label, thunk)`` per receiver, each thunk making ``call(*args, **kwargs)`` on it.
-
-        The only keyword is ``round_id`` (on init, start, update, finish and abort). Receiver
-        ``i`` takes ``receiver_args(args, i)``: an argument may be a :class:`PerReceiver`.
-        """
+        """``(label, thunk)`` per receiver ``i``: ``call(*receiver_args(args, i), **kwargs)``."""
 
     def _receiver_count(self) -> int:
         """How many receivers :meth:`_targets` reaches (by default, one per worker rank)."""
@@ -217,7 +179,6 @@ class FanOutClient(ABC):
             describe=self._describe,
         )
 
-    # ------------------------------------------------------------------ WeightSyncClient
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self.round_id = None  # an init abandons any round this client had open
         self._each("init_weight_transfer_engine", init_info, round_id=new_round_id())
@@ -228,8 +189,7 @@ class FanOutClient(ABC):
         self._each("start_weight_update", round_id=self.round_id)
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """Send ``update_info`` to every receiver: a dict to all, a rank-indexed list cut so
-        that each receiver gets only its own ranks' entries (:func:`split_by_receiver`)."""
+        """A dict goes to all; a rank-indexed list is cut per receiver."""
         payload: Any = update_info
         if isinstance(update_info, list):
             payload = split_by_receiver(update_info, self._receiver_count())
@@ -243,22 +203,15 @@ class FanOutClient(ABC):
         """Rename the version every receiver holds, between rounds (vLLM's route)."""
         self._each("update_weight_version", new_version, round_id=new_round_id())
 
-    # ------------------------------------------------------------------ InspectableClient
     def weight_info(self) -> list[dict[str, Any]]:
-        """Each receiver's ``weight_info()``, in order."""
         return self._each("weight_info")
 
     def checksums(self) -> list[dict[str, str]]:
-        """``{name: digest}`` per receiver, in order."""
         return self._each("checksums")
 
     def abort_weight_update(self, reason: str = "aborted by the trainer") -> None:
-        """End this client's open round on every receiver without publishing (best effort).
-
-        With no round of this client open, it ends an unowned round only. Bounded by
-        :data:`ABORT_TIMEOUT_S`, not the client's timeout: it follows a failure, and a
-        receiver that stopped answering is left to the next handshake and its round deadline.
-        """
+        """End this client's open round (else an unowned one) on every receiver; best effort,
+        bounded by :data:`ABORT_TIMEOUT_S`."""
         try:
             fan_out(
                 "abort_weight_update",
@@ -271,8 +224,7 @@ class FanOutClient(ABC):
             self.round_id = None
 
     @abstractmethod
-    def get_world_size(self) -> int:
-        """The inference world size: how many worker ranks an ``update_info`` list covers."""
+    def get_world_size(self) -> int: ...
 
     def close(self) -> None:
         """Release the client's own resources; the receivers keep running."""

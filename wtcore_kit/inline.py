@@ -1,15 +1,8 @@
-"""``inline``: the reference engine pair, and the template for plugin authors.
+"""``inline``: the reference engine pair; each bucket travels base64-encoded in its update.
 
-The data travels *inline*, inside the control-plane payload, base64-encoded, one bucket per
-``update_weights`` call. That makes it the simplest engine that runs the whole protocol over
-any client (in-process, HTTP, Ray) with no data plane to set up. It is meant for tests, demos
-and tiny models: every byte is copied through JSON, so it is slow by design. Named ``local``
-before 0.2.0 (that name and ``wtcore.local`` still work, with a warning, until 0.3).
-
-Built on :mod:`wtcore_kit.bucketed`, so this module is only the transport: encode a packed bucket,
-decode it. The worker re-plans each update's metadata with the shared rule and refuses
-anything but exactly one bucket of the advertised size, so a payload cannot make it allocate
-more than the trainer announced at init.
+It runs the whole protocol over any client with no data plane, for tests, demos and tiny
+models (slow by design). The worker refuses anything but exactly one bucket of the announced
+size, so a payload cannot make it allocate more than the trainer announced at init.
 """
 
 from __future__ import annotations
@@ -55,8 +48,7 @@ DEFAULT_BUFFER_SIZE = 16 << 20
 
 @dataclass
 class InlineTrainerInitInfo(BucketedTrainerInitInfo):
-    """Trainer settings of the ``inline`` engine (see
-    :class:`~wtcore_kit.bucketed.BucketedTrainerInitInfo`)."""
+    """Trainer settings of the ``inline`` engine."""
 
     backend: ClassVar[str] = "inline"
     packed_buffer_size_bytes: int = field(default=DEFAULT_BUFFER_SIZE, kw_only=True)
@@ -90,13 +82,8 @@ class InlinePairsInfo:
 
 
 class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, InlineUpdateInfo]):
-    """Decodes each bucket from the payload and loads it into the sink.
-
-    A sharded round (:mod:`wtcore.sharded.round`) sends the plan first, then buckets of the
-    pairs this receiver is in, possibly none per update; each is assembled into this
-    receiver's parts (:class:`~wtcore_kit.sharded.pairs.PairAssembler`), and the finish is
-    refused unless every planned byte landed.
-    """
+    """Decodes each bucket from the payload and loads it into the sink (in a sharded round,
+    assembles this receiver's pairs' buckets)."""
 
     init_info_cls = InlineInitInfo
     update_info_cls = InlineUpdateInfo
@@ -183,14 +170,8 @@ class InlineTrainerEngine(BucketedTrainerEngine):
     executes_plans: ClassVar[bool] = True
 
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
-        """Relay every rank's buckets through rank 0, one bucket per receiver per update.
-
-        The inline engine's data is the control plane's, and only rank 0 makes the calls, so
-        each step gathers to rank 0 the bucket each receiver gets next (packed by the rank
-        that holds it), and rank 0 sends them as one rank-indexed update: a receiver never
-        sees another's slice, and no rank holds more than a step's buckets. The reference
-        for engines that move the same pairs over a data plane of their own.
-        """
+        """Relay every rank's buckets through rank 0, one bucket per receiver per rank-indexed
+        update: no receiver sees another's slice, no rank holds more than a step's buckets."""
         from wtcore.sharded.round import gather, together
         from wtcore_kit.sharded.pairs import pair_buckets
 
@@ -241,11 +222,12 @@ class InlineTrainerEngine(BucketedTrainerEngine):
         """One bucket of pair (``src``, receiver) as its entry of an update."""
         from wtcore_kit.sharded.pairs import pack_pair
 
-        filled = pack_pair(bucket, chunks, local, out)
-        data = base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]
-        return {"src": src, "bucket": index, "data": data}
+        return {"src": src, "bucket": index, "data": _encode(pack_pair(bucket, chunks, local, out))}
 
     def send_bucket(self, bucket: Bucket, filled: torch.Tensor, slot: int) -> dict[str, Any]:
         # The payload is a copy, so the slot is free again as soon as this returns.
-        data = base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]
-        return {**BucketUpdateInfo.wire(bucket.metas), "data": data}
+        return {**BucketUpdateInfo.wire(bucket.metas), "data": _encode(filled)}
+
+
+def _encode(filled: torch.Tensor) -> str:
+    return base64.b64encode(memoryview(filled.numpy())).decode("ascii")  # type: ignore[arg-type]

@@ -1,10 +1,7 @@
-"""``inproc``: a client that drives receivers living in this process.
+"""``inproc``: a client over receivers in this process.
 
-A single :class:`~wtcore.worker.WeightSyncWorker` is already a
-:class:`~wtcore.client.WeightSyncClient`; this one fans out to several, concurrently, so that
-engines whose worker calls block until the trainer sends (broadcasts, rendezvous) can be
-tested and benchmarked in one process, and it adds the inspection calls
-(:class:`~wtcore.client.InspectableClient`) with the same shapes as the HTTP and Ray clients.
+It calls them concurrently, so engines whose worker calls block until the trainer sends run
+in one process, and adds the inspection calls a bare worker lacks.
 """
 
 from __future__ import annotations
@@ -22,10 +19,7 @@ __all__ = ["InProcessClient"]
 
 
 class InProcessClient(FanOutClient):
-    """Fan-out client over in-process workers, in the order given.
-
-    ``close()`` leaves the workers running: they belong to the caller.
-    """
+    """Fan-out client over in-process workers, in the order given (the caller's to close)."""
 
     def __init__(
         self,

@@ -1,7 +1,6 @@
 """Synthetic models: a transformer-like state dict of a given size, and modules holding it.
 
-``wtcore bench`` and ``wtcore serve`` build the same model on the trainer and on every receiver
-from a few numbers (size, tensor count, dtype, seed), so nothing but those numbers has to travel.
+Both ends build the same model from a few numbers (size, tensor count, dtype, seed).
 """
 
 from __future__ import annotations
@@ -19,11 +18,8 @@ __all__ = ["build_module", "synthetic_state", "zeros_like_state"]
 def synthetic_state(
     total_bytes: int, num_tensors: int = 300, dtype: str = "float32", seed: int = 0
 ) -> dict[str, torch.Tensor]:
-    """A transformer-like state dict of about ``total_bytes`` in about ``num_tensors`` tensors.
-
-    Per layer: q, k, v, o projections, gate/up/down MLP and two norms (9 tensors), plus the
-    embedding, the final norm and the LM head.
-    """
+    """A transformer-like state dict of about ``total_bytes`` in about ``num_tensors`` tensors
+    (9 per layer, plus the embedding, the final norm and the LM head)."""
     import torch
 
     dt = getattr(torch, dtype)
@@ -37,24 +33,16 @@ def synthetic_state(
     shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, h))]
     for i in range(layers):
         p = f"model.layers.{i}"
-        shapes += [
-            (f"{p}.self_attn.q_proj.weight", (h, h)),
-            (f"{p}.self_attn.k_proj.weight", (h, h)),
-            (f"{p}.self_attn.v_proj.weight", (h, h)),
-            (f"{p}.self_attn.o_proj.weight", (h, h)),
-            (f"{p}.mlp.gate_proj.weight", (inter, h)),
-            (f"{p}.mlp.up_proj.weight", (inter, h)),
-            (f"{p}.mlp.down_proj.weight", (h, inter)),
-            (f"{p}.input_layernorm.weight", (h,)),
-            (f"{p}.post_attention_layernorm.weight", (h,)),
-        ]
+        shapes += [(f"{p}.self_attn.{x}_proj.weight", (h, h)) for x in "qkvo"]
+        shapes += [(f"{p}.mlp.{x}_proj.weight", (inter, h)) for x in ("gate", "up")]
+        shapes += [(f"{p}.mlp.down_proj.weight", (h, inter))]
+        shapes += [(f"{p}.{x}_layernorm.weight", (h,)) for x in ("input", "post_attention")]
     shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (vocab, h))]
     g = torch.Generator().manual_seed(seed)
     return {name: torch.randn(shape, generator=g).to(dt) for name, shape in shapes}
 
 
 def zeros_like_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Zeros with the same names, shapes and dtypes (contiguous)."""
     import torch
 
     return {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in state.items()}
