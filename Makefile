@@ -64,13 +64,14 @@ pytest: $(STAMP)
 
 # Everything CI runs, in two pytest sessions that together are `make pytest`: the quick loop
 # first (ruff, mypy and the in-process tests, printing its count and time) while .venv-vllm is
-# built beside it (one core each), then every test the quick loop leaves out, vLLM's included.
+# built beside it (one core each), then every test the quick loop leaves out, vLLM's included,
+# printing the 30 slowest (where CI's time goes).
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j2 --output-sync=target quick $(VLLM_STAMP)
 	$(MAKE) --no-print-directory pytest-rest
 
 pytest-rest: $(STAMP)
-	$(BIN)/python -m pytest -m "not ($(QUICK_MARKERS))"
+	$(BIN)/python -m pytest -m "not ($(QUICK_MARKERS))" --durations=30
 
 # The loop while you work (under 3 minutes on 2 cores): lint, typecheck, then the tests that
 # start no child process, server, torch.distributed group, Ray or vLLM (scripts/quick.sh; each
