@@ -6,6 +6,7 @@ NCCL for CUDA devices, gloo for CPU. Registered as ``nccl`` in ``wtcore.backends
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from wtcore.registry import Halves
@@ -42,12 +43,7 @@ ENGINE = Halves(
 
 def __getattr__(name: str) -> Any:
     # The engines are imported on first use, like the registries do.
-    if name == "NCCLTrainerEngine":
-        from wtcore_nccl.trainer import NCCLTrainerEngine
-
-        return NCCLTrainerEngine
-    if name == "NCCLWorkerEngine":
-        from wtcore_nccl.worker import NCCLWorkerEngine
-
-        return NCCLWorkerEngine
+    for module, _, cls in (half.partition(":") for half in (ENGINE.trainer, ENGINE.worker)):
+        if name == cls:
+            return getattr(importlib.import_module(module), cls)
     raise AttributeError(f"module 'wtcore_nccl' has no attribute {name!r}")

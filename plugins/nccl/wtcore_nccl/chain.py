@@ -1,32 +1,10 @@
 """The forwarding broadcast on NCCL (``broadcast="chain"``): receivers relay chunks down a chain.
 
-A collective broadcast from the sender sends a copy of every byte per receiver, or per child
-of a tree, from the sender's link: with the network as the limit, a round to ``N``
-receivers takes up to ``N`` times as long as to one. Here the ranks form a chain ordered by
-rank (``0 -> 1 -> ... -> world_size - 1``) and every message is cut into chunks of
-:data:`CHUNK_BYTES`: rank ``k`` receives chunk ``i`` from ``k - 1`` and sends it on to
-``k + 1`` while chunk ``i + 1`` is already arriving, as NCCL's ring broadcast does. Every
-link carries each byte once, so the round takes about the time of one link plus one chunk
-per hop.
-
-Each :meth:`Chain.broadcast` is a point-to-point send or receive per chunk on the group's
-process group, tagged with a running counter that every rank advances in the same order
-(every rank broadcasts the same sequence of headers and buckets), and returns a
-:class:`ChainWork` that behaves like the ``dist.Work`` of a collective broadcast for the
-callers (:func:`wtcore_channel.pipeline.wait_work`, the group's reaper). Receivers post the
-receives of a whole message at once; a forwarder thread per rank waits for them in order
-and posts each chunk's send to the next rank as soon as it arrived, so forwarding never
-waits for the engine's own thread. Framing is the caller's: headers and their size checks
-travel through here like any other message.
-
-A failure names the peer: a receive that fails or takes longer than the timeout names the
-previous rank, a send the next rank, so every receiver of a broken chain reports where it
-broke.
-
-The chain runs on NCCL (CUDA) only (:func:`check_broadcast`): on gloo a relay is a receiver,
-and gloo checks a length only by aborting the receiving process (or leaves a shorter message's
-tail stale), so one receiver could kill or fool the next. The chain on CPU is the ``tcp``
-engine's (``topology="chain"``), whose hops check every length.
+Rank ``k`` receives each chunk from ``k - 1`` and sends it on to ``k + 1`` as soon as it landed,
+so every link carries each byte once (docs/nccl.md, "Broadcast"). Chunks are point-to-point
+messages tagged by a counter every rank advances in the same order; a forwarder thread relays
+them, so forwarding never waits for the engine's thread. Framing is the caller's. NCCL only
+(:func:`check_broadcast`): gloo checks a relay's message length only by aborting the receiver.
 """
 
 from __future__ import annotations
@@ -63,7 +41,7 @@ def check_broadcast(broadcast: str, transport: str) -> None:
 
 
 def _chunks(tensor: torch.Tensor, chunk_bytes: int) -> list[torch.Tensor]:
-    """``tensor``'s bytes (it must be contiguous) as consecutive views of ``chunk_bytes``."""
+    """Views of ``tensor``'s bytes; it must be contiguous, or receives would land in a copy."""
     import torch
 
     flat = tensor.reshape(-1).view(torch.uint8)
@@ -71,12 +49,9 @@ def _chunks(tensor: torch.Tensor, chunk_bytes: int) -> list[torch.Tensor]:
 
 
 class ChainWork(ThreadWork):
-    """One message's chunks on this rank (a :class:`~wtcore_channel.pipeline.ThreadWork`).
-
-    The chain's threads drive it: a point-to-point ``Work`` of gloo may only be waited for
-    in full (a wait that expires closes every connection of the group), so nobody polls
-    them. Its failures name the previous or the next rank of the chain.
-    """
+    """One message's chunks on this rank, driven by the chain's threads (a gloo point-to-point
+    ``Work`` may only be waited for in full: an expired wait closes the group's connections).
+    Its failures name the previous or the next rank."""
 
     def fail_recv(self, i: int, n: int, error: BaseException) -> None:
         self._fail(
@@ -108,26 +83,21 @@ _Job = tuple[ChainWork, list[Any], list[int], list["torch.Tensor"]]
 
 
 class Chain:
-    """This rank's end of the forwarding chain over ``pg`` (see the module docstring).
-
-    Two daemon threads per rank: the forwarder waits for each received chunk in order and
-    posts its send to the next rank; the send waiter waits for the sends in order. Both
-    block only in gloo's own waits, which the group's timeout bounds.
-    """
+    """This rank's end of the chain over ``pg``: a forwarder thread relays each received chunk
+    in order, a send waiter waits for the sends in order; both block only in the process
+    group's own waits, which the group's timeout bounds."""
 
     def __init__(
         self,
         pg: Any,
         rank: int,
         world_size: int,
-        timeout_s: float,
         chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.pg: Any = pg
         self.rank = rank
         self.prev: int | None = rank - 1 if rank > 0 else None
         self.next: int | None = rank + 1 if rank + 1 < world_size else None
-        self.timeout_s = timeout_s
         self.chunk_bytes = chunk_bytes
         self._tag = 0
         self._recvs: queue.Queue[_Job | None] = queue.Queue()
@@ -176,7 +146,6 @@ class Chain:
         return work
 
     def _forwarder(self) -> None:
-        """Wait for each message's chunks in order; send each on as soon as it arrived."""
         while (job := self._recvs.get()) is not None:
             work, recvs, tags, chunks = job
             del job
@@ -208,7 +177,6 @@ class Chain:
             work._count(recvs=1)
 
     def _send_waiter(self) -> None:
-        """Wait for every posted send in order; a failed one fails its message."""
         while (item := self._sends.get()) is not None:
             work, i, n, send = item
             del item
@@ -222,11 +190,8 @@ class Chain:
             del work, send
 
     def close(self) -> None:
-        """Stop forwarding: messages not yet relayed fail; the threads end (not joined).
-
-        Drops this chain's reference to the process group, so the group's reaper holds the
-        last one (see :func:`wtcore_nccl.group.release_group`).
-        """
+        """Stop forwarding (the threads end, not joined) and drop the process group, so the
+        group's reaper holds the last reference (:func:`wtcore_nccl.group.release_group`)."""
         self._closed.set()
         self._recvs.put(None)
         self._sends.put(None)

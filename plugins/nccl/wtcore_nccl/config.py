@@ -1,8 +1,7 @@
 """The settings of the ``nccl`` engine pair: what the trainer owns and what it ships to workers.
 
-The trainer's :class:`NCCLTrainerInitInfo` is the only place where packing settings are
-chosen; :meth:`NCCLTrainerInitInfo.worker_init_info` derives the worker's
-:class:`NCCLInitInfo` from it, so the two ends cannot disagree on the bucket layout.
+The worker's :class:`NCCLInitInfo` is derived from the trainer's, so the ends cannot disagree
+on the bucket layout.
 """
 
 from __future__ import annotations
@@ -47,16 +46,14 @@ def resolve_transport(transport: str, device: str) -> str:
     return "nccl" if str(device).startswith("cuda") else "gloo"
 
 
-def _check_group(
-    *, master_address: str, master_port: int, world_size: int, transport: str, broadcast: str
-) -> None:
-    if not master_address:
+def _check_group(info: NCCLTrainerInitInfo | NCCLInitInfo, transport: str, broadcast: str) -> None:
+    if not info.master_address:
         raise PayloadError("master_address: expected a host name or IP address, got ''")
-    if not 0 < master_port < 65536:
-        raise PayloadError(f"master_port: expected a port in [1, 65535], got {master_port}")
-    if world_size < 2:
+    if not 0 < info.master_port < 65536:
+        raise PayloadError(f"master_port: expected a port in [1, 65535], got {info.master_port}")
+    if info.world_size < 2:
         raise PayloadError(
-            f"world_size: expected at least 2 (the sender plus one worker), got {world_size}"
+            f"world_size: expected at least 2 (the sender plus one worker), got {info.world_size}"
         )
     if transport not in TRANSPORTS:
         raise PayloadError(f"transport: expected one of {', '.join(TRANSPORTS)}, got {transport!r}")
@@ -65,23 +62,13 @@ def _check_group(
 
 @dataclass
 class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
-    """Trainer settings of the ``nccl`` engine.
+    """Trainer settings of the ``nccl`` engine (docs/nccl.md).
 
-    ``world_size`` counts every rank of the transfer group: the sender (trainer rank 0) plus
-    every inference worker, which join as ranks ``1 .. world_size - 1``. ``device`` is where
-    the sender stages its buckets; with ``transport="auto"`` it also picks the transport
-    (NCCL for ``cuda*``, gloo otherwise). ``torch_num_threads``, when set, is applied with
-    ``torch.set_num_threads`` in the sender: on small hosts torch's busy-waiting worker
-    threads starve gloo's network threads (see docs/benchmarks.md), so transfer-only processes
-    should use 1. It is ``None`` (leave torch alone) by default because the trainer process
-    also trains.
-
-    ``direct_min_bytes`` and ``checksum`` are the kit's
-    (:class:`wtcore_channel.ChannelTrainerInitInfo`).
-
-    ``broadcast`` is how bytes reach the workers: ``"collective"`` (the process group's own
-    broadcast; ``"auto"``, the default) or, on NCCL only, ``"chain"`` (workers relay chunks to
-    the next rank, so the sender's link carries each byte once; :mod:`wtcore_nccl.chain`).
+    ``world_size`` counts the sender (trainer rank 0) and every worker (ranks ``1 ..``).
+    ``device`` is where the sender stages its buckets, and picks the ``auto`` transport.
+    ``torch_num_threads`` (1 for transfer-only processes on small hosts) is ``None`` by
+    default because the trainer process also trains. ``broadcast``: ``"auto"`` (the
+    collective) or, on NCCL only, ``"chain"``.
     """
 
     backend: ClassVar[str] = "nccl"
@@ -94,16 +81,7 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        try:
-            _check_group(
-                master_address=self.master_address,
-                master_port=self.master_port,
-                world_size=self.world_size,
-                transport=self.resolved_transport,
-                broadcast=self.resolved_broadcast,
-            )
-        except ValueError as e:
-            raise PayloadError(str(e)) from None
+        _check_group(self, self.resolved_transport, self.resolved_broadcast)
         if self.torch_num_threads is not None and self.torch_num_threads < 1:
             raise PayloadError(
                 f"torch_num_threads: expected None or at least 1, got {self.torch_num_threads}"
@@ -118,11 +96,7 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
         return "collective" if self.broadcast == "auto" else self.broadcast
 
     def worker_init_info(self, secret: str = "") -> NCCLInitInfo:
-        """What every worker receives in ``init_weight_transfer_engine`` (rank offset 1).
-
-        ``secret`` is the handshake's rendezvous secret (the sender draws a new one for every
-        handshake; see :class:`NCCLInitInfo`).
-        """
+        """What every worker receives in ``init_weight_transfer_engine``, under ``secret``."""
         return NCCLInitInfo(
             master_address=self.master_address,
             master_port=self.master_port,
@@ -137,21 +111,11 @@ class NCCLTrainerInitInfo(ChannelTrainerInitInfo):
 
 @dataclass
 class NCCLInitInfo:
-    """The worker's init info (vLLM's names, plus the timeout and the transport).
+    """The worker's init info: vLLM's names, plus the timeout, transport and more.
 
-    ``transport`` defaults to ``auto`` (NCCL if the worker's device is CUDA, else gloo) so a
-    third-party trainer that sends only the vLLM fields still works; the wtcore trainer
-    always sends the transport it resolved, so both ends use the same one.
-
-    ``secret`` is the rendezvous secret: the prefix of every key this handshake uses in the
-    sender's store. The store takes connections from anyone who can reach its port, so keys
-    that a stranger cannot guess are what keeps it from joining or poisoning the group; the
-    secret travels only inside this (authenticated) init call. The wtcore trainer draws a new
-    one for every handshake. It is optional so that a trainer that sends only the vLLM fields
-    still works, with guessable keys (a warning is logged).
-
-    ``broadcast`` is the trainer's choice (see :class:`NCCLTrainerInitInfo`); a trainer that
-    sends only the vLLM fields gets the collective broadcast.
+    The defaults of the fields beyond vLLM's are for a third-party trainer that sends only
+    those. ``secret`` prefixes every key of the handshake in the sender's store, which anyone
+    who reaches its port can use: unguessable keys keep strangers out of the group.
     """
 
     master_address: str
@@ -178,13 +142,7 @@ class NCCLInitInfo:
                 "secret: expected 32 to 128 lowercase hex digits (or '' for none), got "
                 f"{len(self.secret)} characters that are not"
             )
-        _check_group(
-            master_address=self.master_address,
-            master_port=self.master_port,
-            world_size=self.world_size,
-            transport=self.transport,
-            broadcast=self.broadcast,
-        )
+        _check_group(self, self.transport, self.broadcast)
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-safe dict, as shipped in ``init_weight_transfer_engine``."""

@@ -1,24 +1,14 @@
 """The transfer group: its own rendezvous store and process group, never the default group.
 
-Trainers already run FSDP/TP groups of their own, so the transfer group is built directly
-from a ``TCPStore`` (hosted by the sender at ``master_address:master_port``) and a
-``ProcessGroupGloo``/``ProcessGroupNCCL`` object; ``torch.distributed.init_process_group``
-is never called.
-
-Each (re)handshake has keys of its own, so a group torn down after a failed round never meets
-the new one: the wtcore sender draws a random *secret* per handshake and ships it inside the
-init call, and every rank uses it as its key prefix, so a stranger who reaches the store's
-port can neither guess the keys nor pre-register a rank. A third-party sender without a
-secret falls back to a *generation* counter in the store (guessable keys). Before the process
-group is built, every rank records its arrival in the store; a rank that waits past the
-timeout reports which ranks arrived.
-
-The store listens only on ``master_address`` (the sender binds the listening socket itself
-and hands it to ``TCPStore``, which would otherwise listen on every interface).
+Trainers run FSDP/TP groups of their own, so the group is built from a ``TCPStore`` hosted by
+the sender and a ``ProcessGroupGloo``/``ProcessGroupNCCL`` object; ``init_process_group`` is
+never called. Each handshake's keys live under its secret (or, from a sender without one, a
+guessable generation counter). See docs/nccl.md, "Handshake and the transfer group".
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -67,10 +57,8 @@ def _td(seconds: float) -> datetime.timedelta:
 
 
 def host_store(address: str, port: int, world_size: int, timeout_s: float) -> Any:
-    """Host the rendezvous store on the sender, listening on ``address`` only.
-
-    A port in use is a clear error.
-    """
+    """Host the rendezvous store on the sender, listening on ``address`` only (``TCPStore``
+    alone would listen on every interface)."""
     import torch.distributed as dist
 
     fd = listen_on(address, port, "the nccl rendezvous store").detach()
@@ -100,11 +88,8 @@ def host_store(address: str, port: int, world_size: int, timeout_s: float) -> An
 def connect_store(
     address: str, port: int, timeout_s: float, poll: Callable[[], None] | None = None
 ) -> Any:
-    """Connect a worker to the sender's store, waiting at most ``timeout_s``.
-
-    Connects in short attempts with ``poll`` between them (it raises to give up early), so a
-    store that never answers does not hold the caller for the whole timeout.
-    """
+    """Connect to the sender's store within ``timeout_s``, in short attempts with ``poll``
+    (it raises to give up) between them, so a store that never answers cannot hold the caller."""
     import torch.distributed as dist
 
     deadline = time.monotonic() + timeout_s
@@ -138,8 +123,7 @@ class Group:
     world_size: int
     transport: str
     generation: int
-    #: The forwarding chain on NCCL (``broadcast="chain"``, :mod:`wtcore_nccl.chain`);
-    #: ``None`` for the collective.
+    #: ``None`` for the collective broadcast.
     chain: Chain | None = None
 
     @property
@@ -163,18 +147,14 @@ class Group:
 
     def set_abort(self, reason: str) -> None:
         """Tell the other ranks (best effort) that this generation's round was abandoned."""
-        try:
+        with contextlib.suppress(Exception):  # the store may be gone; the wire errors anyway
             self.store.set(ABORT_KEY, reason[:2000])
-        except Exception:  # the store may be gone with the trainer; the wire errors anyway
-            pass
 
     def abort_reason(self) -> str | None:
         """The sender's abort reason for this generation, if it set one."""
-        try:
+        with contextlib.suppress(Exception):
             if self.store.check([ABORT_KEY]):
                 return bytes(self.store.get(ABORT_KEY)).decode("utf-8", "replace")
-        except Exception:
-            return None
         return None
 
     def release(self, pending: Iterable[Any] = ()) -> None:
@@ -185,10 +165,7 @@ class Group:
 # ---------------------------------------------------------------- which address gloo advertises
 @dataclass(frozen=True)
 class GlooDevice:
-    """What one gloo device binds to: an ``interface`` name or a local ``hostname`` (address).
-
-    Each rank's device address is what its peers connect to, so it must be one they can reach.
-    """
+    """What one gloo device binds to: an ``interface`` name or a local ``hostname`` (address)."""
 
     interface: str | None = None
     hostname: str | None = None
@@ -197,17 +174,8 @@ class GlooDevice:
 def gloo_devices(
     master_address: str, master_port: int, environ: Mapping[str, str] | None = None
 ) -> list[GlooDevice]:
-    """The gloo devices this rank binds to, for a group whose store is at ``master_address``.
-
-    gloo's ``create_default_device()`` resolves this host's name, which in many containers
-    (and network namespaces) is a loopback address that no peer can reach. Instead:
-
-    1. ``master_address`` on loopback: bind to ``127.0.0.1`` (every rank is on this host).
-    2. ``GLOO_SOCKET_IFNAME`` set (a comma-separated list, as in ``torch.distributed``): one
-       device per interface named there.
-    3. Otherwise the local address the kernel would use to reach ``master_address`` (a UDP
-       ``connect``, which sends nothing). On the sender that is its own ``master_address``.
-    """
+    """The gloo devices this rank binds to, whose addresses its peers must reach (gloo's
+    default device resolves the host name, often to loopback): docs/nccl.md, "Across machines"."""
     env = os.environ if environ is None else environ
     if master_address in _LOOPBACK:
         return [GlooDevice(hostname="127.0.0.1")]
@@ -280,11 +248,8 @@ def join_group(
 ) -> Group:
     """Record this rank's arrival, wait for all ranks, then build the process group.
 
-    ``poll`` runs between short waits (it raises to give up early: the sender uses it to
-    fail fast when the worker RPC was rejected, a worker to notice a shutdown). With a
-    ``secret`` the handshake's keys live under it (``generation`` is not used).
-    ``broadcast="chain"`` relays every broadcast along the ranks (NCCL only,
-    :mod:`wtcore_nccl.chain`).
+    ``poll`` runs between short waits and raises to give up. With a ``secret`` the keys live
+    under it (``generation`` is not used).
     """
     import torch.distributed as dist
 
@@ -326,20 +291,17 @@ def join_group(
             f"building the {transport} process group at {address}:{port} "
             f"(rank {rank} of {world_size}) failed: {e}"
         ) from e
-    chain = Chain(pg, rank, world_size, timeout_s) if broadcast == "chain" else None
+    chain = Chain(pg, rank, world_size) if broadcast == "chain" else None
     return Group(pg, gstore, rank, world_size, transport, generation, chain)
 
 
 def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> None:
     """Close ``group`` without blocking the caller.
 
-    gloo closes its connections only when the process group object *and* every ``Work`` of
-    it are gone, and destroying a group waits for its unfinished operations (up to the group
-    timeout). So this drops the group's reference at once when nothing is pending, and
-    otherwise hands the group and its ``pending`` work to a daemon thread that waits for the
-    work to end (when the peer drops its side, or at the group timeout) and then lets go.
-    Callers reach the process group only through :class:`Group`, so this reference is the
-    one that counts.
+    gloo closes its connections only once the process group *and* all its ``Work`` are gone,
+    and destroying a group waits for its unfinished operations; so a group with ``pending``
+    work goes to a daemon thread that lets go once that work ends. Callers reach the process
+    group only through :class:`Group`, so this reference is the one that counts.
     """
     if group is None or group.pg is None:
         return
@@ -353,10 +315,8 @@ def release_group(group: Group | None, pending: Iterable[dist.Work] = ()) -> Non
 
     def _reap(pg: Any = pg, works: list[dist.Work] = works) -> None:
         for w in works:
-            try:
+            with contextlib.suppress(Exception):  # the failure was already reported to the user
                 w.wait()
-            except Exception:  # the failure was already reported to the user
-                pass
         works.clear()
         del pg
 

@@ -1,71 +1,15 @@
-"""Sharded rounds over one process group of M trainer ranks + N receivers, point to point.
+"""Sharded rounds: one group of M trainer ranks + N receivers per round, point to point.
 
-Why one group of M + N, formed per round: a sharded trainer's ranks other than 0 are not
-part of the handshake's group (1 + N), and which rank sends to which receiver is the
-round's plan. So after the plan every trainer rank ``r`` joins as group rank ``r`` and
-every receiver ``d`` as group rank ``M + d``, through rank 0's rendezvous store under a
-fresh secret drawn for the round (:func:`wtcore_nccl.group.join_group`); the group is
-released when the round ends. It is not kept for the next round: that would cost a
-second, long-lived process group on every trainer rank and receiver, and a way to drop it
-on all of them after a failure; on gloo it forms in milliseconds. On NCCL the communicator's
-init costs seconds per round (docs/nccl.md, "Sharded rounds"). Every rank first takes part
-in one tiny all-reduce (:func:`_form`): NCCL builds its communicator lazily at a group's
-first operation, which must involve every rank of the group, and a rank with no pair in the
-round would otherwise never join it.
-
-Why one thread, in steps: NCCL does not allow point-to-point calls on one communicator from
-several threads, so each rank issues every one of its pairs' sends (a trainer rank) or
-receives (a receiver) from the calling thread, following one schedule that every rank
-computes from the same plan (:func:`wtcore_kit.sharded.schedule.schedule_pairs`, where the reason it
-cannot deadlock is). A rank posts its operations of a step as one batch (:func:`post_batch`),
-waits for them, and goes on to its next step; it skips the steps it takes no part in. No rank
-has more than ``packed_num_buffers`` buckets in a step, so a trainer rank packs them into at
-most that many pooled buffers, whatever the number of receivers, and a receiver receives into
-as many of its own and hands each bucket to its
-:class:`~wtcore_kit.sharded.pairs.PairAssembler` (sender, order and size checked) before it
-reuses the buffer.
-
-Why not ``torch.distributed.batch_isend_irecv`` itself: it takes only groups registered in
-torch's global world (it maps every peer to a global rank), and this group deliberately is
-not (the transfer group never calls ``init_process_group``; a trainer's default group is its
-own). :func:`post_batch` does what it does, on the group object: the step's operations
-grouped into one NCCL group where the backend coalesces them (NCCL), posted one by one where
-it does not (gloo, whose sends and receives each proceed on their own). So the schedule, the
-packing, the buffers and the checks that gloo runs here are the ones NCCL runs.
-
-Why no frame header before each bucket (whole-tensor rounds keep theirs): every receive is
-posted with the size the plan gives, and every send has that size, because both ends cut
-each pair into buckets by the one bucket rule from the same plan (each receiver compares its
-digest with rank 0's when the plan arrives), the same bucket size and the same number of
-buffers (the receivers have rank 0's in their init info; every other trainer rank compares
-its own with rank 0's before any group forms, :func:`check_terms`). A header would only
-repeat what both ends already know, and on NCCL it would cost a device-to-host read and a
-round trip per bucket (the receiver must read it before posting the receive) and keep a
-step's operations from being one group. What the header guarded against on gloo (a
-receiving process aborted by a message longer than its receive) is thus excluded before
-anything moves, and so is a sender with more or fewer buckets (no end header either).
-Strangers cannot join: the group's keys are under the round's secret.
-
-Devices: on NCCL every tensor must be on the communicator's device, so a trainer rank's
-buffers live on its device (the engine's ``device``): packing a bucket from shards held on
-the CPU stages them onto the device (the pack is that copy). A bucket of one chunk larger than
-the bucket size (a part larger than the buffer) travels in place when its region is
-contiguous on the device, else in a buffer of its own for its step. A receiver receives into
-buffers on its channel device and copies each chunk into its target (the sink's tensors,
-wherever they live).
-
-Failures: every wait is bounded by the timeout (:func:`wtcore_channel.pipeline.wait_work`),
-polls between short waits (rank 0: the receivers' ``update_weights`` failed; a receiver: an
-abort or a shutdown) and names the bucket, the trainer rank and the receiver. On a failure
-the group is released without blocking on the operations left posted, so the peers' waits
-fail (their connection closes) or time out; the trainer ranks then agree on the failure and
-rank 0 aborts the receivers, which publish nothing of the round.
+Trainer rank ``r`` is group rank ``r``, receiver ``d`` group rank ``M + d``. Each rank posts its
+pairs' operations from one thread (NCCL forbids point-to-point calls on one communicator from
+several threads), step by step in the schedule every rank computes from the plan
+(:func:`wtcore_kit.sharded.schedule.schedule_pairs`). No frame headers: both ends take every
+size from the same plan and terms (:func:`check_terms`). See docs/nccl.md, "Sharded rounds".
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -76,6 +20,7 @@ from wtcore.sharded.layout import is_int, region
 from wtcore_channel.pipeline import wait_work
 from wtcore_kit.sharded.pairs import pack_pair
 from wtcore_kit.sharded.schedule import pair_cuts, schedule_pairs
+from wtcore_nccl.config import _SECRET
 
 if TYPE_CHECKING:
     import torch
@@ -97,8 +42,6 @@ __all__ = [
     "send_pairs",
 ]
 
-_SECRET = re.compile(r"[0-9a-f]{32,128}")
-
 
 @dataclass
 class GroupUpdate:
@@ -108,8 +51,7 @@ class GroupUpdate:
     trainer_ranks: int
 
     def checked(self, ranks: int) -> GroupUpdate:
-        """This update, checked against a plan of ``ranks`` trainer ranks (a ``PayloadError``
-        naming the field)."""
+        """This update, checked against a plan of ``ranks`` trainer ranks."""
         if not isinstance(self.secret, str) or not _SECRET.fullmatch(self.secret):
             raise PayloadError("update_info.group.secret: expected 32 to 128 lowercase hex digits")
         if not is_int(self.trainer_ranks) or self.trainer_ranks != ranks:
@@ -121,8 +63,7 @@ class GroupUpdate:
 
 
 class RoundTerms(NamedTuple):
-    """What every rank of a round must share for its sizes and schedule to be the receivers':
-    the plan's digest, the bucket size and the number of buffers."""
+    """What every rank of a round must share for its sizes and schedule to be the receivers'."""
 
     digest: str
     packed_buffer_size_bytes: int
@@ -130,9 +71,8 @@ class RoundTerms(NamedTuple):
 
 
 def check_terms(ours: RoundTerms, rank0: RoundTerms, rank: int) -> None:
-    """Refuse, naming the field and both values, a trainer rank whose terms differ from rank
-    0's, which the receivers follow (its init info, its plan): it would send other sizes
-    than they post receives for, or in other steps."""
+    """Refuse a trainer rank whose terms differ from rank 0's, which the receivers follow: it
+    would send other sizes than they post receives for, or in other steps."""
     for field, mine, theirs in zip(RoundTerms._fields, ours, rank0, strict=True):
         if mine != theirs:
             raise PayloadError(
@@ -143,8 +83,7 @@ def check_terms(ours: RoundTerms, rank0: RoundTerms, rank: int) -> None:
 
 
 class BatchOp(NamedTuple):
-    """One send (``send``) or receive of ``tensor`` with group rank ``peer``; ``what`` names
-    it in errors."""
+    """One send (``send``) or receive of ``tensor`` with group rank ``peer``, named ``what``."""
 
     send: bool
     tensor: torch.Tensor
@@ -154,9 +93,9 @@ class BatchOp(NamedTuple):
 
 
 def post_batch(pg: Any, ops: Sequence[BatchOp]) -> list[tuple[Any, str]]:
-    """Post ``ops`` as one batch, as ``torch.distributed.batch_isend_irecv`` does: one NCCL
-    group where the backend coalesces (one work, named after every op), one by one otherwise
-    (a work per op). Returns each work with what it names."""
+    """Post ``ops`` as one batch, as ``torch.distributed.batch_isend_irecv`` does (which takes
+    only groups of torch's default world): one NCCL group where the backend coalesces, one by
+    one otherwise. Returns each work with what it names."""
     if not ops:
         return []
 
@@ -189,8 +128,8 @@ def _on(device: torch.device) -> Iterator[None]:
 def _form(
     group: Group, device: torch.device, timeout_s: float, poll: Callable[[], None] | None
 ) -> None:
-    """One all-reduce of one element on every rank: the communicator forms here, on every
-    rank at once (see the module docstring)."""
+    """One all-reduce on every rank: NCCL forms its communicator at a group's first operation,
+    which must involve every rank, and a rank with no pair in the round would never join."""
     import torch
 
     work = group.pg.allreduce([torch.zeros(1, device=device)])
@@ -239,9 +178,8 @@ def send_pairs(
     timeout_s: float,
     poll: Callable[[], None] | None,
 ) -> None:
-    """Trainer rank ``rank`` (group rank ``rank``): send its pairs of ``planned`` from its
-    own parts ``local``, receiver ``d`` being group rank ``trainer ranks + d``, step by step.
-    ``poll`` raises to give up (rank 0: the receivers' ``update_weights`` failed)."""
+    """Trainer rank ``rank``: send its pairs of ``planned`` from its own parts ``local``, step
+    by step. ``poll`` raises to give up (rank 0: the receivers' ``update_weights`` failed)."""
     import torch
 
     m = planned.senders[0].world_size if planned.senders else 0
@@ -250,14 +188,13 @@ def send_pairs(
     mine = [b for (s, _), bs in cuts.items() if s == rank for b, _ in bs]
     size = max((b.nbytes for b in mine if b.nbytes <= buffer_size_bytes), default=0)
     pool: list[torch.Tensor] = []  # at most `buffers`, allocated as steps need them
-    allocated = 0
     works: list[tuple[Any, str]] = []
     sent = 0
     try:
         with stats.phase("wire"), _on(dev):
             _form(group, dev, timeout_s, poll)
             for t, step in enumerate(steps):
-                ops, taken, nbytes = [], [], 0
+                ops, used, nbytes = [], 0, 0
                 for op in (op for op in step if op.src == rank):
                     bucket, chunks = cuts[(op.src, op.dst)][op.bucket]
                     data = _in_place(bucket, chunks, local, dev)
@@ -265,12 +202,10 @@ def send_pairs(
                         own = torch.empty(bucket.nbytes, dtype=torch.uint8, device=dev)
                         data = pack_pair(bucket, chunks, local, own)
                     elif data is None:
-                        if not pool:
-                            assert allocated < buffers  # the schedule's bound
+                        while len(pool) <= used:  # at most `buffers` (the schedule's bound)
                             pool.append(torch.empty(size, dtype=torch.uint8, device=dev))
-                            allocated += 1
-                        taken.append(pool.pop())
-                        data = pack_pair(bucket, chunks, local, taken[-1])
+                        data = pack_pair(bucket, chunks, local, pool[used])
+                        used += 1
                     what = (
                         f"step {t}: bucket {op.bucket} of trainer rank {rank} to receiver {op.dst}"
                     )
@@ -281,7 +216,6 @@ def send_pairs(
                 works = post_batch(group.pg, ops)
                 _wait_step(works, timeout_s, poll)
                 works = []
-                pool.extend(taken)
                 sent += nbytes
                 stats.num_buckets += len(ops)
     except BaseException:
@@ -301,11 +235,8 @@ def receive_pairs(
     timeout_s: float,
     poll: Callable[[], None],
 ) -> None:
-    """Receiver ``rank`` (group rank ``trainer ranks + rank``): receive every sender's
-    buckets, step by step, each into a buffer of exactly its planned size, and assemble them.
-
-    ``poll`` runs between short waits and raises to give up (an abort, a shutdown). On a
-    failure the group is released without blocking on the receives left posted."""
+    """Receiver ``rank``: receive every sender's buckets, step by step, each into a buffer of
+    exactly its planned size, and assemble them. ``poll`` raises to give up."""
     import torch
 
     dev = torch.empty(0, device=device).device

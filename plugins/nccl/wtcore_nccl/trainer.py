@@ -1,11 +1,7 @@
 """The sender: hosts the rendezvous store and joins the transfer group at every handshake.
 
-The round itself (one ``update_weights`` for the whole round, packed buckets from reused
-buffers, large tensors in place, frames, bounded drains) is the kit's
-(:class:`wtcore_channel.ChannelTrainerEngine`); this engine supplies its channel: a process
-group of its own (:mod:`wtcore_nccl.group`), broadcasting collectively or, on NCCL, down a
-forwarding chain (:mod:`wtcore_nccl.chain`). A sharded round (:mod:`wtcore.sharded.round`) goes over
-a group of its own, of every trainer rank and every receiver, point to point
+The round itself is the kit's (:class:`wtcore_channel.ChannelTrainerEngine`); this engine
+supplies its channel (:mod:`wtcore_nccl.group`), and sends sharded rounds point to point
 (:mod:`wtcore_nccl.pairs`).
 """
 
@@ -42,9 +38,7 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
         return host_status()
 
     def open_channel(self) -> tuple[dict[str, Any], Callable[[Callable[[], None]], Channel]]:
-        """A new handshake: a new rendezvous secret (its key prefix in the store), which only
-        the receivers learn, inside the init call; the group forms while they are initialized.
-        """
+        """A new handshake under a new secret, which only the receivers learn (in the init call)."""
         info = self.info
         assert isinstance(info, NCCLTrainerInitInfo)  # init_info_cls, checked by the base class
         if self._store is None:  # the first handshake: this process hosts the rendezvous
@@ -78,17 +72,12 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
     executes_plans: ClassVar[bool] = True
 
     def send_pairs(self, planned: PlannedRound, source: WeightSource, stats: TransferStats) -> None:
-        """Send this rank's pairs of ``planned`` in a group of every trainer rank and every
-        receiver, formed for this round through rank 0's store (:mod:`wtcore_nccl.pairs`).
+        """Send this rank's pairs of ``planned`` in this round's group of every trainer rank
+        and receiver (docs/nccl.md, "Sharded rounds").
 
-        Every rank reads its own parts first and the ranks agree on it, so a rank whose source
-        breaks fails the round on every rank before any group forms (no rank then waits for
-        it). Rank 0 draws the round's secret and shares it with its terms (plan digest, bucket
-        size, number of buffers), which every other rank must match (:func:`check_terms`:
-        the receivers post receives of the sizes rank 0's terms give). Rank 0 tells the
-        receivers in a second update, in the background, as their ``update_weights`` returns
-        only once they received everything. The group is released when the round ends, on
-        every rank.
+        The ranks read their parts and agree before any group forms, so a broken source fails
+        the round everywhere without a rank left waiting for it. The receivers' update runs in
+        the background: their ``update_weights`` returns only once they received everything.
         """
         from wtcore.sharded.round import share, together
         from wtcore_kit.concurrency import BackgroundCall
@@ -126,28 +115,26 @@ class NCCLTrainerEngine(ChannelTrainerEngine):
             if rpc is not None and rpc.error is not None:
                 raise rpc.error
 
-        group = None
+        group = join_group(
+            store,
+            generation=0,
+            rank=rank,
+            world_size=trainer_ranks + info.world_size - 1,
+            transport=info.resolved_transport,
+            address=info.master_address,
+            port=info.master_port,
+            timeout_s=info.timeout_s,
+            poll=poll,
+            secret=secret,
+        )
         try:
-            group = join_group(
-                store,
-                generation=0,
-                rank=rank,
-                world_size=trainer_ranks + info.world_size - 1,
-                transport=info.resolved_transport,
-                address=info.master_address,
-                port=info.master_port,
-                timeout_s=info.timeout_s,
-                poll=poll,
-                secret=secret,
-            )
             send_pairs(
                 planned, local, stats, group, rank=rank, buffers=info.packed_num_buffers,
                 buffer_size_bytes=info.packed_buffer_size_bytes, device=str(info.device),
                 timeout_s=info.timeout_s, poll=poll,
             )  # fmt: skip
         finally:
-            if group is not None:
-                group.release()
+            group.release()
         if rpc is not None:
             with stats.phase("control"):
                 rpc.result(info.timeout_s)

@@ -1,12 +1,8 @@
 """The receiver: joins the transfer group the trainer's init names, then receives frames.
 
-The receiving itself (receives posted ahead into reused buffers or in place into the sink's
-tensors, frames checked before a receive is posted, bounded waits that notice the sender's
-abort notice, a receive of an abandoned round settled before the next round writes) is the
-kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine joins its channel: the
-sender's rendezvous store, then the process group (:mod:`wtcore_nccl.group`). A sharded
-round (:mod:`wtcore_channel.sharded`) takes its plan first, then the round's group
-(``{"group": {...}}``), joins it and receives from each trainer rank it gets bytes from
+The receiving itself is the kit's (:class:`wtcore_channel.ChannelWorkerEngine`); this engine
+joins its channel (:mod:`wtcore_nccl.group`). A sharded round's second update
+(``{"group": {...}}``) names the round's group, received from point to point
 (:mod:`wtcore_nccl.pairs`).
 """
 
@@ -42,11 +38,8 @@ WORKER_OPTIONS: tuple[str, ...] = ("torch_num_threads",)
 
 
 class NCCLWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[NCCLInitInfo, NCCLUpdateInfo]):
-    """Worker half of the ``nccl`` engine (see the module docstring).
-
-    Option ``torch_num_threads`` (in the worker's config) calls ``torch.set_num_threads``
-    at init; 1 is best for transfer-only processes on small hosts (docs/benchmarks.md).
-    """
+    """Worker half of the ``nccl`` engine; option ``torch_num_threads`` (1 is best for
+    transfer-only processes on small hosts, docs/benchmarks.md)."""
 
     init_info_cls = NCCLInitInfo
     update_info_cls = NCCLUpdateInfo
@@ -146,9 +139,8 @@ class NCCLWorkerEngine(ShardedChannelWorker, ChannelWorkerEngine[NCCLInitInfo, N
         return parse_dataclass(GroupUpdate, data["group"], what="update_info.group")
 
     def receive_pairs(self, assembler: PairAssembler, update: Any, init: Any) -> None:
-        """Join the round's group (receiver ``d`` as group rank ``M + d``) and receive every
-        pair's buckets; the group is released when this returns, however it ends, so no
-        stale sharded group outlives its round."""
+        """Join the round's group as group rank ``M + rank``, receive every pair's buckets, and
+        release the group however that ends."""
         from wtcore_nccl.pairs import receive_pairs
 
         m = update.checked(assembler.trainer_ranks).trainer_ranks
