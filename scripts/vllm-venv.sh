@@ -36,6 +36,8 @@ PIP=("$VENV/bin/python" -m pip install --quiet)
 # TRL (the wtcore-trl tests run a real GRPOTrainer against a vLLM server): the version
 # wtcore-trl is tested with, torch pinned again so that nothing it pulls re-resolves torch.
 "${PIP[@]}" "trl==1.16.0" "$TORCH"
+# PEFT (the LoRA test's trainer wraps the tiny model in a PEFT adapter), torch pinned again.
+"${PIP[@]}" "peft==0.21.2" "$TORCH"
 # The Mooncake Transfer Engine (non-CUDA build) for the wtcore_mooncake backend's vLLM test.
 "${PIP[@]}" "mooncake-transfer-engine-non-cuda>=0.3.13" "$TORCH"
 # pluggy and numpy are the core's only non-torch runtime dependencies; requests is the http

@@ -81,3 +81,18 @@ def test_a_failing_sync_command_is_exit_2(start_server: Any) -> None:
     assert r.status_code == 400 and "baseline" in r.json()["error"]
     r = requests.post(f"{server.url}/weight_checker", json={"action": "nope"}, timeout=30)
     assert r.status_code == 400 and "action" in r.json()["error"]
+
+
+def test_check_names_the_tensors_a_server_holds_no_bytes_of() -> None:
+    """vLLM's CPU backend, without wtcore's adapter, keeps linear weights packed in its kernels
+    and empty parameters behind (digest of no bytes): the check says it cannot see them."""
+    from wtcore_http_client.check import _NO_BYTES, _line
+
+    baseline = {"qkv_proj.weight": _NO_BYTES, "norm.weight": "ab12"}
+    assert _line("u", baseline, {"match": True}) == (
+        "u: match (2 tensors; 1 hold no bytes there, unchecked: qkv_proj.weight)"
+    )
+    assert _line("u", baseline, {"match": False, "mismatches": ["norm.weight"]}) == (
+        "u: MISMATCH in 1 of 2 tensors (norm.weight; 1 hold no bytes there, unchecked: "
+        "qkv_proj.weight)"
+    )

@@ -1,7 +1,7 @@
 """Write a tiny Llama or Qwen2 checkpoint (safetensors + a local tokenizer) and its state dict.
 
 Run with the vLLM venv's Python (it has transformers):
-``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED [tied] [qwen2] [vocab200]``. With ``tied`` the input
+``python make_checkpoint.py OUT_DIR STATE_DICT.pt SEED [tied] [qwen2] [vocabN]``. With ``tied`` the input
 embedding and the output layer share one tensor (``tie_word_embeddings=True``); ``qwen2`` is the
 Qwen2 family (q/k/v biases), the architecture of Qwen2.5-0.5B and 1.5B, which are tied. Nothing is downloaded: the tokenizer
 is a word-level one built here. Heads are 32 wide (vLLM's CPU attention rejects narrower ones).
@@ -24,7 +24,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-VOCAB = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(253)]
+#: Up to 320 words; a model takes the first :data:`DEFAULT_VOCAB` unless told (``vocabN``).
+VOCAB = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(317)]
+DEFAULT_VOCAB = 256  # a multiple of 64: vLLM pads none of it
 
 
 def main(
@@ -34,9 +36,10 @@ def main(
     *,
     tied: bool = False,
     qwen2: bool = False,
-    vocab: int = len(VOCAB),
+    vocab: int = DEFAULT_VOCAB,
 ) -> None:
-    """``vocab``: the first words only (200: a vocabulary vLLM pads before splitting it)."""
+    """``vocab``: the first words only; vLLM pads one that is not a multiple of 64 (200 to
+    256, 300 to 320)."""
     out = Path(out_dir)
     words = VOCAB[:vocab]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
@@ -62,8 +65,8 @@ def main(
     model = (Qwen2ForCausalLM if qwen2 else LlamaForCausalLM)(config)
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     with torch.no_grad():  # the default init is tiny; spread the logits so argmax is stable
-        for p in model.parameters():
-            if p.dim() == 2:
+        for name, p in model.named_parameters():
+            if p.dim() == 2 or name.endswith(".bias"):  # Qwen2's biases: A's differ from B's
                 p.normal_(0.0, 0.2)
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
@@ -73,11 +76,12 @@ def main(
 
 if __name__ == "__main__":
     flags = set(sys.argv[4:])
+    sizes = [int(f[5:]) for f in flags if f.startswith("vocab")]
     main(
         sys.argv[1],
         sys.argv[2],
         int(sys.argv[3]),
         tied="tied" in flags,
         qwen2="qwen2" in flags,
-        vocab=200 if "vocab200" in flags else len(VOCAB),
+        vocab=sizes[0] if sizes else DEFAULT_VOCAB,
     )

@@ -104,11 +104,12 @@ def tp2_servers(
     checkpoints: tuple[Checkpoint, Checkpoint], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[VLLMServer, VLLMServer]]:
     """A (``wtcore_tcp``, the worker extension) and the reference B, both TP=2 (the
-    reference runs the extension too, unused: one set of options for both)."""
+    reference runs the extension and the adapter too, unused: one set of options for both, and
+    checksums of the packed weights on both)."""
     extra, env = _tp2_options()
     a, b = checkpoints
     logs = tmp_path_factory.mktemp("vllm-tp2-logs")
-    specs = [(a.dir, logs / "a-tp2.log", "wtcore_tcp"), (b.dir, logs / "ref-tp2.log", None)]
+    specs = [(a.dir, logs / "a-tp2.log", "wtcore_tcp"), (b.dir, logs / "ref-tp2.log", "wtcore_tcp")]
     with servers(specs, extra=extra, env=env) as started:
         yield started[0], started[1]
 
@@ -232,7 +233,7 @@ def padded_tp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMS
     256 before splitting it 128 + 128, and a second checkpoint of that model."""
     extra, env = _tp2_options()
     a, b = make_checkpoints(
-        tmp_path_factory.mktemp("ckpt-padded"), ("5", "6"), tied=False, vocab200=True
+        tmp_path_factory.mktemp("ckpt-padded"), ("5", "6"), tied=False, vocab=200
     )
     logs = tmp_path_factory.mktemp("vllm-padded-logs")
     with servers([(a.dir, logs / "padded.log", "wtcore_tcp")], extra=extra, env=env) as started:

@@ -6,9 +6,14 @@ The trainer sends ``ModuleSource(model)`` of transformers' model, i.e. ``named_p
 which yields the shared tensor once, as ``model.embed_tokens.weight``, and no
 ``lm_head.weight`` (exactly like the checkpoint). vLLM's layerwise reload gives each layer
 tensors of its own, so without the adapter's care the output layer would keep its old (on CPU,
-prepacked) weights while every route answers 200. The reference server serves checkpoint B;
-A is served three times, on ``wtcore_nccl``, ``wtcore_ipc`` and ``wtcore_mooncake``, and
-synced A -> B -> A on each.
+prepacked) weights while every route answers 200. Its vocabulary (300 rows) is one vLLM pads
+(to 320), so the input embedding is complete only at the end of the round. The reference server
+serves checkpoint B; A is served three times, on ``wtcore_nccl``, ``wtcore_ipc`` and
+``wtcore_mooncake``, and synced A -> B -> A on each.
+
+The checksums (``/weight_checker``) cover every weight the kernels compute with: on CPU the
+adapter reads each linear layer's packed weight, and the output layer's packed copy (a key of
+its own, ``lm_head.weight``), back through the kernel (``wtcore_vllm.checker``).
 """
 
 from __future__ import annotations
@@ -44,10 +49,17 @@ def sync_module(server: VLLMServer, model_dir: Path, version: str, backend: str)
 def test_tied_model_syncs_exactly_from_module_source(tied_servers, backend: str) -> None:  # type: ignore[no-untyped-def]
     s = tied_servers
     server = {"nccl": s.a, "ipc": s.ipc, "mooncake": s.mooncake}[backend]
+    before = server.checksums()
     sync_module(server, s.ckpt_b.dir, f"tied-1-{backend}", backend)
     assert server.weight_version() == f"tied-1-{backend}"
     assert generate(server) == s.reference  # the output layer too: token ids and logprobs
-    assert server.checksums() == s.ref.checksums()
+    after = server.checksums()
+    assert after == s.ref.checksums()
+    # embed, head, norm, and per layer qkv (weight, bias), o, gate_up, down and 2 norms
+    assert len(after) == 17
+    # Every checksum follows its weights: all changed but the norms' (ones in A and B alike).
+    same = {k for k in after if after[k] == before[k]}
+    assert same == {k for k in after if k.endswith("norm.weight")}, sorted(same)
 
     sync_module(server, s.ckpt_a.dir, f"tied-2-{backend}", backend)
     assert server.weight_version() == f"tied-2-{backend}"
@@ -56,7 +68,8 @@ def test_tied_model_syncs_exactly_from_module_source(tied_servers, backend: str)
 
 def test_wtcore_check_round_trip_on_a_vllm_server(tied_servers) -> None:  # type: ignore[no-untyped-def]
     """``wtcore check``: vLLM's own ``/weight_checker`` (checksum, reset), a real sync from
-    ``ModuleSource`` through the ``wtcore_nccl`` backend, then compare: every weight written."""
+    ``ModuleSource`` through the ``wtcore_nccl`` backend, then compare: every weight written.
+    The reset reaches every weight the kernels use (each checksum changes), packed ones too."""
     import shlex
     import subprocess
 
@@ -71,6 +84,14 @@ def test_wtcore_check_round_trip_on_a_vllm_server(tied_servers) -> None:  # type
     cmd = [MAIN_PYTHON, "-m", "wtcore.cli", "check", s.a.url, "--sync", sync]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.splitlines()[-1].startswith(f"{s.a.url}: match (")  # after the sync's
+    assert done.stdout.splitlines()[-1] == f"{s.a.url}: match (17 tensors)"  # none unchecked
     assert s.a.weight_version() == "checked"
     assert generate(s.a) == s.original  # A's weights again, the output layer too
+
+    base = s.a.checksums()
+    s.a.post("/weight_checker", {"action": "reset"})
+    zeroed = s.a.checksums()
+    assert sorted(k for k in base if zeroed[k] == base[k]) == []
+    sync_module(s.a, s.ckpt_a.dir, "restored", "nccl")
+    assert s.a.checksums() == base
+    assert generate(s.a) == s.original

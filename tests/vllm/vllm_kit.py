@@ -170,10 +170,11 @@ def servers(
             server.stop()
 
 
-def generate(server: VLLMServer) -> Outputs:
-    """Greedy token ids and their logprobs for :data:`PROMPTS` (one request, fixed length)."""
+def generate(server: VLLMServer, model: str = "tiny") -> Outputs:
+    """Greedy token ids and their logprobs for :data:`PROMPTS` (one request, fixed length), from
+    the served model or a LoRA adapter it serves under ``model``."""
     body = {
-        "model": "tiny",
+        "model": model,
         "prompt": PROMPTS,
         "max_tokens": 12,
         "temperature": 0.0,

@@ -1,23 +1,23 @@
 """``wtcore check URL... --sync CMD``: does a sync really write every weight?
 
-The round trip users of several RL frameworks ask for, after rounds that answered 200 and
-loaded garbage: take each receiver's checksums, zero its weights (``weight_checker`` reset),
-run the sync (your own command: a trainer step, a script), and compare. A weight the sync did
-not write is still zero, so it differs from its baseline and is named. Works against wtcore's
-receivers and vLLM servers alike (``POST /weight_checker``, ``VLLM_SERVER_DEV_MODE=1``).
-
-It prints one line per receiver and exits 0 when every one matches, 1 on any mismatch, 2 when
-the check itself could not run (a receiver unreachable, the sync command failed).
+Take each receiver's checksums, zero its weights, run the sync, compare: a weight the sync did
+not write is still zero and is named. Exit 0 when all match, 1 on a mismatch, 2 when the check
+could not run.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import subprocess
 import sys
 from typing import Any
 
 __all__ = ["add_check_arguments", "run_check"]
+
+#: vLLM's digest of a tensor without bytes: a weight its kernel keeps elsewhere (a vLLM CPU
+#: server without wtcore's adapter), which neither its checksum nor its reset reaches.
+_NO_BYTES = hashlib.sha256(b"").hexdigest()
 
 
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,14 +51,19 @@ def run_check(args: argparse.Namespace) -> int:
         return 2
     failed = False
     for url, baseline, result in zip(args.urls, baselines, results, strict=True):
-        print(_line(url, len(baseline), result))
+        print(_line(url, baseline, result))
         failed = failed or not result.get("match")
     return 1 if failed else 0
 
 
-def _line(url: str, total: int, result: dict[str, Any]) -> str:
+def _line(url: str, baseline: dict[str, str], result: dict[str, Any]) -> str:
+    total, blind = len(baseline), [n for n, d in baseline.items() if d == _NO_BYTES]
+    unseen = f"; {len(blind)} hold no bytes there, unchecked: {_names(blind)}" if blind else ""
     if result.get("match"):
-        return f"{url}: match ({total} tensors)"
+        return f"{url}: match ({total} tensors{unseen})"
     bad = [str(n) for n in result.get("mismatches", [])]
-    shown = ", ".join(bad[:5]) + (", ..." if len(bad) > 5 else "")
-    return f"{url}: MISMATCH in {len(bad)} of {total} tensors ({shown})"
+    return f"{url}: MISMATCH in {len(bad)} of {total} tensors ({_names(bad)}{unseen})"
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")

@@ -15,6 +15,8 @@ Three things differ from a plain wtcore worker:
   references to a layer's tensors until the layer is complete.
 - vLLM's base ``update_weights`` ends with ``torch.accelerator.synchronize()``, which raises
   on CPU; the adapter synchronizes only on an accelerator.
+- On CPU, vLLM's ``/weight_checker`` also hashes and resets the weights packed into kernels
+  (:mod:`wtcore_vllm.checker`).
 - Rounds are owned here too. vLLM's routes drop wtcore's round header, so the round id a
   wtcore trainer stamps into each ``update_info`` (:data:`wtcore.rounds.ROUND_KEY`) is what
   the adapter checks: the round's first update binds it (or binds "unowned"), and an update
@@ -34,6 +36,8 @@ Three things differ from a plain wtcore worker:
   serving: vLLM's layerwise reload (every layer on the meta device until it is processed)
   starts at the commit, in finish; a classic round starts it at its first update, since start
   does not say which round it is. A trainer's init abandons a round left open.
+- An adapter round (:mod:`wtcore_vllm.lora`) is staged too, and its commit writes the adapter
+  where vLLM's LoRA loader reads it; the model's weights are not touched.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from wtcore.registry import ENGINES
 from wtcore.rounds import PREPARE_KEY, ROUND_KEY, STAGED_KEY, drop_round, round_stamp
 from wtcore.stats import ROUND_TIMES
 from wtcore_kit.sharded.pairs import PlanUpdate
+from wtcore_vllm.checker import install as install_kernel_checksums
+from wtcore_vllm.lora import LoRAWriter, lora_round
 from wtcore_vllm.names import vllm_backend_name, wtcore_engine_name
 from wtcore_vllm.paths import weight_transfer
 from wtcore_vllm.reload import (
@@ -185,6 +191,8 @@ class WtcoreVLLMEngine(VLLMEngine):
         self, config: Any, vllm_config: Any, device: torch.device, model: torch.nn.Module
     ) -> None:
         super().__init__(config, vllm_config, device, model)
+        if torch.device(device).type == "cpu":  # checksums of the packed weights too
+            install_kernel_checksums()
         name = self.wtcore_engine or wtcore_engine_name(str(config.backend))
         rank, world_size = worker_place(self.parallel_config)
         engine_cls = ENGINES.load(name)
@@ -221,6 +229,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         self._reloading = self._open = self._prepared = False
         self._owner: object = _UNBOUND
         self._staged: bool | None = None  # said by the round's first update
+        self._lora: LoRAWriter | None = None  # an adapter round's (wtcore_vllm.lora)
         self._started_at = 0.0
         self._live_from: float | None = None
         #: The last finished round's seconds (docs/staged.md), as wtcore's worker reports them.
@@ -265,7 +274,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         self.inner.start_weight_update()
         if self.tp_sink is not None:
             self.tp_sink.start()
-        self._owner, self._staged, self._prepared = _UNBOUND, None, False
+        self._owner, self._staged, self._prepared, self._lora = _UNBOUND, None, False, None
         self._open, self._started_at, self._live_from = True, time.monotonic(), None
 
     def _begin_reload(self) -> None:
@@ -278,8 +287,10 @@ class WtcoreVLLMEngine(VLLMEngine):
         error: BaseException | None = None
         try:
             self._check_owner(round_stamp(update_info))
+            update_info, lora = lora_round(self, update_info)
             if self._staged is None:  # the round's first update says which round it is
-                self._staged = self._staging.on = update_info.get(STAGED_KEY) is True
+                self._lora = lora  # an adapter round is staged, and commits to its folder
+                self._staged = self._staging.on = update_info.get(STAGED_KEY) is True or bool(lora)
                 if not self._staged:
                     self._begin_reload()
             if self._prepared:
@@ -354,11 +365,14 @@ class WtcoreVLLMEngine(VLLMEngine):
                 self._check_round()
             if self._staged:  # the commit: the reload, fed from the staging
                 t0 = time.monotonic()
-                self._begin_reload()
                 model: Any = self.model  # a vLLM model class: nn.Module declares no load_weights
-                self._staging.commit(
-                    self.tp_sink.load_weights if self.tp_sink else model.load_weights
-                )
+                if self._lora is not None:  # the base weights stay as they are
+                    self._staging.commit(self._lora.save)
+                else:
+                    self._begin_reload()
+                    self._staging.commit(
+                        self.tp_sink.load_weights if self.tp_sink else model.load_weights
+                    )
             if self.tp_sink is not None and self.tp_sink.sharded:
                 self.tp_sink.check_complete()
             if self._reloading:

@@ -73,7 +73,8 @@ def _declared_partner(
     layer: torch.nn.Module, model: torch.nn.Module, model_config: Any, info_map: Any
 ) -> torch.nn.Module | None:
     """The input embedding that ``layer`` (an output head) is tied to by the model's config,
-    if that embedding was loaded and processed this round."""
+    if that embedding was loaded this round: processed already, or with some of its elements
+    (a padded vocabulary: vLLM processes it in finalize, before the tied head)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import (
         ParallelLMHead,
         VocabParallelEmbedding,
@@ -91,7 +92,8 @@ def _declared_partner(
         return None
     partner = embeddings[0]
     info = info_map.get(partner)
-    return partner if info is not None and not info.can_load() else None
+    loaded = info is not None and (not info.can_load() or info.load_numel > 0)
+    return partner if loaded else None
 
 
 def check_layerwise_reload(model: torch.nn.Module, model_config: Any = None) -> TiedLayers:

@@ -1,0 +1,98 @@
+"""vLLM's ``/weight_checker`` on CPU: checksums of the weights the kernels compute with.
+
+Why: vLLM's CPU backend packs each unquantized linear weight into its GEMM kernel's own handle
+(oneDNN, sgl-kernel or zentorch) and leaves an empty parameter behind, and the output layer
+computes from a packed copy next to its parameter. vLLM's checksum hashes parameters, so on
+CPU it saw nothing of ``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj`` (most of a
+model) nor the head's copy, and its reset zeroed none of them. No tensor holds the packed
+weights, so they are read back through the kernel: the layer's GEMM applied to the identity
+gives the transposed weight bit for bit (each output is one weight times 1 plus zeros; only the
+sign of a zero is lost, and an infinite weight makes its row NaN). That costs input size x
+weight elements multiply-adds per layer. Reset packs zeros, the way a sync packs new weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["install", "kernel_digests", "zero_kernel_weights"]
+
+#: Elements of one probe's output: bounds the memory a readback takes (16 MiB in fp32).
+_PROBE_ELEMENTS = 1 << 22
+
+
+def install() -> None:
+    """Make the worker's ``compute_weight_checksums`` and ``reset_weights`` (vLLM 0.32's, in
+    its worker module) use the functions below."""
+    from vllm.v1.worker import gpu_worker
+
+    gpu_worker.compute_tensor_digests = kernel_digests
+    gpu_worker.zero_weights = zero_kernel_weights
+
+
+def _packed(model: torch.nn.Module) -> Iterator[tuple[str, Any]]:
+    """Layers whose GEMM reads a packed copy: an emptied linear weight, or an output layer."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+    )
+
+    unquantized = (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)
+    for name, layer in model.named_modules():
+        weight = getattr(layer, "weight", None)
+        if (
+            hasattr(layer, "cpu_linear")
+            and isinstance(weight, torch.Tensor)
+            and isinstance(getattr(layer, "quant_method", None), unquantized)
+            and (weight.numel() == 0 or isinstance(layer, ParallelLMHead))
+        ):
+            yield name, layer
+
+
+def _shape(layer: Any) -> tuple[int, int]:
+    if layer.weight.numel():
+        return int(layer.weight.shape[0]), int(layer.weight.shape[1])
+    return int(layer.output_size_per_partition), int(layer.input_size_per_partition)
+
+
+@torch.no_grad()
+def _digest(layer: Any) -> str:
+    """SHA-256 of the weight the layer's kernel holds, transposed (input x output)."""
+    out, k = _shape(layer)
+    rows, dtype = max(1, _PROBE_ELEMENTS // out), layer.weight.dtype
+    h = hashlib.sha256()
+    for start in range(0, k, rows):
+        n = min(rows, k - start)
+        probe = torch.zeros(n, k, dtype=dtype)
+        probe[:, start : start + n] = torch.eye(n, dtype=dtype)
+        got = layer.cpu_linear(probe, layer.weight, None)
+        h.update(got.contiguous().view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def kernel_digests(model: torch.nn.Module) -> dict[str, str]:
+    """vLLM's digests, each packed layer's weight read back through its kernel."""
+    from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
+
+    digests: dict[str, str] = compute_tensor_digests(model)
+    for name, layer in _packed(model):
+        digests[f"{name}.weight"] = _digest(layer)  # a tied head gets a key of its own
+    return digests
+
+
+@torch.no_grad()
+def zero_kernel_weights(model: torch.nn.Module) -> None:
+    """vLLM's reset, then each packed layer repacked from zeros."""
+    from vllm.model_executor.model_loader.weight_checksum import zero_weights
+
+    zero_weights(model)
+    for _, layer in list(_packed(model)):
+        if layer.weight.numel() == 0:
+            zeros = torch.zeros(_shape(layer), dtype=layer.weight.dtype)
+            layer.weight = torch.nn.Parameter(zeros, requires_grad=False)
+        layer.quant_method.process_weights_after_loading(layer)
