@@ -8,14 +8,12 @@ bytes a receiver gets are counted against the plan.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from wtcore.errors import PayloadError
 from wtcore.meta import ParamMeta
-from wtcore.sharded.layout import Layout, Replicate, Shard, tp_layout
+from wtcore.sharded.layout import Layout, Replicate, Shard, tp_layout, volume
 from wtcore.sharded.plan import (
     Chunk,
     Plan,
@@ -104,7 +102,7 @@ def test_two_dimensional_meshes_and_one_owner_tensors() -> None:
         "scalar": tp_layout((), "replicated", 3),
     }
     plan = _check(full, src, dst)
-    assert {c.src for c in plan.chunks if c.name == "stage"} == {3}
+    assert {c.src for c in plan.select() if c.name == "stage"} == {3}
     assert plan.pairs() == sorted(plan.pairs())  # grouped per (sender, receiver) pair
 
 
@@ -112,7 +110,7 @@ def test_whole_tensors_are_the_one_rank_case() -> None:
     full = {"a": _full(3, 4), "b": _full(2)}
     one = {k: Layout.whole(t.shape) for k, t in full.items()}
     plan = _check(full, one, one)
-    assert [(c.name, c.src, c.dst, c.src_box, c.dst_box) for c in plan.chunks] == [
+    assert [(c.name, c.src, c.dst, c.src_box, c.dst_box) for c in plan.select()] == [
         ("a", 0, 0, ((0, 3), (0, 4)), ((0, 3), (0, 4))),
         ("b", 0, 0, ((0, 2),), ((0, 2),)),
     ]
@@ -142,18 +140,18 @@ def test_coverage_is_proved_independently_of_the_planner() -> None:
     dst = Layout.placed((4, 4), (2,), (Shard(0),))
     good = plan_tensor("w", 4, Layout.whole((4, 4)), dst)
     check_coverage("w", good, dst, 4)
-    twice = [*good, dataclasses.replace(good[0], dst_box=((1, 2), (0, 4)), nbytes=16)]
+    twice = [*good, good[0]._replace(dst_box=((1, 2), (0, 4)), nbytes=16)]
     with pytest.raises(
         PayloadError, match=r"'w': region \[1:2, 0:4\] of receiving rank 0 is covered twice"
     ):
         check_coverage("w", twice, dst, 4)
-    short = [dataclasses.replace(good[0], dst_box=((0, 1), (0, 4)), nbytes=16), *good[1:]]
+    short = [good[0]._replace(dst_box=((0, 1), (0, 4)), nbytes=16), *good[1:]]
     with pytest.raises(
         PayloadError,
         match=r"4 of the 8 elements of receiving rank 0's part \[0:2, 0:4\] are covered by no chunk",
     ):
         check_coverage("w", short, dst, 4)
-    outside = [dataclasses.replace(good[0], dst_box=((0, 3), (0, 4)), nbytes=48), *good[1:]]
+    outside = [good[0]._replace(dst_box=((0, 3), (0, 4)), nbytes=48), *good[1:]]
     with pytest.raises(
         PayloadError, match=r"region \[0:3, 0:4\] lies outside receiving rank 0's part"
     ):
@@ -197,8 +195,9 @@ def test_a_planned_round_travels_and_the_receiver_plans_the_same() -> None:
     metas, src, dst = _round()
     sent = PlannedRound.make(metas, src, dst)
     got = PlannedRound.from_wire(json.loads(json.dumps(sent.to_wire())))
-    assert got == sent
+    assert got == sent  # the same inputs, so the same plan
     assert got.plan.digest() == sent.plan.digest()
+    assert got.plan.select() == sent.plan.select()
 
 
 def _forged(key: str, value: object) -> dict[str, object]:
@@ -222,18 +221,17 @@ _DROP = object()
         ("digest", _DROP, r"plan: missing or unknown field 'digest'"),
         ("extra", 1, r"plan: missing or unknown field 'extra'"),
         ("names", ["a", "b"], r"plan\.names, dtype_names and shapes must have the same length"),
-        ("senders", [], r"plan\.senders: expected one layout per tensor"),
-        ("receivers", "x", r"plan\.receivers: expected one layout per tensor"),
-        ("senders", [{"shape": [7, 5], "boxes": []}] * 3, r"plan\.senders\[0\]\.boxes"),
+        ("senders", [], r"plan\.senders: expected one layout index per tensor"),
+        ("receivers", "x", r"plan\.receivers: expected one layout index per tensor"),
+        ("senders", [0, 1, 99], r"plan\.senders\[2\]: expected a layout index, got 99"),
+        ("senders", [0, 1, True], r"plan\.senders\[2\]: expected a layout index, got True"),
+        ("senders", [1, 1, 2], r"plan\.senders\[0\]: the layout of 'a' is not of its shape"),
+        ("layouts", [{"shape": [7, 5], "boxes": []}] * 6, r"plan\.layouts\[0\]\.boxes"),
+        ("layouts", [{"shape": [], "boxes": [[]]}] * 7, r"plan\.layouts: .* at most two per"),
         (
-            "senders",
-            [{"shape": [7, 6], "boxes": [[[0, 7], [0, 6]]]}] * 3,
-            r"plan: the layouts of 'a' \(tensor 0\) are not of its shape",
-        ),
-        (
-            "receivers",
-            [{"shape": [7, 5], "boxes": [[[0, 9], [0, 5]]]}] * 3,
-            r"plan\.receivers\[0\]\.boxes\[0\]\[0\]",
+            "layouts",
+            [{"shape": [7, 5], "boxes": [[[0, 9], [0, 5]]]}] * 6,
+            r"plan\.layouts\[0\]\.boxes\[0\]\[0\]",
         ),
     ],
 )
@@ -255,3 +253,64 @@ def test_layouts_that_cut_a_tensor_into_too_many_chunks_are_refused() -> None:
         plan_tensor("w", 4, src, dst)
     with pytest.raises(PayloadError, match="more than 10 chunks"):
         plan_tensor("w", 4, *(Layout.placed((8, 8), (4, 4), (Shard(0), Shard(1))),) * 2, limit=10)
+
+
+def test_each_rank_plans_only_its_own_pairs_and_both_ends_cut_them_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """8 FSDP trainer ranks into 6 receivers (TP=3, 2 replicas), 24 tensors of 4 layouts.
+
+    A trainer rank builds chunks only from itself and a receiver only to itself (every chunk
+    built is recorded), the cells of each distinct pair of layouts are cut once however many
+    tensors share it, and every pair's chunks are the same from either end and in the whole
+    plan: the digest covers the inputs, from which every rank derives them."""
+    import wtcore.sharded.plan as plan_module
+    from wtcore.sharded.plan import PlannedRound
+
+    shapes = {"q": (48, 16), "o": (16, 48), "norm": (16,), "emb": (50, 16)}
+    kinds = {"q": "column", "o": "row", "norm": "replicated", "emb": "vocab"}
+    metas = [
+        ParamMeta(f"layers.{i}.{k}", torch.float32, s) for i in range(6) for k, s in shapes.items()
+    ]
+    src = {m.name: Layout.placed(m.shape, (8,), (Shard(0),)) for m in metas}
+    tp = {k: tp_layout(s, kinds[k], 3) for k, s in shapes.items()}
+    dst = {m.name: Layout(m.shape, tp[m.name.split(".")[-1]].boxes * 2) for m in metas}
+    wire = PlannedRound.make(metas, src, dst).to_wire()
+    built: list[tuple[int, int]] = []
+    cuts = 0
+    chunk, plan_tensor_ = plan_module.Chunk, plan_module.plan_tensor
+
+    def counted_chunk(*args: object) -> Chunk:
+        built.append((args[1], args[2]))  # type: ignore[arg-type]
+        return chunk(*args)  # type: ignore[arg-type]
+
+    def counted_plan_tensor(*args: object, **kwargs: object) -> list[Chunk]:
+        nonlocal cuts
+        cuts += 1
+        return plan_tensor_(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plan_module, "Chunk", counted_chunk)
+    monkeypatch.setattr(plan_module, "plan_tensor", counted_plan_tensor)
+    whole = PlannedRound.from_wire(wire).plan
+    every = {p: whole.pair(*p) for p in whole.pairs()}
+    assert len(every) == 8 * 6
+    for s in range(8):
+        built.clear()
+        cuts = 0
+        mine = PlannedRound.make(metas, src, dst).plan
+        assert mine.digest() == wire["digest"]
+        assert {p: mine.pair(*p) for p in mine.pairs(src=s)} == {
+            p: c for p, c in every.items() if p[0] == s
+        }
+        assert {src_ for src_, _ in built} == {s}, "a trainer rank built another rank's chunk"
+        assert cuts == len(shapes)  # once per pair of layouts, not once per tensor
+    for d in range(6):
+        built.clear()
+        theirs = PlannedRound.from_wire(wire).plan
+        assert {p: theirs.pair(*p) for p in theirs.pairs(dst=d)} == {
+            p: c for p, c in every.items() if p[1] == d
+        }
+        assert {dst_ for _, dst_ in built} == {d}, "a receiver built another receiver's chunk"
+        assert theirs.nbytes(dst=d) == sum(
+            4 * volume(b) for b in (dst[m.name].boxes[d] for m in metas) if b
+        )

@@ -189,3 +189,76 @@ def test_trainer_plans_from_reports_read_over_http_and_each_receiver_gets_only_i
         for k, t in full.items():
             assert torch.equal(held[k], part(t, lays[r].box(k, tuple(t.shape)))), (r, k)
         w.shutdown()
+
+
+# ------------------------------------------------------- a receiver declaring an absurd TP size
+
+
+def test_more_tp_ranks_than_elements_is_refused_before_the_round_starts() -> None:
+    """A receiver declaring TP=65,536 for a model whose split dimensions are a few rows: the
+    trainer refuses it while planning, naming the receiver, the field and the tensor, and no
+    receiver sees the round."""
+    from wtcore.testing.sharded import PartsSource
+    from wtcore.testing.sharded_contract import RULES as SUITE_RULES
+    from wtcore.testing.sharded_contract import receivers
+    from wtcore.testing.sharded_contract import whole as suite_whole
+    from wtcore_kit.inline import InlineTrainerEngine, InlineTrainerInitInfo
+    from wtcore_kit.inproc import InProcessClient
+
+    fleet = receivers(2, True)
+    held = fleet[1].sink.module  # type: ignore[attr-defined]
+    fleet[1].shutdown()
+    huge = ModuleSink(held, layout=TPLayout(1, 1 << 16, SUITE_RULES))
+    fleet[1] = WeightSyncWorker("inline", huge, rank=1, world_size=2)
+    full = suite_whole()
+    engine = InlineTrainerEngine.trainer_init(
+        InlineTrainerInitInfo(rank=0), client=InProcessClient(fleet, timeout_s=60)
+    )
+    src = PartsSource(full, {k: Layout.whole(t.shape) for k, t in full.items()}, 0)
+    with pytest.raises(
+        PayloadError,
+        match=r"weight_info\[1\]\.layout\.tp_size: 65536 ranks split dimension 0 of 11 "
+        r"elements \('embed\.weight'\)",
+    ):
+        engine.send_weights(src, weight_version="v1")
+    for w in fleet:
+        info = w.weight_info()
+        assert info["rounds_ok"] == info["rounds_failed"] == 0 and info["weight_version"] is None
+        assert info["round_bytes"] == {"planned": 0, "landed": 0}
+        w.shutdown()
+    engine.shutdown()
+
+
+def test_a_huge_legal_tp_size_costs_only_the_receivers_own_box(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TP=65,536 over tensors of 65,536 rows is legal: each TP rank holds one row. Planning
+    computes that one row's box per distinct tensor shape, not 65,536 boxes per tensor (the
+    boxes are counted: every one is a ``split``), and the plan sends the receiver its row."""
+    import wtcore.sharded.layout as layout_module
+    from wtcore.sharded.plan import PlannedRound
+
+    rows = 1 << 16
+    metas = [ParamMeta(f"layers.{i}.qkv_proj.weight", torch.float32, (rows, 2)) for i in range(8)]
+    metas.append(ParamMeta("norm.weight", torch.float32, (2,)))
+    src = {m.name: Layout.placed(m.shape, (2,), (Shard(0),)) for m in metas}
+    calls = 0
+    split = layout_module.split
+
+    def counted(n: int, parts: int, index: int) -> tuple[int, int]:
+        nonlocal calls
+        calls += 1
+        return split(n, parts, index)
+
+    monkeypatch.setattr(layout_module, "split", counted)
+    reports = [TPLayout(0, 2, RULES).to_wire(), TPLayout(rows - 1, rows, RULES).to_wire()]
+    dst = receiver_layouts(reports, metas)
+    assert calls == 2  # one box per receiver for the 8 tensors of one shape; the norm is whole
+    assert dst[metas[0].name].boxes[1] == ((rows - 1, rows), (0, 2))
+    planned = PlannedRound.make(metas, src, dst)
+    plan = planned.plan
+    assert plan.pairs(src=1) == [(1, 0), (1, 1)] and plan.pairs(src=0) == [(0, 0), (0, 1)]
+    assert plan.nbytes(dst=1) == 8 * 2 * 4 + 2 * 4  # its row of each tensor, and the norm
+    received = PlannedRound.from_wire(planned.to_wire())
+    assert received.plan.select(dst=1) == plan.select(dst=1)
+    assert calls == 2  # planning and decoding never built the TP group's other boxes

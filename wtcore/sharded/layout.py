@@ -34,6 +34,7 @@ __all__ = [
     "is_int",
     "region",
     "split",
+    "tp_box",
     "tp_layout",
     "volume",
 ]
@@ -198,28 +199,49 @@ def region(t: torch.Tensor, box: Box) -> torch.Tensor:
     return t[tuple(slice(a, b) for a, b in box)]
 
 
-#: vLLM's usual tensor-parallel layouts, as the placement of their weight on a 1-D TP mesh.
-_TP_KINDS: dict[str, Shard | Replicate] = {
-    "column": Shard(0),  # ColumnParallelLinear: output features split ([out, in])
-    "row": Shard(1),  # RowParallelLinear: input features split
-    "vocab": Shard(0),  # VocabParallelEmbedding: vocabulary rows split (padding not modelled)
-    "replicated": Replicate(),
+#: vLLM's usual tensor-parallel layouts, as the dimension their weight is split on (None: whole).
+_TP_KINDS: dict[str, int | None] = {
+    "column": 0,  # ColumnParallelLinear: output features split ([out, in])
+    "row": 1,  # RowParallelLinear: input features split
+    "vocab": 0,  # VocabParallelEmbedding: vocabulary rows split (padding not modelled)
+    "replicated": None,
 }
 
 
-def tp_layout(shape: Sequence[int], kind: str, tp_size: int) -> Layout:
-    """The receiver-side layout of a tensor of ``shape`` in a TP group of ``tp_size`` ranks.
-
-    ``kind``: ``column``, ``row``, ``vocab`` or ``replicated``. A 1-D tensor of a ``row``
-    layer (its bias) is replicated, as vLLM adds it once after the reduction. ``vocab``
-    splits rows by torch's rule; vLLM pads the vocabulary to a multiple of 64 per rank first,
-    which this does not model yet.
-    """
+def _tp_dim(shape: Sequence[int], kind: str, tp_size: int) -> int | None:
+    """The dimension ``kind`` splits (None: none); refuses a bad kind or ``tp_size``, and more
+    ranks than elements on the split dimension."""
     if kind not in _TP_KINDS:
         raise PayloadError(f"kind: expected one of {sorted(_TP_KINDS)}, got {kind!r}")
     if not is_int(tp_size) or not 0 < tp_size <= MAX_RANKS:
         raise PayloadError(f"tp_size: expected 1 to {MAX_RANKS}, got {tp_size!r}")
-    placement = _TP_KINDS[kind]
-    if isinstance(placement, Shard) and placement.dim >= len(shape):
-        placement = Replicate()
-    return Layout.placed(shape, (tp_size,), (placement,))
+    dim = _TP_KINDS[kind]
+    if dim is None or dim >= len(shape):
+        return None
+    if 0 < shape[dim] < tp_size:
+        raise PayloadError(
+            f"tp_size: {tp_size} ranks split dimension {dim} of {shape[dim]} elements"
+        )
+    return dim
+
+
+def tp_box(shape: Sequence[int], kind: str, tp_size: int, tp_rank: int) -> Box:
+    """TP rank ``tp_rank``'s box of a tensor of ``shape`` in a group of ``tp_size`` ranks.
+
+    ``kind``: ``column``, ``row``, ``vocab`` or ``replicated``. A 1-D tensor of a ``row``
+    layer (its bias) is replicated, as vLLM adds it once after the reduction. ``vocab``
+    splits rows by torch's rule; vLLM pads the vocabulary to a multiple of 64 per rank first,
+    which this does not model yet. Only this rank's box is computed: what a peer declares
+    costs nothing beyond it.
+    """
+    dim = _tp_dim(shape, kind, tp_size)
+    return tuple(
+        split(int(d), tp_size, tp_rank) if i == dim else (0, int(d)) for i, d in enumerate(shape)
+    )
+
+
+def tp_layout(shape: Sequence[int], kind: str, tp_size: int) -> Layout:
+    """The layout of a tensor of ``shape`` over a whole TP group (:func:`tp_box` of each rank)."""
+    _tp_dim(shape, kind, tp_size)
+    boxes = tuple(tp_box(shape, kind, tp_size, r) for r in range(tp_size))
+    return Layout(tuple(int(d) for d in shape), boxes)

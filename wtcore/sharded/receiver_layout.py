@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wtcore.errors import PayloadError
-from wtcore.sharded.layout import MAX_RANKS, Box, Layout, is_int, region, tp_layout
+from wtcore.sharded.layout import MAX_RANKS, Box, Layout, is_int, region, tp_box
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["KINDS", "MAX_RULES", "TPLayout", "receiver_layouts"]
 
-#: The layouts a rule may name (:func:`wtcore.sharded.layout.tp_layout`).
+#: The layouts a rule may name (:func:`wtcore.sharded.layout.tp_box`).
 KINDS = ("column", "row", "vocab", "replicated")
 #: The most rules one receiver may report, and the longest pattern.
 MAX_RULES = 1024
@@ -86,15 +86,10 @@ class TPLayout:
                 return kind
         return self.default
 
-    def layout(self, name: str, shape: Sequence[int]) -> Layout:
-        """The whole TP group's layout of tensor ``name`` of global ``shape``."""
-        return tp_layout(shape, self.kind(name), self.tp_size)
-
     def box(self, name: str, shape: Sequence[int]) -> Box:
-        """The part of ``name`` this receiver holds, in global coordinates."""
-        box = self.layout(name, shape).boxes[self.tp_rank]
-        assert box is not None, "a TP layout gives every rank a box"
-        return box
+        """The part of ``name`` this receiver holds, in global coordinates (refused with more
+        ranks than elements on the dimension it splits)."""
+        return tp_box(shape, self.kind(name), self.tp_size, self.tp_rank)
 
     def local(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """This receiver's part of a whole tensor (a view): to build a receiver from a
@@ -154,10 +149,28 @@ def receiver_layouts(
             parsed.append(report)
         else:
             parsed.append(TPLayout.from_wire(report, field=where))
+    # Receivers share rules (one set per model) and tensors share shapes (one per layer kind):
+    # each tensor's kinds are found once per set of rules, each layout built once per shape
+    # and kinds, and every receiver's box computed alone (O(1), whatever its TP size).
+    rules = {(p.rules, p.default): p for p in parsed if p is not None}
+    which = [-1 if p is None else list(rules).index((p.rules, p.default)) for p in parsed]
+    made: dict[tuple[tuple[int, ...], tuple[str, ...]], Layout] = {}
     out: dict[str, Layout] = {}
     for meta in metas:
         shape = tuple(int(d) for d in meta.shape)
-        full = tuple((0, d) for d in shape)
-        boxes = tuple(full if p is None else p.box(meta.name, shape) for p in parsed)
-        out[meta.name] = Layout(shape, boxes)
+        kinds = tuple(p.kind(meta.name) for p in rules.values())
+        layout = made.get((shape, kinds))
+        if layout is None:
+            boxes: list[Box] = []
+            for i, (p, w) in enumerate(zip(parsed, which, strict=True)):
+                try:
+                    boxes.append(
+                        tuple((0, d) for d in shape)
+                        if p is None
+                        else tp_box(shape, kinds[w], p.tp_size, p.tp_rank)
+                    )
+                except PayloadError as e:
+                    raise PayloadError(f"{field}[{i}].layout.{e} ({meta.name!r})") from e
+            layout = made[(shape, kinds)] = Layout(shape, tuple(boxes))
+        out[meta.name] = layout
     return out

@@ -8,13 +8,17 @@ others; rank 0 opens the round and sends the plan, every rank then sends its own
 the engine (:meth:`~wtcore.trainer.TrainerWeightTransferEngine.send_pairs`), and rank 0
 finishes. Between phases the ranks agree on the outcome in one small collective, so a failure
 on any rank fails the round on every rank with the same error, naming the rank, instead of
-leaving the others waiting in the next collective. Every wait is bounded by the trainer's
-process group's timeout. A :class:`~wtcore.sharded.source.ShardedSource` hands this round
-(:func:`run_sharded_round`) to the engine's ``send_weights`` as its round driver.
+leaving the others waiting in the next collective; a rank that is gone (killed, crashed)
+fails the collective on the others, which raise one error naming it (:func:`_collective`).
+Every wait is bounded by the trainer's process group's timeout. A
+:class:`~wtcore.sharded.source.ShardedSource` hands this round (:func:`run_sharded_round`) to
+the engine's ``send_weights`` as its round driver.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,9 +29,16 @@ from wtcore.sharded.receiver_layout import receiver_layouts
 if TYPE_CHECKING:
     from wtcore.stats import TransferStats
 
-__all__ = ["agree", "gather", "group_rank", "run_sharded_round", "share", "together"]
+__all__ = ["PROBE_S", "agree", "gather", "group_rank", "run_sharded_round", "share", "together"]
 
 T = TypeVar("T")
+
+#: How long a trainer rank whose collective failed waits, in a group of more than two, for
+#: the others to say through the process group's store that they are still there.
+PROBE_S = 5.0
+#: What the error of a collective that lost a rank says (a later agreement, which could only
+#: fail the same way, passes it on as it is).
+_LOST = "(killed, crashed or hung?)"
 
 
 def group_rank() -> tuple[int, int]:
@@ -47,7 +58,7 @@ def share(value: Any) -> Any:
     import torch.distributed as dist
 
     box = [value if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
+    _collective("a broadcast from trainer rank 0", lambda: dist.broadcast_object_list(box, src=0))
     return box[0]
 
 
@@ -59,7 +70,10 @@ def gather(value: Any) -> list[Any]:
     import torch.distributed as dist
 
     out: list[Any] = [None] * world if rank == 0 else []
-    dist.gather_object(value, out if rank == 0 else None, dst=0)
+    _collective(
+        "a gather to trainer rank 0",
+        lambda: dist.gather_object(value, out if rank == 0 else None, dst=0),
+    )
     return out
 
 
@@ -71,13 +85,13 @@ def agree(error: BaseException | None, what: str) -> None:
     echo of another's (a stream the other rank cut)."""
     _, world = group_rank()
     mine = None if error is None else f"{type(error).__name__}: {error}"
-    if world == 1:
+    if world == 1 or _LOST in (mine or ""):  # alone, or the group already lost a rank
         said = [mine]
     else:
         import torch.distributed as dist
 
         said = [None] * world
-        dist.all_gather_object(said, mine)
+        _collective(what, lambda: dist.all_gather_object(said, mine), mine)
     failed = [(r, m) for r, m in enumerate(said) if m is not None]
     if not failed:
         return
@@ -87,6 +101,48 @@ def agree(error: BaseException | None, what: str) -> None:
     if error is not None:  # this rank's own failure may only echo another's (a cut stream)
         raise TransferError(f"{what} failed on more than one trainer rank ({shown})") from error
     raise TransferError(f"{what} failed on another trainer rank ({shown})")
+
+
+def _collective(what: str, call: Callable[[], object], mine: str | None = None) -> None:
+    """Run ``call``, a collective of every trainer rank. Why: a rank that is gone (killed,
+    crashed, hung) fails it on the others with torch's own error, which names no rank
+    (gloo's ``Connection closed by peer [HOST]:PORT``); raise one that names it instead.
+
+    With two ranks it is the other one; with more, those that do not say within
+    :data:`PROBE_S` through the process group's store that they are there (each survivor
+    says so as its own collective fails). ``mine``: this rank's own failure, kept in the
+    message."""
+    try:
+        call()
+    except RuntimeError as e:  # torch's: the ranks' own errors travel as strings
+        rank, world = group_rank()
+        gone = [1 - rank] if world == 2 else _silent(rank, world)
+        said = re.sub(r"^\[[^\]]*\] |\. This is typically.*", "", str(e), flags=re.S)
+        who = ", ".join(f"trainer rank {r}" for r in gone) or "no rank (every one answered)"
+        own = f"; this rank's own failure: {mine}" if mine else ""
+        raise TransferError(
+            f"{what} failed on trainer rank {rank}: lost {who} {_LOST}; "
+            f"torch.distributed says: {said}{own}"
+        ) from e
+
+
+def _silent(rank: int, world: int) -> list[int]:
+    """The trainer ranks that have not said within :data:`PROBE_S`, through the default
+    process group's store, that they are there (every rank but those, if it is gone too)."""
+    import torch.distributed as dist
+
+    key = "wtcore/sharded/alive/{}".format
+    deadline = time.monotonic() + PROBE_S
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(key(rank), "1")
+        while True:
+            silent = [r for r in range(world) if not store.check([key(r)])]
+            if not silent or time.monotonic() >= deadline:
+                return silent
+            time.sleep(0.05)
+    except RuntimeError:  # the store's host (often rank 0) is gone
+        return [r for r in range(world) if r != rank]
 
 
 def together(what: str, call: Callable[[], T] | None) -> T | None:
@@ -142,12 +198,13 @@ def run_sharded_round(
             raise PayloadError(
                 f"layouts: the source lays tensors out over other than the {world} trainer ranks"
             )
-        return PlannedRound.make(metas, layouts, receiver_layouts(reports, metas))
+        planned = PlannedRound.make(metas, layouts, receiver_layouts(reports, metas))
+        stats.num_bytes = planned.plan.nbytes(src=rank)  # this rank's part, planned here
+        return planned
 
     planned = together("planning", plan)
     assert planned is not None
     stats.num_tensors = len(metas)
-    stats.num_bytes = planned.plan.nbytes(src=rank)
 
     def open_round() -> None:
         engine._start_round(stats)

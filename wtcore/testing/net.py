@@ -105,6 +105,7 @@ def on_ranks(
     *args: Any,
     timeout_s: float = 90.0,
     attempts: int = 3,
+    killed: tuple[int, ...] = (),
 ) -> list[Any]:
     """Run ``target(rank, port, results, *args)`` in ``world`` spawned processes at once: the
     ranks of one process group, ``port`` a free rendezvous port, ``results`` a queue on which
@@ -115,11 +116,12 @@ def on_ranks(
     between: a round whose rank fails with ``EADDRINUSE`` (as torch's store reports it) is
     run again on a fresh port, at most ``attempts`` times. A rank that fails otherwise (or
     dies) fails the call at once, naming the rank and its error, instead of leaving the
-    others to wait out ``timeout_s`` for a rendezvous that cannot happen.
+    others to wait out ``timeout_s`` for a rendezvous that cannot happen; but the ranks in
+    ``killed``, which put their item and are then killed on purpose, leave the others time.
     """
     for _ in range(attempts):
         with contextlib.suppress(_PortTaken):
-            return _one_try(target, world, args, timeout_s)
+            return _one_try(target, world, args, timeout_s, killed)
     raise TransferError(f"on_ranks: the rendezvous port was taken {attempts} times in a row")
 
 
@@ -144,14 +146,22 @@ def _run_rank(target: Callable[..., Any], rank: int, port: int, results: Any, *a
         raise
 
 
-def _next(results: Any, procs: list[Any], deadline: float, timeout_s: float, missing: int) -> Any:
+def _next(
+    results: Any,
+    procs: list[Any],
+    deadline: float,
+    timeout_s: float,
+    missing: int,
+    killed: tuple[int, ...] = (),
+) -> Any:
     """The next item on ``results``; fails as soon as no item can come any more (every rank
     ended, or one was killed by a signal) or at ``deadline``."""
     while True:
         with contextlib.suppress(queue.Empty):
             return results.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
         codes = [p.exitcode for p in procs]
-        if all(c is not None for c in codes) or any(c is not None and c < 0 for c in codes):
+        signalled = any(c is not None and c < 0 for r, c in enumerate(codes) if r not in killed)
+        if all(c is not None for c in codes) or signalled:
             with contextlib.suppress(queue.Empty):  # what a rank put as it ended may still come
                 return results.get(timeout=1.0)
             raise TransferError(
@@ -167,7 +177,11 @@ def _next(results: Any, procs: list[Any], deadline: float, timeout_s: float, mis
 
 
 def _one_try(
-    target: Callable[..., Any], world: int, args: tuple[Any, ...], timeout_s: float
+    target: Callable[..., Any],
+    world: int,
+    args: tuple[Any, ...],
+    timeout_s: float,
+    killed: tuple[int, ...] = (),
 ) -> list[Any]:
     results = mp.get_context("spawn").Queue()
     port = free_port()
@@ -180,7 +194,7 @@ def _one_try(
         deadline = time.monotonic() + timeout_s
         try:
             while len(got) < world:
-                item = _next(results, procs, deadline, timeout_s, world - len(got))
+                item = _next(results, procs, deadline, timeout_s, world - len(got), killed)
                 if isinstance(item, _RankFailed):
                     if PORT_TAKEN in item.error:
                         raise _PortTaken

@@ -48,7 +48,7 @@ def execute_plan(
         if b_ is not None
     }
     got: dict[int, int] = {}
-    for c in plan.chunks:
+    for c in plan.select():
         moved = region(held[(c.name, c.src)], c.src_box)
         region(out[(c.name, c.dst)], c.dst_box).copy_(moved)
         got[c.dst] = got.get(c.dst, 0) + moved.numel() * moved.element_size()

@@ -22,7 +22,8 @@ a pipeline layout and a 2x2 (FSDP x TP) mesh on 4 ranks. Each checks every recei
 against the whole tensors' slices (``torch.equal``), the bytes each trainer rank packed and
 sent against its planned chunks, and the bytes each receiver counted as landed against its
 slice. One more case: a round in which a rank breaks (every rank fails naming it, nothing is
-published, the next round is exact).
+published, the next round is exact), then one in which a rank is killed (rank 0 fails within
+the timeout naming it; the receivers keep the last round, bit for bit).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from collections.abc import Callable
+import signal
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import pytest
@@ -55,6 +58,7 @@ __all__ = [
     "BUFFER",
     "CASES",
     "RULES",
+    "DyingParts",
     "FailingParts",
     "ShardedContractSuite",
     "expected_slices",
@@ -229,17 +233,47 @@ class FailingParts(PartsSource):
         raise TransferError(f"trainer rank {self.rank}'s source broke")
 
 
+class DyingParts(PartsSource):
+    """A trainer rank's parts whose process is killed (SIGKILL) as the second part is read,
+    once ``said`` (given the time) returned: a trainer rank that dies mid-round."""
+
+    def __init__(self, *args: Any, said: Callable[[float], object]) -> None:
+        super().__init__(*args)
+        self.said = said
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        parts = super().__iter__()
+        yield next(parts)
+        self.said(time.monotonic())  # CLOCK_MONOTONIC: one clock for every process of a host
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _recovering_rank(rank: int, port: int, q: Any, info: Info, backend: str) -> None:
-    """Two trainer ranks into two TP receivers: a round in which rank 1 breaks, then one that
-    must be whole (what each rank saw, put on ``q``)."""
+    """Two trainer ranks into two TP receivers: a round in which rank 1 breaks, one that must
+    be whole, then one in which rank 1 is killed (what each rank saw, put on ``q``: rank 1's
+    just before its kill)."""
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
     fleet = receivers(2, True, backend) if rank == 0 else []
     client = InProcessClient(fleet, timeout_s=60) if rank == 0 else None
-    engine = WeightTransferTrainerFactory.trainer_init(info(rank, BUFFER, 2), client=client)
-    out: dict[str, Any] = {"rank": rank}
+    trainer_info = info(rank, BUFFER, 2)
+    engine = WeightTransferTrainerFactory.trainer_init(trainer_info, client=client)
+    out: dict[str, Any] = {"rank": rank, "timeout_s": getattr(trainer_info, "timeout_s", 60.0)}
+    want = expected_slices(2, True)
+
+    def exact() -> list[bool]:
+        return [
+            all(torch.equal(held_parts(w)[k], t) for k, t in want[r].items())
+            for r, w in enumerate(fleet)
+        ]
+
+    def said(at: float) -> None:
+        q.put({**out, "killed_at": at})
+        q.close()
+        q.join_thread()  # on its way before the kill
+
     try:
         layouts = trainer_layouts("S0", 2)
         bad = FailingParts if rank == 1 else PartsSource
@@ -251,13 +285,14 @@ def _recovering_rank(rank: int, port: int, q: Any, info: Info, backend: str) -> 
             out["after_failure"] = [w.weight_info() for w in fleet]
         stats = engine.send_weights(PartsSource(whole(), layouts, rank), weight_version="fixed")
         out["sent"], out["planned"] = stats.bytes_sent, stats.num_bytes
-        if rank == 0:
-            out["infos"] = [w.weight_info() for w in fleet]
-            want = expected_slices(2, True)
-            out["exact"] = [
-                all(torch.equal(held_parts(w)[k], t) for k, t in want[r].items())
-                for r, w in enumerate(fleet)
-            ]
+        out["infos"], out["exact"] = [w.weight_info() for w in fleet], exact()
+        newer = {k: t + 1 for k, t in whole().items()}
+        last = DyingParts(newer, layouts, 1, said=said) if rank else PartsSource(newer, layouts, 0)
+        try:
+            engine.send_weights(last, weight_version="killed")
+        except Exception as e:
+            out["last"], out["failed_at"] = f"{type(e).__name__}: {e}", time.monotonic()
+        out["after_kill"], out["exact_after_kill"] = [w.weight_info() for w in fleet], exact()
         q.put(out)
     finally:
         engine.shutdown()
@@ -299,18 +334,30 @@ class ShardedContractSuite:
 
     @pytest.mark.processes
     @pytest.mark.timeout(300)
-    def test_a_rank_that_breaks_fails_the_round_everywhere_and_the_next_round_recovers(
+    def test_a_rank_that_breaks_or_is_killed_fails_the_round_and_nothing_of_it_is_published(
         self,
     ) -> None:
+        """Rank 1's source breaks: every rank fails naming it, and the next round is exact.
+        Then rank 1 is SIGKILLed as its parts are read: rank 0 raises the round's
+        ``TransferError`` naming rank 1 (not gloo's ``Connection closed by peer``, which names
+        no rank) within the timeout, and the receivers keep the last round, bit for bit."""
         info = type(self).trainer_info
-        got = on_ranks(_recovering_rank, 2, info, self.backend, timeout_s=200)
-        got = sorted(got, key=lambda g: g["rank"])
+        got = on_ranks(_recovering_rank, 2, info, self.backend, timeout_s=200, killed=(1,))
+        rank0, dead = sorted(got, key=lambda g: g["rank"])
         for g in got:  # every rank fails the round, naming the rank that broke
             assert "trainer rank 1's source broke" in g["first"], g
-        for info_ in got[0]["after_failure"]:  # nothing of it published
+        for info_ in rank0["after_failure"]:  # nothing of it published
             assert info_["weight_version"] != "broken" and not info_["consistent"], info_
         for g in got:
             assert g["sent"] == g["planned"] > 0, g
-        for info_ in got[0]["infos"]:
+        for info_ in rank0["infos"]:
             assert info_["consistent"] and info_["weight_version"] == "fixed", info_
-        assert got[0]["exact"] == [True, True]
+        assert rank0["exact"] == [True, True]
+        assert rank0["last"].startswith("TransferError: "), rank0["last"]
+        assert "lost trainer rank 1 " in rank0["last"], rank0["last"]
+        seconds = rank0["failed_at"] - dead["killed_at"]
+        print(f"{self.backend}: {seconds:.3f} s from the kill to {rank0['last']!r}")
+        assert 0 < seconds < rank0["timeout_s"] + 5, seconds
+        for info_ in rank0["after_kill"]:  # not published; the weights are the last round's
+            assert info_["weight_version"] == "fixed", info_
+        assert rank0["exact_after_kill"] == [True, True]

@@ -85,13 +85,11 @@ class PairAssembler:
         self.device = device
         plan = planned.plan
         self._buckets = {
-            s: pair_buckets(planned, s, rank, buffer_size_bytes)
-            for s, d in plan.pairs()
-            if d == rank
+            s: pair_buckets(planned, s, rank, buffer_size_bytes) for s, _ in plan.pairs(dst=rank)
         }
         self._next = dict.fromkeys(self._buckets, 0)
         #: This receiver's part of each tensor it gets, as its sink sees it.
-        gets = {c.name for c in plan.chunks if c.dst == rank}
+        gets = {c.name for c in plan.select(dst=rank)}
         self.metas = [
             ParamMeta(m.name, m.dtype, lay.local_shape(rank))
             for m, lay in zip(planned.metas, planned.receivers, strict=True)

@@ -128,6 +128,19 @@ def wtcore_add_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="with --trainer-ranks: the receivers hold TP slices (tp, default) or whole "
         "replicas (replica)",
     )
+    b.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="plan a simulated sharded round, no processes (wtcore_bench.plan): one trainer "
+        "rank's and one receiver's planning time, peak memory, pairs and bytes; uses "
+        "--trainer-ranks (default 8), --receivers, --plan-layout, --json",
+    )
+    b.add_argument(
+        "--plan-layout",
+        choices=["dense", "moe"],
+        default="dense",
+        help="with --plan-only: a 70B-like dense model (default) or a 235B-A22B-like MoE",
+    )
     b.add_argument("--delta-steps", type=int, default=8, help="real training steps (default 8)")
     b.add_argument(
         "--delta-width", type=int, default=256, help="the trained model's d_model (default 256)"
@@ -155,6 +168,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _usage("--receivers and --rounds must be at least 1")
     if args.delta:
         return _cmd_bench_delta(args)
+    if args.plan_only:
+        from wtcore_bench.plan import print_plan_table, run_plan_bench
+
+        m = 8 if args.trainer_ranks is None else args.trainer_ranks
+        if m < 1:
+            return _usage("--trainer-ranks must be at least 1")
+        return _report(
+            run_plan_bench(args.plan_layout, m, args.receivers), print_plan_table, args.json
+        )
     if args.trainer_ranks is not None:
         return _cmd_bench_sharded(args)
     if args.plot:

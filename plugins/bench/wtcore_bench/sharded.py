@@ -26,22 +26,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from wtcore_bench.api import BenchNotSupportedError
+from wtcore_http_client.commands import TP_PRESETS
 
 __all__ = ["RULES", "ShardedBenchOptions", "print_sharded_table", "run_sharded_bench"]
 
 API_KEY = "bench-sharded-key"
-#: vLLM's TP rules for a Llama-like model (``wtcore_kit.synthetic``'s names).
-RULES = (
-    ("*.q_proj.weight", "column"),
-    ("*.k_proj.weight", "column"),
-    ("*.v_proj.weight", "column"),
-    ("*.gate_proj.weight", "column"),
-    ("*.up_proj.weight", "column"),
-    ("*.o_proj.weight", "row"),
-    ("*.down_proj.weight", "row"),
-    ("model.embed_tokens.weight", "vocab"),
-    ("lm_head.weight", "vocab"),
-)
+#: vLLM's TP rules for a Llama-like model (``wtcore_kit.synthetic``'s names), as ``wtcore serve``'s.
+RULES = TP_PRESETS["llama"]
 #: Engines this bench runs sharded rounds on: those that execute plans over a data plane of
 #: their own (``inline`` does too, but its bytes go base64 through the control plane).
 BACKENDS = ("tcp", "mooncake")

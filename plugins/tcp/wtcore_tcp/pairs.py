@@ -108,8 +108,7 @@ def send_pairs(
 
     pairs = {
         d: pair_buckets(planned, rank, d, buffer_size_bytes)
-        for s, d in planned.plan.pairs()
-        if s == rank
+        for _, d in planned.plan.pairs(src=rank)
     }
     token = secrets.token_hex(16)
     try:
