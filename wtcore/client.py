@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["InspectableClient", "WeightSyncClient", "calls_of"]
+__all__ = ["InspectableClient", "WeightSyncClient", "calls_of", "inspectable"]
 
 
 @runtime_checkable
@@ -56,3 +56,16 @@ def calls_of(protocol: type) -> tuple[str, ...]:
         if cls.__module__ == __name__:
             names.update((n, None) for n, v in vars(cls).items() if callable(v) and n[0] != "_")
     return tuple(names)
+
+
+def inspectable(client: object) -> InspectableClient | None:
+    """``client`` as an :class:`InspectableClient`, else the one it wraps (``inner``), else None.
+
+    The trainer's wrappers (round ids, verification) forward by ``__getattr__``, which a
+    protocol's ``isinstance`` does not see from Python 3.12 on.
+    """
+    for _ in range(8):  # wrappers nest a few deep at most
+        if client is None or isinstance(client, InspectableClient):
+            return client
+        client = getattr(client, "inner", None)
+    return None

@@ -313,12 +313,12 @@ class TrainerWeightTransferEngine(ABC):
     def _abort_round(self, error: BaseException) -> None:
         """Best effort: end this round on every receiver an inspectable client reaches. Never
         raises: the round's own error is the one that matters."""
-        from wtcore.client import InspectableClient
+        from wtcore.client import inspectable
 
-        client = self.client
-        if isinstance(client, RoundStampingClient):
-            client.settle()  # a start still in flight must not overtake the abort
-        if not isinstance(client, InspectableClient):
+        if isinstance(self.client, RoundStampingClient):
+            self.client.settle()  # a start still in flight must not overtake the abort
+        client = inspectable(self.client)
+        if client is None:
             return
         reason = f"the trainer's round failed: {type(error).__name__}: {error}"[:500]
         try:

@@ -132,3 +132,25 @@ def test_calls_of_lists_each_protocols_calls_in_order() -> None:
     assert calls_of(WeightSyncClient) == four
     inspect = ("weight_info", "checksums", "abort_weight_update", "get_world_size", "close")
     assert calls_of(InspectableClient) == four + inspect
+
+
+def test_inspectable_sees_through_the_trainers_wrappers() -> None:
+    """From Python 3.12 a protocol's ``isinstance`` ignores ``__getattr__``, so the round-id and
+    verifying wrappers are asked for the client they wrap; a plain client stays itself."""
+    from wtcore.client import inspectable
+    from wtcore.rounds import RoundStampingClient
+
+    state = _state()
+    worker = WeightSyncWorker("inline", ModuleSink(build_module(zeros_like_state(state))))
+    client = InProcessClient(worker, timeout_s=10)
+
+    class Bare:  # a wrapper with no forwarding: what 3.12's isinstance sees of one
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+    assert inspectable(client) is client
+    assert inspectable(Bare(Bare(client))) is client
+    assert inspectable(Bare(object())) is None and inspectable(None) is None
+    wrapped = RoundStampingClient(client, 10)
+    assert inspectable(wrapped) in (wrapped, client)  # 3.11 sees the forwarding, 3.12 not
+    assert inspectable(wrapped).weight_info() == client.weight_info()  # type: ignore[union-attr]

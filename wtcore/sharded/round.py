@@ -171,7 +171,7 @@ def run_sharded_round(
     of a round), ``source`` the :class:`~wtcore.sharded.source.ShardedSource` whose round
     driver this is (not imported: it imports this).
     """
-    from wtcore.client import InspectableClient
+    from wtcore.client import inspectable
 
     rank, world = group_rank()
     if rank != engine.init_info.rank:
@@ -183,12 +183,13 @@ def run_sharded_round(
     client = engine.client
 
     def read_layouts() -> list[Any]:
-        if not isinstance(client, InspectableClient):
+        inspecting = inspectable(client)
+        if inspecting is None:
             raise PayloadError(
                 "a sharded round reads the receivers' layouts: the client must be an "
                 "InspectableClient (InProcessClient, the HTTP or the Ray client)"
             )
-        return [info.get("layout") for info in client.weight_info()]
+        return [info.get("layout") for info in inspecting.weight_info()]
 
     reports = share(together("reading the receivers' layouts", read_layouts if rank == 0 else None))
 

@@ -137,13 +137,14 @@ class DeltaTracker:
 
     def why_full(self, client: object) -> str | None:
         """Why this round must be full, or ``None`` when every receiver holds the base."""
-        from wtcore.client import InspectableClient
+        from wtcore.client import inspectable
 
         self.marks = False
-        if not isinstance(client, InspectableClient):
+        inspecting = inspectable(client)
+        if inspecting is None:
             return "the client cannot report the receivers' versions (weight_info)"
         try:
-            infos = client.weight_info()
+            infos = inspecting.weight_info()
         except WtcoreError as e:
             return f"weight_info failed ({type(e).__name__})"
         self.marks = all(info.get("delta") is True for info in infos)
