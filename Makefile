@@ -42,11 +42,12 @@ rl-demo: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python examples/rl_loop/run.py --json $(RL_OUT).json --plot $(RL_OUT).png
 
 # TRL's GRPOTrainer against a vLLM server, syncing through wtcore-trl (examples/trl_grpo): a
-# control run that syncs only step 0, the lines of docs/trl.md, and the same with delta=True.
+# control run that syncs only step 0, the lines of docs/trl.md, the same with delta=True, and
+# a LoRA adapter synced merged into the model (TRL's way) and alone (lora=).
 TRL_OUT ?= trl_grpo
 trl-demo: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VLLM_VENV)/bin/python -m pip install --quiet 'matplotlib>=3.6'
-	$(VLLM_VENV)/bin/python -W ignore examples/trl_grpo/train.py --steps 10 --json $(TRL_OUT).json --plot $(TRL_OUT).png
+	$(VLLM_VENV)/bin/python -W ignore examples/trl_grpo/train.py --steps 10 --runs control,synced,delta,merged,lora --json $(TRL_OUT).json --plot $(TRL_OUT).png
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

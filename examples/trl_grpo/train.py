@@ -4,13 +4,18 @@ Runs with the vLLM venv's Python (TRL's vLLM client needs vLLM installed):
 
     .venv-vllm/bin/python examples/trl_grpo/train.py --json trl.json --plot trl.png
 
-Three runs of ``--steps`` GRPO steps each, every one from the same initial policy:
+Runs of ``--steps`` GRPO steps each, every one from the same initial policy (``--runs``: the
+first three by default, all five in ``make trl-demo``):
 
 - ``control``: wtcore syncs the initial weights once, at step 0, and never again, so vLLM keeps
   sampling from the initial policy while the trainer's copy moves away from it;
 - ``synced``: the lines of docs/trl.md, run as they stand there (``wtcore_trl.install``,
   ``GRPOTrainer``, ``wtcore_trl.follow``): every step's weights reach vLLM;
-- ``delta``: the same with ``delta=True``.
+- ``delta``: the same with ``delta=True``;
+- ``merged``: the LoRA lines of docs/trl.md without ``lora=``: a PEFT adapter trained, and TRL
+  merges it into the base to sync the whole model, every step;
+- ``lora``: those lines as they stand: each sync sends the adapter alone, and vLLM generates
+  with it under the name ``policy`` (the server needs LoRA enabled; without ``--url`` it is).
 
 After every step it reads the server's ``/weight_info`` version, and it takes TRL's own
 measure of the training-inference mismatch, ``sampling/sampling_logp_difference/{mean,max}``
@@ -35,11 +40,13 @@ ROOT = HERE.parents[1]
 # The vLLM tests' checkpoint and server, and the RL loop's plot, shared rather than copied.
 sys.path[:0] = [str(ROOT / "examples" / "rl_loop"), str(ROOT / "tests" / "vllm")]
 
-RUNS = ("control", "synced", "delta")
+RUNS = ("control", "synced", "delta", "merged", "lora")
 #: What TRL asks of the server beyond the RL routes: logprobs after temperature and penalties,
 #: the ones its importance-sampling correction compares with (at temperature 1 without
 #: penalties, the CI test's setting, they equal the raw ones).
 TRL_SERVER_FLAGS = ("--logprobs-mode", "processed_logprobs")
+#: What the ``lora`` run asks of the server (docs/vllm.md): LoRA enabled, a resolver folder.
+LORA_SERVER_FLAGS = ("--enable-lora", "--max-lora-rank", "8")
 DOC = ROOT / "docs" / "trl.md"
 #: Prompts in the tiny checkpoint's word-level vocabulary (``w<i>``).
 PROMPTS = ["w5 w6 w7 w8", "w100 w3 w42", "w250 w17 w17 w9 w200 w31", "w60 w61"]
@@ -56,11 +63,13 @@ def reward(completions: list[str], **_: Any) -> list[float]:
     return out
 
 
-def doc_lines() -> str:
-    """The python block of docs/trl.md: the lines a user writes, run here as they stand."""
+def doc_lines(first: str) -> str:
+    """The python block of docs/trl.md that starts with ``first``: the lines a user writes, run
+    here as they stand."""
     blocks = re.findall(r"^```python\n(.*?)^```", DOC.read_text(), flags=re.M | re.S)
-    assert len(blocks) == 1, f"{DOC}: expected one python block, found {len(blocks)}"
-    return str(blocks[0])
+    found = [b for b in blocks if b.startswith(first)]
+    assert len(found) == 1, f"{DOC}: expected one python block starting {first!r}"
+    return str(found[0])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,9 +79,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--runs", default=",".join(RUNS), help="which runs, in order")
+    p.add_argument("--runs", default=",".join(RUNS[:3]), help="which runs, in order")
     p.add_argument("--json", type=Path, help="write every step of every run here")
     p.add_argument("--plot", type=Path, help="draw reward, mismatch and sync time here (PNG)")
+    p.add_argument(
+        "--adapter-dir",
+        type=Path,
+        help="after the lora run, sync its adapter once more and save it here (PEFT's folder)",
+    )
     return p.parse_args(argv)
 
 
@@ -144,7 +158,20 @@ def one_run(
         "config": config,
         "Record": Record,
     }
-    code = doc_lines().replace("trainer.train()", "trainer.add_callback(Record())\ntrainer.train()")
+    code = doc_lines("from peft" if run in ("merged", "lora") else "import wtcore_trl")
+    code = code.replace("trainer.train()", "trainer.add_callback(Record())\ntrainer.train()")
+    if run == "merged":
+        code = code.replace(
+            'follow(trainer, lora=LoRASource(trainer.model, "policy"))', "follow(trainer)"
+        )
+        assert "lora=" not in code, f"{DOC}: the LoRA block's follow line changed"
+    if run == "lora":  # its syncs leave the base alone: the initial one first, as step 0 does
+        restore = wtcore_trl.install(backend="nccl")(base_url=url, group_port=free_port())
+        restore.init_communicator(device="cpu")
+        try:
+            restore.update_model_params(model)
+        finally:
+            restore.close_communicator()
     if run == "delta":
         code = code.replace('install(backend="nccl")', 'install(backend="nccl", delta=True)')
     if run == "control":
@@ -174,9 +201,12 @@ def one_run(
             f"{run:7s} step {rec['step']:2d}/{args.steps}  reward {rec['reward']:.3f}  "
             f"mismatch {rec['mismatch_mean']:.2e} (max {rec['mismatch_max']:.2e})  "
             f"sync {rec['sync_s']:.2f} s ({rec['sync_s'] / rec['step_s']:4.0%} of "
-            f"{rec['step_s']:.2f} s)  vllm version {rec['vllm_version']}",
+            f"{rec['step_s']:.2f} s, {rec['sync_bytes']} B)  vllm version {rec['vllm_version']}",
             flush=True,
         )
+    if run == "lora" and args.adapter_dir is not None:  # what the server serves, and PEFT's save
+        trainer.vllm_generation.sync_weights()
+        trainer.model.save_pretrained(args.adapter_dir)
     trainer.vllm_generation.vllm_client.close_communicator()
     return {"sync": run != "control", "wall_s": wall, "steps": records}
 
@@ -206,8 +236,16 @@ def main(argv: list[str] | None = None) -> None:
             make_checkpoint(str(checkpoint), str(Path(tmp) / "policy.pt"), 1)
             log_path = Path(tmp) / "vllm.log"
             print(f"starting vLLM (CPU) on the tiny policy; its log: {log_path}", flush=True)
+            extra, env = list(TRL_SERVER_FLAGS), {}
+            if "lora" in args.runs.split(","):
+                (Path(tmp) / "lora").mkdir()
+                extra += LORA_SERVER_FLAGS
+                env = {
+                    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                    "VLLM_LORA_RESOLVER_CACHE_DIR": str(Path(tmp) / "lora"),
+                }
             server = VLLMServer.start(
-                checkpoint, log_path, backend="wtcore_nccl", extra=TRL_SERVER_FLAGS
+                checkpoint, log_path, backend="wtcore_nccl", extra=extra, env=env
             )
             server.wait_ready()
             url = server.url

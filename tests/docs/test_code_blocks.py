@@ -86,6 +86,7 @@ RUN_ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/ray.md", "import ray, torch"): "tests/multinode/test_ray_nodes.py",
     # examples/trl_grpo/train.py executes the block as it stands, with a real GRPOTrainer
     ("docs/trl.md", "import wtcore_trl"): "tests/vllm/test_trl_grpo.py",
+    ("docs/trl.md", "from peft import LoraConfig"): "tests/vllm/test_vllm_lora.py",
     # the checkpoint, then the trainer as two torchrun ranks into the page's `wtcore serve` lines
     ("docs/sharded.md", "# checkpoint.py"): "tests/docs/test_sharded_page.py",
     ("docs/sharded.md", "import gc"): "tests/docs/test_sharded_page.py",

@@ -29,8 +29,10 @@ def install(backend: str = "nccl", *, timeout_s: float = 300.0, **options: Any) 
     return cls
 
 
-def follow(trainer: Any) -> None:
-    """Publish each sync as ``weight_version = str(trainer.state.global_step)``."""
+def follow(trainer: Any, *, lora: Any = None) -> None:
+    """Publish each sync as ``weight_version = str(trainer.state.global_step)``; with ``lora``, a
+    ``wtcore_vllm.lora.LoRASource`` of ``trainer.model``, sync that adapter alone (nothing
+    merged) and generate with it, by its name (docs/trl.md)."""
     from wtcore_trl.client import follow_steps
 
-    follow_steps(trainer)
+    follow_steps(trainer, lora)

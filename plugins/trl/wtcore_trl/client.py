@@ -17,6 +17,7 @@ from typing import Any
 from wtcore.errors import PayloadError, PluginLoadError, ProtocolStateError
 from wtcore.parse import field_names, parse_dataclass
 from wtcore.registry import CLIENTS, TRAINER_ENGINES
+from wtcore.source import WeightSource
 from wtcore.stats import TransferStats
 from wtcore_trl import SUPPORTED_TRL
 from wtcore_trl.source import StreamSource
@@ -107,6 +108,8 @@ def client_class(backend: str, options: dict[str, Any], timeout_s: float) -> typ
         step_of: Callable[[], int] | None = None
         #: What every sync of this client did, in order (``TransferStats``).
         syncs: list[TransferStats]
+        #: The adapter each sync sends in place of TRL's stream (``follow(trainer, lora=...)``).
+        lora: WeightSource | None = None
 
         def init_communicator(self, device: Any = 0) -> None:
             self.close_communicator()
@@ -140,9 +143,8 @@ def client_class(backend: str, options: dict[str, Any], timeout_s: float) -> typ
                     f"{self.base_url}: update_named_params before init_communicator"
                 )
             step = self.step_of() if self.step_of is not None else len(self.syncs)
-            stats = self.communicator.send_weights(
-                StreamSource(metadata, named_params), weight_version=str(step)
-            )
+            source = StreamSource(metadata, named_params) if self.lora is None else self.lora
+            stats = self.communicator.send_weights(source, weight_version=str(step))
             self.syncs.append(stats)
 
         def close_communicator(self) -> None:
@@ -160,9 +162,16 @@ def client_class(backend: str, options: dict[str, Any], timeout_s: float) -> typ
     return WtcoreVLLMClient
 
 
-def follow_steps(trainer: Any) -> None:
-    """Point the trainer's vLLM client at its global step (only TRL's main process has one)."""
+def follow_steps(trainer: Any, lora: Any = None) -> None:
+    """Point the trainer's vLLM client at its global step (only TRL's main process has one) and,
+    with ``lora`` (a ``wtcore_vllm.lora.LoRASource``), at its adapter: every sync sends the
+    adapter alone, and TRL generates with it (``lora.name``)."""
     generation = getattr(trainer, "vllm_generation", None)
+    if lora is not None and generation is not None:
+        if generation._dist.is_zero3 or generation._dist.is_fsdp:
+            raise PluginLoadError("lora: the adapter must be whole on each rank (no ZeRO-3, FSDP)")
+        # TRL's walk merges the adapter into the base on every rank: nothing walks it now
+        generation._iter_named_params = lambda: iter(())
     client = getattr(generation, "vllm_client", None)
     if client is None:
         return  # not the main process, or not vLLM server mode: nothing syncs here
@@ -172,3 +181,5 @@ def follow_steps(trainer: Any) -> None:
             "building the trainer"
         )
     client.step_of = lambda: int(trainer.state.global_step)
+    if lora is not None:
+        client.lora, client.model = lora, lora.name  # TRL's requests name client.model
