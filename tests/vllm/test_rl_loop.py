@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.vllm.conftest import Checkpoint
-from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, servers, stop_process
+from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, run_example, servers
 
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -37,15 +36,7 @@ def _run(url: str, ckpt: Path, log_path: Path) -> tuple[str, dict]:  # type: ign
     cmd = [str(VLLM_PYTHON), str(ROOT / "examples" / "rl_loop" / "run.py")]
     cmd += ["--url", url, "--checkpoint", str(ckpt), "--steps", str(STEPS)]
     cmd += ["--runs", "control,synced,async", "--json", str(log_path), "--no-progress"]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=480)
-    finally:
-        stop_process(proc, timeout_s=5)
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text[-4000:]
+    text = run_example(cmd, timeout_s=480)
     return text, json.loads(log_path.read_text())["runs"]
 
 

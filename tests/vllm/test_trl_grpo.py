@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, run_trainer, stop_process
+from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, run_example, run_trainer
 
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -39,16 +39,10 @@ def test_grpo_trainer_syncs_every_step_through_wtcore(vllm_servers, tmp_path: Pa
     cmd = [str(VLLM_PYTHON), "-W", "ignore", str(ROOT / "examples" / "trl_grpo" / "train.py")]
     cmd += ["--url", s.a.url, "--checkpoint", str(s.ckpt_a.dir), "--steps", str(STEPS)]
     cmd += ["--json", str(log_path)]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
     try:
-        out, _ = proc.communicate(timeout=600)
+        text = run_example(cmd)
     finally:
-        stop_process(proc, timeout_s=5)
         run_trainer(s.a.url, s.ckpt_a.state, "restored-after-trl")  # A again, for the others
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text[-4000:]
     runs = json.loads(log_path.read_text())["runs"]
     lines = re.findall(rf"^(control|synced|delta) +step +\d+/{STEPS} ", text, flags=re.M)
     assert lines == ["control"] * STEPS + ["synced"] * STEPS + ["delta"] * STEPS, text[-4000:]

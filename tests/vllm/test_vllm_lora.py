@@ -36,6 +36,7 @@ from tests.vllm.vllm_kit import (
     Outputs,
     VLLMServer,
     generate,
+    run_example,
     servers,
     stop_process,
 )
@@ -183,14 +184,7 @@ def test_grpo_trainer_with_a_peft_config_syncs_only_its_adapter(  # type: ignore
     cmd = [str(VLLM_PYTHON), "-W", "ignore", str(ROOT / "examples" / "trl_grpo" / "train.py")]
     cmd += ["--url", server.url, "--checkpoint", str(a.dir), "--steps", str(TRL_STEPS)]
     cmd += ["--runs", "lora", "--json", str(log_path), "--adapter-dir", str(saved_dir)]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        stop_process(proc, timeout_s=5)
-    assert proc.returncode == 0, out.decode(errors="replace")[-4000:]
+    run_example(cmd)
 
     saved = load_file(saved_dir / "adapter_model.safetensors")
     adapter_bytes = sum(t.nbytes for t in saved.values())

@@ -200,6 +200,21 @@ def trainer_cmd(
     return [*cmd, *extra]
 
 
+def run_example(cmd: Sequence[str], *, timeout_s: float = 600.0) -> str:
+    """Run ``cmd`` (an example's script) to its end in its own session; its output, asserting it
+    succeeded. Stopped by PID whatever happens."""
+    proc = subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        stop_process(proc, timeout_s=5)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, f"{cmd[1]} failed ({proc.returncode}):\n{text[-4000:]}"
+    return text
+
+
 def run_trainer(
     url: str,
     state: Path | None,
