@@ -1,16 +1,6 @@
-"""wtcore-vllm: run any installed wtcore worker engine inside a vLLM server.
-
-vLLM loads :func:`wtcore_vllm.plugin.register` (entry point group ``vllm.general_plugins``) in
-each of its processes; it adds every wtcore worker engine to vLLM's weight-transfer engine
-factory as ``wtcore_<name>``, so ``--weight-transfer-config '{"backend": "wtcore_nccl"}'``
-selects wtcore's ``nccl`` engine. The trainer side needs no vLLM: it is plain wtcore (e.g.
-``wtcore_nccl.NCCLTrainerInitInfo`` with ``wtcore_http_client.HTTPWeightSyncClient``).
-
-With tensor parallelism each worker is a sharded receiver of its own (:mod:`wtcore_vllm.tp`,
-reported through :mod:`wtcore_vllm.extension`).
-
-Importing this package imports neither vLLM nor torch.
-"""
+"""wtcore-vllm: every installed wtcore worker engine as a vLLM weight-transfer backend,
+``wtcore_<name>`` (docs/vllm.md). The trainer needs no vLLM; importing this package imports
+neither vLLM nor torch."""
 
 from __future__ import annotations
 

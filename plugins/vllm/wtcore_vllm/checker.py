@@ -1,14 +1,10 @@
 """vLLM's ``/weight_checker`` on CPU: checksums of the weights the kernels compute with.
 
-Why: vLLM's CPU backend packs each unquantized linear weight into its GEMM kernel's own handle
-(oneDNN, sgl-kernel or zentorch) and leaves an empty parameter behind, and the output layer
-computes from a packed copy next to its parameter. vLLM's checksum hashes parameters, so on
-CPU it saw nothing of ``qkv_proj``, ``o_proj``, ``gate_up_proj``, ``down_proj`` (most of a
-model) nor the head's copy, and its reset zeroed none of them. No tensor holds the packed
-weights, so they are read back through the kernel: the layer's GEMM applied to the identity
-gives the transposed weight bit for bit (each output is one weight times 1 plus zeros; only the
-sign of a zero is lost, and an infinite weight makes its row NaN). That costs input size x
-weight elements multiply-adds per layer. Reset packs zeros, the way a sync packs new weights.
+vLLM's CPU backend packs each unquantized linear weight into its GEMM kernel's own handle
+(leaving an empty parameter), and the output layer computes from a packed copy, so vLLM's
+checksum and reset miss most of a model. No tensor holds the packed weights, so they are read
+back through the kernel: its GEMM applied to the identity gives the transposed weight bit for
+bit (only a zero's sign is lost; an infinite weight makes its row NaN). Reset packs zeros.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ _PROBE_ELEMENTS = 1 << 22
 
 
 def install() -> None:
-    """Make the worker's ``compute_weight_checksums`` and ``reset_weights`` (vLLM 0.32's, in
-    its worker module) use the functions below."""
+    """Point vLLM 0.32's worker-module checksum and reset at the functions below."""
     from vllm.v1.worker import gpu_worker
 
     gpu_worker.compute_tensor_digests = kernel_digests

@@ -1,43 +1,10 @@
 """The adapter: vLLM's worker-side weight-transfer engine on top of a wtcore worker engine.
 
-vLLM builds it with ``(config, vllm_config, device, model)``; the adapter builds the wtcore
-engine named by the backend (``wtcore_nccl`` -> ``nccl``) with the worker's device and its
-place among all inference workers (data-parallel replicas included), and a sink that feeds
-``model.load_weights``. Every protocol call is forwarded; parsing is wtcore's, so bad payloads
-fail with wtcore's field-named errors.
-
-Three things differ from a plain wtcore worker:
-
-- Loading is bracketed by vLLM's layerwise reload (see :mod:`wtcore_vllm.reload`), on every
-  device, as vLLM's own NCCL engine does; a failed update or finish aborts it.
-- The sink copies each tensor before handing it to vLLM. wtcore engines may pass views into
-  receive buffers they reuse (the ``WeightSink`` contract), but the layerwise reload keeps
-  references to a layer's tensors until the layer is complete.
-- vLLM's base ``update_weights`` ends with ``torch.accelerator.synchronize()``, which raises
-  on CPU; the adapter synchronizes only on an accelerator.
-- On CPU, vLLM's ``/weight_checker`` also hashes and resets the weights packed into kernels
-  (:mod:`wtcore_vllm.checker`).
-- Rounds are owned here too. vLLM's routes drop wtcore's round header, so the round id a
-  wtcore trainer stamps into each ``update_info`` (:data:`wtcore.rounds.ROUND_KEY`) is what
-  the adapter checks: the round's first update binds it (or binds "unowned"), and an update
-  naming another round, or none in an owned round, is refused before anything of it is
-  parsed or loaded. vLLM then ends the round, as after any failed update: the owner's next
-  call fails and nothing is published.
-- Finish fails the round when a layer got none of its tensors, and keeps tied layers (an output
-  layer that is the input embedding) exact when the shared tensor arrives once
-  (:func:`wtcore_vllm.reload.check_layerwise_reload`). A failed finish publishes nothing and
-  ends vLLM's session, so the server takes the next round.
-- With tensor parallelism (TP > 1) each worker is a sharded receiver
-  (:mod:`wtcore_vllm.tp`): the wtcore engine checks every plan against the layout derived
-  from the worker's model, and a sharded round's slices are copied into their parameters;
-  :meth:`WtcoreVLLMEngine.worker_info` is what the worker reports
-  (:mod:`wtcore_vllm.extension`).
-- A staged round (``docs/staged.md``) lands in host staging and the live model keeps
-  serving: vLLM's layerwise reload (every layer on the meta device until it is processed)
-  starts at the commit, in finish; a classic round starts it at its first update, since start
-  does not say which round it is. A trainer's init abandons a round left open.
-- An adapter round (:mod:`wtcore_vllm.lora`) is staged too, and its commit writes the adapter
-  where vLLM's LoRA loader reads it; the model's weights are not touched.
+It forwards every protocol call to the wtcore engine its backend names (parsing is wtcore's),
+whose sink feeds ``model.load_weights`` inside vLLM's layerwise reload (:mod:`wtcore_vllm.reload`).
+What it adds, and why (round ownership from the ``update_info`` stamp, finish checks, staged and
+LoRA rounds, TP workers as sharded receivers that fail together): docs/vllm.md, "What the adapter
+does" and "Tensor parallelism".
 """
 
 from __future__ import annotations
@@ -88,15 +55,8 @@ _UNBOUND = object()
 
 
 class ModelSink:
-    """A wtcore sink over the adapter's current target model (``load_weights``).
-
-    It reads the model through the adapter on each call, so vLLM's
-    ``set_weight_update_target`` (draft model updates) is honoured.
-
-    It takes no delta patches (``accepts_patches``, :mod:`wtcore_delta`): the layerwise reload
-    rebuilds each layer from whole checkpoint tensors, so a trainer with ``delta=True`` sends
-    vLLM full rounds (it learns so because vLLM's server answers no ``weight_info``).
-    """
+    """A sink over the adapter's current target model (read per call, for draft models). No
+    delta patches: the layerwise reload rebuilds layers from whole checkpoint tensors."""
 
     accepts_patches = False
 
@@ -104,22 +64,15 @@ class ModelSink:
         self._adapter = adapter
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        # Copies: the layerwise reload buffers these tensors past this call (module docstring).
+        # Copies: wtcore engines reuse their receive buffers, and the layerwise reload keeps
+        # a layer's tensors until the layer is complete.
         model: Any = self._adapter.model  # a vLLM model class; nn.Module does not declare it
-        model.load_weights(_copies(weights))
-
-
-def _copies(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, t in weights:
-        yield name, t.clone()
+        model.load_weights((name, t.clone()) for name, t in weights)
 
 
 def worker_place(parallel_config: Any) -> tuple[int, int]:
-    """``(rank, world_size)`` of this worker among every inference worker, across replicas.
-
-    The same numbering vLLM's NCCL engine uses: data-parallel index times workers per replica
-    (tensor x pipeline parallel), plus the rank within the replica.
-    """
+    """``(rank, world_size)`` among every inference worker, numbered as vLLM's NCCL engine
+    does: ``dp_index * (tp * pp) + rank``."""
     per_replica = int(parallel_config.world_size)
     dp_index = int(getattr(parallel_config, "data_parallel_index", 0) or 0)
     dp_size = int(getattr(parallel_config, "data_parallel_size", 1) or 1)
@@ -142,10 +95,8 @@ def _no_mtp_completeness_check() -> Iterator[None]:
 
 
 class _Staging:
-    """The engine's sink: forwards to ``live`` (classic rounds) or, while :attr:`on` (a staged
-    round), copies each tensor into a host buffer per name, kept between rounds like
-    :class:`wtcore.staging.StagingSink`'s (whose targets are the sink's own names; here vLLM
-    maps checkpoint names at load time, so a buffer takes whatever a name brings)."""
+    """The engine's sink: forwards to ``live``, or while :attr:`on` (a staged round) copies
+    each tensor into a host buffer per checkpoint name, kept between rounds."""
 
     accepts_patches = False  # as ModelSink
 
@@ -168,8 +119,8 @@ class _Staging:
                 self.round[name] = None
 
     def commit(self, load: Any) -> None:
-        """``load`` this round's tensors (no copies: no buffer is written before the next
-        round, and vLLM copies whatever it keeps); buffers of other names are freed."""
+        """``load`` this round's buffers uncopied (none is written before the next round, and
+        vLLM copies what it keeps); free the others."""
         staged, self.round, self.on = self.round, {}, False
         self.buffers = {n: self.buffers[n] for n in staged}
         load([(n, self.buffers[n]) for n in staged])
@@ -179,11 +130,8 @@ class _Staging:
 
 
 class WtcoreVLLMEngine(VLLMEngine):
-    """vLLM weight-transfer engine that delegates to the wtcore engine named by its backend.
-
-    Subclasses made by :func:`adapter_class` fix ``wtcore_engine``; the base class reads it from
-    ``config.backend`` (``wtcore_<name>``).
-    """
+    """Delegates to the wtcore engine :attr:`wtcore_engine` (set by :func:`adapter_class`),
+    else the one ``config.backend`` names."""
 
     wtcore_engine: str | None = None
 
@@ -191,7 +139,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         self, config: Any, vllm_config: Any, device: torch.device, model: torch.nn.Module
     ) -> None:
         super().__init__(config, vllm_config, device, model)
-        if torch.device(device).type == "cpu":  # checksums of the packed weights too
+        if torch.device(device).type == "cpu":
             install_kernel_checksums()
         name = self.wtcore_engine or wtcore_engine_name(str(config.backend))
         rank, world_size = worker_place(self.parallel_config)
@@ -200,8 +148,7 @@ class WtcoreVLLMEngine(VLLMEngine):
         #: Why this TP worker cannot take sharded rounds (``None``: it can, or TP = 1).
         self.layout_error: str | None = None
         sink: ModelSink | TPModelSink = ModelSink(self)
-        tp_size = int(getattr(self.parallel_config, "tensor_parallel_size", 1) or 1)
-        self._tp_size = tp_size
+        tp_size = self._tp_size = int(getattr(self.parallel_config, "tensor_parallel_size", 1) or 1)
         if tp_size > 1:
             from vllm.distributed import get_tensor_model_parallel_rank
 
@@ -223,7 +170,7 @@ class WtcoreVLLMEngine(VLLMEngine):
             world_size=world_size,
         )
         if self.tp_sink is not None:
-            self.inner.receiver_layout = self.tp_sink.receiver_layout()
+            self.inner.receiver_layout = self.tp_sink.derived.layout
         self.init_info_cls = engine_cls.init_info_cls
         self.update_info_cls = engine_cls.update_info_cls
         self._reloading = self._open = self._prepared = False
@@ -235,14 +182,12 @@ class WtcoreVLLMEngine(VLLMEngine):
         #: The last finished round's seconds (docs/staged.md), as wtcore's worker reports them.
         self.round_times: dict[str, float | None] = dict.fromkeys(ROUND_TIMES)
 
-    # ------------------------------------------------------------------ parsing (wtcore's)
     def parse_init_info(self, init_dict: dict[str, Any]) -> Any:
         return self.inner.parse_init_info(init_dict)
 
     def parse_update_info(self, update_dict: dict[str, Any]) -> Any:
         return self.inner.parse_update_info(update_dict)
 
-    # ------------------------------------------------------------------ the protocol
     def init_transfer_engine(self, init_info: Any) -> None:
         if self._open:  # a trainer's fresh init abandons the round a failed one left open
             self._abort_round()
@@ -250,11 +195,8 @@ class WtcoreVLLMEngine(VLLMEngine):
         self.inner.init_transfer_engine(init_info)
 
     def worker_info(self) -> dict[str, Any]:
-        """What this worker reports to a trainer (vLLM's ``/weight_info`` has no per-worker
-        part; :mod:`wtcore_vllm.extension` serves this through ``/collective_rpc``): its rank
-        among every inference worker, its layout (``None``: whole tensors, TP = 1), and at
-        TP > 1 the bytes of its last sharded round (``planned``: its slices, ``landed``:
-        what was copied into its parameters), and its last round's seconds (docs/staged.md)."""
+        """This worker's report (:mod:`wtcore_vllm.extension`): its place, layout (``None`` at
+        TP = 1), last round's seconds, and at TP > 1 its last sharded round's bytes."""
         layout = self.inner.receiver_layout
         out: dict[str, Any] = {
             "rank": self.inner.rank,
@@ -314,8 +256,7 @@ class WtcoreVLLMEngine(VLLMEngine):
             return
         self._abort_round()
         if raise_here is None:
-            # Another worker of the TP group raises for all (_agree); vLLM closes the session
-            # only on the worker that raises, so close it here.
+            # Another worker raises for all (_agree), and vLLM closes only its session.
             self._end_vllm_session()
             return
         raise raise_here
@@ -345,7 +286,6 @@ class WtcoreVLLMEngine(VLLMEngine):
                 f"{self.layout_error}"
             )
         if self.tp_sink is not None and isinstance(update_info, PlanUpdate):
-            # this round's slices go straight into parameters
             self.tp_sink.take_plan(sum(m.nbytes for m in update_info.metas))
         with _no_mtp_completeness_check():
             self.inner.receive_weights(update_info)
@@ -401,17 +341,9 @@ class WtcoreVLLMEngine(VLLMEngine):
         self.round_times = {"staged_s": staged, "commit_s": end - t0, "paused_s": paused}
 
     def _agree(self, error: BaseException | None, step: str) -> tuple[bool, BaseException | None]:
-        """Whether ``step`` failed on any worker of this TP group, and what this worker raises.
-
-        Why only one worker raises: vLLM 0.32's ``MultiprocExecutor`` reads the workers'
-        replies to a call in rank order and raises at the first failed one, leaving the other
-        workers' replies queued, so every later call to every worker would read a stale reply
-        (the server could never take another round). So the workers exchange their outcomes
-        over the TP group's CPU group, and the last worker, whose reply is read last, raises
-        for all (this worker's own error when it alone failed, else one naming each failing
-        rank); the others abort the round and return. At TP = 1: ``(error is not None,
-        error)``.
-        """
+        """Whether ``step`` failed on any worker of this TP group, and what this worker raises:
+        only the last one does, for all, since vLLM 0.32 stops reading replies at the first
+        failure and would leave the others queued (docs/vllm.md, "Tensor parallelism")."""
         if self._tp_size == 1:
             return error is not None, error
         import torch.distributed as dist
@@ -439,15 +371,9 @@ class WtcoreVLLMEngine(VLLMEngine):
         self.inner.shutdown()
 
     def _end_vllm_session(self) -> None:
-        """End vLLM's worker session after a failed finish, as vLLM does for a failed update.
-
-        vLLM's worker closes its weight-update session when ``update_weights`` raises, but not
-        when ``finish_weight_update`` does: every later ``start_weight_update`` would then be
-        refused ("already active") and the server could never take another round. vLLM gives
-        the engine no handle on its worker, so this finds the worker among the callers (the
-        frame whose ``self.weight_transfer_engine`` is this engine) and closes the session the
-        way its own ``update_weights`` failure path does.
-        """
+        """End vLLM's worker session after a failed finish, as vLLM does after a failed update
+        (else every later start is refused "already active"). vLLM gives the engine no handle
+        on its worker, so this finds it among the callers."""
         frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             owner: Any = frame.f_locals.get("self")

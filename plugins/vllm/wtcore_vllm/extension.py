@@ -1,13 +1,9 @@
 """``--worker-extension-cls wtcore_vllm.extension.WtcoreWorkerExtension``: what each vLLM worker
 reports to a trainer.
 
-Why an extension: vLLM's ``GET /weight_info`` answers the server's weight version only, while
-a trainer planning a sharded round needs every worker's layout (one receiver per TP rank). vLLM
-reaches every worker with ``POST /collective_rpc`` (on with ``VLLM_SERVER_DEV_MODE=1``, which
-the RL routes need anyway), calling a method of the worker by name; this class gives the
-worker that method, :meth:`WtcoreWorkerExtension.wtcore_weight_info`, and
-:class:`wtcore_http_client.VLLMWeightSyncClient` calls it. A server that runs an extension of
-its own subclasses this one. Importing this module imports neither vLLM nor torch.
+vLLM's ``/weight_info`` has no per-worker part, and a sharded round's plan needs each worker's
+layout: :class:`wtcore_http_client.VLLMWeightSyncClient` reads it through ``/collective_rpc``.
+Subclass it for an extension of your own. Imports neither vLLM nor torch.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ class WtcoreWorkerExtension:
     """Mixed into vLLM's worker class by vLLM (``worker_extension_cls``)."""
 
     def wtcore_weight_info(self) -> dict[str, Any]:
-        """This worker's report: ``rank``, ``world_size`` and ``layout`` (wtcore's
-        ``TPLayout`` on the wire; ``None`` at TP = 1), and its last round's seconds."""
+        """This worker's report (:meth:`~wtcore_vllm.engine.WtcoreVLLMEngine.worker_info`)."""
         return self._wtcore_engine().worker_info()
 
     def _wtcore_engine(self) -> WtcoreVLLMEngine:

@@ -1,10 +1,5 @@
-"""Where vLLM keeps its weight-transfer package: one place that knows both paths.
-
-vLLM 0.32 has it at ``vllm.distributed.weight_transfer``; newer versions move it to
-``vllm.backends.distributed.weight_transfer`` and keep aliases at the old path in some
-releases only. The adapter imports every weight-transfer module through :func:`weight_transfer`
-so that it runs on both, and a vLLM that has neither says so in one clear error.
-"""
+"""Where vLLM keeps its weight-transfer package, which newer releases move (docs/vllm.md): every
+import goes through :func:`weight_transfer`, so a vLLM with neither path fails naming both."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The ``vllm.general_plugins`` entry point: make wtcore engines selectable in vLLM.
 
-vLLM runs general plugins in every process it starts (API server, engine core, workers), and
-possibly more than once per process, so :func:`register` is idempotent: a name vLLM already
-holds (registered by an earlier call, by vLLM itself or by another plugin) is skipped, since
-vLLM's factory raises on a duplicate. Registering reads only wtcore's entry-point metadata;
-no wtcore engine is imported until vLLM builds one.
+vLLM runs it in every process it starts, maybe more than once, and its factory raises on a
+duplicate, so :func:`register` skips names vLLM already holds. No wtcore engine is imported
+until vLLM builds one.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ log = logging.getLogger(__name__)
 
 
 def register() -> list[str]:
-    """Register each installed wtcore worker engine as ``wtcore_<name>``; return the new names.
-
-    A renamed built-in is registered under its old name as well (``wtcore_local``, now
-    ``wtcore_inline``), which loads the same engine with a ``DeprecationWarning`` until 0.3.
-    """
+    """Register each installed wtcore worker engine as ``wtcore_<name>``, and a renamed one's
+    old name too (``wtcore_local``, until 0.3); return the new names."""
     from wtcore.registry import ENGINES
     from wtcore_vllm.engine import adapter_class
     from wtcore_vllm.paths import weight_transfer
@@ -32,7 +27,7 @@ def register() -> list[str]:
 
     registry = getattr(WeightTransferEngineFactory, "_registry", None)
     added: list[str] = []
-    for engine in [*ENGINES.names(), *ENGINES.renamed]:  # old names too, until they go
+    for engine in [*ENGINES.names(), *ENGINES.renamed]:
         name = vllm_backend_name(engine)
         if registry is not None and name in registry:
             continue

