@@ -103,7 +103,8 @@ def direct_destination(
 
 class ModuleSink:
     """Copies incoming tensors into a module's parameters (and buffers) by name, checking the
-    whole batch first. ``layout``: the module holds this receiver's TP slices only."""
+    whole batch first. ``layout``: the module holds this receiver's TP slices only (or its
+    experts only: :meth:`place` changes them between rounds)."""
 
     def __init__(
         self,
@@ -112,13 +113,17 @@ class ModuleSink:
         include_buffers: bool = True,
         layout: TPLayout | None = None,
     ) -> None:
+        self.include_buffers = include_buffers
+        self.place(module, layout)
+
+    def place(self, module: torch.nn.Module, layout: TPLayout | None = None) -> None:
+        """Hold ``module``, laid out by ``layout``, from the next round on (between rounds:
+        a new expert placement); the worker reports it and plans the next round to it."""
         from wtcore.sharded.receiver_layout import TPLayout
 
         if layout is not None and not isinstance(layout, TPLayout):
             raise PayloadError(f"layout: expected a TPLayout or None, got {type(layout).__name__}")
-        self.module = module
-        self.include_buffers = include_buffers
-        self.layout = layout
+        self.module, self.layout = module, layout
         self._targets: dict[str, torch.Tensor] = dict(self.named_tensors())
 
     def receiver_layout(self) -> TPLayout | None:

@@ -365,6 +365,15 @@ class WeightSyncWorker:
         self._round_id = None
         self._disarm()
 
+    def _placed(self) -> None:
+        """Under the lock, between rounds: take the sink's layout as it is now (an expert
+        placement may change between rounds, without a restart); a changed one may hold
+        tensors no round wrote yet, so the weights are mixed until a round writes them all."""
+        layout = self.sink.receiver_layout() if isinstance(self.sink, LaidOutSink) else None
+        if layout != self.engine.receiver_layout:
+            self.engine.receiver_layout = layout
+            self._mark_mixed()
+
     def _mark_mixed(self) -> None:
         """Under the lock: the weights may be mixed; every tensor must be written again before
         they are reported consistent (a partial round after this publishes, inconsistent)."""
@@ -451,6 +460,8 @@ class WeightSyncWorker:
             if self._state is WorkerState.UNINITIALIZED
             else "a round is already in progress (start was called twice?)",
         ):
+            with self._lock:
+                self._placed()
             self.engine.start_weight_update()
             if self._staging is not None:
                 self._staging.begin()
@@ -682,6 +693,8 @@ class WeightSyncWorker:
         if self._lock.acquire(blocking=False):  # an expired round reads as abandoned at once
             try:
                 self._expire_if_due()
+                if self._busy is None and self._state is not WorkerState.UPDATING:
+                    self._placed()
             finally:
                 self._lock.release()
         return {

@@ -106,6 +106,27 @@ def test_receiver_layouts_place_each_receiver_by_its_own_report() -> None:
         receiver_layouts([], metas)
 
 
+def test_an_absent_tensor_has_no_box_and_no_chunk() -> None:
+    """``absent``: an expert this receiver does not hold (an expert-parallel placement)."""
+    full = whole()
+    metas = [ParamMeta.of(n, t) for n, t in full.items()]
+    lay = TPLayout(1, 2, (("*.o_proj.*", "absent"), *RULES))
+    assert TPLayout.from_wire(lay.to_wire()) == lay
+    assert lay.box("layers.0.o_proj.weight", (4, 5)) is None
+    with pytest.raises(PayloadError, match="'layers.0.o_proj.bias': this receiver holds none"):
+        lay.local("layers.0.o_proj.bias", full["layers.0.o_proj.bias"])
+    dst = receiver_layouts([TPLayout(0, 2, RULES), lay], metas)
+    assert dst["layers.0.o_proj.weight"].boxes == (((0, 4), (0, 3)), None)
+    src = {m.name: Layout.whole(m.shape) for m in metas}
+    plan = plan_transfer([(m, src[m.name], dst[m.name]) for m in metas])
+    assert not {"layers.0.o_proj.weight", "layers.0.o_proj.bias"} & {
+        c.name for c in plan.select(dst=1)
+    }
+    assert plan.nbytes(dst=1) == sum(
+        lay.local(n, t).nbytes for n, t in full.items() if lay.kind(n) != "absent"
+    )
+
+
 def test_a_worker_reports_its_sinks_layout_and_none_for_whole_replicas() -> None:
     lay = TPLayout(0, 2, RULES)
     sliced = {n: lay.local(n, t).clone() for n, t in whole().items()}

@@ -6,7 +6,8 @@ Why a receiver reports rules and not boxes: a receiver knows how its model is sp
 shapes, which are the trainer's. So it reports its TP rank and size and one rule per group of
 names (:class:`TPLayout`, a few hundred bytes whatever the model's size), and the trainer turns
 them into boxes with the global shapes it already has (:func:`receiver_layouts`). A receiver
-that reports nothing holds whole replicas, today's case.
+that reports nothing holds whole replicas, today's case. ``absent`` names what a receiver does
+not hold at all (the experts an expert-parallel placement puts elsewhere): it gets none of it.
 
 The report reaches the trainer through ``weight_info()`` (key ``"layout"``) on every client,
 so it is checked like anything else a peer sends: :meth:`TPLayout.from_wire` refuses a bad
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["KINDS", "MAX_RULES", "TPLayout", "receiver_layouts"]
 
-#: The layouts a rule may name (:func:`wtcore.sharded.layout.tp_box`).
-KINDS = ("column", "row", "vocab", "replicated")
+#: The layouts a rule may name (:func:`wtcore.sharded.layout.tp_box`; ``absent``: none of it).
+KINDS = ("column", "row", "vocab", "replicated", "absent")
 #: The most rules one receiver may report, and the longest pattern.
 MAX_RULES = 1024
 MAX_PATTERN = 256
@@ -86,15 +87,19 @@ class TPLayout:
                 return kind
         return self.default
 
-    def box(self, name: str, shape: Sequence[int]) -> Box:
-        """The part of ``name`` this receiver holds, in global coordinates (refused with more
-        ranks than elements on the dimension it splits)."""
-        return tp_box(shape, self.kind(name), self.tp_size, self.tp_rank)
+    def box(self, name: str, shape: Sequence[int]) -> Box | None:
+        """The part of ``name`` this receiver holds, in global coordinates (``None``: nothing;
+        refused with more ranks than elements on the dimension it splits)."""
+        return _box(shape, self.kind(name), self.tp_size, self.tp_rank)
 
     def local(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """This receiver's part of a whole tensor (a view): to build a receiver from a
-        checkpoint, or to check one against a gathered reference."""
-        return region(full, self.box(name, tuple(full.shape)))
+        checkpoint, or to check one against a gathered reference. Refused where it holds none
+        (``absent``): filter those names out with :meth:`kind`."""
+        box = self.box(name, tuple(full.shape))
+        if box is None:
+            raise PayloadError(f"{name!r}: this receiver holds none of it (absent)")
+        return region(full, box)
 
     # ------------------------------------------------------------------ the wire
     def to_wire(self) -> dict[str, Any]:
@@ -161,16 +166,20 @@ def receiver_layouts(
         kinds = tuple(p.kind(meta.name) for p in rules.values())
         layout = made.get((shape, kinds))
         if layout is None:
-            boxes: list[Box] = []
+            boxes: list[Box | None] = []
             for i, (p, w) in enumerate(zip(parsed, which, strict=True)):
                 try:
                     boxes.append(
                         tuple((0, d) for d in shape)
                         if p is None
-                        else tp_box(shape, kinds[w], p.tp_size, p.tp_rank)
+                        else _box(shape, kinds[w], p.tp_size, p.tp_rank)
                     )
                 except PayloadError as e:
                     raise PayloadError(f"{field}[{i}].layout.{e} ({meta.name!r})") from e
             layout = made[(shape, kinds)] = Layout(shape, tuple(boxes))
         out[meta.name] = layout
     return out
+
+
+def _box(shape: Sequence[int], kind: str, tp_size: int, tp_rank: int) -> Box | None:
+    return None if kind == "absent" else tp_box(shape, kind, tp_size, tp_rank)

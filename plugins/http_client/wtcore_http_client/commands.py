@@ -217,7 +217,11 @@ def build_model(args: argparse.Namespace, layout: TPLayout | None = None) -> tor
         if all(layout.kind(n) == "replicated" for n in state):  # surely a typo in the rules
             names = ", ".join(list(state)[:3])
             raise PayloadError(f"--tp-rules: no rule splits a tensor of the model ({names}, ...)")
-        state = {n: layout.local(n, t).contiguous() for n, t in state.items()}
+        state = {
+            n: layout.local(n, t).contiguous()
+            for n, t in state.items()
+            if layout.kind(n) != "absent"
+        }
     return build_module(state).to(args.device)
 
 
