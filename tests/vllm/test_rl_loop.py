@@ -1,9 +1,9 @@
 """The job itself: a GRPO-style RL loop with vLLM sampling and wtcore syncing every step.
 
 Runs ``examples/rl_loop/run.py`` (with the vLLM venv's Python, since the trainer's policy is
-transformers' ``LlamaForCausalLM``) against a server of checkpoint A with ``wtcore_nccl`` and
-wtcore's worker extension (its workers report each round's paused time), started here. Each
-run starts by syncing checkpoint A into the server. The control run (no sync) goes first, then
+transformers' ``LlamaForCausalLM``) against the session's server of checkpoint A with
+``wtcore_nccl`` and wtcore's worker extension (its workers report each round's paused time),
+which gets A back afterwards. Each run starts by syncing checkpoint A into the server. The control run (no sync) goes first, then
 the synced run, then the async run (the next batch generated while the previous step's weights
 are staged), all in one ``run.py``. The thresholds below are calibrated in
 examples/rl_loop/README.md.
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.conftest import Checkpoint
-from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, run_example, servers
+from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, run_example, run_trainer
 
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -29,7 +28,6 @@ MISMATCH_TOL = 1e-3
 REWARD_RISE = 0.3
 #: The control run's reward may drift by noise, never by this much.
 CONTROL_DRIFT = 0.1
-EXTENSION = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
 
 
 def _run(url: str, ckpt: Path, log_path: Path) -> tuple[str, dict]:  # type: ignore[type-arg]
@@ -40,12 +38,13 @@ def _run(url: str, ckpt: Path, log_path: Path) -> tuple[str, dict]:  # type: ign
     return text, json.loads(log_path.read_text())["runs"]
 
 
-def test_rl_loop_learns_with_sync_and_drifts_without(  # type: ignore[no-untyped-def]
-    checkpoints: tuple[Checkpoint, Checkpoint], tmp_path: Path
-) -> None:
-    ckpt_a = checkpoints[0]
-    with servers([(ckpt_a.dir, tmp_path / "a.log", "wtcore_nccl")], extra=EXTENSION) as (a,):
-        text, runs = _run(a.url, ckpt_a.dir, tmp_path / "rl.json")
+def test_rl_loop_learns_with_sync_and_drifts_without(vllm_servers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    s = vllm_servers
+    try:
+        text, runs = _run(s.a.url, s.ckpt_a.dir, tmp_path / "rl.json")
+    finally:  # A again, and no KV cached under the loop's weights, for the others
+        run_trainer(s.a.url, s.ckpt_a.state, "restored-after-rl")
+        assert s.a.post("/reset_prefix_cache") == {"success": True}
     synced, control, pipelined = (runs[k]["steps"] for k in ("synced", "control", "async"))
     assert len(synced) == len(control) == len(pipelined) == STEPS
     lines = re.findall(rf"^(control|synced|async) +step +\d+/{STEPS} ", text, flags=re.M)
