@@ -5,7 +5,9 @@ A client streams completions from a real vLLM CPU server without a break while a
 with the old weights, then commits inside one finish call) and a classic one (``pause(keep)``,
 the round written into the live model, ``resume``). For each sync it prints the largest gap
 between two tokens that overlaps the sync, the median gap between tokens outside any sync (one
-decode step of the whole batch), and the commit time the server's workers report.
+decode step of the whole batch), the commit time the server's workers report, and which of the
+sync's calls the largest gap overlaps (none: the gap was not the sync's; on 2 cores the trainer,
+the streaming client and vLLM share the CPU).
 
 Run with the vLLM venv's Python (it has transformers, for the tiny checkpoint)::
 
@@ -23,6 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
 import torch
@@ -48,6 +51,26 @@ def stream_tokens(url: str, stop: threading.Event, arrivals: list[float]) -> Non
                     arrivals.append(time.perf_counter())
 
 
+def timed_calls(client: Any) -> list[tuple[str, float, float]]:
+    """Record each call the trainer makes on ``client``: (name, start, end)."""
+    calls: list[tuple[str, float, float]] = []
+    names = ("start_weight_update", "update_weights", "finish_weight_update", "pause", "resume")
+
+    def timing(name: str, call: Any) -> Any:
+        def timed(*args: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return call(*args)
+            finally:
+                calls.append((name, t, time.perf_counter()))
+
+        return timed
+
+    for name in names:
+        setattr(client, name, timing(name, getattr(client, name)))
+    return calls
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4, help="syncs of each kind, in turns")
@@ -69,6 +92,7 @@ def main() -> None:
         try:
             server.wait_ready()
             client = VLLMWeightSyncClient(server.url, timeout_s=120)
+            calls = timed_calls(client)
             config = {"backend": "nccl", "master_address": "127.0.0.1", "master_port": free_port()}
             config |= {"world_size": 1 + client.get_world_size(), "torch_num_threads": 1}
             engine = wtcore.trainer_from_config(config, client=client)
@@ -105,10 +129,13 @@ def main() -> None:
     step = statistics.median(g for g in outside if g > 1e-3)  # a step's chunks come together
     rows = []
     for kind, t0, t1, commit in syncs:
-        during = [g for a, g in gaps if a + g > t0 and a < t1]
-        rows.append({"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "max_gap_s": max(during)})
+        start, gap = max(((a, g) for a, g in gaps if a + g > t0 and a < t1), key=lambda x: x[1])
+        overlaps = sorted({n for n, c0, c1 in calls if c1 > start and c0 < start + gap})
+        rows.append({"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "max_gap_s": gap})
+        rows[-1]["gap_overlaps"] = overlaps
         print(
-            f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s, largest gap {max(during):.3f} s"
+            f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s, largest gap {gap:.3f} s,"
+            f" overlapping {', '.join(overlaps) or 'none of its calls'}"
         )
     print(f"one decode step (median gap outside the syncs): {step:.4f} s")
     print(json.dumps({"decode_step_s": step, "syncs": rows}))
