@@ -77,12 +77,19 @@ def check_required(call: str, round_id: str | None, required: bool) -> None:
         )
 
 
-def stamp_round(update_info: Any, round_id: str | None, *, staged: bool = False) -> Any:
-    """``update_info`` (a dict or list of them) stamped with :data:`ROUND_KEY` and, for a
-    staged round, :data:`STAGED_KEY`."""
+def stamp_round(
+    update_info: Any,
+    round_id: str | None,
+    *,
+    staged: bool = False,
+    marks: dict[str, Any] | None = None,
+) -> Any:
+    """``update_info`` (a dict or list of them) stamped with :data:`ROUND_KEY`, for a staged
+    round :data:`STAGED_KEY`, and ``marks`` (a source's own keys, such as an adapter round's)."""
     extra: dict[str, Any] = {} if round_id is None else {ROUND_KEY: round_id}
     if staged:
         extra[STAGED_KEY] = True
+    extra.update(marks or {})
     if not extra:
         return update_info
     if isinstance(update_info, list):
@@ -118,6 +125,9 @@ class RoundStampingClient:
         self.inner = inner
         self.timeout_s = timeout_s
         self.staged = staged
+        #: Keys stamped into every update of the round besides the round's own (a round
+        #: driver's, e.g. wtcore_vllm.lora's adapter mark).
+        self.marks: dict[str, Any] = {}
         self._done: threading.Event | None = None
         self._error: BaseException | None = None
 
@@ -160,7 +170,8 @@ class RoundStampingClient:
         self.opened()
         round_id = getattr(self.inner, "round_id", None)
         round_id = round_id if isinstance(round_id, str) else None
-        self.inner.update_weights(stamp_round(update_info, round_id, staged=self.staged))
+        stamped = stamp_round(update_info, round_id, staged=self.staged, marks=self.marks)
+        self.inner.update_weights(stamped)
 
     def prepare(self) -> None:
         """A staged round's barrier: returns once every receiver holds the complete round."""

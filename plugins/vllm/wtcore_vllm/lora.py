@@ -88,40 +88,14 @@ class LoRASource(WeightSource):
     def round_driver(
         self, engine: Any, verify: bool
     ) -> Callable[[WeightSource, TransferStats, str | None], None]:
-        """The whole round, every update marked (the sender's client wraps its own)."""
+        """The whole round, every update marked (:attr:`RoundStampingClient.marks`)."""
 
         def drive(src: WeightSource, stats: TransferStats, version: str | None) -> None:
-            client = engine.client
-            if not isinstance(client, RoundStampingClient):  # not the sender
-                engine._whole_round(src, stats, version)
-                return
-            inner = client.inner
-            client.inner = _Marking(inner, {"name": self.name, "config": self.config()})
-            try:
-                engine._whole_round(src, stats, version)
-            finally:
-                client.inner = inner
+            if isinstance(engine.client, RoundStampingClient):  # the sender's, for this round
+                engine.client.marks = {LORA_KEY: {"name": self.name, "config": self.config()}}
+            engine._whole_round(src, stats, version)
 
         return drive
-
-
-class _Marking:
-    """Forwards every call; adds the adapter's mark to each update (each entry of a list)."""
-
-    def __init__(self, inner: Any, mark: dict[str, Any]) -> None:
-        self.inner, self.mark = inner, mark
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def update_weights(self, update_info: Any) -> None:
-        if isinstance(update_info, dict):
-            update_info = {**update_info, LORA_KEY: self.mark}
-        elif isinstance(update_info, list):
-            update_info = [
-                {**e, LORA_KEY: self.mark} if isinstance(e, dict) else e for e in update_info
-            ]
-        self.inner.update_weights(update_info)
 
 
 class LoRAWriter:
