@@ -74,6 +74,8 @@ def timed_calls(client: Any) -> list[tuple[str, float, float]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4, help="syncs of each kind, in turns")
+    p.add_argument("--width", type=int, default=1, help="hidden sizes x this (1: 64)")
+    p.add_argument("--layers", type=int, default=2)
     args = p.parse_args()
     import wtcore
     from wtcore.testing.net import free_port
@@ -81,8 +83,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="wtcore-gap-") as tmp:
         ckpt, state_path = Path(tmp) / "policy", Path(tmp) / "policy.pt"
-        make_checkpoint(str(ckpt), str(state_path), 1)
+        make_checkpoint(str(ckpt), str(state_path), 1, width=args.width, layers=args.layers)
         state = torch.load(state_path, weights_only=True)
+        print(f"{sum(t.nbytes for t in state.values()) / 2**20:.1f} MiB in {len(state)} tensors")
         server = VLLMServer.start(
             ckpt,
             Path(tmp) / "vllm.log",
@@ -99,10 +102,10 @@ def main() -> None:
             stop, arrivals = threading.Event(), []
             streamer = threading.Thread(target=stream_tokens, args=(server.url, stop, arrivals))
             streamer.start()
-            syncs: list[tuple[str, float, float, float]] = []
+            syncs: list[tuple[str, float, float, float, float]] = []
             try:
                 time.sleep(2.0)
-                for i in range(2 * args.rounds):
+                for i in range(2 * args.rounds + 2):  # the first of each kind warms up
                     staged = i % 2 == 0
                     engine.init_info.staged = staged
                     t0 = time.perf_counter()
@@ -111,11 +114,15 @@ def main() -> None:
                     stats = engine.send_weights(wtcore.TensorSource(state), weight_version=str(i))
                     if not staged:
                         client.resume()
-                    else:
+                    else:  # KV computed with the old weights goes (a classic pause drops it)
+                        r0 = time.perf_counter()
                         server.post("/reset_prefix_cache")
+                        calls.append(("reset_prefix_cache", r0, time.perf_counter()))
                     t1 = time.perf_counter()
-                    commit = max(t["commit_s"] for t in stats.receiver_times or [])
-                    syncs.append(("staged" if staged else "classic", t0, t1, commit))
+                    times = stats.receiver_times or []
+                    commit = max(t["commit_s"] for t in times)
+                    paused = max(t["paused_s"] for t in times)
+                    syncs.append(("staged" if staged else "classic", t0, t1, commit, paused))
                     time.sleep(1.0)
             finally:
                 stop.set()
@@ -125,16 +132,19 @@ def main() -> None:
         finally:
             server.stop()
     gaps = [(a, b - a) for a, b in itertools.pairwise(arrivals)]
-    outside = [g for a, g in gaps if not any(t0 - 1 < a < t1 + 1 for _, t0, t1, _ in syncs)]
+    outside = [g for a, g in gaps if not any(t0 - 1 < a < t1 + 1 for _, t0, t1, *_ in syncs)]
     step = statistics.median(g for g in outside if g > 1e-3)  # a step's chunks come together
     rows = []
-    for kind, t0, t1, commit in syncs:
+    print("(one round of each kind first, to warm up: not counted)")
+    for kind, t0, t1, commit, paused in syncs[2:]:
         start, gap = max(((a, g) for a, g in gaps if a + g > t0 and a < t1), key=lambda x: x[1])
         overlaps = sorted({n for n, c0, c1 in calls if c1 > start and c0 < start + gap})
-        rows.append({"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "max_gap_s": gap})
+        rows.append({"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "paused_s": paused})
+        rows[-1]["max_gap_s"] = gap
         rows[-1]["gap_overlaps"] = overlaps
         print(
-            f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s, largest gap {gap:.3f} s,"
+            f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s, paused {paused:.3f} s, "
+            f"largest gap {gap:.3f} s,"
             f" overlapping {', '.join(overlaps) or 'none of its calls'}"
         )
     print(f"one decode step (median gap outside the syncs): {step:.4f} s")

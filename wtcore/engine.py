@@ -53,6 +53,11 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
     #: How this receiver is sharded (``None``: whole replicas), set by the worker so a plan for
     #: another layout can be refused.
     receiver_layout: TPLayout | None = None
+    #: Whether the sender keeps its bytes until this worker has them (a stream, a collective),
+    #: so a worker may return from ``update_weights`` first and receive on a thread: vLLM's
+    #: adapter does, in staged rounds, so generation goes on. ``False``: the sender writes its
+    #: memory again once the call returned (shared memory, a remote read).
+    receives_after_return: ClassVar[bool] = False
 
     def __init__(
         self,

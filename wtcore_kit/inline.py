@@ -87,6 +87,7 @@ class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, Inli
 
     init_info_cls = InlineInitInfo
     update_info_cls = InlineUpdateInfo
+    receives_after_return = True  # the bytes come inside the update
 
     def parse_update_info(self, data: Mapping[str, Any]) -> Any:
         plan = self.parse_plan(data)

@@ -120,3 +120,33 @@ def test_pause_and_resume_fan_out(client: HTTPWeightSyncClient) -> None:
     assert client.is_paused() == [False, False]
     with pytest.raises(ValueError, match="mode: expected one of abort, wait, keep"):
         client.pause(mode="later")
+
+
+def test_commit_pause_pauses_around_the_finish_only(servers: list[Any]) -> None:
+    urls = [s.url for s in servers]
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recording(HTTPWeightSyncClient):
+        def _call(self, url: str, call: str, *args: Any, round_id: str | None = None) -> Any:
+            if url == urls[0]:
+                calls.append((call, args))
+            return super()._call(url, call, *args, round_id=round_id)
+
+    state = _state(31)
+    with (
+        Recording(urls, timeout_s=60, commit_pause="wait") as c,
+        WeightTransferTrainerFactory.trainer_init(InlineTrainerInitInfo(rank=0), client=c) as t,
+    ):
+        t.send_weights(TensorSource(state), weight_version="paused-commit")
+        assert c.checksums() == [digest_named(state.items())] * 2
+        assert c.is_paused() == [False, False]
+    round_calls = [(n, a) for n, a in calls if n not in ("weight_info", "checksums", "is_paused")]
+    assert [n for n, _ in round_calls][-4:] == [
+        "update_weights",
+        "pause",
+        "finish_weight_update",
+        "resume",
+    ]
+    assert round_calls[-3][1] == ({"mode": "wait"},)
+    with pytest.raises(ValueError, match="commit_pause: expected one of abort, wait, keep"):
+        HTTPWeightSyncClient(urls, commit_pause="later")

@@ -110,9 +110,10 @@ def serve(
         specs.append((a.dir, logs / "a-mooncake.log", "wtcore_mooncake"))
     if tcp:
         specs.append((a.dir, logs / "a-tcp.log", "wtcore_tcp"))
-    # wtcore's worker extension reports each round's times (the RL loop reads them).
-    extension = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
-    with servers(specs, extra=extension) as started:
+    # wtcore's worker extension reports each round's times (the RL loop reads them); the
+    # scale-out routes report each output's weight versions (test_vllm_staged.py).
+    extra = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
+    with servers(specs, extra=[*extra, "--enable-scale-out"]) as started:
         server_a, server_ref = started[:2]
         original, reference = generate(server_a), generate(server_ref)
         assert original != reference, "checkpoints A and B must generate differently"

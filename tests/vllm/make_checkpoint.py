@@ -37,9 +37,12 @@ def main(
     tied: bool = False,
     qwen2: bool = False,
     vocab: int = DEFAULT_VOCAB,
+    width: int = 1,
+    layers: int = 2,
 ) -> None:
     """``vocab``: the first words only; vLLM pads one that is not a multiple of 64 (200 to
-    256, 300 to 320)."""
+    256, 300 to 320). ``width`` multiplies the hidden sizes and heads (a benchmark's bigger
+    model)."""
     out = Path(out_dir)
     words = VOCAB[:vocab]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
@@ -49,11 +52,11 @@ def main(
     )
     config = (Qwen2Config if qwen2 else LlamaConfig)(
         vocab_size=len(words),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        hidden_size=64 * width,
+        intermediate_size=128 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=2 * width,
+        num_key_value_heads=width,
         head_dim=32,
         max_position_embeddings=256,
         tie_word_embeddings=tied,

@@ -78,7 +78,7 @@ def test_rl_loop_learns_with_sync_and_drifts_without(vllm_servers, tmp_path: Pat
         assert rec["vllm_version"] == str(s), rec  # one version per step
         assert rec["sampled_versions"][0] == str(max(s - 2, 0)), rec
         assert rec["sampled_versions"][1] in (str(max(s - 2, 0)), str(s - 1)), rec
-        assert rec["staged_s"] > 0 and rec["paused_s"] == rec["commit_s"] > 0, rec
+        assert rec["staged_s"] > 0 and rec["sync_s"] > rec["paused_s"] >= rec["commit_s"] > 0, rec
         assert rec["paused_s"] < rec["sync_s"], rec
     assert pipelined[0]["mismatch_max"] < MISMATCH_TOL  # batch 1 came from the trainer's weights
     assert rise(pipelined) > REWARD_RISE, [r["reward"] for r in pipelined]  # off-policy, still

@@ -222,7 +222,7 @@ def test_fsdp2_trainer_syncs_vllm_tp2_each_worker_its_slice(  # type: ignore[no-
         for r, want in zip(client.weight_info(), slices, strict=True):
             assert r["round_bytes"] == {"planned": want, "landed": want}, (r, slices)
         for t in client.weight_info():  # each worker's times, through the worker extension
-            assert t["paused_s"] == t["commit_s"] and t["staged_s"] > 0, t
+            assert t["paused_s"] >= t["commit_s"] > 0 and t["staged_s"] > 0, t
     finally:
         client.close()
 

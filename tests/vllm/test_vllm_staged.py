@@ -9,26 +9,35 @@ the old weights; after the commit it holds the new ones exactly, paused for the 
 A fleet of that server and a ``wtcore serve --transactional`` receiver, the latter SIGKILLed at
 the prepare: the trainer's error names it, and the vLLM server keeps the old weights and version;
 the next trainer's round (a fresh receiver in place of the dead one) commits on both.
+
+On the session's ``wtcore_nccl`` server, a staged round receives off vLLM's engine loop: the
+server generates while the round's receive still waits for its first byte.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import requests
 import torch
 
-from tests.vllm.conftest import Checkpoint
+from tests.vllm.conftest import Checkpoint, Servers
 from tests.vllm.vllm_kit import Outputs, VLLMServer, generate, servers
 from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
 from wtcore.rounds import PREPARE_KEY
+from wtcore.testing.net import free_port
 from wtcore_bench.serve import ServeProcess, launch_serve
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.inline import InlineTrainerInitInfo
+from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -131,8 +140,8 @@ def test_a_staged_round_serves_the_old_weights_until_its_commit(staged_server: S
     _send([s.server.url], s.a.state, "staged-a", staged=True, client=client)
     assert seen == ["prepare"]
     _serving(s.server, s.a, "staged-a")
-    times = _round_times(s.server)
-    assert times["paused_s"] == times["commit_s"] and times["staged_s"] > 0, times
+    times = _round_times(s.server)  # paused: the commit, and the round's calls into vLLM
+    assert times["paused_s"] >= times["commit_s"] > 0 and times["staged_s"] > 0, times
 
     _send([s.server.url], s.b.state, "staged-b", staged=True)  # and back, exactly
     _serving(s.server, s.b, "staged-b")
@@ -168,3 +177,130 @@ def test_a_receiver_killed_at_the_prepare_leaves_vllm_on_the_old_weights(
     finally:
         for p in started:
             p.stop(timeout_s=10)
+
+
+def _nccl_send(server: VLLMServer, source: Any, version: str, client: Any) -> None:
+    info = NCCLTrainerInitInfo(
+        master_address="127.0.0.1",
+        master_port=free_port(),
+        world_size=2,  # this trainer and the server's one worker
+        packed_buffer_size_bytes=64 << 10,
+        timeout_s=TIMEOUT_S,
+        torch_num_threads=1,
+        rank=0,
+        staged=True,
+    )
+    with client, WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
+        trainer.send_weights(source, weight_version=version)
+
+
+def test_vllm_generates_while_a_staged_round_receives(vllm_servers: Servers) -> None:
+    s = vllm_servers
+    generated: list[Outputs] = []
+    answered = threading.Event()
+
+    class GeneratesAfterUpdate(HTTPWeightSyncClient):
+        def update_weights(self, update_info: Any) -> None:
+            super().update_weights(update_info)  # the round's announcement: returns at once
+            if PREPARE_KEY not in update_info:
+                generated.append(_fresh(s.a))
+                answered.set()
+
+    class AfterGeneration(TensorSource):
+        """B's tensors, sent only once vLLM generated: till then vLLM waits for bytes."""
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            assert answered.wait(TIMEOUT_S), "vLLM generated nothing while the round received"
+            yield from super().__iter__()
+
+    state_a, state_b = (torch.load(c.state, weights_only=True) for c in (s.ckpt_a, s.ckpt_b))
+    try:
+        client = GeneratesAfterUpdate([s.a.url], timeout_s=TIMEOUT_S)
+        _nccl_send(s.a, AfterGeneration(state_b), "staged-nccl-b", client)
+        assert generated == [s.original]  # A, while B was being received
+        assert s.a.weight_version() == "staged-nccl-b"
+        assert s.a.checksums() == s.ref.checksums()  # B, bit for bit
+        assert _fresh(s.a) == s.reference
+    finally:  # back to A, for the session's other tests
+        client = HTTPWeightSyncClient([s.a.url], timeout_s=TIMEOUT_S)
+        _nccl_send(s.a, TensorSource(state_a), "staged-nccl-a", client)
+    assert _fresh(s.a) == s.original
+
+
+@dataclass
+class Streamed:
+    tokens: list[int]
+    finish_reason: str | None
+    weight_versions: list[dict[str, Any]] | None
+
+
+def _stream(url: str, started: threading.Event, out: list[Streamed]) -> None:
+    """One greedy request of 120 tokens through vLLM's token route; ``started`` once the first
+    came."""
+    params = {"max_tokens": 120, "temperature": 0.0, "ignore_eos": True}
+    body = {"token_ids": [5, 6, 7], "sampling_params": params, "stream": True}
+    got = Streamed([], None, None)
+    with requests.post(url + "/inference/v1/generate", json=body, stream=True, timeout=120) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            (choice,) = json.loads(line[6:])["choices"]
+            got.tokens += choice.get("token_ids") or []
+            got.finish_reason = choice.get("finish_reason") or got.finish_reason
+            got.weight_versions = choice.get("weight_versions") or got.weight_versions
+            started.set()
+    out.append(got)
+
+
+@pytest.mark.parametrize("mode", ["keep", "wait", "abort"])
+def test_commit_pause_settles_the_requests_in_flight(vllm_servers: Servers, mode: str) -> None:
+    """A request streams from before the commit's pause. Whether vLLM had finished it by then is
+    up to the machine; either way every token labelled with the old version is A's, and the
+    new label starts where the commit came."""
+    s = vllm_servers
+    old, new = s.a.weight_version(), f"paused-{mode}"
+    reference: list[Streamed] = []
+    _stream(s.a.url, threading.Event(), reference)
+    (ref,) = reference
+    assert len(ref.tokens) == 120 and ref.weight_versions == [
+        {"version": old, "start": 0, "end": 120}
+    ]
+    started, streamed = threading.Event(), []
+    streamer = threading.Thread(target=_stream, args=(s.a.url, started, streamed))
+
+    class StreamsBeforePause(HTTPWeightSyncClient):  # every byte staged and prepared
+        def pause(self, mode: str = "abort", *, clear_cache: bool | None = None) -> None:
+            streamer.start()
+            assert started.wait(TIMEOUT_S)
+            super().pause(mode, clear_cache=clear_cache)
+
+    state_a, state_b = (torch.load(c.state, weights_only=True) for c in (s.ckpt_a, s.ckpt_b))
+    try:
+        client = StreamsBeforePause([s.a.url], timeout_s=TIMEOUT_S, commit_pause=mode)
+        _nccl_send(s.a, TensorSource(state_b), new, client)
+        streamer.join(TIMEOUT_S)
+        (got,) = streamed
+        assert s.a.weight_version() == new
+        assert s.a.checksums() == s.ref.checksums()
+        spans = got.weight_versions or []
+        assert [(v["start"], v["end"]) for v in spans] == list(
+            itertools.pairwise([0, *(v["end"] for v in spans)])
+        ), spans  # contiguous, over every token
+        assert spans[-1]["end"] == len(got.tokens) > 0
+        assert [v["version"] for v in spans] in ([old], [old, new]), spans
+        for v in spans:  # the old label on A's tokens only
+            if v["version"] == old:
+                assert got.tokens[v["start"] : v["end"]] == ref.tokens[v["start"] : v["end"]]
+        if mode == "wait":  # all of it on A, before the commit
+            assert got.tokens == ref.tokens and spans == ref.weight_versions
+        elif mode == "abort":  # cut at the commit, unless it had ended
+            assert got.finish_reason == "abort" or got.tokens == ref.tokens, got
+        else:  # frozen at the commit, then on to its end with B
+            assert got.finish_reason == "length" and len(got.tokens) == 120, got
+        assert generate(s.a) == s.reference  # the pause dropped the cache: B's outputs exactly
+    finally:
+        if streamer.ident is not None:
+            streamer.join(TIMEOUT_S)
+        _nccl_send(s.a, TensorSource(state_a), "paused-back-to-a", HTTPWeightSyncClient([s.a.url]))
+    assert _fresh(s.a) == s.original

@@ -57,6 +57,8 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
     After a failed round the channel is dropped until the next init handshake.
     """
 
+    receives_after_return = True  # the sender's stream waits for this receiver
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._init: InitT | None = None

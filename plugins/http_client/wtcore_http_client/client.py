@@ -68,6 +68,9 @@ class HTTPWeightSyncClient(FanOutClient):
     ``timeout_s`` bounds each call for all replicas together; ``api_key`` is sent as a bearer
     token; ``verify`` is requests' TLS verification. One session, shared by the fan-out threads,
     keeps several connections per replica so that concurrent calls to one never wait.
+    ``commit_pause``: vLLM's pause mode around each finish (``None``: none), so a staged round's
+    commit and its version label land between the same two engine steps, and ``wait`` or
+    ``abort`` settles the requests in flight first (docs/vllm.md, "Staged rounds").
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class HTTPWeightSyncClient(FanOutClient):
         connect_timeout_s: float | None = None,
         api_key: str | None = None,
         verify: bool | str = True,
+        commit_pause: str | None = None,
     ) -> None:
         if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
             raise PayloadError(f"timeout_s: expected a positive number, got {timeout_s!r}")
@@ -90,6 +94,9 @@ class HTTPWeightSyncClient(FanOutClient):
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise PayloadError("api_key: expected a non-empty string")
         self._api_key = api_key
+        if commit_pause is not None:
+            check_pause_mode(commit_pause, "commit_pause")
+        self.commit_pause = commit_pause
         self._session = self._new_session(pool_maxsize=8)
 
     def _new_session(self, pool_maxsize: int) -> requests.Session:
@@ -261,6 +268,16 @@ class HTTPWeightSyncClient(FanOutClient):
             listed = ", ".join(f"{u}: {s}" for u, s in zip(self.base_urls, sizes, strict=True))
             raise PayloadError(f"get_world_size: the replicas disagree ({listed})")
         return sizes[0]
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        if self.commit_pause is None:
+            super().finish_weight_update(weight_version)
+            return
+        self.pause(self.commit_pause)
+        try:
+            super().finish_weight_update(weight_version)
+        finally:
+            self.resume()
 
     def pause(self, mode: str = "abort", *, clear_cache: bool | None = None) -> None:
         """``POST /pause?mode=...`` (vLLM): stop generating while weights change."""

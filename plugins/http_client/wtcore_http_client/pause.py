@@ -10,7 +10,7 @@ __all__ = ["PAUSE_MODES", "check_pause_mode"]
 PAUSE_MODES = ("abort", "wait", "keep")
 
 
-def check_pause_mode(mode: str) -> str:
+def check_pause_mode(mode: str, field: str = "mode") -> str:
     if mode not in PAUSE_MODES:
-        raise PayloadError(f"mode: expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        raise PayloadError(f"{field}: expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
     return mode

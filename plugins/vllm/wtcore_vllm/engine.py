@@ -26,6 +26,7 @@ from wtcore.errors import PayloadError, ProtocolStateError, TransferError
 from wtcore.registry import ENGINES
 from wtcore.rounds import PREPARE_KEY, ROUND_KEY, STAGED_KEY, drop_round, round_stamp
 from wtcore.stats import ROUND_TIMES
+from wtcore_kit.concurrency import BackgroundCall
 from wtcore_kit.sharded.pairs import PlanUpdate
 from wtcore_vllm.checker import install as install_kernel_checksums
 from wtcore_vllm.lora import LoRAWriter, lora_round
@@ -52,6 +53,10 @@ log = logging.getLogger(__name__)
 
 #: The owner of a round before its first update has said who it is.
 _UNBOUND = object()
+#: How long a prepare or finish waits for the round's receiving thread: the receive bounds
+#: each of its own waits, so this only ends one stuck by a bug.
+_RECEIVE_JOIN_S = 3600.0
+_ABORT_WAIT_S = 60.0  # engines end an aborted receive within about 50 ms
 
 
 class ModelSink:
@@ -177,8 +182,9 @@ class WtcoreVLLMEngine(VLLMEngine):
         self._owner: object = _UNBOUND
         self._staged: bool | None = None  # said by the round's first update
         self._lora: LoRAWriter | None = None  # an adapter round's (wtcore_vllm.lora)
-        self._started_at = 0.0
+        self._started_at = self._blocked_s = 0.0
         self._live_from: float | None = None
+        self._receiving: BackgroundCall[None] | None = None  # a staged round's (_receive_off_loop)
         #: The last finished round's seconds (docs/staged.md), as wtcore's worker reports them.
         self.round_times: dict[str, float | None] = dict.fromkeys(ROUND_TIMES)
 
@@ -218,6 +224,7 @@ class WtcoreVLLMEngine(VLLMEngine):
             self.tp_sink.start()
         self._owner, self._staged, self._prepared, self._lora = _UNBOUND, None, False, None
         self._open, self._started_at, self._live_from = True, time.monotonic(), None
+        self._blocked_s = 0.0
 
     def _begin_reload(self) -> None:
         """vLLM's layerwise reload: from here the live model is no published version."""
@@ -227,6 +234,7 @@ class WtcoreVLLMEngine(VLLMEngine):
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         error: BaseException | None = None
+        t0 = time.monotonic()
         try:
             self._check_owner(round_stamp(update_info))
             update_info, lora = lora_round(self, update_info)
@@ -244,13 +252,14 @@ class WtcoreVLLMEngine(VLLMEngine):
                     raise PayloadError(f"update_info.{PREPARE_KEY}: only a staged round prepares")
                 self._check_round()  # every check the commit does not need the model for
                 self._prepared = True
+            elif self._staged and self.inner.receives_after_return:
+                self._receive_off_loop(self.parse_update_info(drop_round(update_info)))
             else:
-                self.receive_weights(self.parse_update_info(drop_round(update_info)))
-            if self.device.type != "cpu":
-                # Like vLLM's base class: the next step must see the new weights.
-                torch.accelerator.synchronize()
+                self._receive(self.parse_update_info(drop_round(update_info)))
         except BaseException as e:
             error = e
+        finally:
+            self._blocked_s += time.monotonic() - t0
         failed, raise_here = self._agree(error, "update_weights")
         if not failed:
             return
@@ -278,6 +287,30 @@ class WtcoreVLLMEngine(VLLMEngine):
             "trainer, or a stale call); nothing of it was applied, and vLLM ends the round"
         )
 
+    def _receive(self, update: Any) -> None:
+        self.receive_weights(update)
+        if self.device.type != "cpu":
+            # Like vLLM's base class: the next step must see the new weights.
+            torch.accelerator.synchronize()
+
+    def _receive_off_loop(self, update: Any) -> None:
+        """Receive a staged round's update on a thread, after the one before it, so vLLM's
+        engine loop goes on generating; the prepare or finish waits for it (:meth:`_received`)."""
+        before = self._receiving
+
+        def receive() -> None:
+            if before is not None:
+                before.result(_RECEIVE_JOIN_S)
+            self._receive(update)
+
+        self._receiving = BackgroundCall(receive, name="receive_weights")
+
+    def _received(self) -> None:
+        """Wait for the round's receives on threads; re-raise what failed there."""
+        call, self._receiving = self._receiving, None
+        if call is not None:
+            call.result(_RECEIVE_JOIN_S)
+
     def receive_weights(self, update_info: Any) -> None:
         if self.layout_error is not None and isinstance(update_info, PlanUpdate):
             raise PayloadError(
@@ -292,6 +325,7 @@ class WtcoreVLLMEngine(VLLMEngine):
 
     def _check_round(self) -> None:
         """What a finish checks before it writes the live model (a staged round's prepare)."""
+        self._received()
         if self._staged is None or (self._staged and not self._staging.round):
             raise ProtocolStateError("refused, this round loaded no tensors; nothing is published")
         self.inner.finish_weight_update()
@@ -304,6 +338,7 @@ class WtcoreVLLMEngine(VLLMEngine):
             if not self._prepared:
                 self._check_round()
             if self._staged:  # the commit: the reload, fed from the staging
+                self._blocked_s += time.monotonic() - t0
                 t0 = time.monotonic()
                 model: Any = self.model  # a vLLM model class: nn.Module declares no load_weights
                 if self._lora is not None:  # the base weights stay as they are
@@ -336,7 +371,9 @@ class WtcoreVLLMEngine(VLLMEngine):
             self._end_vllm_session()
             raise
         self._open, end = False, time.monotonic()
-        paused = end - (t0 if self._staged else self._live_from or t0)
+        # Staged: the engine loop stood still in the round's calls (a receive in one, a wait
+        # for the receiving thread) and in the commit; classic: from the first write on.
+        paused = end - t0 + self._blocked_s if self._staged else end - (self._live_from or t0)
         staged = t0 - self._started_at if self._staged else None
         self.round_times = {"staged_s": staged, "commit_s": end - t0, "paused_s": paused}
 
@@ -389,7 +426,13 @@ class WtcoreVLLMEngine(VLLMEngine):
         log.warning("no vLLM worker among the callers: its weight-update session stays open")
 
     def _abort_round(self) -> None:
-        """Drop the staging; undo the reload on every layer not processed yet."""
+        """End a receive still running, drop the staging; undo the reload on every layer not
+        processed yet."""
+        call, self._receiving = self._receiving, None
+        if call is not None and not call.done():
+            self.inner.abort()  # the engine needs a fresh init after this, as after a failure
+            if not call.wait(_ABORT_WAIT_S):
+                log.warning("a receive still runs %g s after its abort", _ABORT_WAIT_S)
         self._staging.drop()
         self._open = self._prepared = False
         if self._reloading:
