@@ -110,7 +110,7 @@ def tp2_servers(
     a, b = checkpoints
     logs = tmp_path_factory.mktemp("vllm-tp2-logs")
     specs = [(a.dir, logs / "a-tp2.log", "wtcore_tcp"), (b.dir, logs / "ref-tp2.log", "wtcore_tcp")]
-    with servers(specs, extra=extra, env=env) as started:
+    with servers(specs, extra=extra, env=env, eager=True) as started:
         yield started[0], started[1]
 
 
@@ -236,7 +236,9 @@ def padded_tp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMS
         tmp_path_factory.mktemp("ckpt-padded"), ("5", "6"), tied=False, vocab=200
     )
     logs = tmp_path_factory.mktemp("vllm-padded-logs")
-    with servers([(a.dir, logs / "padded.log", "wtcore_tcp")], extra=extra, env=env) as started:
+    with servers(
+        [(a.dir, logs / "padded.log", "wtcore_tcp")], extra=extra, env=env, eager=True
+    ) as started:
         yield started[0], b
 
 

@@ -103,7 +103,7 @@ def staged_server(
     ckpt_a = checkpoints[0]
     extra = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
     log = tmp_path_factory.mktemp("vllm-staged-logs") / "a-inline.log"
-    with servers([(ckpt_a.dir, log, "wtcore_inline")], extra=extra) as (server,):
+    with servers([(ckpt_a.dir, log, "wtcore_inline")], extra=extra, eager=True) as (server,):
         state_a, state_b = (torch.load(c.state, weights_only=True) for c in checkpoints)
         a = Weights(state_a, generate(server), server.checksums())
         server.post("/pause")  # a classic round: the server is no version until its finish
