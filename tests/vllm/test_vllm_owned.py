@@ -20,13 +20,11 @@ import pytest
 import requests
 import torch
 
-from tests.vllm.vllm_kit import VLLMServer, generate, run_trainer
+from tests.vllm.vllm_kit import VLLMServer, generate, nccl_trainer_info, run_trainer
 from wtcore import TensorSource, WeightTransferTrainerFactory
 from wtcore.errors import ReceiverError
 from wtcore.rounds import ROUND_KEY, new_round_id
-from wtcore.testing.net import free_port
 from wtcore_http_client import HTTPWeightSyncClient
-from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -53,16 +51,7 @@ def owned_round_with_an_intruder(
         r = requests.post(server.url + "/update_weights", json=intruder_body, timeout=120)
         answers.append(f"{r.status_code} {r.text}")
 
-    info = NCCLTrainerInitInfo(
-        master_address="127.0.0.1",
-        master_port=free_port(),
-        world_size=2,
-        packed_buffer_size_bytes=64 << 10,
-        packed_num_buffers=2,
-        timeout_s=120.0,
-        torch_num_threads=1,
-        rank=0,
-    )
+    info = nccl_trainer_info(timeout_s=120.0)
     source = TensorSource(torch.load(state, weights_only=True))
     with IntrudedClient(server.url, timeout_s=120) as client:
         client.intrude = intrude

@@ -29,15 +29,13 @@ import requests
 import torch
 
 from tests.vllm.conftest import Checkpoint, Servers
-from tests.vllm.vllm_kit import Outputs, VLLMServer, generate, servers
+from tests.vllm.vllm_kit import Outputs, VLLMServer, generate, nccl_trainer_info, servers
 from wtcore import ReceiverError, TensorSource, WeightTransferTrainerFactory
 from wtcore.digest import digest_named
 from wtcore.rounds import PREPARE_KEY
-from wtcore.testing.net import free_port
 from wtcore_bench.serve import ServeProcess, launch_serve
 from wtcore_http_client import HTTPWeightSyncClient
 from wtcore_kit.inline import InlineTrainerInitInfo
-from wtcore_nccl import NCCLTrainerInitInfo
 
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -179,17 +177,8 @@ def test_a_receiver_killed_at_the_prepare_leaves_vllm_on_the_old_weights(
             p.stop(timeout_s=10)
 
 
-def _nccl_send(server: VLLMServer, source: Any, version: str, client: Any) -> None:
-    info = NCCLTrainerInitInfo(
-        master_address="127.0.0.1",
-        master_port=free_port(),
-        world_size=2,  # this trainer and the server's one worker
-        packed_buffer_size_bytes=64 << 10,
-        timeout_s=TIMEOUT_S,
-        torch_num_threads=1,
-        rank=0,
-        staged=True,
-    )
+def _nccl_send(source: Any, version: str, client: Any) -> None:
+    info = nccl_trainer_info(timeout_s=TIMEOUT_S, staged=True)
     with client, WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
         trainer.send_weights(source, weight_version=version)
 
@@ -216,14 +205,14 @@ def test_vllm_generates_while_a_staged_round_receives(vllm_servers: Servers) -> 
     state_a, state_b = (torch.load(c.state, weights_only=True) for c in (s.ckpt_a, s.ckpt_b))
     try:
         client = GeneratesAfterUpdate([s.a.url], timeout_s=TIMEOUT_S)
-        _nccl_send(s.a, AfterGeneration(state_b), "staged-nccl-b", client)
+        _nccl_send(AfterGeneration(state_b), "staged-nccl-b", client)
         assert generated == [s.original]  # A, while B was being received
         assert s.a.weight_version() == "staged-nccl-b"
         assert s.a.checksums() == s.ref.checksums()  # B, bit for bit
         assert _fresh(s.a) == s.reference
     finally:  # back to A, for the session's other tests
         client = HTTPWeightSyncClient([s.a.url], timeout_s=TIMEOUT_S)
-        _nccl_send(s.a, TensorSource(state_a), "staged-nccl-a", client)
+        _nccl_send(TensorSource(state_a), "staged-nccl-a", client)
     assert _fresh(s.a) == s.original
 
 
@@ -278,7 +267,7 @@ def test_commit_pause_settles_the_requests_in_flight(vllm_servers: Servers, mode
     state_a, state_b = (torch.load(c.state, weights_only=True) for c in (s.ckpt_a, s.ckpt_b))
     try:
         client = StreamsBeforePause([s.a.url], timeout_s=TIMEOUT_S, commit_pause=mode)
-        _nccl_send(s.a, TensorSource(state_b), new, client)
+        _nccl_send(TensorSource(state_b), new, client)
         streamer.join(TIMEOUT_S)
         (got,) = streamed
         assert s.a.weight_version() == new
@@ -302,5 +291,5 @@ def test_commit_pause_settles_the_requests_in_flight(vllm_servers: Servers, mode
     finally:
         if streamer.ident is not None:
             streamer.join(TIMEOUT_S)
-        _nccl_send(s.a, TensorSource(state_a), "paused-back-to-a", HTTPWeightSyncClient([s.a.url]))
+        _nccl_send(TensorSource(state_a), "paused-back-to-a", HTTPWeightSyncClient([s.a.url]))
     assert _fresh(s.a) == s.original

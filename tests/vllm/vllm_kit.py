@@ -258,3 +258,21 @@ def start_trainer(url: str, state: Path, version: str, *extra: str) -> subproces
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def nccl_trainer_info(*, timeout_s: float, staged: bool = False) -> Any:
+    """Init info for a wtcore ``nccl`` trainer in this process syncing one single-worker vLLM
+    server (gloo on CPU, 64 KiB buckets so a round has many)."""
+    from wtcore_nccl import NCCLTrainerInitInfo
+
+    return NCCLTrainerInitInfo(
+        master_address="127.0.0.1",
+        master_port=free_port(),
+        world_size=2,  # this trainer and the server's one worker
+        packed_buffer_size_bytes=64 << 10,
+        packed_num_buffers=2,
+        timeout_s=timeout_s,
+        torch_num_threads=1,
+        rank=0,
+        staged=staged,
+    )
