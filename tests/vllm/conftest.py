@@ -93,7 +93,7 @@ def tied_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     the checkpoint's rows alone."""
     root = tmp_path_factory.mktemp("ckpt-tied")
     a, b = make_checkpoints(root, ("3", "4"), tied=True, qwen2=True, vocab=300)
-    with serve(a, b, tmp_path_factory.mktemp("vllm-logs-tied"), ipc=True, eager=True) as started:
+    with serve(a, b, tmp_path_factory.mktemp("vllm-logs-tied"), ipc=True) as started:
         yield started
 
 
@@ -105,7 +105,6 @@ def serve(
     *,
     ipc: bool = False,
     tcp: bool = False,
-    eager: bool = False,
 ) -> Iterator[Servers]:
     """A with ``wtcore_nccl`` (with ``ipc``, A with ``wtcore_ipc`` and ``wtcore_mooncake``;
     with ``tcp``, A with ``wtcore_tcp``) and B as the reference, all started at once."""
@@ -119,7 +118,7 @@ def serve(
     # wtcore's worker extension reports each round's times (the RL loop reads them); the
     # scale-out routes report each output's weight versions (test_vllm_staged.py).
     extra = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
-    with servers(specs, extra=[*extra, "--enable-scale-out"], eager=eager) as started:
+    with servers(specs, extra=[*extra, "--enable-scale-out"]) as started:
         server_a, server_ref = started[:2]
         original, reference = generate(server_a), generate(server_ref)
         assert original != reference, "checkpoints A and B must generate differently"

@@ -62,9 +62,7 @@ def lora_server(
     logs = tmp_path_factory.mktemp("vllm-logs-lora")
     extra = ["--enable-lora", "--max-lora-rank", str(MAX_RANK), "--max-loras", "2"]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_LORA_RESOLVER_CACHE_DIR": str(cache)}
-    with servers(
-        [(a.dir, logs / "lora.log", "wtcore_nccl")], extra=extra, env=env, eager=True
-    ) as started:
+    with servers([(a.dir, logs / "lora.log", "wtcore_nccl")], extra=extra, env=env) as started:
         yield started[0], a, cache, generate(started[0])
 
 

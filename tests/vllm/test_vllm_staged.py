@@ -1,7 +1,8 @@
 """Staged rounds into a real vLLM server: it serves the old weights, bit for bit, until the commit.
 
 One server of checkpoint A with ``wtcore_inline`` and the worker extension (its
-``wtcore_weight_info``); the trainer is wtcore's ``inline`` engine in this process, through
+``wtcore_weight_info``), compiled as users' servers are (the other fixtures start eager), so
+the compiled model is shown to run both kinds of round, judged by its own outputs; the trainer is wtcore's ``inline`` engine in this process, through
 ``HTTPWeightSyncClient``, with ``staged=True``. A classic round of B (the path
 ``test_vllm_e2e.py`` checks against a reference server) gives B's outputs and checksums. At the
 prepare of a staged round every byte is staged, and the server still generates and checksums
@@ -101,7 +102,7 @@ def staged_server(
     ckpt_a = checkpoints[0]
     extra = ["--worker-extension-cls", "wtcore_vllm.extension.WtcoreWorkerExtension"]
     log = tmp_path_factory.mktemp("vllm-staged-logs") / "a-inline.log"
-    with servers([(ckpt_a.dir, log, "wtcore_inline")], extra=extra, eager=True) as (server,):
+    with servers([(ckpt_a.dir, log, "wtcore_inline")], extra=extra, compiled=True) as (server,):
         state_a, state_b = (torch.load(c.state, weights_only=True) for c in checkpoints)
         a = Weights(state_a, generate(server), server.checksums())
         server.post("/pause")  # a classic round: the server is no version until its finish

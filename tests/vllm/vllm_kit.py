@@ -153,13 +153,13 @@ def servers(
     *,
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
-    eager: bool = False,
+    compiled: bool = False,
 ) -> Iterator[list[VLLMServer]]:
     """Start every server at once (startup is the slow part), wait for all, always stop all;
-    ``extra`` options and ``env`` apply to each. ``eager``: no torch.compile, which is most of a
-    start on CPU; the session's servers compile, as users' do, so the compiled model is shown to
-    run the synced weights, and fixtures that check other things start eager."""
-    extra = [*extra, "--enforce-eager"] if eager else extra
+    ``extra`` options and ``env`` apply to each. They start eager (``--enforce-eager``):
+    torch.compile is most of a start on CPU. ``compiled`` servers compile, as users' do: the
+    staged module's, which shows the compiled model runs the weights of both kinds of round."""
+    extra = extra if compiled else [*extra, "--enforce-eager"]
     started: list[VLLMServer] = []
     try:
         for model_dir, log_path, backend in specs:
