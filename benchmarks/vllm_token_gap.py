@@ -1,13 +1,16 @@
 """The largest gap between streamed tokens while vLLM's weights are synced: staged against classic.
 
 A client streams completions from a real vLLM CPU server without a break while a wtcore trainer
-(nccl, gloo on CPU) syncs the server's weights, in turns: a staged round (vLLM keeps generating
-with the old weights, then commits inside one finish call) and a classic one (``pause(keep)``,
-the round written into the live model, ``resume``). For each sync it prints the largest gap
+(nccl, gloo on CPU; or ipc or mooncake, which receive inside vLLM's engine loop) syncs the
+server's weights, in turns: a staged round (vLLM keeps generating with the old weights, then
+commits inside one finish call) and a classic one (``pause(keep)``, the round written into the
+live model, ``resume``). For each sync it prints the largest gap
 between two tokens that overlaps the sync, the median gap between tokens outside any sync (one
-decode step of the whole batch), the commit time the server's workers report, and which of the
-sync's calls the largest gap overlaps (none: the gap was not the sync's; on 2 cores the trainer,
-the streaming client and vLLM share the CPU).
+decode step of the whole batch), the commit time the server's workers report, the finish call
+as vLLM's own metrics time it (the commit as the engine loop sees it: the workers' commit, the
+dispatch to them and the version label), and which of the sync's calls the largest gap
+overlaps (none: the gap was not the sync's; on 2 cores the trainer, the streaming client and
+vLLM share the CPU).
 
 Run with the vLLM venv's Python (it has transformers, for the tiny checkpoint)::
 
@@ -51,6 +54,15 @@ def stream_tokens(url: str, stop: threading.Event, arrivals: list[float]) -> Non
                     arrivals.append(time.perf_counter())
 
 
+FINISH = 'vllm:rl_weight_update_operation_duration_seconds_sum{operation="finish"'
+
+
+def finish_total(url: str) -> float:
+    """Seconds vLLM has spent in finish calls so far (its ``/metrics``; 0 before the first)."""
+    text = requests.get(url + "/metrics", timeout=60).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(FINISH))
+
+
 def timed_calls(client: Any) -> list[tuple[str, float, float]]:
     """Record each call the trainer makes on ``client``: (name, start, end)."""
     calls: list[tuple[str, float, float]] = []
@@ -76,6 +88,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4, help="syncs of each kind, in turns")
     p.add_argument("--width", type=int, default=1, help="hidden sizes x this (1: 64)")
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--backend", choices=("nccl", "ipc", "mooncake"), default="nccl")
     args = p.parse_args()
     import wtcore
     from wtcore.testing.net import free_port
@@ -89,25 +102,28 @@ def main() -> None:
         server = VLLMServer.start(
             ckpt,
             Path(tmp) / "vllm.log",
-            backend="wtcore_nccl",
+            backend=f"wtcore_{args.backend}",
             extra=["--worker-extension-cls", EXTENSION],
         )
         try:
             server.wait_ready()
             client = VLLMWeightSyncClient(server.url, timeout_s=120)
             calls = timed_calls(client)
-            config = {"backend": "nccl", "master_address": "127.0.0.1", "master_port": free_port()}
-            config |= {"world_size": 1 + client.get_world_size(), "torch_num_threads": 1}
+            config: dict[str, Any] = {"backend": args.backend}
+            if args.backend == "nccl":
+                config |= {"master_address": "127.0.0.1", "master_port": free_port()}
+                config |= {"world_size": 1 + client.get_world_size(), "torch_num_threads": 1}
             engine = wtcore.trainer_from_config(config, client=client)
             stop, arrivals = threading.Event(), []
             streamer = threading.Thread(target=stream_tokens, args=(server.url, stop, arrivals))
             streamer.start()
-            syncs: list[tuple[str, float, float, float, float]] = []
+            syncs: list[tuple[str, float, float, float, float, float]] = []
             try:
                 time.sleep(2.0)
                 for i in range(2 * args.rounds + 2):  # the first of each kind warms up
                     staged = i % 2 == 0
                     engine.init_info.staged = staged
+                    finished = finish_total(server.url)
                     t0 = time.perf_counter()
                     if not staged:
                         client.pause("keep")
@@ -122,7 +138,9 @@ def main() -> None:
                     times = stats.receiver_times or []
                     commit = max(t["commit_s"] for t in times)
                     paused = max(t["paused_s"] for t in times)
-                    syncs.append(("staged" if staged else "classic", t0, t1, commit, paused))
+                    finish = finish_total(server.url) - finished
+                    kind = "staged" if staged else "classic"
+                    syncs.append((kind, t0, t1, commit, paused, finish))
                     time.sleep(1.0)
             finally:
                 stop.set()
@@ -136,14 +154,16 @@ def main() -> None:
     step = statistics.median(g for g in outside if g > 1e-3)  # a step's chunks come together
     rows = []
     print("(one round of each kind first, to warm up: not counted)")
-    for kind, t0, t1, commit, paused in syncs[2:]:
+    for kind, t0, t1, commit, paused, finish in syncs[2:]:
         start, gap = max(((a, g) for a, g in gaps if a + g > t0 and a < t1), key=lambda x: x[1])
         overlaps = sorted({n for n, c0, c1 in calls if c1 > start and c0 < start + gap})
         rows.append({"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "paused_s": paused})
+        rows[-1]["finish_s"] = finish
         rows[-1]["max_gap_s"] = gap
         rows[-1]["gap_overlaps"] = overlaps
         print(
-            f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s, paused {paused:.3f} s, "
+            f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s (finish {finish:.3f} s), "
+            f"paused {paused:.3f} s, "
             f"largest gap {gap:.3f} s,"
             f" overlapping {', '.join(overlaps) or 'none of its calls'}"
         )

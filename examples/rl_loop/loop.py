@@ -3,7 +3,8 @@
 Each step:
 
 1. vLLM samples ``group_size`` completions per prompt at temperature 1 and reports the token
-   ids it sampled and their logprobs (``/v1/completions``).
+   ids it sampled, their logprobs, and which weight version sampled which tokens (its token
+   route, ``/inference/v1/generate``: the server runs with ``--enable-scale-out``).
 2. The reward of a completion is the share of its tokens that belong to :data:`TARGET_IDS`: a
    number anyone can check by reading the tokens.
 3. Advantages are group-normalised (reward minus the group's mean, over the group's std).
@@ -23,17 +24,19 @@ Three modes (:attr:`LoopConfig.mode`):
   samples the next batch; vLLM pauses only for the commit, then the loop joins the thread and
   resets vLLM's prefix cache (KV computed with the old weights). A batch is sampled under the
   version before the previous step's (and, where the commit lands mid-request, partly under
-  that step's), so the mismatch is nonzero; every step records the versions before and after
-  its batch's request.
+  that step's), so the mismatch is nonzero; every step records how many of its batch's tokens
+  each version sampled, as vLLM labelled them.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import requests
@@ -92,62 +95,110 @@ class StepRecord:
     step_s: float
     sync_share: float  # sync_s / step_s
     vllm_version: str | None  # what /weight_info reports at the end of the step
-    #: vLLM's weight version just before and just after this step's batch's request.
-    sampled_versions: tuple[str | None, str | None]
+    #: How many of this step's batch's completion tokens each weight version sampled (vLLM's
+    #: per-token labels): ``{"3": 512}``, or split where a commit landed mid-batch.
+    token_versions: dict[str, int]
+
+
+#: A weight version and the output tokens ``[start, end)`` it sampled (vLLM's ``weight_versions``).
+Span = tuple[str, int, int]
+#: vLLM's token route: per-output weight versions (served with ``--enable-scale-out`` only).
+GENERATE = "/inference/v1/generate"
 
 
 @dataclass(frozen=True)
 class Samples:
-    """One step's completions, grouped by prompt: ``tokens[p][g]`` and ``logprobs[p][g]``."""
+    """One step's completions, grouped by prompt: ``tokens[p][g]``, ``logprobs[p][g]``, and
+    ``spans[p][g]``, the weight versions that sampled the completion's tokens (contiguous)."""
 
     tokens: list[list[list[int]]]
     logprobs: list[list[list[float]]]
+    spans: list[list[list[Span]]]
 
 
 def sample(
     url: str, model_name: str, cfg: LoopConfig, step: int, busy: Callable[[], bool] = lambda: False
 ) -> tuple[Samples, int]:
-    """``group_size`` completions per prompt, with their vLLM logprobs, in one streamed request;
-    and how many of their tokens arrived while ``busy()`` was true (a sync in flight).
+    """``group_size`` completions per prompt, with their vLLM logprobs and weight versions; and
+    how many of their tokens arrived while ``busy()`` was true (a sync in flight).
 
-    The request seed depends on the run's seed and the step only, so every run draws the same
-    first batch; vLLM gives each of the ``n`` samples a seed of its own.
+    One streamed request a prompt, all sent at once (a thread each) so that vLLM batches them.
+    Every request has the same seed, which depends on the run's seed and the step only, so every
+    run draws the same first batch; vLLM gives sample ``i`` of a request the seed ``seed + i``.
     """
-    body = {
-        "model": model_name,
-        "prompt": PROMPTS,
+    params = {
         "n": cfg.group_size,
         "max_tokens": cfg.max_tokens,
         "temperature": 1.0,
         "logprobs": 0,  # just the sampled token's
         "ignore_eos": True,  # every completion is max_tokens long
-        "return_token_ids": True,
         "seed": cfg.seed * 100_000 + step * 1_000,
-        "stream": True,  # each choice's new tokens as vLLM produces them
     }
-    g, n = cfg.group_size, len(PROMPTS) * cfg.group_size
+    bodies = [
+        {"model": model_name, "token_ids": prompt, "sampling_params": params, "stream": True}
+        for prompt in PROMPTS
+    ]
+    pool = ThreadPoolExecutor(max_workers=len(bodies), thread_name_prefix="sample")
+    try:
+        jobs = [pool.submit(_generate, url, body, cfg.max_tokens, busy) for body in bodies]
+        groups = [job.result(timeout=HTTP_TIMEOUT_S) for job in jobs]  # raises the thread's error
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    samples = Samples([g[0] for g in groups], [g[1] for g in groups], [g[2] for g in groups])
+    return samples, sum(g[3] for g in groups)
+
+
+def _generate(
+    url: str, body: dict[str, Any], max_tokens: int, busy: Callable[[], bool]
+) -> tuple[list[list[int]], list[list[float]], list[list[Span]], int]:
+    """One prompt's request: its completions' tokens, logprobs and version spans, and how many
+    tokens arrived while ``busy()`` was true."""
+    n = body["sampling_params"]["n"]
     ids: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float]] = [[] for _ in range(n)]
+    reported: list[list[dict[str, Any]]] = [[] for _ in range(n)]
     in_flight = 0
-    with requests.post(
-        url + "/v1/completions", json=body, stream=True, timeout=HTTP_TIMEOUT_S
-    ) as r:
+    with requests.post(url + GENERATE, json=body, stream=True, timeout=HTTP_TIMEOUT_S) as r:
+        if r.status_code == 404:
+            raise RuntimeError(
+                f"{GENERATE}: 404 ({r.text[:200]}); vLLM serves it only when started with "
+                "--enable-scale-out"
+            )
         r.raise_for_status()
         for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            if not line.startswith(b"data: {"):
                 continue
             chunk = json.loads(line[len(b"data: ") :])
             if "error" in chunk:
-                raise RuntimeError(f"/v1/completions: {chunk['error']}")
+                raise RuntimeError(f"{GENERATE}: {chunk['error']}")
             for c in chunk["choices"]:
-                new = c.get("token_ids") or []
-                ids[c["index"]] += new
-                lps[c["index"]] += c["logprobs"]["token_logprobs"] if new else []
+                i, new = c["index"], c.get("token_ids") or []
+                ids[i] += new
+                lps[i] += [e["logprob"] for e in (c.get("logprobs") or {}).get("content") or []]
+                reported[i] = c.get("weight_versions") or reported[i]  # on the choice's last chunk
                 in_flight += len(new) if busy() else 0
-    if any(len(t) != cfg.max_tokens or len(lp) != len(t) for t, lp in zip(ids, lps, strict=True)):
-        raise RuntimeError(f"/v1/completions: expected {n} choices of {cfg.max_tokens} tokens")
-    tokens = [ids[p * g : (p + 1) * g] for p in range(len(PROMPTS))]
-    return Samples(tokens, [lps[p * g : (p + 1) * g] for p in range(len(PROMPTS))]), in_flight
+    if any(len(t) != max_tokens or len(lp) != len(t) for t, lp in zip(ids, lps, strict=True)):
+        raise RuntimeError(f"{GENERATE}: expected {n} choices of {max_tokens} tokens")
+    return ids, lps, [_spans(v, max_tokens) for v in reported], in_flight
+
+
+def _spans(reported: list[dict[str, Any]], tokens: int) -> list[Span]:
+    """vLLM's ``weight_versions`` of one completion, checked to cover its tokens end to end."""
+    if not reported:
+        raise RuntimeError(f"{GENERATE}: a completion without weight_versions (unlabelled outputs)")
+    spans = [(v["version"], v["start"], v["end"]) for v in reported]
+    ends = [0, *(end for _, _, end in spans)]
+    if [(start, end) for _, start, end in spans] != list(pairwise(ends)) or ends[-1] != tokens:
+        raise RuntimeError(f"{GENERATE}: weight_versions {reported} do not cover {tokens} tokens")
+    return spans
+
+
+def token_versions(samples: Samples) -> dict[str, int]:
+    """How many of the batch's completion tokens each weight version sampled."""
+    counts: Counter[str] = Counter()
+    for version, start, end in (s for group in samples.spans for spans in group for s in spans):
+        counts[version] += end - start
+    return dict(counts)
 
 
 def rewards(samples: Samples) -> torch.Tensor:
@@ -218,16 +269,16 @@ def run_loop(
     staged = cfg.mode == "async"
     _sync(url, client, engine, "0", staged=staged)
 
-    def draw(step: int, sync: Future[Any] | None = None) -> tuple[Samples, int, float, Any]:
-        """Step ``step``'s batch, the tokens that came while ``sync`` ran, seconds, versions."""
-        t0, before = time.perf_counter(), _version(url)
+    def draw(step: int, sync: Future[Any] | None = None) -> tuple[Samples, int, float]:
+        """Step ``step``'s batch, the tokens that came while ``sync`` ran, and its seconds."""
+        t0 = time.perf_counter()
         busy = (lambda: not sync.done()) if sync is not None else (lambda: False)
         samples, in_flight = sample(url, model_name, cfg, step, busy)
-        return samples, in_flight, time.perf_counter() - t0, (before, _version(url))
+        return samples, in_flight, time.perf_counter() - t0
 
     records: list[StepRecord] = []
     t_end = time.perf_counter()
-    samples, _, generate_s, sampled = draw(1)
+    samples, _, generate_s = draw(1)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync") as pool:
         for step in range(1, cfg.steps + 1):
             t1 = time.perf_counter()
@@ -264,12 +315,12 @@ def run_loop(
                 step_s=t_end - t_prev,
                 sync_share=times[0] / (t_end - t_prev),
                 vllm_version=version,
-                sampled_versions=sampled,
+                token_versions=token_versions(samples),
             )
             records.append(rec)
             on_step(rec)
             if nxt is not None:
-                samples, _, generate_s, sampled = nxt
+                samples, _, generate_s = nxt
     return records
 
 

@@ -8,8 +8,9 @@ class vLLM serves, built from the same checkpoint):
 
 Without ``--url``, it builds the tiny checkpoint of the vLLM tests (``tests/vllm``, nothing
 downloaded), starts one vLLM server with ``--weight-transfer-config '{"backend":
-"wtcore_<backend>"}'`` and stops it at the end. With ``--url`` and ``--checkpoint`` it uses a
-server already serving that checkpoint with a wtcore backend (the CI test does this).
+"wtcore_<backend>"}'`` and :data:`SERVER_OPTIONS`, and stops it at the end. With ``--url`` and
+``--checkpoint`` it uses a server already serving that checkpoint with a wtcore backend and
+those options (the CI test does this).
 """
 
 from __future__ import annotations
@@ -33,13 +34,20 @@ sys.path[:0] = [str(HERE), str(ROOT / "tests" / "vllm")]
 from loop import MODES, LoopConfig, StepRecord, final_gap, run_loop  # noqa: E402
 
 RUNS = MODES
-#: What ``--worker-extension-cls`` the server needs (its workers' round times).
-EXTENSION = "wtcore_vllm.extension.WtcoreWorkerExtension"
+#: What the server needs: wtcore's worker extension (its workers' round times) and the token
+#: route (which weight versions sampled each completion's tokens).
+SERVER_OPTIONS = [
+    "--worker-extension-cls",
+    "wtcore_vllm.extension.WtcoreWorkerExtension",
+    "--enable-scale-out",
+]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", help="a vLLM server already serving --checkpoint with a wtcore backend")
+    p.add_argument(
+        "--url", help="vLLM serving --checkpoint, a wtcore backend, " + " ".join(SERVER_OPTIONS)
+    )
     p.add_argument("--checkpoint", type=Path, help="the checkpoint folder that server serves")
     p.add_argument("--backend", choices=("nccl", "ipc"), default="nccl")
     p.add_argument("--steps", type=int, default=LoopConfig.steps)
@@ -66,7 +74,8 @@ def step_line(run: str, steps: int, rec: StepRecord) -> str:
         f"mismatch {rec.mismatch_mean:.2e} (max {rec.mismatch_max:.2e})  "
         f"sync {rec.sync_s:.2f} s ({rec.sync_share:4.0%} of {rec.step_s:.2f} s), "
         f"paused {paused} s, {rec.tokens_in_flight} tokens in flight  "
-        f"vllm version {rec.vllm_version}"
+        f"vllm version {rec.vllm_version}, sampled by version "
+        + ", ".join(f"{v} ({n} tokens)" for v, n in rec.token_versions.items())
     )
 
 
@@ -189,8 +198,8 @@ def main(argv: list[str] | None = None) -> None:
             make_checkpoint(str(ckpt), str(Path(tmp) / "policy.pt"), 1)
             log_path = Path(tmp) / "vllm.log"
             print(f"starting vLLM (CPU) on the tiny policy; its log: {log_path}", flush=True)
-            extra = ["--worker-extension-cls", EXTENSION]
-            server = VLLMServer.start(ckpt, log_path, backend=f"wtcore_{args.backend}", extra=extra)
+            backend = f"wtcore_{args.backend}"
+            server = VLLMServer.start(ckpt, log_path, backend=backend, extra=SERVER_OPTIONS)
             try:
                 server.wait_ready()
                 log = run_all(args, server.url, ckpt)

@@ -22,6 +22,8 @@ from tests.vllm.vllm_kit import ROOT, VLLM_PYTHON, run_example, run_trainer
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS = 15
+#: Every step's batch, in completion tokens: loop.py's 4 prompts x 8 samples x 16 tokens.
+BATCH_TOKENS = 4 * 8 * 16
 #: fp32 on CPU: vLLM's kernels and transformers' eager Llama differ by rounding only.
 MISMATCH_TOL = 1e-3
 #: Mean reward of the last 3 steps minus that of the first 3, synced and async runs.
@@ -57,7 +59,7 @@ def test_rl_loop_learns_with_sync_and_drifts_without(vllm_servers, tmp_path: Pat
     # it is paused for the whole classic round.
     for rec in synced:
         assert rec["vllm_version"] == str(rec["step"])
-        assert rec["sampled_versions"] == [str(rec["step"] - 1)] * 2, rec
+        assert rec["token_versions"] == {str(rec["step"] - 1): BATCH_TOKENS}, rec
         assert rec["mismatch_max"] < MISMATCH_TOL, rec
         assert rec["paused_s"] == rec["sync_s"] > rec["commit_s"] > 0, rec
         assert rec["staged_s"] is None and rec["tokens_in_flight"] == 0, rec
@@ -66,6 +68,7 @@ def test_rl_loop_learns_with_sync_and_drifts_without(vllm_servers, tmp_path: Pat
 
     # Control: vLLM keeps the initial weights (version 0); the trainer's copy moves away.
     assert all(rec["vllm_version"] == "0" for rec in control)
+    assert all(rec["token_versions"] == {"0": BATCH_TOKENS} for rec in control), control
     assert control[0]["mismatch_max"] < MISMATCH_TOL  # same weights before the first update
     for rec in control[1:]:
         assert rec["mismatch_mean"] > MISMATCH_TOL, rec
@@ -76,8 +79,8 @@ def test_rl_loop_learns_with_sync_and_drifts_without(vllm_servers, tmp_path: Pat
     for rec in pipelined:
         s = rec["step"]
         assert rec["vllm_version"] == str(s), rec  # one version per step
-        assert rec["sampled_versions"][0] == str(max(s - 2, 0)), rec
-        assert rec["sampled_versions"][1] in (str(max(s - 2, 0)), str(s - 1)), rec
+        assert set(rec["token_versions"]) <= {str(max(s - 2, 0)), str(s - 1)}, rec
+        assert sum(rec["token_versions"].values()) == BATCH_TOKENS, rec
         assert rec["staged_s"] > 0 and rec["sync_s"] > rec["paused_s"] >= rec["commit_s"] > 0, rec
         assert rec["paused_s"] < rec["sync_s"], rec
     assert pipelined[0]["mismatch_max"] < MISMATCH_TOL  # batch 1 came from the trainer's weights
