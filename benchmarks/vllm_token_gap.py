@@ -4,13 +4,12 @@ A client streams completions from a real vLLM CPU server without a break while a
 (nccl, gloo on CPU; or ipc or mooncake, which receive inside vLLM's engine loop) syncs the
 server's weights, in turns: a staged round (vLLM keeps generating with the old weights, then
 commits inside one finish call) and a classic one (``pause(keep)``, the round written into the
-live model, ``resume``). For each sync it prints the largest gap
-between two tokens that overlaps the sync, the median gap between tokens outside any sync (one
-decode step of the whole batch), the commit time the server's workers report, the finish call
-as vLLM's own metrics time it (the commit as the engine loop sees it: the workers' commit, the
-dispatch to them and the version label), and which of the sync's calls the largest gap
-overlaps (none: the gap was not the sync's; on 2 cores the trainer, the streaming client and
-vLLM share the CPU).
+live model, ``resume``). For each sync it prints the largest gap between two tokens that
+overlaps the sync, the median gap between tokens outside any sync (one decode step of the whole
+batch), the commit time the server's workers report, the finish call as vLLM's own metrics time
+it (the commit as the engine loop sees it: the workers' commit, the dispatch to them and the
+version label), and which of the sync's calls the largest gap overlaps (none: the gap was not
+the sync's; on 2 cores the trainer, the streaming client and vLLM share the CPU).
 
 Run with the vLLM venv's Python (it has transformers, for the tiny checkpoint)::
 
@@ -157,10 +156,10 @@ def main() -> None:
     for kind, t0, t1, commit, paused, finish in syncs[2:]:
         start, gap = max(((a, g) for a, g in gaps if a + g > t0 and a < t1), key=lambda x: x[1])
         overlaps = sorted({n for n, c0, c1 in calls if c1 > start and c0 < start + gap})
-        rows.append({"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "paused_s": paused})
-        rows[-1]["finish_s"] = finish
-        rows[-1]["max_gap_s"] = gap
-        rows[-1]["gap_overlaps"] = overlaps
+        rows.append(
+            {"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "paused_s": paused}
+            | {"finish_s": finish, "max_gap_s": gap, "gap_overlaps": overlaps}
+        )
         print(
             f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s (finish {finish:.3f} s), "
             f"paused {paused:.3f} s, "

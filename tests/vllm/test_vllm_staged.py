@@ -2,8 +2,9 @@
 
 One server of checkpoint A with ``wtcore_inline`` and the worker extension (its
 ``wtcore_weight_info``), compiled as users' servers are (the other fixtures start eager), so
-the compiled model is shown to run both kinds of round, judged by its own outputs; the trainer is wtcore's ``inline`` engine in this process, through
-``HTTPWeightSyncClient``, with ``staged=True``. A classic round of B (the path
+the compiled model is shown to run both kinds of round, judged by its own outputs. The trainer
+is wtcore's ``inline`` engine in this process, through ``HTTPWeightSyncClient``, with
+``staged=True``. A classic round of B (the path
 ``test_vllm_e2e.py`` checks against a reference server) gives B's outputs and checksums. At the
 prepare of a staged round every byte is staged, and the server still generates and checksums
 the old weights; after the commit it holds the new ones exactly, paused for the commit only.
