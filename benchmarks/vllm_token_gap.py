@@ -1,9 +1,9 @@
 """The largest gap between streamed tokens while vLLM's weights are synced: staged against classic.
 
 A client streams completions from a real vLLM CPU server without a break while a wtcore trainer
-(nccl, gloo on CPU; or ipc or mooncake, which receive inside vLLM's engine loop) syncs the
-server's weights, in turns: a staged round (vLLM keeps generating with the old weights, then
-commits inside one finish call) and a classic one (``pause(keep)``, the round written into the
+(nccl, gloo on CPU; ipc's ring, also received off vLLM's engine loop; or mooncake, which reads
+inside it) syncs the server's weights, in turns: a staged round (vLLM keeps generating with the
+old weights, then commits inside one finish call) and a classic one (``pause(keep)``, the round written into the
 live model, ``resume``). For each sync it prints the largest gap between two tokens that
 overlaps the sync, the median gap between tokens outside any sync (one decode step of the whole
 batch), the commit time the server's workers report, the finish call as vLLM's own metrics time

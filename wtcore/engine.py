@@ -53,11 +53,6 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
     #: How this receiver is sharded (``None``: whole replicas), set by the worker so a plan for
     #: another layout can be refused.
     receiver_layout: TPLayout | None = None
-    #: Whether the sender keeps its bytes until this worker has them (a stream, a collective),
-    #: so a worker may return from ``update_weights`` first and receive on a thread: vLLM's
-    #: adapter does, in staged rounds, so generation goes on. ``False``: the sender writes its
-    #: memory again once the call returned (shared memory, a remote read).
-    receives_after_return: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -75,6 +70,14 @@ class WeightTransferEngine(ABC, Generic[InitT, UpdateT]):
         self.device = device
         self.rank = rank
         self.world_size = world_size
+
+    def receives_after_return(self, update_info: UpdateT) -> bool:
+        """Whether the sender keeps this update's bytes until this worker has them (a stream,
+        a collective, a ring that waits for acknowledgements), so a worker may return from
+        ``update_weights`` first and receive on a thread: vLLM's adapter does, in staged
+        rounds, so generation goes on. ``False``: the sender writes its memory again once the
+        call returned (shared weights, a remote read)."""
+        return False
 
     @classmethod
     def host_status(cls) -> str:

@@ -87,7 +87,9 @@ class InlineWorkerEngine(PlanReceiver, BucketedWorkerEngine[InlineInitInfo, Inli
 
     init_info_cls = InlineInitInfo
     update_info_cls = InlineUpdateInfo
-    receives_after_return = True  # the bytes come inside the update
+
+    def receives_after_return(self, update_info: Any) -> bool:
+        return True  # the bytes come inside the update
 
     def parse_update_info(self, data: Mapping[str, Any]) -> Any:
         plan = self.parse_plan(data)

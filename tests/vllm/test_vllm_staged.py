@@ -12,8 +12,9 @@ A fleet of that server and a ``wtcore serve --transactional`` receiver, the latt
 the prepare: the trainer's error names it, and the vLLM server keeps the old weights and version;
 the next trainer's round (a fresh receiver in place of the dead one) commits on both.
 
-On the session's ``wtcore_nccl`` server, a staged round receives off vLLM's engine loop: the
-server generates while the round's receive still waits for its first byte.
+On the session's ``wtcore_nccl`` server and the tied fixture's ``wtcore_ipc`` one, a staged
+round receives off vLLM's engine loop: the server generates while the round's receive waits for
+bytes the trainer sends only once it did.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from wtcore.digest import digest_named
 from wtcore.rounds import PREPARE_KEY
 from wtcore_bench.serve import ServeProcess, launch_serve
 from wtcore_http_client import HTTPWeightSyncClient
+from wtcore_ipc import IPCTrainerInitInfo
 from wtcore_kit.inline import InlineTrainerInitInfo
 
 pytestmark = [pytest.mark.processes, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -185,8 +187,25 @@ def _nccl_send(source: Any, version: str, client: Any) -> None:
         trainer.send_weights(source, weight_version=version)
 
 
-def test_vllm_generates_while_a_staged_round_receives(vllm_servers: Servers) -> None:
-    s = vllm_servers
+def _ipc_send(source: Any, version: str, client: Any) -> None:
+    info = IPCTrainerInitInfo(rank=0, timeout_s=TIMEOUT_S, share_weights=False, staged=True)
+    with client, WeightTransferTrainerFactory.trainer_init(info, client=client) as trainer:
+        trainer.send_weights(source, weight_version=version)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_vllm_generates_while_a_staged_round_receives(
+    request: pytest.FixtureRequest, backend: str
+) -> None:
+    """nccl: its updates return at once; ipc: its ring's one update returns at once (the
+    trainer picks the ring from the source's first tensor, so the wait comes after it)."""
+    if backend == "nccl":
+        s: Servers = request.getfixturevalue("vllm_servers")
+        server, send, held_at = s.a, _nccl_send, 0
+    else:  # the tied fixture's server of A on wtcore_ipc
+        s = request.getfixturevalue("tied_servers")
+        assert s.ipc is not None
+        server, send, held_at = s.ipc, _ipc_send, 1
     generated: list[Outputs] = []
     answered = threading.Event()
 
@@ -194,28 +213,31 @@ def test_vllm_generates_while_a_staged_round_receives(vllm_servers: Servers) -> 
         def update_weights(self, update_info: Any) -> None:
             super().update_weights(update_info)  # the round's announcement: returns at once
             if PREPARE_KEY not in update_info:
-                generated.append(_fresh(s.a))
+                generated.append(_fresh(server))
                 answered.set()
 
     class AfterGeneration(TensorSource):
-        """B's tensors, sent only once vLLM generated: till then vLLM waits for bytes."""
+        """B's tensors, from the ``held_at``-th on only once vLLM generated: till then vLLM
+        waits for bytes."""
 
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-            assert answered.wait(TIMEOUT_S), "vLLM generated nothing while the round received"
-            yield from super().__iter__()
+            for i, item in enumerate(super().__iter__()):
+                if i == held_at:
+                    assert answered.wait(TIMEOUT_S), "vLLM generated nothing while it received"
+                yield item
 
     state_a, state_b = (torch.load(c.state, weights_only=True) for c in (s.ckpt_a, s.ckpt_b))
     try:
-        client = GeneratesAfterUpdate([s.a.url], timeout_s=TIMEOUT_S)
-        _nccl_send(AfterGeneration(state_b), "staged-nccl-b", client)
+        client = GeneratesAfterUpdate([server.url], timeout_s=TIMEOUT_S)
+        send(AfterGeneration(state_b), f"staged-{backend}-b", client)
         assert generated == [s.original]  # A, while B was being received
-        assert s.a.weight_version() == "staged-nccl-b"
-        assert s.a.checksums() == s.ref.checksums()  # B, bit for bit
-        assert _fresh(s.a) == s.reference
+        assert server.weight_version() == f"staged-{backend}-b"
+        assert server.checksums() == s.ref.checksums()  # B, bit for bit
+        assert _fresh(server) == s.reference
     finally:  # back to A, for the session's other tests
-        client = HTTPWeightSyncClient([s.a.url], timeout_s=TIMEOUT_S)
-        _nccl_send(TensorSource(state_a), "staged-nccl-a", client)
-    assert _fresh(s.a) == s.original
+        client = HTTPWeightSyncClient([server.url], timeout_s=TIMEOUT_S)
+        send(TensorSource(state_a), f"staged-{backend}-a", client)
+    assert _fresh(server) == s.original
 
 
 @dataclass

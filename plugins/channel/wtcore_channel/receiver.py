@@ -57,8 +57,6 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
     After a failed round the channel is dropped until the next init handshake.
     """
 
-    receives_after_return = True  # the sender's stream waits for this receiver
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._init: InitT | None = None
@@ -142,6 +140,9 @@ class ChannelWorkerEngine(WeightTransferEngine[InitT, UpdateT], Generic[InitT, U
         )
 
     # ------------------------------------------------------------------ rounds
+    def receives_after_return(self, update_info: UpdateT) -> bool:
+        return True  # the sender's stream waits for this receiver
+
     def start_weight_update(self) -> None:
         if self._channel is None:
             raise self._not_joined()

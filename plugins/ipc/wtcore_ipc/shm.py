@@ -35,6 +35,7 @@ __all__ = [
     "ACK_BYTES",
     "CANCELLED",
     "CONTROL_BYTES",
+    "GAVE_UP",
     "HEADER_BYTES",
     "MAX_FD",
     "MAX_RECEIVERS",
@@ -78,6 +79,8 @@ _SEQ_AT = 8  # the header's commit word: written last by the trainer, read first
 _LENGTH_AT = 16
 #: A header ``length`` meaning "the trainer abandoned the round at this bucket".
 CANCELLED = (1 << 64) - 1
+#: An acknowledgement's ``consumed`` meaning "this worker gave up the round".
+GAVE_UP = CANCELLED
 _PROC_FD = "/proc/{pid}/fd/{fd}"
 _LINK = "/memfd:{name} (deleted)"
 

@@ -20,7 +20,7 @@ from wtcore.errors import TransferError
 from wtcore.source import ModuleSource, WeightSource, iter_checked
 from wtcore_ipc.ring import chunks, wait_until
 from wtcore_ipc.shared import SharedWeights, locate, share_weights, why_not_movable
-from wtcore_ipc.shm import CANCELLED, MAX_RECEIVERS, StagingSegment, host_status
+from wtcore_ipc.shm import CANCELLED, GAVE_UP, MAX_RECEIVERS, StagingSegment, host_status
 from wtcore_ipc.wire import IPCInitInfo, IPCTrainerInitInfo
 from wtcore_kit.bucketed import BucketedTrainerEngine, BucketUpdateInfo
 from wtcore_kit.concurrency import BackgroundCall
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 __all__ = ["IPCTrainerEngine"]
 
 log = logging.getLogger(__name__)
+
+#: How long a worker's failing update call gets to bring its error back, after its "gave up".
+_GAVE_UP_WAIT_S = 10.0
 
 
 class _Resumed(WeightSource):
@@ -88,6 +91,8 @@ class _Ring:
             ack = self.memory.ack(rank)
             if ack.token != self.first:
                 return 0
+            if ack.consumed == GAVE_UP:
+                raise self._gave_up(rank, published)
             if ack.world_size != world or ack.consumed > published:
                 raise TransferError(
                     f"ipc ring {self.memory.name}: rank {rank} acknowledged {ack.consumed} of "
@@ -97,31 +102,46 @@ class _Ring:
             low = min(low, ack.consumed)
         return low
 
+    def _gave_up(self, rank: int, published: int) -> BaseException:
+        """Rank ``rank`` acknowledged "gave up": its own error, when its update call brings it
+        back (the ring is cancelled first, so the others stop waiting), else one naming it."""
+        self.cancel()
+        call = self.call
+        if call is not None and call.wait(_GAVE_UP_WAIT_S) and call.error is not None:
+            return call.error
+        return TransferError(
+            f"ipc ring {self.memory.name}: receiver rank {rank} gave up the round after "
+            f"{published} published chunks (its error is in its update's receive)"
+        )
+
     def free_slot(self) -> torch.Tensor:
         """The next chunk's slot, once every worker consumed its last tenant."""
         index, nslots = self.published, self.memory.num_slots
         need = index - nslots + 1  # chunks consumed by then: chunk index - nslots included
 
+        if need > 0:
+            self._wait_consumed(need, f"chunk {need - 1} (to free a slot for chunk {index})")
+        return self.memory.slot(index % nslots)
+
+    def drained(self) -> None:
+        """Wait until every worker consumed the whole round: a worker may return from its
+        update first and receive on a thread (``receives_after_return``, vLLM's staged rounds)."""
+        if self.total:
+            self._wait_consumed(self.total, f"the round's last chunk ({self.total - 1})")
+
+    def _wait_consumed(self, need: int, what: str) -> None:
         def check() -> None:
             call = self.call
-            if call is not None and call.done():
-                if call.error is not None:
-                    raise call.error
-                raise TransferError(
-                    f"ipc ring {self.memory.name}: every worker returned from update_weights "
-                    f"before chunk {index} was published"
-                )
+            if call is not None and call.done() and call.error is not None:
+                raise call.error
 
-        if need > 0:
-            with self.stats.phase("wire"):
-                wait_until(
-                    lambda: self.consumed(index) >= need,
-                    timeout_s=self.timeout_s,
-                    check=check,
-                    what=f"every worker consuming chunk {need - 1} (to free a slot for chunk "
-                    f"{index})",
-                )
-        return self.memory.slot(index % nslots)
+        with self.stats.phase("wire"):
+            wait_until(
+                lambda: self.consumed(self.published) >= need,
+                timeout_s=self.timeout_s,
+                check=check,
+                what=f"every worker consuming {what}",
+            )
 
     def put(self, nbytes: int, filled: torch.Tensor) -> None:
         """Publish a bucket: packed in its slot, or (larger than a slot) copied chunk by chunk."""
@@ -326,6 +346,11 @@ class IPCTrainerEngine(BucketedTrainerEngine):
             "offset": 0,
             "cuda": dict(memory.handles[slot]),
         }
+
+    def end_round(self, stats: TransferStats) -> None:
+        if self._ring is not None:
+            self._ring.drained()
+        super().end_round(stats)
 
     def abandon_round(self) -> None:
         if self._ring is not None:

@@ -7,6 +7,7 @@ checked before anything is applied (docs/ipc.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from wtcore_ipc.ring import chunks, wait_until
 from wtcore_ipc.shm import (
     CANCELLED,
     CONTROL_BYTES,
+    GAVE_UP,
     HEADER_BYTES,
     MAX_RECEIVERS,
     SegmentReader,
@@ -76,6 +78,12 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             self._importer = CudaImporter(self.device, init_info.packed_num_buffers)
         super().init_transfer_engine(init_info)
 
+    def receives_after_return(self, update_info: IPCUpdateInfo) -> bool:
+        """The ring's trainer waits for every worker's acknowledgements before its round
+        ends; shared weights are the trainer's own (written again after the round), and a
+        CUDA buffer is reused once its call returned."""
+        return self.settings.transport == "shm" and update_info.offsets is None
+
     def receive_weights(self, update_info: IPCUpdateInfo) -> None:
         init = self.settings
         if init.transport == "shm":
@@ -114,8 +122,6 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
         return r
 
     def _receive_ring(self, u: IPCUpdateInfo, r: SegmentReader) -> None:
-        import torch
-
         assert u.num_slots is not None and u.slot_bytes is not None
         buckets = u.plan(self.settings)
         if self.rank >= MAX_RECEIVERS:
@@ -131,6 +137,23 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
             )
         self._check_owner(r)
         r.ack(self.rank, u.seq, 0, self.world_size)  # tells the trainer the world size
+        try:
+            self._consume_ring(u, r, buckets, aborted)
+        except BaseException:
+            # The trainer may wait for this rank's acknowledgements alone (a worker that
+            # returned first, receives_after_return): tell it at once that none will come.
+            with contextlib.suppress(TransferError):
+                r.ack(self.rank, u.seq, GAVE_UP, self.world_size)
+            raise
+
+    def _consume_ring(
+        self, u: IPCUpdateInfo, r: SegmentReader, buckets: list[Bucket], aborted: threading.Event
+    ) -> None:
+        import torch
+
+        assert u.num_slots is not None and u.slot_bytes is not None
+        name = r.name
+        stride = HEADER_BYTES + u.slot_bytes
         f = 0  # chunks consumed
         loaded = False  # whether the sink has loaded a batch this round (_read_bucket)
         for bucket in buckets:

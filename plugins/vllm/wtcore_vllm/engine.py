@@ -252,10 +252,12 @@ class WtcoreVLLMEngine(VLLMEngine):
                     raise PayloadError(f"update_info.{PREPARE_KEY}: only a staged round prepares")
                 self._check_round()  # every check the commit does not need the model for
                 self._prepared = True
-            elif self._staged and self.inner.receives_after_return:
-                self._receive_off_loop(self.parse_update_info(drop_round(update_info)))
             else:
-                self._receive(self.parse_update_info(drop_round(update_info)))
+                update = self.parse_update_info(drop_round(update_info))
+                if self._staged and self.inner.receives_after_return(update):
+                    self._receive_off_loop(update)
+                else:
+                    self._receive(update)
         except BaseException as e:
             error = e
         finally:
