@@ -129,7 +129,8 @@ time.sleep(600)
 @contextlib.contextmanager
 def stalling_trainer(fill: int = 0) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
     """A trainer process whose transfer engine lends 1 MiB of ``fill`` bytes; yields it and
-    its endpoint and buffer address, and stops it (resumed first if it was stopped)."""
+    its endpoint and buffer address, and stops it with SIGTERM (after a SIGCONT, in case it
+    was stopped): it sleeps forever, so waiting for it to exit on its own cost 10 s a test."""
     proc = subprocess.Popen(
         [sys.executable, "-c", STALLING_TRAINER, str(fill)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -138,9 +139,7 @@ def stalling_trainer(fill: int = 0) -> Iterator[tuple[subprocess.Popen[bytes], d
         assert proc.stdout is not None
         yield proc, json.loads(proc.stdout.readline())
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-        stop_processes([proc], 10)
+        stop_processes([proc], 10, sig=signal.SIGTERM)
         if proc.stdout is not None:
             proc.stdout.close()
 
