@@ -7,11 +7,13 @@ since vLLM starts an engine-core and a worker process under the API server), eve
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -98,13 +100,19 @@ class VLLMServer:
         if backend is not None:
             cmd += ["--weight-transfer-config", json.dumps({"backend": backend})]
         cmd += extra
+        # vLLM's ZMQ sockets go to TMPDIR and outlive a stopped server: into a folder beside
+        # the log (the caller's to remove), torch.compile's cache staying where it was.
+        private_tmp = log_path.with_name(log_path.stem + "-tmp")
+        private_tmp.mkdir(exist_ok=True)
+        cache = Path(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+        dirs = {"TMPDIR": str(private_tmp), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
         log = log_path.open("wb")
         try:
             proc = subprocess.Popen(
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**server_env(), **(env or {})},
+                env={**server_env(), **dirs, **(env or {})},
                 start_new_session=True,
             )
         finally:
