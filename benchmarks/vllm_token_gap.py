@@ -89,6 +89,9 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--backend", choices=("nccl", "ipc", "mooncake"), default="nccl")
     args = p.parse_args()
+    # The trainer shares the cores with vLLM: busy-waiting torch threads here would starve it
+    # (nccl's trainer does the same through torch_num_threads).
+    torch.set_num_threads(1)
     import wtcore
     from wtcore.testing.net import free_port
     from wtcore_http_client import VLLMWeightSyncClient
@@ -158,12 +161,13 @@ def main() -> None:
         overlaps = sorted({n for n, c0, c1 in calls if c1 > start and c0 < start + gap})
         rows.append(
             {"kind": kind, "sync_s": t1 - t0, "commit_s": commit, "paused_s": paused}
-            | {"finish_s": finish, "max_gap_s": gap, "gap_overlaps": overlaps}
+            | {"finish_s": finish, "max_gap_s": gap, "gap_from_s": start - t0}
+            | {"gap_overlaps": overlaps}
         )
         print(
             f"{kind:7s} sync {t1 - t0:.3f} s, commit {commit:.3f} s (finish {finish:.3f} s), "
             f"paused {paused:.3f} s, "
-            f"largest gap {gap:.3f} s,"
+            f"largest gap {gap:.3f} s from {start - t0:+.3f} s,"
             f" overlapping {', '.join(overlaps) or 'none of its calls'}"
         )
     print(f"one decode step (median gap outside the syncs): {step:.4f} s")
