@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,16 +41,22 @@ from vllm_kit import VLLMServer  # noqa: E402
 EXTENSION = "wtcore_vllm.extension.WtcoreWorkerExtension"
 
 
-def stream_tokens(url: str, stop: threading.Event, arrivals: list[float]) -> None:
-    """Back-to-back streamed requests (8 sequences of 100 tokens); each chunk's arrival time."""
+def stream_tokens(url: str, started: Any, stop: Any, out: Any) -> None:
+    """Back-to-back streamed requests (8 sequences of 100 tokens); ``started`` at the first
+    chunk; puts each chunk's arrival time on ``out`` once ``stop`` is set. It runs in a process of its own: beside the trainer,
+    the trainer's threads would delay its reads (vLLM's own inter-token latencies showed none
+    of the gaps it measured then)."""
     body = {"model": "tiny", "prompt": [[5, 6, 7]] * 8, "max_tokens": 100, "stream": True}
     body |= {"temperature": 0.0, "ignore_eos": True}
+    arrivals: list[float] = []
     while not stop.is_set():
         with requests.post(url + "/v1/completions", json=body, stream=True, timeout=120) as r:
             r.raise_for_status()
             for line in r.iter_lines():
                 if line.startswith(b"data: {"):
-                    arrivals.append(time.perf_counter())
+                    arrivals.append(time.monotonic())  # one clock for every process
+                    started.set()
+    out.put(arrivals)
 
 
 FINISH = 'vllm:rl_weight_update_operation_duration_seconds_sum{operation="finish"'
@@ -69,11 +75,11 @@ def timed_calls(client: Any) -> list[tuple[str, float, float]]:
 
     def timing(name: str, call: Any) -> Any:
         def timed(*args: Any) -> Any:
-            t = time.perf_counter()
+            t = time.monotonic()
             try:
                 return call(*args)
             finally:
-                calls.append((name, t, time.perf_counter()))
+                calls.append((name, t, time.monotonic()))
 
         return timed
 
@@ -116,27 +122,32 @@ def main() -> None:
                 config |= {"master_address": "127.0.0.1", "master_port": free_port()}
                 config |= {"world_size": 1 + client.get_world_size(), "torch_num_threads": 1}
             engine = wtcore.trainer_from_config(config, client=client)
-            stop, arrivals = threading.Event(), []
-            streamer = threading.Thread(target=stream_tokens, args=(server.url, stop, arrivals))
+            spawn = multiprocessing.get_context("spawn")
+            started, stop, out = spawn.Event(), spawn.Event(), spawn.Queue()
+            streaming = (server.url, started, stop, out)
+            streamer = spawn.Process(target=stream_tokens, args=streaming)
             streamer.start()
+            arrivals: list[float] = []
             syncs: list[tuple[str, float, float, float, float, float]] = []
             try:
+                if not started.wait(120):
+                    raise RuntimeError("the streaming client got no token in 120 s")
                 time.sleep(2.0)
                 for i in range(2 * args.rounds + 2):  # the first of each kind warms up
                     staged = i % 2 == 0
                     engine.init_info.staged = staged
                     finished = finish_total(server.url)
-                    t0 = time.perf_counter()
+                    t0 = time.monotonic()
                     if not staged:
                         client.pause("keep")
                     stats = engine.send_weights(wtcore.TensorSource(state), weight_version=str(i))
                     if not staged:
                         client.resume()
                     else:  # KV computed with the old weights goes (a classic pause drops it)
-                        r0 = time.perf_counter()
+                        r0 = time.monotonic()
                         server.post("/reset_prefix_cache")
-                        calls.append(("reset_prefix_cache", r0, time.perf_counter()))
-                    t1 = time.perf_counter()
+                        calls.append(("reset_prefix_cache", r0, time.monotonic()))
+                    t1 = time.monotonic()
                     times = stats.receiver_times or []
                     commit = max(t["commit_s"] for t in times)
                     paused = max(t["paused_s"] for t in times)
@@ -146,7 +157,8 @@ def main() -> None:
                     time.sleep(1.0)
             finally:
                 stop.set()
-                streamer.join(120)
+                arrivals = out.get(timeout=120)
+                streamer.join(30)
                 engine.shutdown()
                 client.close()
         finally:
