@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from multiprocessing.connection import Connection
@@ -132,6 +133,10 @@ def worker_main(argv: list[str]) -> None:
     cut_at = (
         int(argv[argv.index("--truncate-at-tensor") + 1]) if "--truncate-at-tensor" in argv else -1
     )
+    # Returns from each update at once, receiving on a thread (as vLLM's adapter does in a
+    # staged round), and SIGKILLs itself when the copy reaches this tensor.
+    flag = "--returns-first-dies-at-tensor"
+    dies_at = int(argv[argv.index(flag) + 1]) if flag in argv else -1
     conn = Connection(int(argv[argv.index("--conn-fd") + 1]))
     held: dict[str, Any] = {"worker": None, "module": None, "updates": 0, "segment": None}
     held.update(segment_fd=None, truncation=None)
@@ -146,6 +151,8 @@ def worker_main(argv: list[str]) -> None:
 
         def _count(self) -> None:
             """One more tensor reaches this sink; at ``cut_at``, before it is copied, cut."""
+            if self.offered == dies_at:
+                os.kill(os.getpid(), signal.SIGKILL)
             if self.offered == cut_at:
                 from wtcore_ipc.shm import CONTROL_BYTES, HEADER_BYTES, segment_pid
 
@@ -192,7 +199,7 @@ def worker_main(argv: list[str]) -> None:
         held["module"] = module
         held["worker"] = WeightSyncWorker(
             "ipc",
-            (TruncatingSink if cut_at >= 0 else ModuleSink)(module),
+            (TruncatingSink if max(cut_at, dies_at) >= 0 else ModuleSink)(module),
             device=device,
             rank=rank,
             world_size=world,
@@ -208,6 +215,14 @@ def worker_main(argv: list[str]) -> None:
         if isinstance(update_info, dict):
             held["segment"] = update_info.get("segment")
             held["segment_fd"] = update_info.get("segment_fd")
+        if dies_at >= 0:
+
+            def receive() -> None:
+                time.sleep(0.5)  # after the reply went out
+                current().update_weights(update_info, round_id=round_id)
+
+            threading.Thread(target=receive, daemon=True).start()
+            return
         current().update_weights(update_info, round_id=round_id)
 
     def shutdown() -> None:

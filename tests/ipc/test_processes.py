@@ -216,6 +216,27 @@ def test_worker_error_is_fast_and_bounded(procs: Any) -> None:
         worker.kill()
 
 
+def test_a_worker_that_returned_first_and_died_fails_the_ring_at_once(procs: Any) -> None:
+    """A worker returned from the ring's update and receives on a thread (vLLM's staged
+    rounds), then its process dies mid-copy: no call of the round fails, yet the trainer
+    names the rank at once (the kernel dropped its reader's lock), not at its 30 s timeout."""
+    state = procs.make_state(6)
+    worker = procs.PipeWorker("--returns-first-dies-at-tensor", "5")
+    trainer = None
+    try:
+        worker.setup(state)
+        trainer, _ = procs.trainer_for([worker], state, packed_buffer_size_bytes=2048, timeout_s=30)
+        t0 = time.monotonic()
+        with pytest.raises(TransferError, match="rank 0 closed the ring or its process exited"):
+            trainer.send_weights(weight_version="v")
+        assert time.monotonic() - t0 < 15, "the trainer waited for its timeout"
+        assert worker.proc.wait(10) == -9
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+        worker.kill()
+
+
 # ---------------------------------------------------------------------- the trainer dies or exits
 @pytest.mark.parametrize("then", ["late_update", "silence", "mid_stream"])
 def test_trainer_killed_mid_round(two_workers: list[Any], procs: Any, then: str) -> None:

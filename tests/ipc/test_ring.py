@@ -116,7 +116,8 @@ def test_a_worker_that_returns_first_still_ends_the_round_with_its_last_chunk(
 ) -> None:
     """A worker may return from the ring's update at once and receive on a thread: the
     trainer's round ends only once that worker consumed its last chunk, and a receive that
-    fails there fails the round at once, naming the rank, not at the 30 s timeout."""
+    fails there fails the round at once, naming the rank, not at the 30 s timeout (one whose
+    process dies: tests/ipc/test_processes.py)."""
     state = {f"t{i}": torch.full((1024,), float(i)) for i in range(20)}  # a bucket each
     sink = _SlowSink(build_module(zeros_like_state(state)), fail_at)
     worker = WeightSyncWorker("ipc", sink)

@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import stat
+import struct
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -163,6 +164,13 @@ def _unlocked(fd: int) -> bool:
     return True
 
 
+def _rank_lock(fd: int, command: int, kind: int, rank: int) -> int:
+    """An open-file-description lock on byte ``rank`` of ``fd``'s file (the kernel drops it
+    with the last descriptor, so when its process dies): ``fcntl(command)``'s lock type back."""
+    flock = struct.pack("hhqqi4x", kind, os.SEEK_SET, rank, 1, 0)  # struct flock, 64-bit
+    return int(struct.unpack("hhqqi4x", fcntl.fcntl(fd, command, flock))[0])
+
+
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
@@ -292,6 +300,11 @@ class StagingSegment:
         """Tell workers waiting for bucket ``seq`` (in ``slot``) that the round is abandoned."""
         if self._mm is not None:
             self.publish(slot, seq, CANCELLED)
+
+    def reader_alive(self, rank: int) -> bool:
+        """Whether receiver ``rank`` still holds its reader (:meth:`SegmentReader.hold`)."""
+        assert self._fd is not None
+        return _rank_lock(self._fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, rank) != fcntl.F_UNLCK
 
     def ack(self, rank: int) -> Ack:
         """Receiver ``rank``'s control entry (untrusted: the caller checks it)."""
@@ -517,6 +530,13 @@ class SegmentReader:
                 f"segment {self.name!r}: {now} bytes while mapped ({self.size} bytes at open) "
                 "although it is sealed; refusing to read it"
             )
+
+    def hold(self, rank: int) -> None:
+        """Lock byte ``rank`` while this reader is open: the trainer's sign that receiver
+        ``rank`` lives, while it waits for acknowledgements the receiver may send after its
+        call returned (:meth:`StagingSegment.reader_alive`)."""
+        with self._lock:
+            _rank_lock(self._open_fd(), fcntl.F_OFD_SETLK, fcntl.F_RDLCK, rank)
 
     def ack(self, rank: int, token: int, consumed: int, world_size: int) -> None:
         assert 0 <= rank < MAX_RECEIVERS

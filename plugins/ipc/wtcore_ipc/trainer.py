@@ -132,8 +132,20 @@ class _Ring:
     def _wait_consumed(self, need: int, what: str) -> None:
         def check() -> None:
             call = self.call
-            if call is not None and call.done() and call.error is not None:
+            if call is None or not call.done():
+                return
+            if call.error is not None:
                 raise call.error
+            # Every worker returned; one still receiving on a thread may since have died.
+            world = min(self.memory.ack(0).world_size, MAX_RECEIVERS)
+            for rank in range(world):
+                ack = self.memory.ack(rank)
+                behind = ack.token == self.first and ack.consumed < need
+                if behind and not self.memory.reader_alive(rank):
+                    raise TransferError(
+                        f"ipc ring {self.memory.name}: receiver rank {rank} closed the ring "
+                        f"or its process exited after {ack.consumed} of {self.total} chunks"
+                    )
 
         with self.stats.phase("wire"):
             wait_until(

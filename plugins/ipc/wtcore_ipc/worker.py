@@ -136,6 +136,7 @@ class IPCWorkerEngine(BucketedWorkerEngine[IPCInitInfo, IPCUpdateInfo]):
                 f"{r.size}"
             )
         self._check_owner(r)
+        r.hold(self.rank)
         r.ack(self.rank, u.seq, 0, self.world_size)  # tells the trainer the world size
         try:
             self._consume_ring(u, r, buckets, aborted)
